@@ -1,0 +1,101 @@
+"""Shared machinery of the structured pruning baselines: remove units (heads or FFN neurons).
+
+A unit-pruning strategy either takes the units to remove explicitly (``{layer: [units]}``) or ranks
+them by an importance and removes a ``ratio`` of them, per layer or globally. The plan is always the
+explicit map, so a hand-written plan and a computed one take the same path through ``apply``.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from surgery.anatomy import EncoderAdapter, adapter_for
+from surgery.errors import ConfigError
+from surgery.ops import check_indices, complement
+from surgery.report import LayerChange
+from surgery.selection import lowest_units, parse_layer_map
+from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+
+
+class UnitPruningConfig(StrategyConfig):
+    """Settings shared by ``head-prune`` and ``ffn-prune``."""
+
+    ratio: float | None = Field(default=None, ge=0.0, le=1.0, description="fraction of units to remove")
+    scope: Literal["global", "layer"] = Field(default="global", description="rank units globally or per layer")
+    layers: list[int] | None = Field(default=None, description="layers to consider (default: all)")
+    max_batches: int = Field(default=32, ge=1, description="data batches read to score importance")
+    seed: int = Field(default=0, description="seed for random importance")
+    min_keep: int = Field(default=1, ge=0, description="units that always stay in every layer")
+
+    explicit_field: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UnitPruningConfig:
+        explicit = getattr(self, self.explicit_field, None)
+        if (explicit is None) == (self.ratio is None):
+            raise ValueError(f"give exactly one of '{self.explicit_field}' (explicit units) or 'ratio'")
+        return self
+
+
+class UnitPruningStrategy(Strategy):
+    """Base of strategies that remove whole units from layers; subclasses name the unit."""
+
+    unit: ClassVar[str] = ""  # plan key and LayerChange component, e.g. "heads"
+    config: Any
+
+    @abstractmethod
+    def units_in(self, adapter: EncoderAdapter, layer: int) -> int:
+        """How many units layer ``layer`` has now."""
+
+    @abstractmethod
+    def keep_units(self, adapter: EncoderAdapter, layer: int, keep: list[int]) -> None:
+        """Physically keep only ``keep`` in layer ``layer``."""
+
+    @abstractmethod
+    def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None
+               ) -> dict[int, torch.Tensor]:
+        """Importance of every unit of ``layers`` (higher = keep)."""
+
+    def target_layers(self, adapter: EncoderAdapter) -> list[int]:
+        layers = self.config.layers if self.config.layers is not None else range(adapter.num_layers)
+        checked = check_indices(list(layers), adapter.num_layers, f"{self.name}: layers")
+        return [i for i in checked if adapter.layer(i).attention is not None or self.unit != "heads"]
+
+    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+        adapter = adapter_for(model)
+        explicit = getattr(self.config, self.config.explicit_field)
+        if explicit is not None:
+            removal = parse_layer_map(explicit, f"{self.name}: {self.config.explicit_field}")
+            self._validate(adapter, removal)
+            return {self.unit: {str(k): v for k, v in sorted(removal.items()) if v}}
+        layers = self.target_layers(adapter)
+        with torch.no_grad() if data is None else torch.enable_grad():
+            scores = self.scores(model, adapter, layers, data)
+        removal = lowest_units(scores, float(self.config.ratio), scope=self.config.scope,
+                               min_keep=self.config.min_keep)
+        self.metrics["importance"] = {str(k): [round(float(x), 6) for x in v] for k, v in scores.items()}
+        return {self.unit: {str(k): v for k, v in sorted(removal.items()) if v}}
+
+    def _validate(self, adapter: EncoderAdapter, removal: dict[int, list[int]]) -> None:
+        for layer, units in removal.items():
+            check_indices([layer], adapter.num_layers, f"{self.name}: layer numbers")
+            check_indices(units, self.units_in(adapter, layer), f"{self.name}: {self.unit} of layer {layer}")
+
+    def apply(self, model: nn.Module, plan: Plan) -> list[LayerChange]:
+        adapter = adapter_for(model)
+        if self.unit not in plan:
+            raise ConfigError(f"{self.name}: plan has no '{self.unit}' entry")
+        removal = parse_layer_map(plan[self.unit], f"{self.name}: plan {self.unit}")
+        self._validate(adapter, removal)
+        changes = []
+        for layer, units in sorted(removal.items()):
+            before = self.units_in(adapter, layer)
+            self.keep_units(adapter, layer, complement(units, before))
+            changes.append(LayerChange(layer=layer, component=self.unit, before=before,
+                                       after=self.units_in(adapter, layer)))
+        return changes

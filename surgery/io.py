@@ -1,0 +1,269 @@
+"""Saving and reloading surgically changed models.
+
+A saved model is a directory with ``config.json`` (the original HF config), ``model.safetensors``
+and ``surgery.json``: format version, library versions, the model class and the ordered steps
+(strategy name, plan version, config, plan). Reloading builds the model from its config, replays
+each step's ``apply`` through the registry and then loads the weights strictly. Nothing is
+unpickled, and no class path read from the file is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from safetensors.torch import load_model, save_model
+from torch import nn
+from transformers import AutoConfig, PreTrainedModel
+
+from surgery.errors import ModelLoadError, OutputPathError, StrategyNotFoundError
+from surgery.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    set_source_dir,
+    set_steps,
+    source_dir_of,
+    steps_of,
+)
+from surgery.registry import get_strategy
+
+WEIGHTS_NAME = "model.safetensors"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _same_path(a: str | os.PathLike[str] | None, b: Path) -> bool:
+    if not a:
+        return False
+    try:
+        return Path(a).expanduser().resolve() == b
+    except OSError:
+        return False
+
+
+@contextmanager
+def atomic_directory(out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling directory that replaces ``out_dir`` only if the block succeeds.
+
+    An interrupted or failing write leaves ``out_dir`` exactly as it was.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> with atomic_directory(root / "model") as tmp:
+        ...     _ = (tmp / "a.txt").write_text("x")
+        >>> (root / "model" / "a.txt").read_text()
+        'x'
+    """
+    out = Path(out_dir).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"output path {out} exists and is a file; choose a directory path")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise OutputPathError(f"output directory {out} exists and is not empty; choose a new path or pass overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_manifest(model: nn.Module) -> dict[str, Any]:
+    """The ``surgery.json`` content for ``model``."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "versions": {
+            "encoder-surgery": _version("encoder-surgery"),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "model_class": type(model).__name__,
+        "model_type": getattr(model.config, "model_type", None),
+        "steps": steps_of(model),
+    }
+
+
+def save_pretrained(
+    model: nn.Module,
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    overwrite: bool = False,
+) -> Path:
+    """Save ``model`` (weights, HF config, surgery manifest) atomically to ``out_dir``.
+
+    Args:
+        model: a transformers model, changed by surgery or not.
+        out_dir: a new (or empty) directory; never the directory the model was loaded from.
+        tokenizer: optionally saved alongside, so the output directory is self-contained.
+        overwrite: replace a non-empty ``out_dir`` (atomically; it is still never the source).
+
+    Example:
+        >>> import tempfile
+        >>> from transformers import BertConfig, BertModel
+        >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+        ...                  num_attention_heads=4, intermediate_size=37)
+        >>> path = save_pretrained(BertModel(cfg), Path(tempfile.mkdtemp()) / "m")
+        >>> sorted(p.name for p in path.iterdir())
+        ['config.json', 'model.safetensors', 'surgery.json']
+    """
+    out = Path(out_dir).expanduser().resolve()
+    if _same_path(source_dir_of(model), out):
+        raise OutputPathError(f"output directory {out} is the directory the model was loaded from; choose another")
+    with atomic_directory(out, overwrite=overwrite) as tmp:
+        model.config.save_pretrained(tmp)
+        save_model(model, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / MANIFEST_NAME).write_text(json.dumps(build_manifest(model), indent=2) + "\n")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+    return out
+
+
+def resolve_model_class(name: str | type[nn.Module] | None, config: Any) -> type[PreTrainedModel]:
+    """A transformers model class by name, looked up only among transformers' own classes."""
+    if isinstance(name, type):
+        return name  # type: ignore[return-value]
+    candidates = [name] if name else list(getattr(config, "architectures", None) or [])
+    for candidate in candidates:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", candidate or ""):
+            raise ModelLoadError(f"model class {candidate!r} is not a valid transformers class name")
+        cls = getattr(transformers, candidate, None)
+        if isinstance(cls, type) and issubclass(cls, PreTrainedModel):
+            return cls
+        raise ModelLoadError(
+            f"model class {candidate!r} is not a transformers model class; pass model_class= explicitly"
+        )
+    return transformers.AutoModel  # type: ignore[return-value]
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    file = path / MANIFEST_NAME
+    if not file.exists():
+        return None
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{file} is not valid JSON ({exc}); the save is damaged, re-create it") from None
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("steps"), list):
+        raise ModelLoadError(f"{file} is not a surgery manifest (missing 'format': 'surgery' or 'steps')")
+    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+        raise ModelLoadError(
+            f"{file} has format_version {manifest['format_version']}, newer than this surgery supports "
+            f"({FORMAT_VERSION}); upgrade encoder-surgery"
+        )
+    return manifest
+
+
+def _replay(model: nn.Module, steps: list[dict[str, Any]], where: Path) -> None:
+    for number, step in enumerate(steps):
+        name = step.get("strategy")
+        try:
+            cls = get_strategy(str(name))
+        except StrategyNotFoundError:
+            raise ModelLoadError(
+                f"{where / MANIFEST_NAME}: step {number} used strategy {name!r}, which is not installed; "
+                "install the package that provides it"
+            ) from None
+        if int(step.get("plan_version", 1)) > cls.plan_version:
+            raise ModelLoadError(
+                f"{where / MANIFEST_NAME}: step {number} ({name}) has plan_version {step.get('plan_version')}, "
+                f"newer than the installed strategy supports ({cls.plan_version}); upgrade its package"
+            )
+        strategy = cls(step.get("config") or {})
+        strategy.apply(model, step.get("plan") or {})
+
+
+def _first_mismatch(message: str) -> str:
+    match = re.search(r"size mismatch for ([^:]+): copying a param with shape (\S+) .*? current model is (\S+)\.",
+                      message.replace("\n", " "))
+    if match:
+        return f"{match.group(1)} has shape {match.group(2)} in the file but {match.group(3)} in the rebuilt model"
+    return " ".join(message.split())[:300]
+
+
+def from_pretrained(
+    path: str | os.PathLike[str], model_class: str | type[nn.Module] | None = None, **kwargs: Any
+) -> PreTrainedModel:
+    """Load a model saved by :func:`save_pretrained`, or a plain Hugging Face model directory.
+
+    Args:
+        path: the directory, or an embedded default name such as ``"minilm-l6"``.
+        model_class: the transformers class (or its name); defaults to the class recorded in
+            the manifest, then ``config.architectures``, then ``AutoModel``.
+        **kwargs: passed to ``from_pretrained`` for plain HF directories (e.g. ``num_labels``).
+
+    Example:
+        >>> import tempfile
+        >>> from transformers import BertConfig, BertModel
+        >>> from surgery import convert
+        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+        ...                  num_attention_heads=4, intermediate_size=37)
+        >>> model = BertModel(cfg)
+        >>> _ = convert(model, HeadPruningStrategy(heads={1: [0, 3]}))
+        >>> out = save_pretrained(model, Path(tempfile.mkdtemp()) / "m")
+        >>> from_pretrained(out).encoder.layer[1].attention.self.num_attention_heads
+        2
+    """
+    from surgery.assets import resolve_model_path
+
+    where = resolve_model_path(path)
+    manifest = _read_manifest(where)
+    try:
+        config = AutoConfig.from_pretrained(where, **({} if manifest else {
+            k: v for k, v in kwargs.items() if k in {"num_labels", "id2label", "label2id"}}))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
+    cls = resolve_model_class(model_class or (manifest or {}).get("model_class"), config)
+    if manifest is None:
+        try:
+            model = cls.from_pretrained(where, config=config, **{k: v for k, v in kwargs.items()
+                                                                  if k not in {"num_labels", "id2label", "label2id"}})
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise ModelLoadError(f"cannot load model weights from {where}: {' '.join(str(exc).split())[:200]}") from None
+        set_source_dir(model, str(where))
+        set_steps(model, [])
+        return model
+    weights = where / WEIGHTS_NAME
+    if not weights.exists():
+        raise ModelLoadError(f"{weights} is missing; the directory has a surgery manifest but no weights")
+    model = cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
+    _replay(model, manifest["steps"], where)
+    try:
+        missing, unexpected = load_model(model, str(weights), strict=False)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{weights}: {_first_mismatch(str(exc))}; the manifest's steps do not rebuild "
+                             "the saved shapes (was it edited, or saved by a different strategy version?)") from None
+    if missing or unexpected:
+        detail = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
+        raise ModelLoadError(f"{weights} does not match the rebuilt model: {detail}")
+    model.eval()
+    set_steps(model, manifest["steps"])
+    set_source_dir(model, str(where))
+    return model
