@@ -246,7 +246,8 @@ def from_pretrained(
             model = cls.from_pretrained(where, config=config, **{k: v for k, v in kwargs.items()
                                                                   if k not in {"num_labels", "id2label", "label2id"}})
         except (OSError, ValueError, RuntimeError) as exc:
-            raise ModelLoadError(f"cannot load model weights from {where}: {' '.join(str(exc).split())[:200]}") from None
+            detail = " ".join(str(exc).split())[:200]
+            raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
         set_source_dir(model, str(where))
         set_steps(model, [])
         return model
