@@ -12,6 +12,7 @@ from surgery.anatomy import adapter_for
 from surgery.errors import ConfigError
 from surgery.manifest import record_step, steps_of, to_jsonable
 from surgery.ops import count_parameters
+from surgery.pipeline import PipelineSession, PipelineStrategy
 from surgery.progress import ProgressCallback, no_progress
 from surgery.report import LayerAnatomy, ModelAnatomy, ParamCount, StepSummary, SurgeryReport
 from surgery.strategy import Data, Plan, Strategy
@@ -114,10 +115,35 @@ def convert(
     start = time.perf_counter()
     strategy.progress = progress or no_progress
     before = count_params(model)
+    if isinstance(strategy, PipelineStrategy):
+        return _run_pipeline(model, strategy, data, progress, before, start)
     chosen = plan(model, strategy, data=data)
     report = apply_plan(model, strategy, chosen, params_before=before)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _run_pipeline(
+    model: nn.Module,
+    strategy: PipelineStrategy,
+    data: Data | None,
+    progress: ProgressCallback | None,
+    before: ParamCount,
+    start: float,
+) -> SurgeryReport:
+    adapter_for(model)
+    session = PipelineSession(model, progress)
+    strategy.run(model, data, session)
+    return SurgeryReport(
+        strategy=strategy.name,
+        config=json.loads(strategy.config.model_dump_json()),
+        plan={"steps": [{"strategy": r.strategy, "plan": r.plan} for r in session.reports]},
+        changes=[change for r in session.reports for change in r.changes],
+        params_before=before,
+        params_after=count_params(model),
+        metrics=to_jsonable(strategy.merged_metrics(session)),
+        seconds=time.perf_counter() - start,
+    )
 
 
 def _layer_anatomy(adapter: Any, index: int) -> LayerAnatomy:
