@@ -154,7 +154,8 @@ def resolve_model_class(name: str | type[nn.Module] | None, config: Any) -> type
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", candidate or ""):
             raise ModelLoadError(f"model class {candidate!r} is not a valid transformers class name")
         cls = getattr(transformers, candidate, None)
-        if isinstance(cls, type) and issubclass(cls, PreTrainedModel):
+        # Only transformers' own model classes (or its AutoModel* factories) are accepted.
+        if isinstance(cls, type) and (issubclass(cls, PreTrainedModel) or candidate.startswith("AutoModel")):
             return cls
         raise ModelLoadError(
             f"model class {candidate!r} is not a transformers model class; pass model_class= explicitly"
@@ -235,16 +236,20 @@ def from_pretrained(
 
     where = resolve_model_path(path)
     manifest = _read_manifest(where)
+    config_kwargs = {k: kwargs.pop(k) for k in ("num_labels", "id2label", "label2id") if k in kwargs}
+    if manifest is not None and (config_kwargs or kwargs):
+        raise ModelLoadError(
+            f"{where} was saved by surgery; extra loading options {sorted({*config_kwargs, *kwargs})} cannot be "
+            "applied when replaying its steps (load it as saved)"
+        )
     try:
-        config = AutoConfig.from_pretrained(where, **({} if manifest else {
-            k: v for k, v in kwargs.items() if k in {"num_labels", "id2label", "label2id"}}))
+        config = AutoConfig.from_pretrained(where, **config_kwargs)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
     cls = resolve_model_class(model_class or (manifest or {}).get("model_class"), config)
     if manifest is None:
         try:
-            model = cls.from_pretrained(where, config=config, **{k: v for k, v in kwargs.items()
-                                                                  if k not in {"num_labels", "id2label", "label2id"}})
+            model = cls.from_pretrained(where, config=config, **kwargs)
         except (OSError, ValueError, RuntimeError) as exc:
             detail = " ".join(str(exc).split())[:200]
             raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
@@ -254,7 +259,7 @@ def from_pretrained(
     weights = where / WEIGHTS_NAME
     if not weights.exists():
         raise ModelLoadError(f"{weights} is missing; the directory has a surgery manifest but no weights")
-    model = cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
+    model = cls.from_config(config)
     _replay(model, manifest["steps"], where)
     try:
         missing, unexpected = load_model(model, str(weights), strict=False)
