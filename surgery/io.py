@@ -259,7 +259,9 @@ def from_pretrained(
     weights = where / WEIGHTS_NAME
     if not weights.exists():
         raise ModelLoadError(f"{weights} is missing; the directory has a surgery manifest but no weights")
-    model = cls.from_config(config)
+    # PreTrainedModel classes build from a config with _from_config, AutoModel* factories with from_config.
+    build = getattr(cls, "_from_config", None) or cls.from_config
+    model = build(config)
     _replay(model, manifest["steps"], where)
     try:
         missing, unexpected = load_model(model, str(weights), strict=False)
