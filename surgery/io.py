@@ -105,6 +105,9 @@ def build_manifest(model: nn.Module) -> dict[str, Any]:
         },
         "model_class": type(model).__name__,
         "model_type": getattr(model.config, "model_type", None),
+        # Restored on reload so the rebuilt model computes attention the same way (eager vs sdpa differ
+        # in the last bits).
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "steps": steps_of(model),
     }
 
@@ -261,7 +264,8 @@ def from_pretrained(
         raise ModelLoadError(f"{weights} is missing; the directory has a surgery manifest but no weights")
     # PreTrainedModel classes build from a config with _from_config, AutoModel* factories with from_config.
     build = getattr(cls, "_from_config", None) or cls.from_config
-    model = build(config)
+    attn = manifest.get("attn_implementation")
+    model = build(config, **({"attn_implementation": attn} if attn else {}))
     _replay(model, manifest["steps"], where)
     try:
         missing, unexpected = load_model(model, str(weights), strict=False)
