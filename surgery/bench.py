@@ -1,0 +1,471 @@
+"""Side-by-side inference benchmarks: throughput, latency, parameters, FLOPs and peak memory.
+
+Method (what :func:`bench_models` does, in this order):
+
+1. **One process, same inputs.** Every model gets the same random batch: ``input_ids`` drawn
+   uniformly from the vocabulary all models share (seeded) and an ``attention_mask`` of ones, so
+   every sequence has the full length and no model can profit from padding. Models run in eval mode
+   under ``torch.inference_mode``; their previous train/eval mode is restored afterwards.
+2. **Counting, outside the timed region.** Parameters come from :func:`surgery.count_params` (with
+   and without embeddings). FLOPs per batch come from one forward under
+   :class:`torch.utils.flop_counter.FlopCounterMode`, which counts matrix multiplications (one
+   multiply-add = 2 FLOPs); torch has no formula for the CPU flash-attention kernel that SDPA picks,
+   so one is added here (the same formula torch uses for the CUDA kernels). Element-wise work
+   (softmax, GELU, LayerNorm) is not counted, as is usual.
+3. **Peak memory, outside the timed region.** On CUDA: ``torch.cuda.max_memory_allocated`` during
+   one forward. On CPU there is no allocator high-water mark, so one forward runs under
+   ``torch.profiler`` with ``profile_memory=True`` and the allocator's alloc/free events are summed in
+   time order; the maximum is the activation peak. Both report ``weights_bytes + activation_peak_bytes``
+   (parameters and buffers, plus the most tensor memory the forward held at once). It is tensor
+   memory, not process RSS, which would mix every model in the process.
+4. **Timing, interleaved.** ``warmup`` untimed rounds, then ``repeats`` rounds; each round runs one
+   batch on every model, and the order rotates each round (A B C, B C A, ...), so drifting machine
+   load and cache effects hit all models alike. Each batch is timed with ``time.perf_counter`` (with
+   a CUDA synchronise on GPU). Throughput is the median over rounds of ``batch_size / latency``;
+   latency p50/p95 are percentiles of the per-batch times.
+5. **Ratios against the first model** (the reference): speedup (throughput ratio), parameter and
+   FLOP ratios, the FLOP-bound speedup ``reference FLOPs / model FLOPs`` and the fraction of it that
+   was realised.
+6. **Warnings as data**: a model that is smaller (parameters or FLOPs) but not faster, timings that
+   vary a lot between rounds, and a machine whose load exceeds its CPU count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from surgery.api import count_params
+from surgery.errors import ConfigError
+from surgery.report import ParamCount
+
+#: A model counts as "smaller" when it has at most this fraction of the reference's parameters or FLOPs.
+SMALLER_BELOW = 0.95
+#: ... and as "not faster" when its speedup is below ``1 + NOT_FASTER_MARGIN``.
+NOT_FASTER_MARGIN = 0.05
+#: Relative spread (interquartile range / median) of per-round throughput above which timings are noisy.
+NOISY_SPREAD = 0.15
+
+
+class BenchSettings(BaseModel):
+    """How a benchmark was run, and on what."""
+
+    batch_size: int
+    seq_len: int
+    repeats: int
+    warmup: int
+    device: str
+    threads: int
+    seed: int
+    torch_version: str
+    cpu_count: int | None
+    machine: str
+    load_average_before: float | None = None
+    load_average_after: float | None = None
+
+
+class ModelBench(BaseModel):
+    """Measurements of one model."""
+
+    name: str
+    params: ParamCount
+    flops_per_batch: int
+    throughput: float = Field(description="samples/s, median over rounds")
+    throughput_rounds: list[float] = Field(description="samples/s of each timed round")
+    latency_p50_ms: float
+    latency_p95_ms: float
+    weights_bytes: int
+    activation_peak_bytes: int | None
+    peak_memory_bytes: int | None
+    memory_method: str
+
+    @property
+    def throughput_spread(self) -> float:
+        """Interquartile range of per-round throughput relative to its median (0 = perfectly stable)."""
+        return _spread(self.throughput_rounds)
+
+
+class Comparison(BaseModel):
+    """One model against the reference (the first model)."""
+
+    name: str
+    reference: str
+    speedup: float = Field(description="throughput / reference throughput")
+    params_ratio: float = Field(description="total parameters / reference")
+    params_ratio_without_embeddings: float
+    flops_ratio: float = Field(description="FLOPs per batch / reference")
+    flop_bound_speedup: float = Field(description="reference FLOPs / FLOPs: the speedup if time followed FLOPs")
+    fraction_of_flop_bound: float = Field(description="speedup / flop_bound_speedup")
+    memory_ratio: float | None = None
+
+
+class BenchReport(BaseModel):
+    """Result of :func:`bench_models`: settings, per-model measurements, ratios and warnings."""
+
+    settings: BenchSettings
+    models: list[ModelBench]
+    comparisons: list[Comparison]
+    warnings: list[str]
+
+    def model(self, name: str) -> ModelBench:
+        """The measurements of the model called ``name``."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def write_json(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as indented JSON to ``path`` (parent directories are created)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
+        return out
+
+
+# -- warnings -----------------------------------------------------------------------------------
+def not_faster_warning(comparison: Comparison) -> str | None:
+    """A warning when a model is smaller than the reference but not faster, else ``None``.
+
+    "Smaller" means at most 95% of the reference's parameters or FLOPs; "not faster" means a speedup
+    below 1.05x (timing noise on a shared machine easily reaches a few percent).
+
+    Example:
+        >>> c = Comparison(name="pruned", reference="base", speedup=0.98, params_ratio=0.6,
+        ...                params_ratio_without_embeddings=0.5, flops_ratio=0.55, flop_bound_speedup=1 / 0.55,
+        ...                fraction_of_flop_bound=0.98 * 0.55)
+        >>> not_faster_warning(c)
+        'pruned has 40% fewer parameters and 45% fewer FLOPs than base but is not faster (speedup 0.98x)'
+    """
+    fewer = []
+    if comparison.params_ratio <= SMALLER_BELOW:
+        fewer.append(f"{1 - comparison.params_ratio:.0%} fewer parameters")
+    if comparison.flops_ratio <= SMALLER_BELOW:
+        fewer.append(f"{1 - comparison.flops_ratio:.0%} fewer FLOPs")
+    if not fewer or comparison.speedup >= 1 + NOT_FASTER_MARGIN:
+        return None
+    return (f"{comparison.name} has {' and '.join(fewer)} than {comparison.reference} "
+            f"but is not faster (speedup {comparison.speedup:.2f}x)")
+
+
+def noise_warning(bench: ModelBench) -> str | None:
+    """A warning when a model's per-round throughput varies by more than 15% (IQR / median)."""
+    spread = bench.throughput_spread
+    if spread <= NOISY_SPREAD:
+        return None
+    return (f"timings of {bench.name} vary by {spread:.0%} between rounds (IQR/median); the machine is busy or "
+            "repeats are too few, so read its ratios with care")
+
+
+def load_warning(settings: BenchSettings) -> str | None:
+    """A warning when the machine's 1-minute load average exceeded its CPU count during the run."""
+    loads = [x for x in (settings.load_average_before, settings.load_average_after) if x is not None]
+    if not loads or not settings.cpu_count or max(loads) <= settings.cpu_count:
+        return None
+    return (f"load average reached {max(loads):.1f} on {settings.cpu_count} CPUs: other processes competed for the "
+            "CPU; interleaving spreads that over all models, but absolute throughput is lower than on an idle machine")
+
+
+# -- measuring ----------------------------------------------------------------------------------
+def _spread(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    median = statistics.median(values)
+    return (q3 - q1) / median if median else 0.0
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _cpu_sdpa_flop(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None,
+                   **kwargs: Any) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _extra_flop_formulas() -> dict[Any, Any]:
+    # SDPA on CPU dispatches to a kernel torch's counter has no formula for; without this the
+    # attention matmuls (which head pruning shrinks) would silently count as zero.
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return {op: _cpu_sdpa_flop} if op is not None else {}
+
+
+def count_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int:
+    """FLOPs of one forward pass of ``model`` on ``inputs`` (matrix multiplications, 2 per multiply-add).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_inputs
+        >>> spec = TinySpec("bert")
+        >>> count_flops(tiny_model(spec), tiny_inputs(spec)) > 0
+        True
+    """
+    counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+    with torch.inference_mode(), counter:
+        model(**inputs)
+    return int(counter.get_total_flops())
+
+
+def _weights_bytes(model: nn.Module) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _cpu_activation_peak(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int | None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model(**inputs)
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None:
+        return None
+    # Every allocator event: positive bytes on allocation, negative on free; the running sum is the
+    # tensor memory the forward held at that moment.
+    events = sorted((e for e in results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    current = peak = 0
+    for event in events:
+        current += event.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+def _cuda_activation_peak(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    with torch.inference_mode():
+        model(**inputs)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def _memory(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: torch.device
+            ) -> tuple[int, int | None, int | None, str]:
+    weights = _weights_bytes(model)
+    if device.type == "cuda":
+        peak = _cuda_activation_peak(model, inputs, device)
+        method = "torch.cuda.max_memory_allocated during one forward, plus weights"
+    elif device.type == "cpu":
+        peak = _cpu_activation_peak(model, inputs)
+        method = "torch.profiler allocator events during one forward (tensor bytes), plus weights"
+    else:
+        peak, method = None, f"not measured on {device.type}"
+    return weights, peak, (weights + peak if peak is not None else None), method
+
+
+def make_inputs(vocab_size: int, *, batch_size: int, seq_len: int, seed: int = 0, device: str | torch.device = "cpu"
+                ) -> dict[str, torch.Tensor]:
+    """A full-length random batch: ``input_ids`` (seeded) and an ``attention_mask`` of ones.
+
+    Ids avoid the first few vocabulary entries, where special tokens usually live.
+
+    Example:
+        >>> batch = make_inputs(99, batch_size=2, seq_len=5)
+        >>> batch["input_ids"].shape, int(batch["attention_mask"].sum())
+        (torch.Size([2, 5]), 10)
+    """
+    gen = torch.Generator().manual_seed(seed)
+    low = min(5, vocab_size - 1)
+    ids = torch.randint(low, vocab_size, (batch_size, seq_len), generator=gen)
+    return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+
+
+def _shared_vocab(models: Mapping[str, nn.Module]) -> int:
+    sizes = [getattr(getattr(m, "config", None), "vocab_size", None) for m in models.values()]
+    known = [int(s) for s in sizes if s]
+    if not known:
+        raise ConfigError("bench: no model has config.vocab_size; pass Hugging Face models")
+    return min(known)
+
+
+@contextmanager
+def _threads(threads: int | None):
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def _time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, repeats: int,
+                 warmup: int, device: torch.device) -> dict[str, list[float]]:
+    names = list(models)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    with torch.inference_mode():
+        for round_ in range(warmup + repeats):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:  # rotate the order every round
+                sync(device)
+                start = time.perf_counter()
+                models[name](**inputs)
+                sync(device)
+                if round_ >= warmup:
+                    times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _compare(model: ModelBench, ref: ModelBench) -> Comparison:
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else float("nan")
+
+    flops_ratio = ratio(model.flops_per_batch, ref.flops_per_batch)
+    bound = ratio(ref.flops_per_batch, model.flops_per_batch)
+    speedup = ratio(model.throughput, ref.throughput)
+    memory = (ratio(model.peak_memory_bytes, ref.peak_memory_bytes)
+              if model.peak_memory_bytes is not None and ref.peak_memory_bytes is not None else None)
+    return Comparison(
+        name=model.name,
+        reference=ref.name,
+        speedup=speedup,
+        params_ratio=ratio(model.params.total, ref.params.total),
+        params_ratio_without_embeddings=ratio(model.params.without_embeddings, ref.params.without_embeddings),
+        flops_ratio=flops_ratio,
+        flop_bound_speedup=bound,
+        fraction_of_flop_bound=ratio(speedup, bound),
+        memory_ratio=memory,
+    )
+
+
+def bench_models(
+    models: Mapping[str, nn.Module],
+    *,
+    batch_size: int = 32,
+    seq_len: int = 64,
+    repeats: int = 10,
+    warmup: int = 2,
+    device: str = "cpu",
+    threads: int | None = None,
+    seed: int = 0,
+) -> BenchReport:
+    """Benchmark ``models`` side by side in this process and compare each with the first one.
+
+    See the module docstring for the method. Models are moved to ``device`` and put in eval mode
+    while measured (their previous mode is restored afterwards; the device is not).
+
+    Args:
+        models: name -> Hugging Face encoder; the first entry is the reference for all ratios.
+        batch_size: sequences per batch.
+        seq_len: tokens per sequence (all real tokens, no padding).
+        repeats: timed rounds; each round runs one batch on every model.
+        warmup: untimed rounds before them.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        threads: torch intra-op threads during the benchmark (default: leave as is).
+        seed: seed of the random input ids.
+
+    Returns:
+        A :class:`BenchReport` with settings, per-model measurements, comparisons and warnings.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.strategies import FFNPruningStrategy
+        >>> import surgery
+        >>> base, pruned = tiny_model(TinySpec("bert")), tiny_model(TinySpec("bert"))
+        >>> _ = surgery.convert(pruned, FFNPruningStrategy(neurons={0: list(range(30))}))
+        >>> report = bench_models({"base": base, "pruned": pruned}, batch_size=2, seq_len=8, repeats=3, warmup=1)
+        >>> report.comparisons[0].flops_ratio < 1
+        True
+    """
+    if not models:
+        raise ConfigError("bench: pass at least one model")
+    for field, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("repeats", repeats, 1),
+                                ("warmup", warmup, 0)):
+        if value < least:
+            raise ConfigError(f"bench: {field} must be at least {least}, got {value}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"bench: threads must be at least 1, got {threads}")
+    dev = torch.device(device)
+    modes = {name: m.training for name, m in models.items()}
+    load_before = _load()
+    try:
+        with _threads(threads) as used_threads:
+            for model in models.values():
+                model.to(dev).eval()
+            inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
+                                 device=dev)
+            counted = {name: (count_params(m), count_flops(m, inputs), *_memory(m, inputs, dev))
+                       for name, m in models.items()}
+            times = _time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
+    finally:
+        for name, model in models.items():
+            model.train(modes[name])
+    settings = BenchSettings(
+        batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, device=str(dev),
+        threads=used_threads, seed=seed, torch_version=torch.__version__, cpu_count=os.cpu_count(),
+        machine=f"{platform.system()} {platform.machine()}"
+        + (f", {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""),
+        load_average_before=load_before, load_average_after=_load(),
+    )
+    benches = []
+    for name, (params, flops, weights, act_peak, peak, method) in counted.items():
+        rounds = [batch_size / t for t in times[name]]
+        benches.append(ModelBench(
+            name=name, params=params, flops_per_batch=flops,
+            throughput=statistics.median(rounds), throughput_rounds=rounds,
+            latency_p50_ms=1000 * _percentile(times[name], 50), latency_p95_ms=1000 * _percentile(times[name], 95),
+            weights_bytes=weights, activation_peak_bytes=act_peak, peak_memory_bytes=peak, memory_method=method,
+        ))
+    comparisons = [_compare(b, benches[0]) for b in benches[1:]]
+    warnings = [w for w in [load_warning(settings), *(noise_warning(b) for b in benches),
+                            *(not_faster_warning(c) for c in comparisons)] if w]
+    return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings)
+
+
+def bench_dirs(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    names: Sequence[str] | None = None,
+    model_class: str | None = None,
+    **kwargs: Any,
+) -> BenchReport:
+    """Load saved models (directories or embedded names like ``"minilm-l6"``) and bench them side by side.
+
+    Args:
+        paths: model directories; the first is the reference.
+        names: display names (default: the paths as given).
+        model_class: transformers class name for every model (default: as each directory records).
+        **kwargs: passed to :func:`bench_models` (``batch_size``, ``seq_len``, ``repeats`` ...).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> import surgery
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> out = surgery.save_pretrained(tiny_model(TinySpec("bert")), Path(tempfile.mkdtemp()) / "m")
+        >>> bench_dirs([out], names=["tiny"], batch_size=2, seq_len=8, repeats=2, warmup=0).models[0].name
+        'tiny'
+    """
+    from surgery.io import from_pretrained
+
+    labels = [str(p) for p in paths] if names is None else list(names)
+    if len(labels) != len(paths):
+        raise ConfigError(f"bench: got {len(paths)} paths but {len(labels)} names; give one name per path")
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"bench: model names must be distinct, got {labels}")
+    models = {label: from_pretrained(path, model_class=model_class) for label, path in zip(labels, paths, strict=True)}
+    return bench_models(models, **kwargs)
