@@ -9,6 +9,7 @@ from pydantic import Field
 from torch import nn
 
 from surgery.anatomy import EncoderAdapter
+from surgery.errors import PlanError
 from surgery.importance import linear_input_scores
 from surgery.selection import normalise_per_layer
 from surgery.strategies.unit_prune import UnitPruningConfig, UnitPruningStrategy
@@ -59,6 +60,17 @@ class HeadPruningStrategy(UnitPruningStrategy):
 
     def keep_units(self, adapter: EncoderAdapter, layer: int, keep: list[int]) -> None:
         adapter.keep_heads(layer, keep)
+
+    def _validate(self, adapter: EncoderAdapter, removal: dict[int, list[int]]) -> None:
+        super()._validate(adapter, removal)
+        # Refuse an emptied layer before any layer is cut, so a rejected plan leaves the model as it was.
+        for layer, heads in sorted(removal.items()):
+            count = self.units_in(adapter, layer)
+            if heads and len(heads) >= count:
+                raise PlanError(
+                    f"{self.name}: removing all {count} heads of layer {layer} is not supported; keep at least one "
+                    "head (or convert the layer with a strategy that replaces attention)"
+                )
 
     def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None
                ) -> dict[int, torch.Tensor]:
