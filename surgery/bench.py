@@ -80,6 +80,8 @@ class ModelBench(BaseModel):
     """Measurements of one model."""
 
     name: str
+    model_class: str
+    attention: str | None = Field(default=None, description="config._attn_implementation (eager, sdpa ...)")
     params: ParamCount
     flops_per_batch: int
     throughput: float = Field(description="samples/s, median over rounds")
@@ -424,8 +426,10 @@ def bench_models(
     benches = []
     for name, (params, flops, weights, act_peak, peak, method) in counted.items():
         rounds = [batch_size / t for t in times[name]]
+        config = getattr(models[name], "config", None)
         benches.append(ModelBench(
-            name=name, params=params, flops_per_batch=flops,
+            name=name, model_class=type(models[name]).__name__,
+            attention=getattr(config, "_attn_implementation", None), params=params, flops_per_batch=flops,
             throughput=statistics.median(rounds), throughput_rounds=rounds,
             latency_p50_ms=1000 * _percentile(times[name], 50), latency_p95_ms=1000 * _percentile(times[name], 95),
             weights_bytes=weights, activation_peak_bytes=act_peak, peak_memory_bytes=peak, memory_method=method,

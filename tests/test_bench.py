@@ -37,6 +37,7 @@ def test_report_fields_are_sane() -> None:
     pruned.train()
     report = bench_models({"base": base, "pruned": pruned}, threads=1, **FAST)
     assert [m.name for m in report.models] == ["base", "pruned"]
+    assert [m.attention for m in report.models] == ["eager", "eager"]
     assert report.settings.threads == 1 and report.settings.batch_size == 2
     for m, model in zip(report.models, (base, pruned), strict=True):
         assert m.params == surgery.count_params(model)
@@ -111,7 +112,8 @@ def test_not_faster_warning() -> None:
 
 
 def _bench(rounds: list[float]) -> ModelBench:
-    return ModelBench(name="m", params=surgery.ParamCount(total=10, without_embeddings=5), flops_per_batch=1,
+    return ModelBench(name="m", model_class="BertModel", params=surgery.ParamCount(total=10, without_embeddings=5),
+                      flops_per_batch=1,
                       throughput=sorted(rounds)[len(rounds) // 2], throughput_rounds=rounds, latency_p50_ms=1.0,
                       latency_p95_ms=1.0, weights_bytes=40, activation_peak_bytes=None, peak_memory_bytes=None,
                       memory_method="test")
