@@ -1,0 +1,8 @@
+"""``python -m surgery.cli``: the same as the ``surgery`` console script."""
+
+from __future__ import annotations
+
+from surgery.cli.app import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""Turn command-line input into library objects: strategy settings, checked paths, tokenizer, data, model.
+
+Everything here raises :class:`surgery.errors.SurgeryError` subclasses with one-line messages, so the
+command line can print them as ``error: ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torch import nn
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PretrainedConfig
+
+import surgery
+from surgery.data import TaskData
+from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
+from surgery.manifest import MANIFEST_NAME
+from surgery.registry import adapter_class_for
+
+# Files from which a tokenizer can really be rebuilt. transformers v5 happily builds an empty
+# tokenizer (special tokens only) for a directory without any of them, which would silently turn
+# every text into [UNK]; so the CLI checks for them before loading.
+TOKENIZER_FILES = (
+    "tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spm.model", "spiece.model",
+    "sentencepiece.bpe.model",
+)
+SEQUENCE_CLASSIFIER_SUFFIX = "ForSequenceClassification"
+
+
+# -- strategy settings -------------------------------------------------------------------
+def parse_value(text: str) -> Any:
+    """Read one ``--set`` value: JSON first, then YAML flow syntax, else the text itself.
+
+    YAML 1.1 reads ``yes``/``no``/``on``/``off`` as booleans; only ``true`` and ``false`` are taken
+    as booleans here, so a setting named like ``mode=on`` stays the string ``"on"``.
+
+    Example:
+        >>> parse_value("0.5"), parse_value("1e-3"), parse_value("[1, 2]"), parse_value("{0: [1, 2]}")
+        (0.5, 0.001, [1, 2], {0: [1, 2]})
+        >>> parse_value("magnitude"), parse_value("on"), parse_value("true")
+        ('magnitude', 'on', True)
+    """
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
+        return text
+    if value is None and text.strip().lower() not in ("null", "~"):
+        return text  # an empty value is the empty string, not None
+    return value
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings from repeated ``--set`` options (later ones win).
+
+    Example:
+        >>> parse_sets(["ratio=0.25", "scope=layer", "layers=[0, 1]"])
+        {'ratio': 0.25, 'scope': 'layer', 'layers': [0, 1]}
+    """
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set ratio=0.5")
+        values[key] = parse_value(raw.strip())
+    return values
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read strategy settings from a ``.json``, ``.yaml`` or ``.yml`` file holding one mapping."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"config file {file} does not exist; pass a .json or .yaml file with the strategy settings")
+    suffix = file.suffix.lower()
+    if suffix not in (".json", ".yaml", ".yml"):
+        raise ConfigError(f"config file {file}: unsupported format {suffix or '(none)'}; use .json, .yaml or .yml")
+    try:
+        text = file.read_text()
+        values = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"config file {file} cannot be read: {detail}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {file} must hold a mapping of setting names to values, "
+                          f"not a {type(values).__name__}")
+    return {str(k): v for k, v in values.items()}
+
+
+def strategy_settings(config_file: str | Path | None, sets: Sequence[str]) -> dict[str, Any]:
+    """Settings from ``--config`` overlaid with ``--set`` values."""
+    values = read_config_file(config_file) if config_file is not None else {}
+    values.update(parse_sets(sets))
+    return values
+
+
+# -- paths -------------------------------------------------------------------------------
+def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
+    """Refuse an output directory that would destroy the input or the user's files, before any work.
+
+    Example:
+        >>> import tempfile
+        >>> src = Path(tempfile.mkdtemp())
+        >>> check_output_dir(src, src, overwrite=True)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.errors.OutputPathError: --out ... is the input model directory; choose another directory
+    """
+    target = Path(out).expanduser().resolve()
+    source = source.resolve()
+    if target == source:
+        raise OutputPathError(f"--out {target} is the input model directory; choose another directory")
+    if target in source.parents:
+        raise OutputPathError(f"--out {target} contains the input model directory {source}; writing there would "
+                              "replace the input, choose another directory")
+    if target.exists() and not target.is_dir():
+        raise OutputPathError(f"--out {target} is a file; choose a directory path")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise OutputPathError(f"--out {target} exists and is not empty; pass --overwrite to replace it, or choose "
+                              "a new directory")
+    return target
+
+
+# -- model and tokenizer -----------------------------------------------------------------
+def read_model_config(path: Path) -> PretrainedConfig:
+    """The HF config of a model directory, checked against the supported families (no weights read)."""
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ModelLoadError(f"cannot read a model config from {path}: {detail}") from None
+    adapter_class_for(config.model_type)  # UnsupportedModelError names the supported types
+    return config
+
+
+def has_tokenizer(path: Path) -> bool:
+    """Whether ``path`` holds files a tokenizer can be rebuilt from."""
+    return any((path / name).exists() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: Path, *, required_by: str | None = None) -> Any:
+    """The tokenizer saved in a model directory; None if it has none and nothing requires one."""
+    if not has_tokenizer(path):
+        if required_by:
+            raise ModelLoadError(
+                f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...); {required_by} needs the "
+                "model's tokenizer, save it into the model directory (tokenizer.save_pretrained(dir))"
+            )
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ModelLoadError(f"cannot load the tokenizer in {path}: {detail}") from None
+
+
+def recorded_class(path: Path, config: PretrainedConfig) -> tuple[str | None, bool]:
+    """The model class a directory will load as, and whether surgery saved it (has a manifest)."""
+    manifest = path / MANIFEST_NAME
+    if manifest.exists():
+        try:
+            name = json.loads(manifest.read_text()).get("model_class")
+        except (OSError, ValueError, AttributeError):
+            name = None  # from_pretrained reports the damaged manifest with its own message
+        return (str(name) if name else None), True
+    architectures = list(getattr(config, "architectures", None) or [])
+    return (architectures[0] if architectures else None), False
+
+
+@dataclass
+class LoadedModel:
+    """A model loaded for ``surgery apply``, with a note on how its class was chosen."""
+
+    model: nn.Module
+    note: str | None = None
+
+
+def load_model(path: Path, config: PretrainedConfig, data: TaskData | None) -> LoadedModel:
+    """Load the model to operate on, choosing a sequence classifier when labelled data is given.
+
+    The rule:
+
+    * without data, the directory loads as recorded: the class in ``surgery.json``, else
+      ``config.architectures[0]``, else the bare model (``AutoModel``);
+    * with data and a recorded ``...ForSequenceClassification`` class, that class loads and its
+      ``num_labels`` must equal the number of labels in the data;
+    * with data and a plain Hugging Face directory of any other class (a bare encoder such as
+      ``BertModel``, an MLM or pre-training head, or no ``architectures``), the family's
+      sequence classifier loads (``AutoModelForSequenceClassification``): the encoder weights come
+      from the directory and a new, seeded, randomly initialised head gets ``num_labels`` and the
+      label names from the data; other heads are dropped;
+    * with data and a surgery-saved directory of another class, it loads as recorded: its weights
+      must match its recorded steps, so no head can be added.
+    """
+    name, saved_by_surgery = recorded_class(path, config)
+    if data is None:
+        return LoadedModel(surgery.from_pretrained(path))
+    is_classifier = bool(name) and name.endswith(SEQUENCE_CLASSIFIER_SUFFIX)
+    if is_classifier:
+        if int(config.num_labels) != data.num_labels:
+            raise DataError(
+                f"{path} is a {name} with {config.num_labels} labels but the data has {data.num_labels} "
+                f"({', '.join(data.label_names[:8])}); use data with the same labels, or start from the bare encoder"
+            )
+        return LoadedModel(surgery.from_pretrained(path))
+    if saved_by_surgery:
+        return LoadedModel(
+            surgery.from_pretrained(path),
+            note=f"{path} was saved by surgery as {name}; it is used as is (a classification head cannot be added "
+            "to a saved surgery model)",
+        )
+    labels = list(data.label_names)
+    model = surgery.from_pretrained(
+        path,
+        model_class=AutoModelForSequenceClassification,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    return LoadedModel(
+        model,
+        note=f"{path} has no sequence-classification head ({name or 'no architectures'}); loaded "
+        f"{type(model).__name__} with a new randomly initialised head for {len(labels)} labels "
+        f"({', '.join(labels[:8])})",
+    )

@@ -1,0 +1,252 @@
+"""Rich rendering of the library's data: strategy lists, anatomies, surgery reports, progress.
+
+Every function here takes plain data (the pydantic reports of :mod:`surgery.report`) and returns
+rich renderables; only the command functions in :mod:`surgery.cli.app` print them. Text that comes
+from users or plugins is wrapped in :class:`rich.text.Text`, so brackets in it are never read as
+rich markup.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from surgery.bench import BenchReport
+from surgery.progress import ProgressEvent
+from surgery.registry import PluginInfo
+from surgery.report import ModelAnatomy, ParamCount, SurgeryReport
+
+MAX_CELL = 100
+
+
+def format_value(value: Any, *, limit: int = MAX_CELL) -> str:
+    """A short display form of a metric or progress value.
+
+    Floats get four significant digits; long lists of numbers are summarised by count, min, mean
+    and max; everything else is compact JSON cut to ``limit`` characters.
+
+    Example:
+        >>> format_value(0.123456), format_value([0.5] * 20), format_value({"acc": 0.9})
+        ('0.1235', '20 values: min 0.5, mean 0.5, max 0.5', '{"acc": 0.9}')
+    """
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, (list, tuple)) and len(value) > 8 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        nums = [float(v) for v in value]
+        return (f"{len(nums)} values: min {min(nums):.4g}, mean {statistics.fmean(nums):.4g}, "
+                f"max {max(nums):.4g}")
+    if isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(format_value(v, limit=limit) for v in value) + "]"
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "", depth: int = 2) -> Iterator[tuple[str, Any]]:
+    """Yield ``(dotted.key, value)`` for nested mappings down to ``depth`` levels.
+
+    Example:
+        >>> list(flatten({"a": {"b": 1, "c": {"d": 2}}}, depth=2))
+        [('a.b', 1), ('a.c', {'d': 2})]
+    """
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and depth > 1:
+            yield from flatten(value, f"{name}.", depth - 1)
+        else:
+            yield name, value
+
+
+def strategies_table(infos: Mapping[str, PluginInfo]) -> Table:
+    """Registered strategies: name, source package and one line of help."""
+    table = Table(title="Registered strategies", title_justify="left")
+    table.add_column("strategy", style="bold cyan", no_wrap=True)
+    table.add_column("package", style="magenta", no_wrap=True)
+    table.add_column("help")
+    for name, info in infos.items():
+        table.add_row(Text(name), Text(info.source), Text(info.summary))
+    return table
+
+
+def params_table(rows: Mapping[str, ParamCount], *, title: str = "Parameters") -> Table:
+    """Parameter counts with and without embeddings, one column per named model or stage."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("")
+    for name in rows:
+        table.add_column(name, justify="right")
+    names = list(rows)
+    has_ratio = len(names) == 2
+    if has_ratio:
+        table.add_column("change", justify="right")
+    for label, attr in (("total", "total"), ("without embeddings", "without_embeddings")):
+        values = [getattr(rows[n], attr) for n in names]
+        cells = [f"{v:,}" for v in values]
+        if has_ratio:
+            before, after = values
+            cells.append(f"{(after - before) / before:+.1%}" if before else "n/a")
+        table.add_row(label, *cells)
+    return table
+
+
+def anatomy_view(anatomy: ModelAnatomy, *, title: str = "") -> RenderableType:
+    """Per-layer kind, heads, head dim, FFN width and parameters; totals; recorded steps."""
+    layers = Table(
+        title=title or f"{anatomy.model_class} ({anatomy.model_type}), hidden {anatomy.hidden_size}, "
+        f"{anatomy.num_layers} layers",
+        title_justify="left",
+    )
+    for column in ("layer", "kind", "heads", "head dim", "FFN width", "params"):
+        layers.add_column(column, justify="left" if column == "kind" else "right")
+    has_details = any(layer.details for layer in anatomy.layers)
+    if has_details:
+        layers.add_column("details")
+    for layer in anatomy.layers:
+        cells = [str(layer.index), Text(layer.kind), _opt(layer.heads), _opt(layer.head_dim), _opt(layer.ffn_width),
+                 f"{layer.params:,}"]
+        if has_details:
+            cells.append(Text(", ".join(f"{k}={format_value(v, limit=40)}" for k, v in layer.details.items())))
+        layers.add_row(*cells)
+    totals = Table(title="Parameters", title_justify="left")
+    totals.add_column("")
+    totals.add_column("count", justify="right")
+    totals.add_row("total", f"{anatomy.params.total:,}")
+    totals.add_row("without embeddings", f"{anatomy.params.without_embeddings:,}")
+    parts: list[RenderableType] = [layers, totals]
+    if anatomy.steps:
+        steps = Table(title="Recorded surgery steps", title_justify="left")
+        steps.add_column("#", justify="right")
+        steps.add_column("strategy", style="bold cyan")
+        steps.add_column("config")
+        for number, step in enumerate(anatomy.steps):
+            steps.add_row(str(number), Text(step.strategy), Text(format_value(step.config, limit=200)))
+        parts.append(steps)
+    else:
+        parts.append(Text("No recorded surgery steps.", style="dim"))
+    return Group(*parts)
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> RenderableType:
+    """A surgery report: per-layer changes, parameters before and after, metrics, where it was saved."""
+    parts: list[RenderableType] = [
+        Text.assemble(("strategy ", "dim"), (report.strategy, "bold cyan"),
+                      ("  config ", "dim"), format_value(report.config, limit=300),
+                      ("  took ", "dim"), f"{report.seconds:.1f}s"),
+    ]
+    if report.changes:
+        changes = Table(title="Changes per layer", title_justify="left")
+        for column in ("layer", "component", "before", "after", "note"):
+            changes.add_column(column, justify="right" if column in ("layer", "before", "after") else "left")
+        for change in report.changes:
+            changes.add_row(str(change.layer), Text(change.component), _opt(change.before), _opt(change.after),
+                            Text(change.note))
+        parts.append(changes)
+    else:
+        parts.append(Text("No layer changed.", style="yellow"))
+    parts.append(params_table({"before": report.params_before, "after": report.params_after}))
+    metrics = list(flatten(report.metrics))
+    if metrics:
+        table = Table(title="Metrics", title_justify="left")
+        table.add_column("metric", style="bold")
+        table.add_column("value")
+        for key, value in metrics:
+            table.add_row(Text(key), Text(format_value(value)))
+        parts.append(table)
+    if saved_to is not None:
+        parts.append(Text.assemble(("saved to ", "green"), str(saved_to)))
+    return Group(*parts)
+
+
+class ProgressDisplay:
+    """A :data:`surgery.progress.ProgressCallback` that draws one rich progress bar per task.
+
+    Use it as a context manager around the long work; events with an unknown ``total`` show a
+    spinner and a count, and ``info`` figures (loss, accuracy, expert usage) appear beside the bar.
+
+    Example:
+        >>> from surgery.bench import BenchReport
+from surgery.progress import ProgressEvent
+        >>> with ProgressDisplay(Console(file=open("/dev/null", "w"))) as show:
+        ...     show(ProgressEvent("calibration", 1, 4, {"loss": 0.5}))
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}", markup=False),
+            console=console,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> ProgressDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def __call__(self, event: ProgressEvent) -> None:
+        info = "  ".join(f"{k}={format_value(v, limit=60)}" for k, v in event.info.items())
+        task = self.tasks.get(event.task)
+        if task is None:
+            task = self.tasks[event.task] = self.progress.add_task(
+                event.task, total=event.total, info=info
+            )
+        self.progress.update(task, completed=event.completed, total=event.total, info=info)
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:,.1f}"
+
+
+def bench_view(report: BenchReport) -> RenderableType:
+    """A benchmark: settings, one row per model, ratios against the reference, and warnings."""
+    s = report.settings
+    parts: list[RenderableType] = [Text(
+        f"batch {s.batch_size} x {s.seq_len} tokens, {s.repeats} interleaved rounds after {s.warmup} warm-up, "
+        f"{s.threads} threads on {s.device} ({s.machine}), torch {s.torch_version}", style="dim")]
+    models = Table(title="Models", title_justify="left")
+    for column in ("model", "params", "params w/o emb.", "GFLOPs/batch", "samples/s", "p50 ms", "p95 ms",
+                   "peak MiB"):
+        models.add_column(column, justify="left" if column == "model" else "right")
+    for m in report.models:
+        models.add_row(Text(m.name), f"{m.params.total:,}", f"{m.params.without_embeddings:,}",
+                       f"{m.flops_per_batch / 1e9:,.3f}", f"{m.throughput:,.1f}", f"{m.latency_p50_ms:,.2f}",
+                       f"{m.latency_p95_ms:,.2f}", _mib(m.peak_memory_bytes))
+    parts.append(models)
+    if report.comparisons:
+        ratios = Table(title=f"Against {report.comparisons[0].reference}", title_justify="left")
+        for column in ("model", "speedup", "params", "params w/o emb.", "FLOPs", "FLOP-bound speedup",
+                       "of bound", "memory"):
+            ratios.add_column(column, justify="left" if column == "model" else "right")
+        for c in report.comparisons:
+            ratios.add_row(Text(c.name), f"{c.speedup:.2f}x", f"{c.params_ratio:.3f}",
+                           f"{c.params_ratio_without_embeddings:.3f}", f"{c.flops_ratio:.3f}",
+                           f"{c.flop_bound_speedup:.2f}x", f"{c.fraction_of_flop_bound:.0%}",
+                           "-" if c.memory_ratio is None else f"{c.memory_ratio:.3f}")
+        parts.append(ratios)
+    parts.extend(Text.assemble(("warning: ", "bold yellow"), (w, "yellow")) for w in report.warnings)
+    return Group(*parts)
