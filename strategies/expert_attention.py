@@ -1,0 +1,424 @@
+"""``expert-attention``: replace whole encoder layers by routed single-head experts (SHRP, §3.1).
+
+An Expert Attention layer replaces a layer's attention **and** its FFN. Every pretrained head
+becomes an expert with its own Q/K/V (``d -> d_head``), a router on the [CLS] state (or a masked
+mean) picks one expert per *sequence*, the expert's head output goes through a small shared
+Expander (``d_head -> d``, GELU, LayerNorm) and ``Y = LayerNorm(E + X)``.
+
+Design notes:
+
+* Expert weights are stacked (``qkv_weight[N, 3*d_head, d]``); a mixed batch gathers each
+  sequence's expert and runs one ``bmm``. Because the stack is one parameter, it is always "used"
+  in a step; only whole layers that are bypassed produce unused parameters (see ``shrp``).
+* The forward value of the routed layer is exactly ``E_sel`` (no probability weighting). The
+  router learns through a straight-through gate ``E * (1 + p - p.detach())`` by default.
+* Family specifics (how the encoder calls a layer, masks, per-head position terms) come from the
+  anatomy adapter's ``parse_layer_call``/``layer_result``, never from module names here.
+* A layer can carry a *bypass*: the original layer, run instead of the experts until the layer is
+  activated (progressive conversion). The bypass is training state only: it never enters the state
+  dict, so saving always writes the converted layer that the manifest rebuilds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, field_validator
+from torch import nn
+
+from surgery.anatomy import EncoderAdapter, adapter_for
+from surgery.anatomy.base import LayerCall
+from surgery.errors import PlanError
+from surgery.ops import check_indices, head_rows
+from surgery.report import LayerChange
+from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+
+RouterInput = Literal["cls", "mean"]
+RouterGrad = Literal["straight-through", "switch", "none"]
+ExpanderKind = Literal["linear", "mlp"]
+ExpanderInit = Literal["random", "output"]
+BALANCE_EPS = 1e-7
+
+
+class Expander(nn.Module):
+    """The shared Expander: ``LayerNorm(GELU(W h + b))`` (SHRP) or ``W2 GELU(W1 h)`` (first paper).
+
+    Example:
+        >>> Expander(8, 32, kind="linear")(torch.ones(2, 3, 8)).shape
+        torch.Size([2, 3, 32])
+    """
+
+    def __init__(self, head_dim: int, hidden: int, *, kind: ExpanderKind = "linear", inner: int | None = None,
+                 eps: float = 1e-12) -> None:
+        super().__init__()
+        self.kind = kind
+        if kind == "linear":
+            self.dense = nn.Linear(head_dim, hidden)
+            self.norm: nn.Module = nn.LayerNorm(hidden, eps=eps)
+            self.inner = None
+        else:
+            self.inner = nn.Linear(head_dim, inner or 4 * hidden)
+            self.dense = nn.Linear(inner or 4 * hidden, hidden)
+            self.norm = nn.Identity()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.inner is not None:
+            return self.dense(F.gelu(self.inner(h)))
+        return self.norm(F.gelu(self.dense(h)))
+
+
+class ExpertAttentionLayer(nn.Module):
+    """One Expert Attention layer: N single-head experts, a Top-k router and a shared Expander.
+
+    With ``routed=False`` (after Top-1 pruning to one expert) there is no router: the layer is a
+    static single-head layer. The forward takes the encoder's own call signature; the family's
+    adapter translates it.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_inputs
+        >>> import surgery
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> _ = surgery.convert(model, ExpertAttentionStrategy(layers=[1]))
+        >>> layer = model.encoder.layer[1]
+        >>> layer.num_experts, model(**tiny_inputs(TinySpec("bert"))).last_hidden_state.shape
+        (4, torch.Size([3, 7, 32]))
+    """
+
+    def __init__(
+        self,
+        adapter: EncoderAdapter,
+        *,
+        hidden: int,
+        num_experts: int,
+        head_dim: int,
+        scale: float,
+        routed: bool = True,
+        router_input: RouterInput = "cls",
+        router_grad: RouterGrad = "straight-through",
+        top_k: int = 1,
+        expander: ExpanderKind = "linear",
+        expander_inner: int | None = None,
+        eps: float = 1e-12,
+        dropout: float = 0.0,
+        prenorm: bool = False,
+    ) -> None:
+        super().__init__()
+        # The adapter is kept as a plain attribute (not a submodule): it interprets the encoder's call.
+        object.__setattr__(self, "_adapter", adapter)
+        self.hidden, self.head_dim, self.scale = hidden, head_dim, scale
+        self.router_input, self.router_grad, self.top_k = router_input, router_grad, top_k
+        self.qkv_weight = nn.Parameter(torch.empty(num_experts, 3 * head_dim, hidden))
+        self.qkv_bias = nn.Parameter(torch.zeros(num_experts, 3 * head_dim))
+        self.router = nn.Linear(hidden, num_experts) if routed else None
+        self.expander = Expander(head_dim, hidden, kind=expander, inner=expander_inner, eps=eps)
+        self.input_norm = nn.LayerNorm(hidden, eps=eps) if prenorm else None
+        self.output_norm = nn.LayerNorm(hidden, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        # Which original head each expert came from (rebuilt by the plans, so not persisted); it
+        # selects the per-head position term of families such as MPNet.
+        self.register_buffer("head_index", torch.arange(num_experts), persistent=False)
+        # Argmax choices per expert since conversion; saved with the model (usage-based pruning).
+        self.register_buffer("usage", torch.zeros(num_experts, dtype=torch.long))
+        self.track_usage = True
+        self.last_probs: torch.Tensor | None = None
+        self.last_choice: torch.Tensor | None = None
+        self.bypass: nn.Module | None = None
+        self.active = True
+        self._register_state_dict_hook(_drop_bypass_keys)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    @property
+    def num_experts(self) -> int:
+        return int(self.qkv_weight.shape[0])
+
+    @property
+    def routed(self) -> bool:
+        return self.router is not None
+
+    def anatomy_summary(self) -> dict[str, Any]:
+        """What ``surgery.inspect`` shows for this layer."""
+        return {"kind": "expert-attention" if self.routed else "single-head", "heads": 1,
+                "head_dim": self.head_dim, "ffn_width": None, "experts": self.num_experts,
+                "top_k": self.top_k if self.routed else 1, "usage": self.usage.tolist()}
+
+    def attach_bypass(self, original: nn.Module) -> None:
+        """Run ``original`` instead of the experts until :meth:`activate` (progressive training)."""
+        self.bypass = original
+        self.active = False
+
+    @torch.no_grad()
+    def activate(self, reinit_from_bypass: bool = True) -> None:
+        """Switch from the bypass to the experts, re-initialising them from the bypass's current heads."""
+        if self.bypass is not None and reinit_from_bypass:
+            init_from_layer(self, self._adapter, self.bypass)
+        self.active = True
+
+    def release_bypass(self) -> None:
+        """Drop the original layer for good (end of training): the layer is now exactly what a reload builds."""
+        self.bypass = None
+        self.active = True
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.bypass is not None and not self.active:
+            return self.bypass(*args, **kwargs)
+        call = self._adapter.parse_layer_call(args, kwargs)
+        x = call.hidden
+        inp = self.input_norm(x) if self.input_norm is not None else x
+        if self.router is None:
+            e = self.expander(self._expert(inp, None, call))
+            self.last_probs = self.last_choice = None
+        else:
+            logits = self.router(self._pool(x, call))
+            probs = logits.float().softmax(-1)
+            self.last_probs = probs
+            if self.top_k == 1:
+                choice = logits.argmax(-1)
+                e = self.expander(self._expert(inp, choice, call))
+                p_sel = probs.gather(1, choice[:, None]).to(e.dtype)[:, :, None]
+                if self.router_grad == "straight-through":
+                    e = e * (1.0 + p_sel - p_sel.detach())
+                elif self.router_grad == "switch":
+                    e = e * p_sel
+            else:
+                top_p, top_i = probs.topk(min(self.top_k, self.num_experts), dim=-1)
+                weights = (top_p / top_p.sum(-1, keepdim=True)).to(x.dtype)
+                choice = top_i[:, 0]
+                e = sum(weights[:, j, None, None] * self.expander(self._expert(inp, top_i[:, j], call))
+                        for j in range(top_i.shape[1]))
+            self.last_choice = choice.detach()
+            if self.track_usage:
+                self.usage.index_add_(0, choice.detach(), torch.ones_like(choice))
+        out = self.output_norm(self.dropout(e) + x)
+        return self._adapter.layer_result(out, call)
+
+    def _pool(self, x: torch.Tensor, call: LayerCall) -> torch.Tensor:
+        if self.router_input == "cls":
+            return x[:, 0]
+        keep = call.key_mask()
+        if keep is None:
+            return x.mean(1)
+        w = keep.to(x.dtype)[:, :, None]
+        return (x * w).sum(1) / w.sum(1).clamp_min(1.0)
+
+    def _expert(self, x: torch.Tensor, choice: torch.Tensor | None, call: LayerCall) -> torch.Tensor:
+        """Head output ``[B, S, d_head]`` of each sequence's expert (``choice=None``: the only expert)."""
+        b = x.shape[0]
+        if choice is None:
+            qkv = F.linear(x, self.qkv_weight[0], self.qkv_bias[0])
+            heads = self.head_index[:1].expand(b)
+        else:
+            weight = self.qkv_weight.index_select(0, choice)  # [B, 3*dh, d]
+            bias = self.qkv_bias.index_select(0, choice)[:, None, :]
+            qkv = torch.baddbmm(bias, x, weight.transpose(1, 2))
+            heads = self.head_index.index_select(0, choice)
+        q, k, v = (t.unsqueeze(1) for t in qkv.split(self.head_dim, dim=-1))  # [B, 1, S, dh]
+        if call.rotary is not None:
+            q, k = call.rotary(q, k)
+        bias = call.attention_bias
+        if call.head_bias is not None:
+            hb = call.head_bias
+            per_head = hb[torch.arange(b, device=x.device) if hb.shape[0] == b else 0, heads][:, None]
+            bias = per_head if bias is None else bias + per_head
+        scores_fn = call.extra.get("head_scores")
+        if scores_fn is not None:  # family-specific position scores from the expert's own projections
+            weight = self.qkv_weight[0:1].expand(b, -1, -1) if choice is None else self.qkv_weight.index_select(
+                0, choice)
+            extra_scores = scores_fn(q, k, weight, heads)
+            bias = extra_scores if bias is None else bias + extra_scores
+        if bias is not None:
+            bias = bias.to(q.dtype)
+        p = self.dropout.p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=self.scale)
+        return out[:, 0]
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, head_dim={self.head_dim}, hidden={self.hidden}, "
+                f"routed={self.routed}, router_input={self.router_input}, top_k={self.top_k}")
+
+
+def _drop_bypass_keys(module: ExpertAttentionLayer, state: dict[str, Any], prefix: str, _meta: Any) -> None:
+    for key in [k for k in state if k.startswith(prefix + "bypass.")]:
+        del state[key]
+
+
+@torch.no_grad()
+def init_from_layer(layer: ExpertAttentionLayer, adapter: EncoderAdapter, original: nn.Module,
+                    heads: list[int] | None = None, expander_init: ExpanderInit | None = None) -> None:
+    """Copy the pretrained heads (Q/K/V rows and bias) and the closing norm of ``original`` into ``layer``."""
+    attention = adapter.attention_parts(original)
+    if attention is None:
+        raise PlanError(f"{type(original).__name__} has no standard attention to initialise experts from")
+    heads = heads if heads is not None else layer.head_index.tolist()
+    hd, width = attention.head_dim, attention.num_heads * attention.head_dim
+    if attention.qkv is not None:
+        parts = [(attention.qkv, part * width) for part in range(3)]
+    else:
+        parts = [(attention.query, 0), (attention.key, 0), (attention.value, 0)]
+    for e, h in enumerate(heads):
+        rows = head_rows([h], hd)
+        for j, (lin, offset) in enumerate(parts):
+            idx = torch.as_tensor([offset + r for r in rows], device=lin.weight.device)
+            layer.qkv_weight[e, j * hd:(j + 1) * hd].copy_(lin.weight.index_select(0, idx))
+            if lin.bias is not None:
+                layer.qkv_bias[e, j * hd:(j + 1) * hd].copy_(lin.bias.index_select(0, idx))
+            else:
+                layer.qkv_bias[e, j * hd:(j + 1) * hd].zero_()
+    for mine, theirs in ((layer.output_norm, adapter.output_norm(original)),
+                         (layer.input_norm, adapter.input_norm(original))):
+        if mine is not None and theirs is not None:
+            mine.weight.copy_(theirs.weight)
+            if getattr(theirs, "bias", None) is not None:
+                mine.bias.copy_(theirs.bias)
+            else:
+                mine.bias.zero_()
+    if expander_init == "output" and layer.expander.inner is None:
+        # The mean of the heads' slices of the output projection: each expert starts by writing what
+        # an average head wrote into the residual stream.
+        out = attention.output.weight.view(attention.output.out_features, attention.num_heads, hd)
+        layer.expander.dense.weight.copy_(out.mean(1) * attention.num_heads ** 0.5)
+        if attention.output.bias is not None:
+            layer.expander.dense.bias.copy_(attention.output.bias)
+
+
+class ExpertAttentionConfig(StrategyConfig):
+    """Settings of ``expert-attention``.
+
+    Example:
+        >>> ExpertAttentionConfig(layers=[4, 5]).router_grad
+        'straight-through'
+    """
+
+    layers: list[int] | None = Field(default=None, description="layers to convert (default: all)")
+    router_input: RouterInput = Field(default="cls", description="route on the [CLS] state or a masked mean")
+    router_grad: RouterGrad = Field(default="straight-through", description="how the router gets task gradient")
+    top_k: int = Field(default=1, ge=1, description="experts per sequence (k > 1: the top-k ablation)")
+    expander: ExpanderKind = Field(default="linear", description="SHRP linear expander or the first paper's MLP")
+    expander_inner: int | None = Field(default=None, ge=1, description="MLP expander width (default: the FFN's)")
+    expander_init: ExpanderInit = Field(default="random", description="random, or from the attention output")
+    seed: int = Field(default=0, description="seed of the random expander/router initialisation")
+
+    @field_validator("layers")
+    @classmethod
+    def _distinct(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("layers must be distinct")
+        return value
+
+
+class ExpertAttentionStrategy(Strategy):
+    """Convert encoder layers to Expert Attention (one expert per pretrained head).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> import surgery
+        >>> model = tiny_model(TinySpec("bert", layers=2))
+        >>> report = surgery.convert(model, ExpertAttentionStrategy(layers=[0]))
+        >>> surgery.inspect(model).layers[0].kind
+        'expert-attention'
+    """
+
+    name = "expert-attention"
+    config_class = ExpertAttentionConfig
+    config: ExpertAttentionConfig
+
+    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+        adapter = adapter_for(model)
+        layers = self.config.layers if self.config.layers is not None else list(range(adapter.num_layers))
+        check_indices(layers, adapter.num_layers, f"{self.name}: layers")
+        experts = {}
+        for i in layers:
+            attention = adapter.layer(i).attention
+            if attention is None or adapter.layer(i).ffn is None:
+                raise PlanError(f"{self.name}: layer {i} is not a standard layer any more; convert each layer once")
+            experts[str(i)] = attention.num_heads
+        return {"layers": list(layers), "experts": experts, "head_dim": adapter.head_dim()}
+
+    def apply(self, model: nn.Module, plan: Plan) -> list[LayerChange]:
+        adapter = adapter_for(model)
+        layers = [int(i) for i in plan["layers"]]
+        check_indices(layers, adapter.num_layers, f"{self.name}: plan layers")
+        changes = []
+        gen = torch.Generator().manual_seed(self.config.seed)
+        for i in layers:
+            parts = adapter.layer(i)
+            if parts.attention is None or parts.ffn is None:
+                raise PlanError(f"{self.name}: layer {i} is not a standard layer; it was converted already")
+            new = build_layer(adapter, parts.module, self.config, int(plan["experts"][str(i)]), gen)
+            before = sum(p.numel() for p in parts.module.parameters())
+            adapter.layers()[i] = new
+            changes.append(LayerChange(layer=i, component="layer", before=before,
+                                       after=sum(p.numel() for p in new.parameters()),
+                                       note=f"expert attention, {new.num_experts} experts"))
+        return changes
+
+
+def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAttentionConfig, num_experts: int,
+                gen: torch.Generator) -> ExpertAttentionLayer:
+    """An Expert Attention layer for ``original``, initialised from its heads (``gen`` seeds the new parts)."""
+    attention = adapter.attention_parts(original)
+    norm = adapter.output_norm(original)
+    hd = attention.head_dim
+    ffn = adapter.ffn_parts(original)
+    ref = attention.output.weight
+    layer = ExpertAttentionLayer(
+        adapter, hidden=adapter.hidden_size, num_experts=num_experts, head_dim=hd,
+        scale=adapter.attention_scale(original, hd), router_input=config.router_input,
+        router_grad=config.router_grad, top_k=config.top_k, expander=config.expander,
+        expander_inner=config.expander_inner or (ffn.width if ffn is not None else None),
+        eps=float(getattr(norm, "eps", 1e-12) or 1e-12), dropout=adapter.hidden_dropout(),
+        prenorm=adapter.input_norm(original) is not None,
+    ).to(device=ref.device, dtype=ref.dtype)
+    std = float(getattr(adapter.config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for lin in [m for m in layer.modules() if isinstance(m, nn.Linear)]:
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * std)
+            if lin.bias is not None:
+                lin.bias.zero_()
+    for name, value in adapter.layer_attributes(original).items():
+        setattr(layer, name, value)
+    init_from_layer(layer, adapter, original, heads=list(range(num_experts)), expander_init=config.expander_init)
+    return layer
+
+
+def expert_layers(model: nn.Module) -> Iterator[tuple[int, ExpertAttentionLayer]]:
+    """``(index, layer)`` of every Expert Attention layer of ``model`` (in encoder order)."""
+    adapter = adapter_for(model)
+    for i, layer in enumerate(adapter.layers()):
+        if isinstance(layer, ExpertAttentionLayer):
+            yield i, layer
+
+
+def balance_loss(model: nn.Module, eps: float = BALANCE_EPS) -> torch.Tensor | None:
+    """SHRP's load-balance loss of the last forward pass, averaged over routed, active layers.
+
+    Per layer ``L = ½ KL(p̄ ‖ u) + ½ KL(u ‖ p̄)`` with ``p̄`` the batch mean of the router softmax,
+    ``u`` uniform and ``eps`` added to both. ``None`` if no routed layer ran.
+
+    Example:
+        >>> balance_loss(nn.Linear(2, 2)) is None
+        True
+    """
+    losses = []
+    for module in model.modules():
+        if isinstance(module, ExpertAttentionLayer) and module.active and module.last_probs is not None:
+            losses.append(symmetric_kl_to_uniform(module.last_probs.mean(0), eps))
+    return torch.stack(losses).mean() if losses else None
+
+
+def symmetric_kl_to_uniform(p: torch.Tensor, eps: float = BALANCE_EPS) -> torch.Tensor:
+    """``½ KL(p ‖ u) + ½ KL(u ‖ p)`` for a distribution ``p`` over N experts (``eps`` added to both).
+
+    ``F.kl_div(input=log q, target=t)`` computes ``KL(t ‖ q)``.
+
+    Example:
+        >>> float(symmetric_kl_to_uniform(torch.full((4,), 0.25)))
+        0.0
+    """
+    u = torch.full_like(p, 1.0 / p.numel())
+    kl_p_u = F.kl_div((u + eps).log(), p + eps, reduction="sum")
+    kl_u_p = F.kl_div((p + eps).log(), u + eps, reduction="sum")
+    return 0.5 * kl_p_u + 0.5 * kl_u_p

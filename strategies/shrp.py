@@ -1,0 +1,399 @@
+"""``shrp``: the SHRP pipeline: progressive Expert Attention training, usage analysis, Top-1 pruning.
+
+The pipeline (a :class:`~surgery.pipeline.PipelineStrategy`) records two ordinary steps, so a saved
+model replays ``expert-attention`` and then ``top1-prune`` and never needs this module to reload:
+
+1. ``expert-attention`` converts **all** target layers up front, so every parameter that training
+   will touch exists when the optimizer is built. Each converted layer carries its original layer
+   as a *bypass* and runs it until the layer's epoch (progressive conversion); at that epoch the
+   experts are re-initialised from the bypass's then fine-tuned heads and take over.
+2. Training runs on the Hugging Face :class:`~transformers.Trainer`: :class:`ShrpTrainer` adds the
+   load-balance loss and :class:`ProgressiveConversion` (a ``TrainerCallback``) runs the schedule,
+   so both also work from a user's own Trainer code. Stage 1 (balance loss on) covers the
+   conversion epochs, stage 2 (off) the ``extra_epochs`` after the last conversion.
+3. At the end of training the bypasses are dropped: the model is exactly what the manifest
+   rebuilds. (A bypass never enters the state dict, so even a mid-schedule save holds the
+   converted layers only; Trainer checkpoints are therefore switched off here.)
+4. A calibration pass on the evaluation data counts expert usage; ``top1-prune`` keeps the most
+   used expert(s) per layer.
+
+DDP: a bypassed layer's experts, and an activated layer's dropped original, get no gradient in a
+step, so the Trainer runs with ``ddp_find_unused_parameters=True`` on purpose (experts of one
+layer are one stacked parameter, so routing itself never leaves a parameter unused).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from surgery.anatomy import adapter_for
+from surgery.data import TaskData, _Collate
+from surgery.errors import ConfigError, DataError
+from surgery.ops import check_indices
+from surgery.pipeline import PipelineSession, PipelineStrategy
+from surgery.strategies.expert_attention import (
+    ExpanderInit,
+    ExpanderKind,
+    ExpertAttentionLayer,
+    ExpertAttentionStrategy,
+    RouterGrad,
+    RouterInput,
+    balance_loss,
+    expert_layers,
+)
+from surgery.strategies.top1_prune import Top1PruningStrategy
+from surgery.strategy import Data, StrategyConfig
+
+
+class ShrpConfig(StrategyConfig):
+    """Settings of the ``shrp`` pipeline.
+
+    Example:
+        >>> ShrpConfig(layers=[5, 4, 3]).extra_epochs
+        2
+    """
+
+    layers: list[int] | None = Field(default=None, description="layers to convert, in conversion order")
+    num_layers: int | None = Field(default=None, ge=1, description="how many layers (when 'layers' is not given)")
+    order: Literal["top-down", "bottom-up"] = Field(default="top-down",
+                                                    description="conversion order when 'layers' is not given")
+    extra_epochs: int = Field(default=2, ge=0, description="epochs after the last conversion (stage 2)")
+    balance_weight: float = Field(default=0.1, ge=0.0, description="λ of the load-balance loss in stage 1")
+    keep: int = Field(default=1, ge=1, description="experts kept per layer by Top-1 pruning")
+    router_input: RouterInput = "cls"
+    router_grad: RouterGrad = "straight-through"
+    top_k: int = Field(default=1, ge=1)
+    expander: ExpanderKind = "linear"
+    expander_init: ExpanderInit = "random"
+    reinit_on_activate: bool = Field(default=True,
+                                     description="initialise experts from the layer's fine-tuned heads at its epoch")
+    learning_rate: float = Field(default=5e-5, gt=0.0)
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
+    batch_size: int = Field(default=32, ge=1)
+    seed: int = 0
+    eval_each_epoch: bool = Field(default=True, description="evaluation accuracy after every epoch")
+    bench: bool = Field(default=True, description="measure params/FLOPs/throughput against the input model")
+    bench_batch_size: int = Field(default=32, ge=1)
+    bench_seq_len: int = Field(default=64, ge=1)
+    bench_repeats: int = Field(default=5, ge=1)
+
+
+# -- evaluation --------------------------------------------------------------------------------
+@torch.no_grad()
+def accuracy(model: nn.Module, loader: Any, *, progress: Callable[[int, int | None], None] | None = None) -> float:
+    """Accuracy of a sequence classifier over a loader of labelled batches.
+
+    Example:
+        >>> import datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
+        >>> loader = TaskData(rows, rows, ["a", "b", "c"]).loader()
+        >>> 0.0 <= accuracy(tiny_model(TinySpec("bert", task="seq-cls")), loader) <= 1.0
+        True
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    correct = total = 0
+    n_batches = len(loader) if hasattr(loader, "__len__") else None
+    try:
+        for n, batch in enumerate(loader):
+            inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+            logits = model(**inputs).logits
+            correct += int((logits.argmax(-1).cpu() == batch["labels"]).sum())
+            total += int(batch["labels"].numel())
+            if progress is not None:
+                progress(n + 1, n_batches)
+    finally:
+        model.train(was_training)
+    return correct / total if total else float("nan")
+
+
+def require_task_data(data: Data | None, who: str) -> TaskData:
+    """``data`` as labelled TaskData with train and eval splits, or a one-line DataError."""
+    if not isinstance(data, TaskData):
+        got = "no data" if data is None else type(data).__name__
+        raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
+                        f"--data train.csv [--eval-data dev.csv]); got {got}")
+    if "labels" not in data.train.column_names:
+        raise DataError(f"{who}: the training data has no labels; name the label column with --label-column")
+    if data.eval is None:
+        raise DataError(f"{who}: needs evaluation data for usage analysis; pass --eval-data or an eval fraction")
+    return data
+
+
+# -- Trainer integration -----------------------------------------------------------------------
+@dataclass
+class ShrpTrainingState:
+    """What :class:`ShrpTrainer` and :class:`ProgressiveConversion` share during training."""
+
+    balance_weight: float = 0.0
+    loss_sum: float = 0.0
+    balance_sum: float = 0.0
+    correct: int = 0
+    seen: int = 0
+    steps: int = 0
+    usage: dict[int, list[int]] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def reset_epoch(self) -> None:
+        self.loss_sum = self.balance_sum = 0.0
+        self.correct = self.seen = self.steps = 0
+        self.usage = {}
+
+
+class ShrpTrainer(Trainer):
+    """A ``Trainer`` that adds SHRP's load-balance loss (weight set by the schedule) to the task loss.
+
+    Use it with :class:`ProgressiveConversion` in your own training code, or let the ``shrp``
+    strategy drive both.
+
+    Example:
+        >>> import inspect
+        >>> "compute_loss" in ShrpTrainer.__dict__
+        True
+    """
+
+    def __init__(self, *args: Any, shrp_state: ShrpTrainingState | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.shrp_state = shrp_state or ShrpTrainingState()
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                             num_items_in_batch=num_items_in_batch)
+        state = self.shrp_state
+        if model.training:
+            aux = balance_loss(model)
+            if aux is not None and state.balance_weight > 0:
+                loss = loss + state.balance_weight * aux.to(loss.dtype)
+            state.steps += 1
+            state.loss_sum += float(loss.detach())
+            state.balance_sum += float(aux.detach()) if aux is not None else 0.0
+            labels = inputs.get("labels")
+            logits = outputs["logits"] if isinstance(outputs, dict) else outputs[1]
+            if labels is not None:
+                state.correct += int((logits.detach().argmax(-1) == labels).sum())
+                state.seen += int(labels.numel())
+            for i, layer in expert_layers(_unwrap(model)):
+                if layer.active and layer.last_choice is not None:
+                    counts = torch.bincount(layer.last_choice.cpu(), minlength=layer.num_experts).tolist()
+                    old = state.usage.get(i, [0] * layer.num_experts)
+                    state.usage[i] = [a + b for a, b in zip(old, counts, strict=True)]
+        return (loss, outputs) if return_outputs else loss
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
+
+
+class ProgressiveConversion(TrainerCallback):
+    """SHRP's schedule as a ``TrainerCallback``: one more layer per epoch, balance loss while converting.
+
+    ``order`` lists the Expert Attention layers in conversion order; they must carry their original
+    layers as bypasses (:meth:`ExpertAttentionLayer.attach_bypass`, or :func:`prepare_progressive`).
+    Epoch ``e`` (0-based) activates ``order[: e + 1]``; the balance loss is on during the
+    ``len(order)`` conversion epochs and off afterwards. At the end of training the bypasses are
+    released, so the model is exactly what a reload of its manifest builds.
+
+    Example:
+        >>> cb = ProgressiveConversion({}, order=[], state=ShrpTrainingState())
+        >>> cb.order
+        []
+    """
+
+    def __init__(self, layers: dict[int, ExpertAttentionLayer], order: list[int], state: ShrpTrainingState, *,
+                 balance_weight: float = 0.1, reinit: bool = True, eval_loader: Any = None,
+                 emit: Callable[..., None] | None = None, total_epochs: int | None = None) -> None:
+        self.layers, self.order, self.state = layers, list(order), state
+        self.balance_weight, self.reinit, self.eval_loader = balance_weight, reinit, eval_loader
+        self.emit = emit or (lambda *a, **k: None)
+        self.total_epochs = total_epochs
+        self.epoch = 0
+        self.steps_per_epoch: int | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        loader = kwargs.get("train_dataloader")
+        self.steps_per_epoch = len(loader) if loader is not None and hasattr(loader, "__len__") else None
+        self.total_epochs = self.total_epochs or int(args.num_train_epochs)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.epoch = round(state.epoch or 0)
+        for i in self.order[: self.epoch + 1]:
+            layer = self.layers[i]
+            if not layer.active:
+                layer.activate(reinit_from_bypass=self.reinit)
+        converting = self.epoch < len(self.order)
+        self.state.balance_weight = self.balance_weight if converting else 0.0
+        self.state.reset_epoch()
+
+    def _info(self) -> dict[str, Any]:
+        s = self.state
+        info: dict[str, Any] = {"loss": s.loss_sum / s.steps if s.steps else None,
+                                "acc": s.correct / s.seen if s.seen else None,
+                                "usage": {str(i): u for i, u in sorted(s.usage.items())},
+                                "stage": 1 if s.balance_weight > 0 else 2,
+                                "converted": sum(layer.active for layer in self.layers.values())}
+        return info
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.process_index != 0:
+            return
+        done = self.state.steps
+        self.emit(self._task(), done, self.steps_per_epoch, **self._info())
+
+    def _task(self) -> str:
+        return f"epoch {self.epoch + 1}/{self.total_epochs}"
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        info = self._info()
+        if self.eval_loader is not None:
+            info["eval_acc"] = accuracy(_unwrap(kwargs["model"]), self.eval_loader)
+        info["epoch"] = self.epoch + 1
+        self.state.history.append(info)
+        if args.process_index == 0:
+            self.emit(self._task(), self.steps_per_epoch or self.state.steps, self.steps_per_epoch, **info)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for layer in self.layers.values():
+            if not layer.active:  # training ended before this layer's epoch: convert it anyway
+                layer.activate(reinit_from_bypass=self.reinit)
+            layer.release_bypass()
+
+
+def prepare_progressive(model: nn.Module, originals: dict[int, nn.Module]) -> dict[int, ExpertAttentionLayer]:
+    """Attach each original layer as the bypass of its Expert Attention replacement (all bypassed).
+
+    Example:
+        >>> prepare_progressive(nn.Linear(2, 2), {})
+        {}
+    """
+    layers = dict(expert_layers(model)) if originals else {}
+    for i, original in originals.items():
+        if i not in layers:
+            raise ConfigError(f"layer {i} is not an Expert Attention layer; convert it before preparing the schedule")
+        layers[i].attach_bypass(original)
+    return {i: layers[i] for i in originals}
+
+
+def training_arguments(config: ShrpConfig, epochs: int, output_dir: str, **overrides: Any) -> TrainingArguments:
+    """The Trainer settings of an SHRP run (no checkpoints; unused parameters found on purpose)."""
+    values: dict[str, Any] = dict(
+        output_dir=output_dir, num_train_epochs=epochs, per_device_train_batch_size=config.batch_size,
+        per_device_eval_batch_size=config.batch_size, learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay, warmup_steps=config.warmup_ratio, lr_scheduler_type="linear",
+        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[], seed=config.seed,
+        data_seed=config.seed, disable_tqdm=True, remove_unused_columns=False,
+        # Bypassed layers' experts and activated layers' originals get no gradient in a step.
+        ddp_find_unused_parameters=True, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+    )
+    values.update(overrides)
+    return TrainingArguments(**values)
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+class ShrpStrategy(PipelineStrategy):
+    """SHRP end to end: convert, train progressively, analyse usage, prune to the Top-1 expert.
+
+    ``data`` must be :class:`~surgery.data.TaskData` (train and eval splits with labels); the model
+    a sequence classifier with as many labels as the data.
+
+    Example:
+        >>> ShrpStrategy(num_layers=2, extra_epochs=1).config.order
+        'top-down'
+    """
+
+    name = "shrp"
+    config_class = ShrpConfig
+    config: ShrpConfig
+
+    def conversion_order(self, num_layers: int) -> list[int]:
+        """The target layers in conversion order."""
+        if self.config.layers is not None:
+            order = list(self.config.layers)
+            check_indices(order, num_layers, f"{self.name}: layers")
+            if len(set(order)) != len(order):
+                raise ConfigError(f"{self.name}: layers must be distinct, got {order}")
+            return order
+        n = self.config.num_layers or max(1, num_layers // 2)
+        if n > num_layers:
+            raise ConfigError(f"{self.name}: num_layers={n} but the model has only {num_layers} layers")
+        top_down = list(range(num_layers - 1, num_layers - 1 - n, -1))
+        return top_down if self.config.order == "top-down" else list(range(n))
+
+    def plan(self, model: nn.Module, data: Data | None = None) -> dict[str, Any]:
+        order = self.conversion_order(adapter_for(model).num_layers)
+        epochs = len(order) + self.config.extra_epochs
+        return {"pipeline": self.name, "config": self.config.model_dump(mode="json"),
+                "steps": ["expert-attention", "train", "usage analysis", "top1-prune"],
+                "layers": order, "epochs": epochs}
+
+    def run(self, model: nn.Module, data: Data | None, session: PipelineSession) -> None:
+        task = require_task_data(data, self.name)
+        num_labels = int(getattr(model.config, "num_labels", 0))
+        if num_labels != task.num_labels:
+            raise DataError(f"{self.name}: the model has {num_labels} labels but the data has {task.num_labels} "
+                            f"({task.label_names[:5]}); load the model with num_labels={task.num_labels}")
+        cfg = self.config
+        adapter = adapter_for(model)
+        order = self.conversion_order(adapter.num_layers)
+        eval_loader = task.loader("eval", batch_size=cfg.batch_size)
+        reference = copy.deepcopy(model) if cfg.bench else None
+        start = time.perf_counter()
+        self.metrics["data"] = dict(task.info, split_seed=task.split_seed, labels=task.label_names)
+        self.metrics["layers"] = order
+        self.metrics["accuracy_input"] = accuracy(model, eval_loader)
+
+        originals = {i: adapter.layers()[i] for i in order}
+        session.step(ExpertAttentionStrategy(
+            layers=order, router_input=cfg.router_input, router_grad=cfg.router_grad, top_k=cfg.top_k,
+            expander=cfg.expander, expander_init=cfg.expander_init, seed=cfg.seed))
+        layers = prepare_progressive(model, originals)
+        history = self.train(model, task, layers, order, eval_loader)
+        self.metrics["history"] = history
+        self.metrics["train_seconds"] = time.perf_counter() - start
+
+        # Usage analysis on validation data; the counts are also persisted in the layers' buffers.
+        for _, layer in expert_layers(model):
+            layer.usage.zero_()
+        self.metrics["accuracy_moe"] = accuracy(model, eval_loader, progress=lambda c, n: self.emit("evaluate", c, n))
+        prune = session.step(Top1PruningStrategy(keep=cfg.keep), data=eval_loader)
+        self.metrics["usage"] = prune.metrics.get("usage")
+        self.metrics["accuracy_pruned"] = accuracy(model, eval_loader)
+        if reference is not None:
+            from surgery.bench import bench_models
+
+            report = bench_models({"input": reference, "shrp": model}, batch_size=cfg.bench_batch_size,
+                                  seq_len=cfg.bench_seq_len, repeats=cfg.bench_repeats, warmup=1)
+            self.metrics["bench"] = report.model_dump(mode="json")
+
+    def train(self, model: nn.Module, task: TaskData, layers: dict[int, ExpertAttentionLayer], order: list[int],
+              eval_loader: Any) -> list[dict[str, Any]]:
+        """Progressive training on the HF Trainer; returns per-epoch figures."""
+        cfg = self.config
+        state = ShrpTrainingState()
+        epochs = len(order) + cfg.extra_epochs
+        callback = ProgressiveConversion(layers, order, state, balance_weight=cfg.balance_weight,
+                                         reinit=cfg.reinit_on_activate,
+                                         eval_loader=eval_loader if cfg.eval_each_epoch else None,
+                                         emit=self.emit, total_epochs=epochs)
+        columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels")
+                   if c in task.train.column_names]
+        with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
+            trainer = ShrpTrainer(model=model, args=training_arguments(cfg, epochs, tmp),
+                                  train_dataset=task.train.select_columns(columns),
+                                  data_collator=_Collate(task.tokenizer), callbacks=[callback], shrp_state=state)
+            trainer.train()
+        model.eval()
+        return state.history
