@@ -70,10 +70,16 @@ def linear_input_scores(
     objective: Objective = loss_objective,
     max_batches: int | None = None,
     forward: Callable[[nn.Module, Mapping[str, torch.Tensor]], Any] | None = None,
-) -> dict[int, torch.Tensor]:
+    side: Literal["input", "output"] = "input",
+    token_mask: Callable[[Mapping[str, torch.Tensor]], torch.Tensor | None] | None = None,
+) -> dict[Any, torch.Tensor]:
     """Score the input features of each Linear in ``linears`` (keyed by layer) over ``data``.
 
     Returns, per key, a float tensor of ``in_features // group_size`` scores (higher = more important).
+    With ``side="output"`` the Linear's output features are scored instead (forward hooks on its
+    output; used for output rows that feed the residual stream or the attention product).
+    ``token_mask(batch)`` gives the ``[B, T]`` mask of the tokens to average over when the model
+    sees more tokens than the batch holds (a soft prompt); by default the batch's attention mask.
 
     Example:
         >>> from transformers import BertConfig, BertForSequenceClassification
@@ -91,21 +97,33 @@ def linear_input_scores(
     hooks = []
     anchor = torch.zeros((), requires_grad=True)
 
-    def make_hook(key: int):
+    def capture(key: Any, h: torch.Tensor) -> torch.Tensor:
+        if needs_grad:
+            # Adding a zero that requires grad puts h in the graph even when every parameter
+            # is frozen, without cutting the gradient path to earlier layers.
+            h = h + anchor.to(h.dtype)
+        captured[key] = h
+        return h
+
+    def make_hook(key: Any):
         def hook(_module: nn.Module, args: tuple[Any, ...]):
-            h = args[0]
-            if needs_grad:
-                # Adding a zero that requires grad puts h in the graph even when every parameter
-                # is frozen, without cutting the gradient path to earlier layers.
-                h = h + anchor.to(h.dtype)
-            captured[key] = h
-            return (h, *args[1:])
+            return (capture(key, args[0]), *args[1:])
+
+        return hook
+
+    def make_output_hook(key: Any):
+        def hook(_module: nn.Module, _args: tuple[Any, ...], output: torch.Tensor):
+            return capture(key, output)
 
         return hook
 
     for key, linear in linears.items():
-        hooks.append(linear.register_forward_pre_hook(make_hook(key)))
-    totals = {key: torch.zeros(lin.in_features // group_size, dtype=torch.float64) for key, lin in linears.items()}
+        if side == "output":
+            hooks.append(linear.register_forward_hook(make_output_hook(key)))
+        else:
+            hooks.append(linear.register_forward_pre_hook(make_hook(key)))
+    width = {key: lin.out_features if side == "output" else lin.in_features for key, lin in linears.items()}
+    totals = {key: torch.zeros(width[key] // group_size, dtype=torch.float64) for key in linears}
     was_training = model.training
     model.eval()
     run = forward or (lambda m, b: m(**b))
@@ -120,7 +138,7 @@ def linear_input_scores(
                     grads = torch.autograd.grad(objective(outputs, batch), [captured[k] for k in keys],
                                                 allow_unused=True)
                     grad_of = dict(zip(keys, grads, strict=True))
-            mask = batch.get("attention_mask")
+            mask = token_mask(batch) if token_mask is not None else batch.get("attention_mask")
             for key, h in captured.items():
                 h = h.detach().double()
                 g = grad_of[key].double() if needs_grad and grad_of[key] is not None else torch.zeros_like(h)

@@ -157,3 +157,52 @@ class ZeroRecoveryLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kept={self.kept.numel()}"
+
+
+def replace_module(root: nn.Module, old: nn.Module, new: nn.Module) -> str:
+    """Put ``new`` where ``old`` sits inside ``root`` (found by identity) and return its dotted path.
+
+    Lets family-agnostic code swap a Linear it got from an adapter without knowing module names.
+
+    Example:
+        >>> root = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        >>> replace_module(root, root[0], nn.Identity())
+        '0'
+        >>> type(root[0]).__name__
+        'Identity'
+    """
+    for name, parent in root.named_modules():
+        for child_name, child in parent.named_children():
+            if child is old:
+                setattr(parent, child_name, new)
+                return f"{name}.{child_name}" if name else child_name
+    raise PlanError(f"module {type(old).__name__} is not inside {type(root).__name__}; cannot replace it")
+
+
+def sliced_linear(linear: nn.Linear, outputs: Sequence[int] | None = None,
+                  inputs: Sequence[int] | None = None) -> nn.Linear:
+    """A new Linear holding copies of the given output rows and input columns (``None`` = all).
+
+    The original is left untouched, which is what a reversible swap needs.
+
+    Example:
+        >>> lin = nn.Linear(4, 3)
+        >>> sliced_linear(lin, outputs=[0, 2], inputs=[1, 3]).weight.shape
+        torch.Size([2, 2])
+    """
+    weight = linear.weight.detach()
+    bias = linear.bias.detach() if linear.bias is not None else None
+    if outputs is not None:
+        rows = torch.as_tensor(check_indices(outputs, linear.out_features, "output features"), device=weight.device)
+        weight = weight.index_select(0, rows)
+        bias = bias.index_select(0, rows) if bias is not None else None
+    if inputs is not None:
+        cols = torch.as_tensor(check_indices(inputs, linear.in_features, "input features"), device=weight.device)
+        weight = weight.index_select(1, cols)
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        if bias is not None:
+            new.bias.copy_(bias)
+    new.weight.requires_grad_(linear.weight.requires_grad)
+    return new
