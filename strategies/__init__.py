@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from surgery.strategies.doe import DoEConfig, DoEStrategy, build_runtime
 from surgery.strategies.expert_attention import ExpertAttentionConfig, ExpertAttentionLayer, ExpertAttentionStrategy
 from surgery.strategies.ffn_prune import FFNPruningConfig, FFNPruningStrategy
 from surgery.strategies.head_prune import HeadPruningConfig, HeadPruningStrategy
+from surgery.strategies.module_prune import ModulePruningConfig, ModulePruningStrategy
 from surgery.strategies.shrp import ShrpConfig, ShrpStrategy, ShrpTrainer
+from surgery.strategies.soft_prompt import SoftPromptConfig, SoftPromptStrategy
 from surgery.strategies.top1_prune import Top1PruningConfig, Top1PruningStrategy
+from surgery.strategies.unplug import TaskExpert, UnplugRuntime
 
 __all__ = [
+    "DoEConfig",
+    "DoEStrategy",
     "ExpertAttentionConfig",
     "ExpertAttentionLayer",
     "ExpertAttentionStrategy",
@@ -16,9 +22,16 @@ __all__ = [
     "FFNPruningStrategy",
     "HeadPruningConfig",
     "HeadPruningStrategy",
+    "ModulePruningConfig",
+    "ModulePruningStrategy",
     "ShrpConfig",
     "ShrpStrategy",
     "ShrpTrainer",
+    "SoftPromptConfig",
+    "SoftPromptStrategy",
+    "TaskExpert",
     "Top1PruningConfig",
     "Top1PruningStrategy",
+    "UnplugRuntime",
+    "build_runtime",
 ]

@@ -264,7 +264,7 @@ def train(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += float(loss) * len(batch["labels"])
+            total += loss.item() * len(batch["labels"])
             count += len(batch["labels"])
         acc = evaluate(model, task, eval_data) if eval_data is not None else None
         history.append({"epoch": epoch + 1, "loss": total / max(count, 1),

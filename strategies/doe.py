@@ -1,0 +1,219 @@
+"""``doe``: Decomposition of Experts (Yang et al.), as a pipeline of recorded steps.
+
+1. ``soft-prompt`` step: 20 soft tokens; prompt tuning of the full model (MLM or classifier mode),
+   giving the reference validation accuracy ``s``.
+2. Attribution (eq. 2-3) of every unit of the module set on ``instances`` training instances, with
+   ``P`` the gold class logit (the verbalizer word at ``[MASK]`` in MLM mode).
+3. Binary search (:func:`surgery.search.binary_search_grid`) over the pruned fraction p on
+   {0, 0.05, ..., 1}: each probe prunes the lowest p of all units of a copy of the tuned model,
+   re-tunes the prompt starting from the full model's prompt (knowledge condensation; switch off
+   with ``condensation=False``) and accepts if ``s - s' <= margin``.
+4. ``zero-recovery-prune`` step with the accepted units on the model itself; the condensed prompt
+   (and head) of the accepted probe are copied in. Reloading replays steps 1 and 4.
+
+The task expert (removed units, prompt, head) is in ``strategy.expert`` afterwards, ready for an
+:class:`~surgery.strategies.unplug.UnplugRuntime`; :func:`build_runtime` does that for several tasks.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from surgery.errors import DataError
+from surgery.importance import model_device
+from surgery.pipeline import PipelineSession, PipelineStrategy
+from surgery.search import binary_search_grid, pruning_grid
+from surgery.strategies.module_prune import ModulePruningStrategy, lowest_module_units, module_scores
+from surgery.strategies.prompt_tuning import (
+    PromptTask,
+    evaluate,
+    make_task,
+    prepared,
+    train,
+    trainable,
+    with_prompt_mask,
+)
+from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
+from surgery.strategies.unplug import TaskExpert, UnplugRuntime
+from surgery.strategy import Data, StrategyConfig
+
+
+class DoEConfig(StrategyConfig):
+    """Settings of ``doe`` (defaults from DoE §5.1 where the paper gives them).
+
+    Example:
+        >>> DoEConfig().margin, DoEConfig().max_probes, DoEConfig().prompt_length
+        (1.0, 5, 20)
+    """
+
+    mode: Literal["auto", "mlm", "classifier"] = Field(
+        default="auto", description="mlm (MLM head + verbalizer) or classifier (prompt + head); auto picks")
+    task_name: str | None = Field(default=None, description="DoE Table 3 template/verbalizer preset (e.g. sst2)")
+    template: str | None = Field(default=None, description="MLM template with {text} and <mask>")
+    verbalizer: list[str] | None = Field(default=None, description="MLM: one word per label, in label order")
+    prompt_length: int = Field(default=20, ge=1)
+    epochs: int = Field(default=3, ge=1, description="prompt-tuning epochs of the full model")
+    condense_epochs: int = Field(default=1, ge=1, description="prompt re-tuning epochs per probe")
+    lr: float = Field(default=3e-2, gt=0, description="soft-prompt learning rate")
+    head_lr: float = Field(default=2e-3, gt=0, description="classifier-mode head learning rate")
+    batch_size: int = Field(default=32, ge=1)
+    instances: int = Field(default=20, ge=1, description="training instances for attribution (paper: 20)")
+    importance: Literal["attribution", "activation", "gradient", "random"] = "attribution"
+    module_set: Literal["ffn", "attention", "dense", "all"] = "ffn"
+    margin: float = Field(default=1.0, ge=0, description="psi: accepted accuracy drop in points")
+    max_probes: int = Field(default=5, ge=1)
+    grid_step: float = Field(default=0.05, gt=0, le=1)
+    condensation: bool = Field(default=True, description="re-tune the prompt at each probe")
+    min_keep: int = Field(default=1, ge=0, description="units that always stay per group and layer")
+    seed: int = 0
+
+
+class DoEStrategy(PipelineStrategy):
+    """Decomposition of Experts: prompt tuning, attribution, binary search with condensation.
+
+    ``data`` must be a :class:`surgery.data.TaskData` with an evaluation split (the CLI passes
+    one). Progress events: ``prompt-tuning`` per epoch (loss, accuracy), ``attribution``,
+    ``search`` per probe (p, accuracy, accepted).
+
+    Example:
+        >>> DoEStrategy(epochs=1).config.module_set
+        'ffn'
+    """
+
+    name = "doe"
+    config_class = DoEConfig
+    config: DoEConfig
+
+    def __init__(self, config: Any = None, /, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.expert: TaskExpert | None = None
+
+    # -- pieces, public so benchmarks can run the paper's ablations with the same code ------
+    def task_for(self, model: nn.Module, data: Any) -> PromptTask:
+        return make_task(model, mode=self.config.mode, tokenizer=getattr(data, "tokenizer", None),
+                         label_names=getattr(data, "label_names", None), template=self.config.template,
+                         verbalizer=self.config.verbalizer, task_name=self.config.task_name)
+
+    def tune(self, model: nn.Module, task: PromptTask, data: Any, epochs: int, label: str) -> list[dict[str, float]]:
+        """Prompt-tune ``model`` in place (prompt, + head in classifier mode); keeps the best epoch."""
+        groups = trainable(model, task, lr=self.config.lr, head_lr=self.config.head_lr)
+
+        def on_epoch(epoch: int, loss: float, acc: float | None) -> None:
+            self.emit(label, epoch, epochs, loss=round(loss, 4), accuracy=None if acc is None else round(acc, 2))
+
+        history = train(model, task, lambda e: data.loader("train", shuffle=True, seed=self.config.seed + e,
+                                                           batch_size=self.config.batch_size),
+                        groups, epochs=epochs, eval_data=data.loader("eval", batch_size=64), on_epoch=on_epoch)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return history
+
+    def scores(self, model: nn.Module, task: PromptTask, data: Any, kind: str | None = None
+               ) -> dict[tuple[int, str], torch.Tensor]:
+        """Unit importance on the first ``instances`` training instances (one batch, one backward)."""
+        loader = data.loader("train", batch_size=self.config.instances, shuffle=True, seed=self.config.seed)
+        batches = prepared(loader, task, model_device(model), max_batches=1)
+        return module_scores(model, self.config.module_set, batches, kind=kind or self.config.importance,
+                             objective=task.objective, forward=task.forward, token_mask=with_prompt_mask(model, task),
+                             seed=self.config.seed)
+
+    def localized(self, model: nn.Module, scores: Mapping[tuple[int, str], torch.Tensor], p: float
+                  ) -> tuple[nn.Module, dict[str, dict[str, list[int]]]]:
+        """A pruned copy of ``model`` without the lowest ``p`` of the units, and the removal map."""
+        remove = lowest_module_units(scores, p, min_keep=self.config.min_keep)
+        candidate = copy.deepcopy(model)
+        ModulePruningStrategy(module_set=self.config.module_set, remove=remove).apply(
+            candidate, {"module_set": self.config.module_set, "remove": remove})
+        return candidate, remove
+
+    # -- the pipeline -----------------------------------------------------------------------
+    def run(self, model: nn.Module, data: Data | None, session: PipelineSession) -> None:
+        if data is None or not hasattr(data, "loader") or getattr(data, "eval", None) is None:
+            raise DataError("doe needs labelled training data with an evaluation split (surgery.data.TaskData; "
+                            "the CLI builds it from --data and --eval-data or a held-out fraction)")
+        task = self.task_for(model, data)
+        torch.manual_seed(self.config.seed)
+        if prompt_of(model) is None:
+            session.step(SoftPromptStrategy(length=self.config.prompt_length, seed=self.config.seed))
+        history = self.tune(model, task, data, self.config.epochs, "prompt-tuning")
+        eval_loader = data.loader("eval", batch_size=64)
+        full_acc = evaluate(model, task, eval_loader)
+        self.emit("attribution", 0, 1)
+        scores = self.scores(model, task, data)
+        self.emit("attribution", 1, 1)
+        # Only the latest accepted probe is kept: accepted values only grow during the search.
+        kept: dict[float, tuple[nn.Module, dict[str, dict[str, list[int]]], float]] = {}
+        probes = [0]
+
+        def accept(p: float) -> tuple[bool, dict[str, Any]]:
+            candidate, remove = self.localized(model, scores, p)
+            if self.config.condensation:
+                self.tune(candidate, task, data, self.config.condense_epochs, f"condensation p={p:.2f}")
+            acc = evaluate(candidate, task, eval_loader)
+            ok = full_acc - acc <= self.config.margin
+            probes[0] += 1
+            self.emit("search", probes[0], self.config.max_probes, p=p, accuracy=round(acc, 2), accepted=ok)
+            if ok:
+                kept.clear()
+                kept[p] = (candidate, remove, acc)
+            return ok, {"accuracy": acc}
+
+        result = binary_search_grid(accept, pruning_grid(self.config.grid_step), max_probes=self.config.max_probes)
+        best = result.best if result.best is not None and result.best > 0 else 0.0
+        accuracy = full_acc
+        remove: dict[str, dict[str, list[int]]] = {}
+        if best > 0:
+            candidate, remove, accuracy = kept[best]
+            session.step(ModulePruningStrategy(module_set=self.config.module_set, remove=remove))
+            with torch.no_grad():  # the condensed prompt (and head) of the accepted probe
+                own = dict(model.named_parameters())
+                for name, p in candidate.named_parameters():
+                    if name in own and own[name].shape == p.shape:
+                        own[name].copy_(p)
+        total = sum(len(s) for s in scores.values())
+        removed = sum(len(v) for m in remove.values() for v in m.values())
+        self.expert = TaskExpert.from_model(self.config.task_name or "task", model, remove,
+                                            with_head=task.mode == "classifier",
+                                            meta={"mode": task.mode, "module_set": self.config.module_set,
+                                                  "pruning_rate": best, "accuracy": accuracy})
+        self.metrics.update({
+            "mode": task.mode,
+            "prompt_history": history,
+            "full_accuracy": full_acc,
+            "pruning_rate": best,
+            "units_removed": removed,
+            "units_total": total,
+            "accuracy": accuracy,
+            "search": {"best": result.best, "upper": result.upper, "exact": result.exact,
+                       "probes": [{"p": pr.value, "accepted": pr.accepted, **pr.info} for pr in result.probes]},
+        })
+
+
+def build_runtime(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig | Mapping[str, Any] | None = None,
+                  progress: Any = None) -> tuple[UnplugRuntime, dict[str, dict[str, Any]]]:
+    """Multi-task DoE: run ``doe`` per task on copies of ``model``; one runtime holds every expert.
+
+    ``tasks`` maps a task name to its :class:`surgery.data.TaskData`. The full ``model`` is not
+    changed; returns the runtime and each task's DoE metrics.
+    """
+    from surgery.api import convert
+
+    runtime = UnplugRuntime(model)
+    metrics: dict[str, dict[str, Any]] = {}
+    for name, data in tasks.items():
+        values = dict(config.model_dump() if isinstance(config, DoEConfig) else (config or {}))
+        values["task_name"] = values.get("task_name") or name
+        strategy = DoEStrategy(values)
+        copy_ = copy.deepcopy(model)
+        report = convert(copy_, strategy, data=data, progress=progress)
+        assert strategy.expert is not None
+        strategy.expert.name = name
+        runtime.add(strategy.expert)
+        metrics[name] = report.metrics
+    return runtime, metrics
