@@ -58,6 +58,9 @@ def test_ratios_are_consistent() -> None:
     a, b = report.models
     [c] = report.comparisons
     assert math.isclose(c.speedup, b.throughput / a.throughput)
+    same_round = sorted(x / y for x, y in zip(b.throughput_rounds, a.throughput_rounds, strict=True))
+    assert math.isclose(c.paired_speedup, same_round[1])  # median of 3 rounds
+    assert c.paired_speedup_iqr[0] <= c.paired_speedup <= c.paired_speedup_iqr[1]
     assert math.isclose(c.params_ratio, b.params.total / a.params.total)
     assert math.isclose(c.params_ratio_without_embeddings, b.params.without_embeddings / a.params.without_embeddings)
     assert math.isclose(c.flops_ratio * c.flop_bound_speedup, 1.0)
@@ -98,17 +101,20 @@ def test_sdpa_and_eager_count_the_same_flops() -> None:
 
 
 def _comparison(speedup: float, params_ratio: float, flops_ratio: float) -> Comparison:
-    return Comparison(name="small", reference="big", speedup=speedup, params_ratio=params_ratio,
+    return Comparison(name="small", reference="big", speedup=speedup, paired_speedup=speedup,
+                      paired_speedup_iqr=(speedup, speedup), params_ratio=params_ratio,
                       params_ratio_without_embeddings=params_ratio, flops_ratio=flops_ratio,
                       flop_bound_speedup=1 / flops_ratio, fraction_of_flop_bound=speedup * flops_ratio)
 
 
 def test_not_faster_warning() -> None:
     message = not_faster_warning(_comparison(0.98, 0.6, 1.0))
-    assert message == "small has 40% fewer parameters than big but is not faster (speedup 0.98x)"
+    assert message == "small has 40% fewer parameters than big but is not faster (speedup 0.98x, paired 0.98x)"
     assert "45% fewer FLOPs" in (not_faster_warning(_comparison(1.02, 0.6, 0.55)) or "")
     assert not_faster_warning(_comparison(1.30, 0.6, 0.55)) is None  # smaller and faster
     assert not_faster_warning(_comparison(0.90, 1.0, 1.0)) is None  # not smaller: nothing promised
+    paired_faster = _comparison(0.98, 0.6, 0.55).model_copy(update={"paired_speedup": 1.2})
+    assert not_faster_warning(paired_faster) is None  # the steadier estimate shows the gain
 
 
 def _bench(rounds: list[float]) -> ModelBench:
