@@ -123,3 +123,25 @@ def tiny_specs(families: tuple[str, ...] = FAMILIES, tasks: tuple[Task, ...] = (
         task=st.sampled_from(tasks),
         seed=st.integers(0, 2**16),
     )
+
+
+def removal_maps(spec: TinySpec, units: int, *, keep_one: bool = True) -> Any:
+    """A hypothesis strategy over uneven ``{layer: [units to remove]}`` maps for a model of ``spec``.
+
+    Every layer gets its own random subset of ``range(units)`` (possibly empty); with ``keep_one``
+    at least one unit stays in every layer. Use ``units=spec.heads`` for heads, ``spec.ffn`` for
+    FFN neurons.
+
+    Example:
+        >>> from hypothesis import given, settings
+        >>> @settings(max_examples=5, database=None)
+        ... @given(removal_maps(TinySpec("bert", heads=2, layers=3), 2))
+        ... def check(removal):
+        ...     assert sorted(removal) == [0, 1, 2] and all(len(v) < 2 for v in removal.values())
+        >>> check()
+    """
+    from hypothesis import strategies as st
+
+    per_layer = st.lists(st.integers(0, units - 1), unique=True, max_size=units - 1 if keep_one else units)
+    maps = st.fixed_dictionaries({layer: per_layer.map(sorted) for layer in range(spec.layers)})
+    return maps.map(lambda m: dict(sorted(m.items())))  # layers in order, as a plan lists them
