@@ -103,7 +103,8 @@ class ExpertAttentionLayer(nn.Module):
         expander_inner: int | None = None,
         eps: float = 1e-12,
         dropout: float = 0.0,
-        prenorm: bool = False,
+        input_norm: bool = False,
+        output_norm: bool = True,
     ) -> None:
         super().__init__()
         # The adapter is kept as a plain attribute (not a submodule): it interprets the encoder's call.
@@ -114,8 +115,10 @@ class ExpertAttentionLayer(nn.Module):
         self.qkv_bias = nn.Parameter(torch.zeros(num_experts, 3 * head_dim))
         self.router = nn.Linear(hidden, num_experts) if routed else None
         self.expander = Expander(head_dim, hidden, kind=expander, inner=expander_inner, eps=eps)
-        self.input_norm = nn.LayerNorm(hidden, eps=eps) if prenorm else None
-        self.output_norm = nn.LayerNorm(hidden, eps=eps)
+        self.input_norm = nn.LayerNorm(hidden, eps=eps) if input_norm else None
+        # Post-LN families (BERT ...): Y = LayerNorm(E + X), as in the paper. Pre-LN families keep
+        # their form: the input is normed before the experts and Y = X + E.
+        self.output_norm = nn.LayerNorm(hidden, eps=eps) if output_norm else None
         self.dropout = nn.Dropout(dropout)
         # Which original head each expert came from (rebuilt by the plans, so not persisted); it
         # selects the per-head position term of families such as MPNet.
@@ -192,7 +195,9 @@ class ExpertAttentionLayer(nn.Module):
             self.last_choice = choice.detach()
             if self.track_usage:
                 self.usage.index_add_(0, choice.detach(), torch.ones_like(choice))
-        out = self.output_norm(self.dropout(e) + x)
+        out = self.dropout(e) + x
+        if self.output_norm is not None:
+            out = self.output_norm(out)
         return self._adapter.layer_result(out, call)
 
     def _pool(self, x: torch.Tensor, call: LayerCall) -> torch.Tensor:
@@ -210,10 +215,11 @@ class ExpertAttentionLayer(nn.Module):
         if choice is None:
             qkv = F.linear(x, self.qkv_weight[0], self.qkv_bias[0])
             heads = self.head_index[:1].expand(b)
+            weight, w_bias = self.qkv_weight[:1].expand(b, -1, -1), self.qkv_bias[:1].expand(b, -1)
         else:
             weight = self.qkv_weight.index_select(0, choice)  # [B, 3*dh, d]
-            bias = self.qkv_bias.index_select(0, choice)[:, None, :]
-            qkv = torch.baddbmm(bias, x, weight.transpose(1, 2))
+            w_bias = self.qkv_bias.index_select(0, choice)
+            qkv = torch.baddbmm(w_bias[:, None, :], x, weight.transpose(1, 2))
             heads = self.head_index.index_select(0, choice)
         q, k, v = (t.unsqueeze(1) for t in qkv.split(self.head_dim, dim=-1))  # [B, 1, S, dh]
         if call.rotary is not None:
@@ -225,9 +231,7 @@ class ExpertAttentionLayer(nn.Module):
             bias = per_head if bias is None else bias + per_head
         scores_fn = call.extra.get("head_scores")
         if scores_fn is not None:  # family-specific position scores from the expert's own projections
-            weight = self.qkv_weight[0:1].expand(b, -1, -1) if choice is None else self.qkv_weight.index_select(
-                0, choice)
-            extra_scores = scores_fn(q, k, weight, heads)
+            extra_scores = scores_fn(q, k, weight, w_bias)
             bias = extra_scores if bias is None else bias + extra_scores
         if bias is not None:
             bias = bias.to(q.dtype)
@@ -369,8 +373,8 @@ def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAtte
         scale=adapter.attention_scale(original, hd), router_input=config.router_input,
         router_grad=config.router_grad, top_k=config.top_k, expander=config.expander,
         expander_inner=config.expander_inner or (ffn.width if ffn is not None else None),
-        eps=float(getattr(norm, "eps", 1e-12) or 1e-12), dropout=adapter.hidden_dropout(),
-        prenorm=adapter.input_norm(original) is not None,
+        eps=float(getattr(norm or adapter.input_norm(original), "eps", 1e-12) or 1e-12), dropout=adapter.hidden_dropout(),
+        input_norm=adapter.input_norm(original) is not None, output_norm=norm is not None,
     ).to(device=ref.device, dtype=ref.dtype)
     std = float(getattr(adapter.config, "initializer_range", 0.02))
     with torch.no_grad():

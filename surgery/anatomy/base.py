@@ -270,7 +270,9 @@ class LayerCall:
     is a per-head additive position term ``[batch or 1, heads, seq, seq]`` (MPNet's relative
     bias); ``rotary`` applies a family's rotary embedding to per-head ``q, k`` of shape
     ``[batch, 1, seq, head_dim]``; ``head_scores`` adds per-head position scores computed from an
-    expert's own projections (DeBERTa's disentangled terms). ``extra`` keeps anything the family's
+    expert's own projections (DeBERTa's disentangled terms): ``extra["head_scores"](q, k, weight, bias)``
+    with the experts' stacked ``[B, 3*head_dim, d]`` Q/K/V weights and ``[B, 3*head_dim]`` biases,
+    returning an additive ``[B, 1, S, S]`` term. ``extra`` keeps anything the family's
     :meth:`EncoderAdapter.layer_result` needs.
     """
 
@@ -301,6 +303,7 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     neg = torch.finfo(dtype).min
     if mask.dim() == 2:  # [B, S] with 1 = keep (DistilBERT-style padding masks)
         mask = mask[:, None, None, :].bool()
-    if mask.dtype == torch.bool:
+    if not mask.is_floating_point():  # bool or 0/1 integers (DeBERTa): 1 = keep
+        mask = mask.bool()
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, neg)
     return mask.to(dtype)

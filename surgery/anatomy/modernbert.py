@@ -9,9 +9,11 @@ Layer 0 has no attention norm (``attn_norm`` is ``nn.Identity``); it is still re
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from surgery.anatomy.base import AttentionParts, EncoderAdapter, FFNParts
+from surgery.anatomy.base import AttentionParts, EncoderAdapter, FFNParts, LayerCall, additive_mask
 
 
 class ModernBertAdapter(EncoderAdapter):
@@ -53,3 +55,33 @@ class ModernBertAdapter(EncoderAdapter):
     def num_heads_of(self, module: nn.Module) -> int:
         # The module keeps no head count; the fused projection's rows are 3 * heads * head_dim.
         return module.Wqkv.out_features // (3 * module.head_dim)
+
+    # -- whole-layer replacement (Expert Attention) ------------------------------------------
+    # ModernBERT is pre-LN: the replacement norms its input with the layer's attn_norm and adds
+    # its output to the residual stream (no closing norm). Rotary embeddings are applied to each
+    # expert's q/k exactly as to every head; local layers keep their sliding-window mask, which the
+    # encoder selects by the layer's ``attention_type``.
+    def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
+        call = LayerCall(hidden=hidden, attention_bias=additive_mask(mask, hidden.dtype))
+        position = args[2] if len(args) > 2 else kwargs.get("position_embeddings")
+        if position is not None:
+            from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
+
+            cos, sin = position
+            call.rotary = lambda q, k: apply_rotary_pos_emb(q, k, cos, sin)
+        return call
+
+    def output_norm(self, layer: nn.Module) -> nn.Module | None:
+        return None
+
+    def input_norm(self, layer: nn.Module) -> nn.Module | None:
+        norm = getattr(layer, "attn_norm", None)
+        return None if isinstance(norm, nn.Identity) else norm  # layer 0 norms nothing
+
+    def layer_attributes(self, layer: nn.Module) -> dict[str, Any]:
+        return {"attention_type": layer.attention_type} if hasattr(layer, "attention_type") else {}
+
+    def hidden_dropout(self) -> float:
+        return float(getattr(self.config, "mlp_dropout", 0.0) or 0.0)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.anatomy.base import AttentionParts
+from surgery.anatomy.base import AttentionParts, LayerCall
 from surgery.anatomy.bert import BertAdapter
 
 BIAS_HEADS = "bias_heads"
@@ -95,3 +95,13 @@ class MPNetAdapter(BertAdapter):
             attention.register_buffer(BIAS_HEADS, kept, persistent=False)
         if slice_position_bias not in attention._forward_pre_hooks.values():
             attention.register_forward_pre_hook(slice_position_bias, with_kwargs=True)
+
+    # -- whole-layer replacement: MPNet layers take the shared bias third and return a tuple --
+    def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
+        call = super().parse_layer_call(args, kwargs)
+        # [batch, heads, query, key], one column of the shared table per original head.
+        call.head_bias = args[2] if len(args) > 2 else kwargs.get("position_bias")
+        return call
+
+    def layer_result(self, hidden: torch.Tensor, call: LayerCall) -> Any:
+        return (hidden,)
