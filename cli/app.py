@@ -85,12 +85,11 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 
 @contextmanager
 def _quiet_libraries(debug: bool) -> Iterator[None]:
-    """One-line warnings, and no library log chatter or progress bars, unless --debug; restored afterwards."""
-    import datasets
+    """One-line warnings, and no transformers log chatter or progress bars, unless --debug; restored afterwards."""
     import transformers
 
     verbosity = transformers.logging.get_verbosity()
-    bars = datasets.utils.logging.is_progress_bar_enabled()
+    hf_bars = transformers.utils.logging.is_progress_bar_enabled()
     with warnings.catch_warnings():
         if not debug:
             warnings.simplefilter("ignore", FutureWarning)
@@ -99,13 +98,28 @@ def _quiet_libraries(debug: bool) -> Iterator[None]:
             # The CLI says itself when it adds a classification head; transformers' "newly
             # initialized weights ... you should probably TRAIN" would repeat it in four lines.
             transformers.logging.set_verbosity_error()
-            datasets.disable_progress_bars()
+            transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars; ours are rich
         try:
             yield
         finally:
             transformers.logging.set_verbosity(verbosity)
-            if bars:
-                datasets.enable_progress_bars()
+            if hf_bars:
+                transformers.utils.logging.enable_progress_bar()
+
+
+@contextmanager
+def _quiet_datasets(debug: bool) -> Iterator[None]:
+    """No ``datasets`` map/filter progress bars unless --debug (imported only when data is read)."""
+    import datasets
+
+    bars = datasets.utils.logging.is_progress_bar_enabled()
+    if not debug:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
 
 
 class SurgeryGroup(typer.core.TyperGroup):
@@ -199,6 +213,7 @@ def inspect_command(
 # -- apply -------------------------------------------------------------------------------
 @app.command("apply")
 def apply_command(
+    ctx: typer.Context,
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     strategy: Annotated[str, typer.Option("--strategy", "-s", help="Registered strategy name (see `surgery "
                                           "strategies`).")],
@@ -243,11 +258,12 @@ def apply_command(
     if data is not None:
         from surgery.data import load_task_data
 
-        task_data = load_task_data(
-            data, tokenizer, eval_data=eval_data, text_column=text_column, text_pair_column=text_pair_column,
-            label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
-            batch_size=batch_size,
-        )
+        with _quiet_datasets(ctx.ensure_object(CliState).debug):
+            task_data = load_task_data(
+                data, tokenizer, eval_data=eval_data, text_column=text_column, text_pair_column=text_pair_column,
+                label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
+                batch_size=batch_size,
+            )
         _note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, "
               f"labels {', '.join(task_data.label_names[:8])}")
     loaded = load_model(source, model_config, task_data)

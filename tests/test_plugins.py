@@ -1,0 +1,230 @@
+"""A third-party strategy registered only through an entry point: API, CLI, save/reload, plugin control.
+
+``tests/plugin_pkg`` is a complete package (``surgery-ffn-align``). The tests install it without
+network or a build step, the way pip lays out an installed package: the module plus a
+``*.dist-info`` directory whose ``entry_points.txt`` is generated from the package's own
+``pyproject.toml``, in a temporary directory put on ``sys.path`` (and ``PYTHONPATH`` for
+subprocesses). ``importlib.metadata`` then finds it like any installed distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import surgery
+from surgery import registry
+from surgery.cli import app
+from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+PLUGIN_PKG = Path(__file__).parent / "plugin_pkg"
+PLUGIN_DIST = "surgery-ffn-align"
+PLUGIN_NAME = "ffn-align"
+BROKEN_DIST = "surgery-broken-plugin"
+BROKEN_NAME = "broken-strategy"
+
+
+def install_like_pip(site: Path, project: dict, modules: dict[str, Path]) -> None:
+    """Lay out an installed distribution in ``site``: its modules and a ``*.dist-info`` with entry points."""
+    for name, source in modules.items():
+        if source.is_dir():
+            shutil.copytree(source, site / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, site / f"{name}.py")
+    info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    lines = []
+    for group, entries in project.get("entry-points", {}).items():
+        lines.append(f"[{group}]")
+        lines.extend(f"{name} = {target}" for name, target in entries.items())
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    project = tomllib.loads((PLUGIN_PKG / "pyproject.toml").read_text())["project"]
+    install_like_pip(site, project, {"surgery_ffn_align": PLUGIN_PKG / "surgery_ffn_align"})
+    return site
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("broken")
+    module = site / "src" / "broken_surgery_plugin.py"
+    module.parent.mkdir()
+    module.write_text("raise ImportError('broken_surgery_plugin needs the package missing-dependency')\n")
+    project = {"name": BROKEN_DIST, "version": "0.0.1",
+               "entry-points": {"surgery.strategies": {BROKEN_NAME: "broken_surgery_plugin:BrokenStrategy"}}}
+    install_like_pip(site, project, {"broken_surgery_plugin": module})
+    return site
+
+
+def _use_sites(monkeypatch: pytest.MonkeyPatch, *sites: Path) -> None:
+    for site in sites:
+        monkeypatch.syspath_prepend(str(site))
+    paths = [str(s) for s in sites] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    monkeypatch.delenv("SURGERY_PLUGINS", raising=False)
+    registry.refresh()
+
+
+@pytest.fixture
+def installed(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The plugin is installed for this test only."""
+    _use_sites(monkeypatch, plugin_site)
+    yield plugin_site
+    registry.refresh()
+    for name in [m for m in sys.modules if m.startswith(("surgery_ffn_align", "broken_surgery_plugin"))]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return surgery.save_pretrained(tiny_model(TinySpec("bert", ffn=37, task="seq-cls")), tmp_path / "model")
+
+
+def test_not_registered_until_installed() -> None:
+    registry.refresh()
+    assert PLUGIN_NAME not in registry.strategies()
+    with pytest.raises(surgery.StrategyNotFoundError, match=PLUGIN_NAME):
+        registry.get_strategy(PLUGIN_NAME)
+
+
+def test_discovered_through_entry_point(installed: Path) -> None:
+    info = registry.strategies()[PLUGIN_NAME]
+    assert info.source == PLUGIN_DIST
+    assert info.summary.startswith("Round every FFN width down")
+    cls = registry.get_strategy(PLUGIN_NAME)
+    assert Path(sys.modules[cls.__module__].__file__).is_relative_to(installed)
+    assert "head-prune" in registry.strategies()  # built-ins load through the same path
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_api_convert_equals_masking_and_survives_reload(installed: Path, tmp_path: Path, family: str) -> None:
+    spec = TinySpec(family, ffn=37, task="seq-cls")
+    model, reference = tiny_model(spec), tiny_model(spec)
+    strategy = registry.get_strategy(PLUGIN_NAME)({"multiple": 8})
+    report = surgery.convert(model, strategy)
+    assert [(c.layer, c.before, c.after) for c in report.changes] == [(0, 37, 32), (1, 37, 32)]
+    assert [layer.ffn_width for layer in surgery.inspect(model).layers] == [32, 32]
+    # Removing neurons equals silencing them: zero their down-projection columns in the unpruned twin.
+    adapter = surgery.adapter_for(reference)
+    with torch.no_grad():
+        for key, neurons in report.plan["neurons"].items():
+            adapter.layer(int(key)).ffn.down.weight[:, neurons] = 0
+    inputs = tiny_inputs(spec)
+    with torch.no_grad():
+        torch.testing.assert_close(main_output(model, inputs), main_output(reference, inputs), atol=1e-5, rtol=0)
+
+    out = surgery.save_pretrained(model, tmp_path / "aligned")
+    manifest = json.loads((out / "surgery.json").read_text())
+    assert [s["strategy"] for s in manifest["steps"]] == [PLUGIN_NAME]
+    reloaded = surgery.from_pretrained(out)  # replays ffn-align's apply() through the registry
+    assert [layer.ffn_width for layer in surgery.inspect(reloaded).layers] == [32, 32]
+    with torch.no_grad():
+        torch.testing.assert_close(main_output(reloaded, inputs), main_output(model, inputs), atol=0, rtol=0)
+
+
+def _surgery_command() -> list[str]:
+    script = Path(sys.executable).with_name("surgery")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "surgery.cli"]
+
+
+def test_cli_subprocess_apply_and_reload(installed: Path, model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "aligned"
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"], "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*_surgery_command(), "apply", "--strategy", PLUGIN_NAME, str(model_dir), "--out", str(out),
+         "--set", "multiple=16"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "aligned to 16" in result.stdout
+    reloaded = surgery.from_pretrained(out)
+    assert [layer.ffn_width for layer in surgery.inspect(reloaded).layers] == [32, 32]
+    assert [s.strategy for s in surgery.inspect(reloaded).steps] == [PLUGIN_NAME]
+
+
+def test_cli_runner_lists_dry_runs_and_validates(installed: Path, model_dir: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(app, ["strategies", "--json"])
+    assert listed.exit_code == 0
+    assert {"name": PLUGIN_NAME, "package": PLUGIN_DIST} in [
+        {k: row[k] for k in ("name", "package")} for row in json.loads(listed.stdout)]
+
+    dry = runner.invoke(app, ["apply", "-s", PLUGIN_NAME, str(model_dir), "--set", "multiple=8", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    step = json.loads(dry.stdout)
+    assert step["strategy"] == PLUGIN_NAME and sorted(step["plan"]["neurons"]) == ["0", "1"]
+    assert all(len(v) == 37 % 8 for v in step["plan"]["neurons"].values())
+
+    bad = runner.invoke(app, ["apply", "-s", PLUGIN_NAME, str(model_dir), "--set", "multiple=0", "--out",
+                              str(tmp_path / "x")])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip().splitlines() == [
+        "error: invalid config for strategy 'ffn-align': multiple: Input should be greater than or equal to 1 (got 0)"]
+
+
+def test_broken_plugin_warns_and_is_skipped(plugin_site: Path, broken_site: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_sites(monkeypatch, plugin_site, broken_site)
+    try:
+        with pytest.warns(RuntimeWarning, match=f"{BROKEN_NAME}.*{BROKEN_DIST}.*failed to import"):
+            names = registry.strategies()
+        assert PLUGIN_NAME in names and "head-prune" in names and BROKEN_NAME not in names
+
+        registry.refresh()
+        result = CliRunner().invoke(app, ["strategies"])
+        assert result.exit_code == 0
+        warned = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+        assert len(warned) == 1 and BROKEN_NAME in warned[0] and "missing-dependency" in warned[0]
+        assert PLUGIN_NAME in result.stdout
+    finally:
+        registry.refresh()
+        sys.modules.pop("surgery_ffn_align", None)
+
+
+def test_surgery_plugins_restricts_third_party(plugin_site: Path, broken_site: Path, model_dir: Path,
+                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_sites(monkeypatch, plugin_site, broken_site)
+    try:
+        saved = tmp_path / "aligned"
+        model = surgery.from_pretrained(model_dir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the broken plugin, tested above
+            surgery.convert(model, registry.get_strategy(PLUGIN_NAME)(multiple=8))
+        surgery.save_pretrained(model, saved)
+
+        monkeypatch.setenv("SURGERY_PLUGINS", "")  # built-ins only
+        registry.refresh()
+        names = registry.strategies()
+        assert "head-prune" in names and PLUGIN_NAME not in names
+        with pytest.raises(surgery.ModelLoadError, match=f"strategy '{PLUGIN_NAME}', which is not installed"):
+            surgery.from_pretrained(saved)
+        result = CliRunner().invoke(app, ["apply", "-s", PLUGIN_NAME, str(model_dir), "--dry-run"])
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: unknown strategy '{PLUGIN_NAME}'")
+
+        monkeypatch.setenv("SURGERY_PLUGINS", PLUGIN_DIST)  # this one only: the broken one is not even imported
+        registry.refresh()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            names = registry.strategies()
+        assert PLUGIN_NAME in names and not [w for w in caught if BROKEN_NAME in str(w.message)]
+        assert [layer.ffn_width for layer in surgery.inspect(surgery.from_pretrained(saved)).layers] == [32, 32]
+    finally:
+        registry.refresh()
+        sys.modules.pop("surgery_ffn_align", None)
