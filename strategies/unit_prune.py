@@ -73,7 +73,8 @@ class UnitPruningStrategy(Strategy):
             removal = parse_layer_map(explicit, f"{self.name}: {self.config.explicit_field}")
             self._validate(adapter, removal)
             return {self.unit: {str(k): v for k, v in sorted(removal.items()) if v}}
-        layers = self.target_layers(adapter)
+        # A layer whose units are all gone already (an FFN of width 0) has nothing left to rank.
+        layers = [i for i in self.target_layers(adapter) if self.units_in(adapter, i) > 0]
         with torch.no_grad() if data is None else torch.enable_grad():
             scores = self.scores(model, adapter, layers, data)
         removal = lowest_units(scores, float(self.config.ratio), scope=self.config.scope,
