@@ -264,9 +264,10 @@ def apply_command(
                 label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
                 batch_size=batch_size,
             )
+    loaded = load_model(source, model_config, task_data)
+    if task_data is not None:  # noted only once the inputs are known to fit together
         _note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, "
               f"labels {', '.join(task_data.label_names[:8])}")
-    loaded = load_model(source, model_config, task_data)
     if loaded.note:
         _note(loaded.note)
 

@@ -229,6 +229,9 @@ def load_model(path: Path, config: PretrainedConfig, data: TaskData | None) -> L
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
     )
+    # The config still names the directory's class; name the class it is now, so the saved
+    # config.json tells plain transformers users what they get.
+    model.config.architectures = [type(model).__name__]
     return LoadedModel(
         model,
         note=f"{path} has no sequence-classification head ({name or 'no architectures'}); loaded "

@@ -1,0 +1,291 @@
+"""The command line: strategies, inspect, apply (settings, data, dry run, reload), bench, and bad input.
+
+Every bad input must give exactly one line ``error: ...`` on stderr and exit status 2, with no
+traceback; ``--debug`` adds the traceback. Models are tiny random encoders saved to temporary
+directories with a tiny word-level tokenizer; data is a generated CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertTokenizer, GPT2Config, GPT2Model
+from typer.testing import CliRunner
+
+import surgery
+from surgery.cli import app
+from surgery.cli.render import bench_view
+from surgery.testing import VOCAB, TinySpec, tiny_model
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
+runner = CliRunner(env={"COLUMNS": "200"})  # wide tables, so assertions do not depend on wrapping
+
+
+def tiny_tokenizer() -> BertTokenizer:
+    """A word-level BERT tokenizer whose vocabulary matches the tiny models' 99 ids."""
+    return BertTokenizer(vocab={token: i for i, token in enumerate(SPECIALS + WORDS)})
+
+
+def write_rows(path: Path, rows: list[dict[str, object]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def labelled_rows(n: int, text: str = "text", label: str = "label", seed: int = 0) -> list[dict[str, object]]:
+    """Separable two-class data: "pos" texts use the first half of the vocabulary, "neg" the second."""
+    rng = random.Random(seed)
+    half = len(WORDS) // 2
+    rows = []
+    for i in range(n):
+        positive = i % 2 == 0
+        pool = WORDS[:half] if positive else WORDS[half:]
+        rows.append({text: " ".join(rng.choices(pool, k=rng.randint(3, 9))), label: "pos" if positive else "neg"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Model directories and data files shared by the tests (none of them is ever written to)."""
+    root = tmp_path_factory.mktemp("cli")
+    paths = {}
+    for name, task in (("bare", "base"), ("classifier", "seq-cls")):
+        # Plain Hugging Face directories, as a user would have them (config.architectures set).
+        model = tiny_model(TinySpec("bert", task=task))
+        model.save_pretrained(root / name)
+        tiny_tokenizer().save_pretrained(root / name)
+        paths[name] = root / name
+    tiny_model(TinySpec("bert")).save_pretrained(root / "no_tokenizer")
+    paths["no_tokenizer"] = root / "no_tokenizer"
+    GPT2Model(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=VOCAB)).save_pretrained(root / "gpt2")
+    paths["gpt2"] = root / "gpt2"
+    (root / "damaged").mkdir()
+    (root / "damaged" / "config.json").write_text("{ not json")
+    paths["damaged"] = root / "damaged"
+    paths["data"] = write_rows(root / "train.csv", labelled_rows(48))
+    paths["renamed"] = write_rows(root / "renamed.csv", labelled_rows(48, text="sentence", label="y"))
+    paths["renamed_eval"] = write_rows(root / "renamed_dev.csv", labelled_rows(12, text="sentence", label="y", seed=1))
+    paths["yaml_bad"] = root / "bad.yaml"
+    paths["yaml_bad"].write_text("ratio: [0.5\n")
+    paths["yaml_list"] = root / "list.yaml"
+    paths["yaml_list"].write_text("- 1\n- 2\n")
+    paths["nonempty"] = root / "nonempty"
+    paths["nonempty"].mkdir()
+    (paths["nonempty"] / "keep.txt").write_text("mine")
+    return paths
+
+
+def ok(args: list[str]) -> object:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+# -- happy paths -------------------------------------------------------------------------
+def test_help_and_strategies() -> None:
+    assert "apply" in ok([]).stdout
+    table = ok(["strategies"]).stdout
+    assert "head-prune" in table and "ffn-prune" in table and "encoder-surgery" in table
+    rows = json.loads(ok(["strategies", "--json"]).stdout)
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["head-prune"]["package"] == "encoder-surgery"
+    assert by_name["head-prune"]["help"].startswith("Remove attention heads")
+
+
+def test_inspect_table_and_json(ws: dict[str, Path]) -> None:
+    table = ok(["inspect", str(ws["bare"])]).stdout
+    assert "BertModel (bert), hidden 32, 2 layers" in table
+    assert "without embeddings" in table and "No recorded surgery steps" in table
+    anatomy = json.loads(ok(["inspect", str(ws["bare"]), "--json"]).stdout)
+    assert [(la["heads"], la["head_dim"], la["ffn_width"]) for la in anatomy["layers"]] == [(4, 8, 37)] * 2
+    assert anatomy["params"]["total"] > anatomy["params"]["without_embeddings"] > 0
+
+
+def test_apply_with_set_saves_a_model_that_reloads(ws: dict[str, Path], tmp_path: Path) -> None:
+    out, report_file = tmp_path / "pruned", tmp_path / "report.json"
+    result = ok(["apply", str(ws["bare"]), "--strategy", "head-prune", "--set", "heads={0: [1], 1: [0, 3]}",
+                 "--out", str(out), "--report", str(report_file)])
+    assert "Changes per layer" in result.stdout and f"saved to {out}" in result.stdout
+    model = surgery.from_pretrained(out)
+    assert [layer.heads for layer in surgery.inspect(model).layers] == [3, 2]
+    assert (out / "tokenizer.json").exists()  # the output directory is self-contained
+    report = json.loads(report_file.read_text())
+    assert report["plan"] == {"heads": {"0": [1], "1": [0, 3]}}
+    assert report["params_after"]["total"] < report["params_before"]["total"]
+    # inspect shows the recorded step; a second apply on the saved model stacks a step.
+    assert "head-prune" in ok(["inspect", str(out)]).stdout
+    again = tmp_path / "again"
+    ok(["apply", str(out), "-s", "ffn-prune", "--set", "neurons={0: [0, 1]}", "-o", str(again)])
+    assert [s.strategy for s in surgery.inspect(surgery.from_pretrained(again)).steps] == ["head-prune", "ffn-prune"]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_apply_with_config_file_and_set_override(ws: dict[str, Path], tmp_path: Path, suffix: str) -> None:
+    settings = {"ratio": 0.5, "importance": "random", "scope": "layer"}
+    config = tmp_path / f"ffn{suffix}"
+    config.write_text(json.dumps(settings) if suffix == ".json" else "".join(f"{k}: {v}\n" for k, v in
+                                                                               settings.items()))
+    out = tmp_path / "out"
+    ok(["apply", str(ws["bare"]), "-s", "ffn-prune", "--config", str(config), "--set", "ratio=0.25", "-o", str(out)])
+    # --set wins over the file: 0.25 of 37 neurons (rounded half up) is 9 per layer.
+    assert [layer.ffn_width for layer in surgery.inspect(surgery.from_pretrained(out)).layers] == [28, 28]
+    assert json.loads((out / "surgery.json").read_text())["steps"][0]["config"]["ratio"] == 0.25
+
+
+def test_dry_run_prints_the_plan_and_saves_nothing(ws: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    result = ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "ratio=0.5", "--set", "scope=layer",
+                 "--out", str(out), "--dry-run"])
+    step = json.loads(result.stdout)
+    assert step["strategy"] == "head-prune" and step["config"]["ratio"] == 0.5
+    assert {k: len(v) for k, v in step["plan"]["heads"].items()} == {"0": 2, "1": 2}
+    assert not out.exists()
+    # --out may be left out in a dry run
+    assert json.loads(ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "ratio=0.5",
+                          "--dry-run"]).stdout)["plan"] == step["plan"]
+
+
+def test_apply_with_data_turns_a_bare_encoder_into_a_classifier(ws: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "cls"
+    result = ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "ratio=0.25", "--set", "max_batches=2",
+                 "--data", str(ws["renamed"]), "--text-column", "sentence", "--label-column", "y",
+                 "--eval-data", str(ws["renamed_eval"]),
+                 "--batch-size", "8", "--max-length", "16", "--max-train", "32", "-o", str(out)])
+    assert "new randomly initialised head for 2 labels (neg, pos)" in " ".join(result.stderr.split())
+    assert "importance_kind" in result.stdout and "gradient" in result.stdout  # data was used for planning
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "neg", "1": "pos"}
+    model = surgery.from_pretrained(out)
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert sum(layer.heads for layer in surgery.inspect(model).layers) == 6
+
+
+def test_apply_with_data_keeps_a_matching_classifier(ws: dict[str, Path], tmp_path: Path) -> None:
+    three = write_rows(tmp_path / "three.csv", [{"text": f"w{i} w{i + 1}", "label": ["a", "b", "c"][i % 3]}
+                                                 for i in range(30)])
+    result = ok(["apply", str(ws["classifier"]), "-s", "ffn-prune", "--set", "ratio=0.5", "--set",
+                 "importance=activation", "--set", "max_batches=1", "--data", str(three), "--dry-run"])
+    assert "head" not in result.stderr  # the existing 3-label head is kept
+    assert json.loads(result.stdout)["plan"]["neurons"]
+
+
+def test_overwrite_replaces_a_non_empty_output(ws: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [0]}", "-o", str(out), "--overwrite"])
+    assert not (out / "old.txt").exists() and (out / "surgery.json").exists()
+
+
+def test_bench_side_by_side(ws: dict[str, Path], tmp_path: Path) -> None:
+    pruned = tmp_path / "pruned"
+    ok(["apply", str(ws["bare"]), "-s", "ffn-prune", "--set", "neurons={0: [0, 1, 2, 3], 1: [5]}", "-o", str(pruned)])
+    report_file = tmp_path / "bench.json"
+    result = ok(["bench", str(pruned), "--against", str(ws["bare"]), "--batch-size", "2", "--seq-len", "8",
+                 "--repeats", "2", "--warmup", "0", "--threads", "1", "--json", str(report_file)])
+    assert f"Against {ws['bare']}" in result.stdout and "samples/s" in result.stdout
+    report = json.loads(report_file.read_text())
+    assert [m["name"] for m in report["models"]] == [str(ws["bare"]), str(pruned)]
+    assert report["comparisons"][0]["params_ratio"] < 1
+    # Warnings such as "smaller but not faster" are printed, not only stored.
+    from rich.console import Console
+
+    from surgery.bench import BenchReport
+
+    shown = BenchReport.model_validate(report).model_copy(update={"warnings": ["pruned is smaller but not faster"]})
+    console = Console(record=True, width=200)
+    console.print(bench_view(shown))
+    assert "warning: pruned is smaller but not faster" in console.export_text()
+
+
+# -- bad input: one line, exit 2, no traceback ------------------------------------------
+def _bad_cases(ws: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
+    bare, data = str(ws["bare"]), str(ws["data"])
+    hp = ["-s", "head-prune", "--set", "ratio=0.5"]
+    return [
+        (["apply", bare, "-s", "no-such", "-o", str(tmp / "a")], "unknown strategy 'no-such'; installed strategies:"),
+        (["apply", bare, "-s", "head-prune", "--set", "ratio=2", "-o", str(tmp / "a")],
+         "invalid config for strategy 'head-prune': ratio: Input should be less than or equal to 1"),
+        (["apply", bare, *hp, "--set", "nope=1", "-o", str(tmp / "a")], "nope: unknown field"),
+        (["apply", bare, "-s", "head-prune", "-o", str(tmp / "a")], "give exactly one of 'heads'"),
+        (["apply", bare, *hp, "--set", "ratio", "-o", str(tmp / "a")], "--set 'ratio': expected key=value"),
+        (["apply", bare, *hp, "--config", str(tmp / "none.yaml"), "-o", str(tmp / "a")], "does not exist"),
+        (["apply", bare, *hp, "--config", str(ws["yaml_bad"]), "-o", str(tmp / "a")], "cannot be read"),
+        (["apply", bare, *hp, "--config", str(ws["yaml_list"]), "-o", str(tmp / "a")], "must hold a mapping"),
+        (["apply", str(tmp / "missing"), *hp, "-o", str(tmp / "a")], "does not exist"),
+        (["inspect", str(tmp / "missing")], "does not exist"),
+        (["inspect", str(ws["damaged"])], "cannot read a model config from"),
+        (["inspect", data], "is a file"),
+        (["inspect", str(ws["gpt2"])], "unsupported model type 'gpt2'; supported:"),
+        (["apply", str(ws["gpt2"]), *hp, "-o", str(tmp / "a")], "unsupported model type 'gpt2'"),
+        (["apply", bare, *hp, "--data", data, "--text-column", "nope", "-o", str(tmp / "a")],
+         "missing column(s) ['nope']"),
+        (["apply", bare, *hp, "--data", str(tmp / "none.csv"), "-o", str(tmp / "a")], "data file"),
+        (["apply", bare, *hp, "--eval-data", data, "-o", str(tmp / "a")], "--eval-data needs --data"),
+        (["apply", str(ws["no_tokenizer"]), *hp, "--data", data, "-o", str(tmp / "a")], "has no tokenizer files"),
+        (["apply", str(ws["classifier"]), *hp, "--data", data, "-o", str(tmp / "a")],
+         "with 3 labels but the data has 2"),
+        (["apply", bare, *hp, "-o", bare], "is the input model directory"),
+        (["apply", bare, *hp, "-o", str(ws["bare"].parent)], "contains the input model directory"),
+        (["apply", bare, *hp, "-o", str(ws["nonempty"])], "exists and is not empty; pass --overwrite"),
+        (["apply", bare, *hp, "-o", data], "is a file"),
+        (["apply", bare, *hp], "--out is required"),
+        (["apply", bare, *hp, "--max-length", "x", "-o", str(tmp / "a")], "'--max-length'"),
+        (["apply", bare, *hp, "--nope"], "No such option: --nope"),
+        (["apply", bare, "-o", str(tmp / "a")], "Missing option '--strategy'"),
+        (["nosuchcommand"], "No such command 'nosuchcommand'"),
+        (["bench", str(tmp / "missing")], "does not exist"),
+        (["bench", bare, "--against", bare], "names must be distinct"),
+    ]
+
+
+def test_bad_input_gives_one_line_and_exit_2(ws: dict[str, Path], tmp_path: Path) -> None:
+    # One test over all cases (rather than one per case) keeps the shared fixtures and the time small.
+    failures = []
+    for args, expected in _bad_cases(ws, tmp_path):
+        result = runner.invoke(app, args)
+        lines = result.stderr.strip().splitlines()
+        if (result.exit_code != 2 or len(lines) != 1 or not lines[0].startswith("error: ")
+                or expected not in lines[0] or "Traceback" in result.output):
+            failures.append(f"{args} -> exit {result.exit_code}: {result.output!r} {result.exception!r}")
+    assert not failures, "\n".join(failures)
+    assert not (tmp_path / "a").exists()  # nothing was written by any refused command
+    assert [p.name for p in ws["nonempty"].iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in ws["bare"].iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                             "tokenizer_config.json"]
+
+
+def test_output_checks_come_before_any_loading(ws: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the output directory was checked")
+
+    monkeypatch.setattr(surgery, "from_pretrained", fail)
+    result = runner.invoke(app, ["apply", str(ws["bare"]), "-s", "head-prune", "--set", "ratio=0.5",
+                                 "--data", str(ws["data"]), "-o", str(ws["bare"])])
+    assert result.exit_code == 2 and "is the input model directory" in result.stderr
+
+
+def test_debug_shows_the_traceback(ws: dict[str, Path], tmp_path: Path) -> None:
+    result = runner.invoke(app, ["--debug", "apply", str(ws["bare"]), "-s", "no-such", "-o", str(tmp_path / "a")])
+    assert result.exit_code == 2
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "StrategyNotFoundError" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown strategy 'no-such'")
+
+
+def test_a_bug_is_not_disguised_as_bad_input(ws: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(model: torch.nn.Module) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(surgery, "inspect", crash)
+    result = runner.invoke(app, ["inspect", str(ws["bare"])])
+    assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
