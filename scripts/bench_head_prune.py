@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.time()
+    git = git_state()  # the code this run imported, not whatever is committed by the time it ends
 
     saved = build(args.work, variants(args.head_ratios, args.ffn_ratio))
     # Reload every variant from disk, as `surgery bench DIR --against minilm-l6` does.
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": argv_shown.strip(),
         "date": time.strftime("%Y-%m-%d"),
         "seconds": time.time() - start,
-        "git": git_state(),
+        "git": git,
         "anatomy": anatomy,
         "fidelity": {"snippets": args.snippets, "cosine": cosine},
         "bench": report.model_dump(mode="json"),
