@@ -93,6 +93,15 @@ class DoEStrategy(PipelineStrategy):
     def __init__(self, config: Any = None, /, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.expert: TaskExpert | None = None
+        #: Prompt and head of the prompt-tuned *full* model (before the search), for comparisons.
+        self.tuned: dict[str, torch.Tensor] = {}
+
+    def restore_tuned(self, model: nn.Module) -> None:
+        """Copy the prompt-tuned full model's prompt (and head) into ``model`` (same structure, not pruned)."""
+        own = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in self.tuned.items():
+                own[name].copy_(value)
 
     # -- pieces, public so benchmarks can run the paper's ablations with the same code ------
     def task_for(self, model: nn.Module, data: Any) -> PromptTask:
@@ -144,6 +153,9 @@ class DoEStrategy(PipelineStrategy):
         history = self.tune(model, task, data, self.config.epochs, "prompt-tuning")
         eval_loader = data.loader("eval", batch_size=64)
         full_acc = evaluate(model, task, eval_loader)
+        prefix = getattr(model, "base_model_prefix", "") + "."
+        self.tuned = {n: p.detach().clone() for n, p in model.named_parameters()
+                      if "surgery_prompt" in n or not n.startswith(prefix)}
         self.emit("attribution", 0, 1)
         scores = self.scores(model, task, data)
         self.emit("attribution", 1, 1)

@@ -1,0 +1,208 @@
+"""DoE on a real encoder and real data: MiniLM-L6 + Rotten Tomatoes (a benchmark, not a test).
+
+Runs, in one process, on seeded subsets sized for a shared 2-core CPU:
+
+1. fine-tuning (all weights, classifier head), prompt tuning (20 soft tokens + head, encoder
+   frozen: classifier mode, MiniLM has no MLM head) and DoE (attribution, binary search with
+   condensation): accuracy, pruning rate, CPU speedup and FLOP bound via ``surgery.bench.bench_models``;
+2. attribution vs activation, gradient and random at 50% FFN pruning, each with condensation (Fig. 5);
+3. DoE without condensation at the pruning rate DoE found (Table 4);
+4. module sets FFN / attention / dense / all at 30% (Fig. 6), accuracy and speedup;
+5. two task experts (sentiment; review vs plot synopsis from the same corpus) in one
+   :class:`UnplugRuntime`: accuracy through the runtime, bit-identical restore, save/reload,
+   switch latency.
+
+Results go to ``docs/results/doe.json`` (rewritten after every section, so a cut-short run keeps
+what it finished). Usage: ``python scripts/bench_doe.py [--train 1200 --eval 400 --out docs/results/doe.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from surgery.assets import DATASETS, resolve_model_path
+from surgery.bench import bench_models
+from surgery.data import load_task_data
+from surgery.strategies.doe import DoEStrategy
+from surgery.strategies.prompt_tuning import evaluate, train, trainable
+from surgery.strategies.soft_prompt import SoftPromptStrategy
+from surgery.strategies.unplug import UnplugRuntime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", type=int, default=1200)
+    ap.add_argument("--eval", type=int, default=400)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="docs/results/doe.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    started = time.time()
+    results: dict[str, Any] = {"status": "running"}
+
+    def save() -> None:
+        results["elapsed_s"] = round(time.time() - started, 1)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+    def log(*msg: Any) -> None:
+        print(f"[{time.time() - started:7.1f}s]", *msg, flush=True)
+
+    path = resolve_model_path("minilm-l6")
+    tok = AutoTokenizer.from_pretrained(path)
+    data = load_task_data("rotten-tomatoes", tok, max_length=64, seed=0, max_train=args.train, max_eval=args.eval)
+    results["setup"] = {
+        "model": "minilm-l6 (all-MiniLM-L6-v2, BertForSequenceClassification, new 2-label head)",
+        "data": "rotten-tomatoes", "split": data.info, "threads": args.threads,
+        "prompt_epochs": args.epochs, "condense_epochs": 1, "prompt_length": 20, "attribution_instances": 20,
+        "margin_points": 1.0, "max_probes": 5, "mode": "classifier (MiniLM has no MLM head)",
+    }
+    config = dict(epochs=args.epochs, condense_epochs=1, batch_size=32, lr=3e-2, head_lr=2e-3, task_name="sentiment")
+
+    def fresh() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=2).eval()
+
+    # 1. fine-tuning baseline
+    ft = fresh()
+    strat = DoEStrategy(**config)
+    task = strat.task_for(ft, data)
+    t0 = time.time()
+    hist = train(ft, task, lambda e: data.loader("train", shuffle=True, seed=e), trainable(ft, task, lr=3e-5,
+                 head_lr=3e-5, what="all"), epochs=1, eval_data=data.loader("eval", batch_size=64))
+    results["fine_tuning"] = {"epochs": 1, "lr": 3e-5, "history": hist, "accuracy": evaluate(ft, task,
+                              data.loader("eval", batch_size=64)), "seconds": round(time.time() - t0, 1)}
+    log("fine-tuning", results["fine_tuning"]["accuracy"])
+    save()
+
+    # 2. prompt tuning + DoE (the pipeline, with the prompt-tuned full model kept aside)
+    import surgery
+
+    doe_model = fresh()
+
+    def progress(e: Any) -> None:
+        log(e.task, e.completed, e.total, e.info)
+
+    t0 = time.time()
+    report = surgery.convert(doe_model, strat, data=data, progress=progress)
+    m = report.metrics
+    results["prompt_tuning"] = {"accuracy": m["full_accuracy"], "history": m["prompt_history"]}
+    results["doe"] = {"accuracy": m["accuracy"], "pruning_rate": m["pruning_rate"], "search": m["search"],
+                      "units_removed": m["units_removed"], "units_total": m["units_total"],
+                      "seconds": round(time.time() - t0, 1)}
+    log("doe", results["doe"]["accuracy"], results["doe"]["pruning_rate"])
+    save()
+    # Rebuild the prompt-tuned full model: same steps minus pruning, prompt/head of the full run.
+    full = fresh()
+    surgery.convert(full, SoftPromptStrategy(length=20))
+    strat.restore_tuned(full)
+    results["prompt_tuning"]["reference_copy_accuracy"] = evaluate(full, task, data.loader("eval", batch_size=64))
+    sentiment_expert = strat.expert
+    save()
+
+    bench = bench_models({"prompt-tuned": full, "doe": doe_model, "fine-tuned": ft}, batch_size=32, seq_len=64,
+                         repeats=10, warmup=2, threads=args.threads)
+    results["speed"] = bench.model_dump(mode="json")
+    log("speed", [(c.name, round(c.speedup, 3), round(c.flop_bound_speedup, 3)) for c in bench.comparisons])
+    save()
+
+    # 3. Table 4: no condensation at DoE's rate
+    scores = strat.scores(full, task, data)
+    eval_loader = data.loader("eval", batch_size=64)
+    p = float(m["pruning_rate"])
+    no_cond, _ = strat.localized(full, scores, p)
+    results["table4_condensation"] = {"pruning_rate": p, "with_condensation": m["accuracy"],
+                                      "without_condensation": evaluate(no_cond, task, eval_loader)}
+    log("table4", results["table4_condensation"])
+    save()
+
+    # 4. Figure 5: importance kinds at 50% FFN pruning, each condensed for one epoch
+    fig5: dict[str, Any] = {}
+    for kind in ("attribution", "activation", "gradient", "random"):
+        s = strat.scores(full, task, data, kind=kind)
+        cand, _ = strat.localized(full, s, 0.5)
+        before = evaluate(cand, task, eval_loader)
+        strat.tune(cand, task, data, 1, f"fig5 {kind}")
+        fig5[kind] = {"accuracy_before_condensation": before, "accuracy": evaluate(cand, task, eval_loader)}
+        log("fig5", kind, fig5[kind])
+        results["figure5_importance_at_50pct"] = fig5
+        save()
+
+    # 5. Figure 6: module sets at 30%
+    fig6: dict[str, Any] = {}
+    models = {"prompt-tuned": full}
+    for module_set in ("ffn", "attention", "dense", "all"):
+        st = DoEStrategy(**config, module_set=module_set)
+        s = st.scores(full, task, data)
+        cand, _ = st.localized(full, s, 0.3)
+        st.tune(cand, task, data, 1, f"fig6 {module_set}")
+        fig6[module_set] = {"accuracy": evaluate(cand, task, eval_loader)}
+        models[module_set] = cand
+        log("fig6", module_set, fig6[module_set])
+    b6 = bench_models(models, batch_size=32, seq_len=64, repeats=6, warmup=1, threads=args.threads)
+    for c in b6.comparisons:
+        fig6[c.name].update(speedup=c.speedup, flop_bound_speedup=c.flop_bound_speedup)
+    results["figure6_module_sets_at_30pct"] = fig6
+    save()
+
+    # 6. two task experts in one runtime: sentiment + review-vs-plot
+    raw = datasets.load_dataset("csv", data_files=str(DATASETS["rotten-tomatoes"].locate()), split="train")
+    raw = raw.filter(lambda r: bool(r["text"]))
+    plots = raw.filter(lambda r: r["category"] == "plot")
+    reviews = raw.filter(lambda r: r["category"] != "plot").shuffle(seed=0).select(range(len(plots)))
+    table = datasets.concatenate_datasets([plots.map(lambda r: {"label": "plot"}),
+                                           reviews.map(lambda r: {"label": "review"})])
+    table = table.select_columns(["text", "label"])
+    tmp = Path(tempfile.mkdtemp())
+    table.to_csv(str(tmp / "review_vs_plot.csv"), index=False)
+    data2 = load_task_data(str(tmp / "review_vs_plot.csv"), tok, max_length=64, seed=0, max_train=600, max_eval=200)
+    st2 = DoEStrategy(**{**config, "epochs": 2, "task_name": "review-vs-plot"})
+    second = fresh()
+    r2 = surgery.convert(second, st2, data=data2, progress=progress)
+    plain = fresh()
+    sentiment_expert.name, st2.expert.name = "sentiment", "review-vs-plot"
+    runtime = UnplugRuntime(plain, [sentiment_expert, st2.expert])
+    before_state = {k: v.clone() for k, v in plain.state_dict().items()}
+    probe = {k: v[:8] for k, v in next(iter(data.loader("eval", batch_size=8))).items() if k != "labels"}
+    with torch.inference_mode():
+        before_out = plain(**probe).logits.clone()
+    accs = {}
+    for name, d in (("sentiment", data), ("review-vs-plot", data2)):
+        with runtime.use(name) as model:
+            accs[name] = evaluate(model, task, d.loader("eval", batch_size=64))
+    with torch.inference_mode():
+        after_out = plain(**probe).logits
+    identical = all(torch.equal(before_state[k], v) for k, v in plain.state_dict().items()) and torch.equal(
+        before_out, after_out)
+    out_dir = tmp / "runtime"
+    runtime.save(out_dir)
+    loaded = UnplugRuntime.load(out_dir)
+    with loaded.use("review-vs-plot") as model:
+        reloaded_acc = evaluate(model, task, data2.loader("eval", batch_size=64))
+    sizes = {p.name: p.stat().st_size for p in (out_dir / "experts").iterdir()}
+    results["unplug_two_tasks"] = {
+        "review_vs_plot_split": data2.info,
+        "review_vs_plot_doe": {k: r2.metrics[k] for k in ("full_accuracy", "accuracy", "pruning_rate")},
+        "runtime_accuracy": accs, "reloaded_review_vs_plot_accuracy": reloaded_acc,
+        "restore_bit_identical": identical,
+        "switch_latency_ms": {n: runtime.switch_latency(n) for n in runtime.experts},
+        "full_model_bytes": (out_dir / "model.safetensors").stat().st_size, "expert_file_bytes": sizes,
+    }
+    log("unplug", results["unplug_two_tasks"])
+    results["status"] = "complete"
+    save()
+
+
+if __name__ == "__main__":
+    main()

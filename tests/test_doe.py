@@ -1,0 +1,133 @@
+"""DoE properties on tiny models of every family: pruning, zero-recovery, attribution, prompts, DoE end to end."""
+
+from __future__ import annotations
+
+import copy
+
+import datasets
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import surgery
+from surgery.anatomy import adapter_for
+from surgery.data import TaskData
+from surgery.importance import gold_logit_objective
+from surgery.ops import ZeroRecoveryLinear
+from surgery.strategies.doe import DoEStrategy
+from surgery.strategies.module_prune import ModulePruningStrategy, _proj, module_scores
+from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
+from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
+
+SETS = st.sampled_from(["ffn", "attention", "dense", "all"])
+
+
+def masked(model, remove):
+    """Reference: the same units zeroed (rows of q/k/v/o, down columns) in a copy."""
+    m = copy.deepcopy(model)
+    adapter = adapter_for(m)
+    with torch.no_grad():
+        for layer, groups in remove.items():
+            parts = adapter.layer(int(layer))
+            for group, units in groups.items():
+                if group == "neurons":
+                    parts.ffn.down.weight[:, units] = 0
+                    continue
+                linears = [(parts.attention.output, 0)] if group == "o" else [
+                    _proj(parts.attention, p) for p in (("q", "k") if group == "qk" else ("v",))]
+                for lin, offset in linears:
+                    rows = [offset + u for u in units]
+                    lin.weight[rows] = 0
+                    if lin.bias is not None:
+                        lin.bias[rows] = 0
+    return m
+
+
+@given(spec=tiny_specs(), module_set=SETS)
+def test_keep_all_is_identity(spec, module_set) -> None:
+    model, x = tiny_model(spec), tiny_inputs(spec)
+    ref = main_output(model, x)
+    surgery.convert(model, ModulePruningStrategy(module_set=module_set, ratio=0.0, importance="random"))
+    assert torch.equal(main_output(model, x), ref)
+
+
+@given(spec=tiny_specs(), module_set=SETS, ratio=st.floats(0.05, 1.0))
+def test_pruning_equals_masking_and_keeps_width(spec, module_set, ratio) -> None:
+    model, x = tiny_model(spec), tiny_inputs(spec)
+    report = surgery.convert(model, ModulePruningStrategy(module_set=module_set, ratio=ratio, importance="random",
+                                                          seed=spec.seed))
+    reference = masked(tiny_model(spec), report.plan["remove"])
+    out = main_output(model, x)
+    assert out.shape == main_output(reference, x).shape
+    assert torch.allclose(out, main_output(reference, x), atol=1e-5)
+    adapter = adapter_for(model)
+    for i in range(adapter.num_layers):
+        for mod in adapter.layer(i).module.modules():
+            if isinstance(mod, ZeroRecoveryLinear):  # computes fewer rows, emits full width
+                assert mod.weight.shape[0] <= mod.out_features
+                assert mod(torch.zeros(1, mod.in_features)).shape[-1] == mod.out_features
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attribution_ranks_an_inert_neuron_last(family) -> None:
+    spec = TinySpec(family, task="seq-cls", layers=1, ffn=12)
+    model = tiny_model(spec)
+    ffn = adapter_for(model).layer(0).ffn
+    with torch.no_grad():
+        ffn.down.weight[:, 5] = 0  # neuron 5 can no longer influence anything
+    batch = {**tiny_inputs(spec), "labels": torch.tensor([0, 1, 2])}
+    scores = module_scores(model, "ffn", [batch], objective=gold_logit_objective)[(0, "neurons")]
+    assert scores[5] == 0 and int(scores.argmin()) == 5 and bool((scores[torch.arange(12) != 5] > 0).all())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_soft_prompt_replays_on_reload(family, tmp_path) -> None:
+    spec = TinySpec(family, task="seq-cls")
+    model, x = tiny_model(spec), tiny_inputs(spec)
+    surgery.convert(model, SoftPromptStrategy(length=3))
+    with torch.no_grad():
+        prompt_of(model).weight.normal_()
+    surgery.convert(model, ModulePruningStrategy(module_set="all", ratio=0.4, importance="random"))
+    out = main_output(model, x)
+    assert out.shape == (3, 3)
+    again = surgery.from_pretrained(surgery.save_pretrained(model, tmp_path / "m"))
+    assert torch.allclose(main_output(again, x), out, atol=1e-6)
+
+
+def toy_data(tokenizer=None, n_train: int = 64, n_eval: int = 32) -> TaskData:
+    gen = torch.Generator().manual_seed(0)
+
+    def make(n: int) -> datasets.Dataset:
+        ids, labels = [], []
+        for _ in range(n):
+            y = int(torch.randint(0, 2, (1,), generator=gen))
+            body = torch.randint(9 + 45 * y, 54 + 45 * y, (int(torch.randint(3, 8, (1,), generator=gen)),),
+                                 generator=gen).tolist()
+            ids.append([2, *body, 3])
+            labels.append(y)
+        return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+
+    return TaskData(train=make(n_train), eval=make(n_eval), label_names=["neg", "pos"], tokenizer=tokenizer,
+                    batch_size=16)
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
+    spec = TinySpec(family, task="seq-cls", layers=2, ffn=16)
+    model = tiny_model(spec, num_labels=2)
+    strategy = DoEStrategy(epochs=1, condense_epochs=1, batch_size=16, lr=5e-2, head_lr=1e-2, margin=100.0)
+    events = []
+    report = surgery.convert(model, strategy, data=toy_data(), progress=events.append)
+    metrics = report.metrics
+    assert metrics["pruning_rate"] == 1.0  # margin 100 accepts every probe: the search must climb to 1
+    assert [p["p"] for p in metrics["search"]["probes"]] == [0.5, 0.75, 0.9, 0.95, 1.0]
+    assert {e.task for e in events} >= {"prompt-tuning", "attribution", "search"}
+    assert [s["strategy"] for s in surgery.inspect(model).model_dump()["steps"]] == ["soft-prompt",
+                                                                                     "zero-recovery-prune"]
+    widths = [layer.ffn_width for layer in surgery.inspect(model).layers]
+    assert widths == [1, 1]  # min_keep=1 per layer
+    x = tiny_inputs(spec)
+    again = surgery.from_pretrained(surgery.save_pretrained(model, tmp_path / "m"))
+    assert torch.allclose(main_output(again, x), main_output(model, x), atol=1e-6)
+    assert strategy.expert is not None and strategy.expert.prompt.shape[0] == 20
