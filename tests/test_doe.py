@@ -131,3 +131,29 @@ def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
     again = surgery.from_pretrained(surgery.save_pretrained(model, tmp_path / "m"))
     assert torch.allclose(main_output(again, x), main_output(model, x), atol=1e-6)
     assert strategy.expert is not None and strategy.expert.prompt.shape[0] == 20
+
+
+def test_cli_apply_doe_on_generated_data(tmp_path) -> None:
+    from transformers import BertTokenizer
+    from typer.testing import CliRunner
+
+    from surgery.cli.app import app
+
+    words = [f"w{i}" for i in range(90)]
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
+    tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=2, ffn=16), vocab_size=95, num_labels=2)
+    surgery.save_pretrained(model, tmp_path / "model", tokenizer=tokenizer)
+    gen = torch.Generator().manual_seed(0)
+    lines = ["text,label"]
+    for _ in range(80):
+        y = int(torch.randint(0, 2, (1,), generator=gen))
+        lines.append(" ".join(words[int(i)] for i in torch.randint(45 * y, 45 * y + 45, (5,), generator=gen))
+                     + f",{'pos' if y else 'neg'}")
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["apply", "--strategy", "doe", str(tmp_path / "model"), "--data",
+                                      str(tmp_path / "train.csv"), "--out", str(tmp_path / "out"), "--set",
+                                      "epochs=1", "--set", "margin=100", "--batch-size", "16"])
+    assert result.exit_code == 0, result.output
+    again = surgery.from_pretrained(tmp_path / "out")
+    assert [s.strategy for s in surgery.inspect(again).steps] == ["soft-prompt", "zero-recovery-prune"]
