@@ -382,6 +382,7 @@ def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAtte
             lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) * std)
             if lin.bias is not None:
                 lin.bias.zero_()
+    layer.train(original.training)  # a new module starts in training mode; follow the model's mode
     for name, value in adapter.layer_attributes(original).items():
         setattr(layer, name, value)
     init_from_layer(layer, adapter, original, heads=list(range(num_experts)), expander_init=config.expander_init)
