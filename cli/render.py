@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from surgery.bench import BenchReport
@@ -31,13 +31,15 @@ def format_value(value: Any, *, limit: int = MAX_CELL) -> str:
     """A short display form of a metric or progress value.
 
     Floats get four significant digits; long lists of numbers are summarised by count, min, mean
-    and max; everything else is compact JSON cut to ``limit`` characters.
+    and max; mappings and short lists are shown item by item; the text is cut to ``limit`` characters.
 
     Example:
-        >>> format_value(0.123456), format_value([0.5] * 20), format_value({"acc": 0.9})
-        ('0.1235', '20 values: min 0.5, mean 0.5, max 0.5', '{"acc": 0.9}')
+        >>> format_value(0.123456), format_value([0.5] * 20), format_value({"acc": 0.9, "usage": [0.25, 0.75]})
+        ('0.1235', '20 values: min 0.5, mean 0.5, max 0.5', '{acc: 0.9, usage: [0.25, 0.75]}')
     """
-    if isinstance(value, bool) or value is None:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
         return json.dumps(value)
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -51,10 +53,12 @@ def format_value(value: Any, *, limit: int = MAX_CELL) -> str:
                 f"max {max(nums):.4g}")
     if isinstance(value, (list, tuple)):
         text = "[" + ", ".join(format_value(v, limit=limit) for v in value) + "]"
+    elif isinstance(value, Mapping):
+        text = "{" + ", ".join(f"{k}: {format_value(v, limit=limit)}" for k, v in value.items()) + "}"
     elif isinstance(value, str):
         text = value
     else:
-        text = json.dumps(value, default=str)
+        text = str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -183,21 +187,24 @@ class ProgressDisplay:
     spinner and a count, and ``info`` figures (loss, accuracy, expert usage) appear beside the bar.
 
     Example:
-        >>> from surgery.bench import BenchReport
-from surgery.progress import ProgressEvent
+        >>> from surgery.progress import ProgressEvent
         >>> with ProgressDisplay(Console(file=open("/dev/null", "w"))) as show:
         ...     show(ProgressEvent("calibration", 1, 4, {"loss": 0.5}))
     """
 
     def __init__(self, console: Console) -> None:
+        # The task name and counts never shrink; the live figures take what width is left and are
+        # cut with an ellipsis rather than squeezing the bar away on narrow terminals.
         self.progress = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}", markup=False),
-            BarColumn(),
+            TextColumn("{task.description}", markup=False, table_column=Column(no_wrap=True, min_width=10)),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}", markup=False),
+            TextColumn("{task.fields[info]}", markup=False,
+                       table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
             console=console,
+            expand=True,
         )
         self.tasks: dict[str, Any] = {}
 

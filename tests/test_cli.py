@@ -18,7 +18,7 @@ from transformers import BertTokenizer, GPT2Config, GPT2Model
 from typer.testing import CliRunner
 
 import surgery
-from surgery.cli import app
+from surgery.cli.app import app
 from surgery.cli.render import bench_view
 from surgery.testing import VOCAB, TinySpec, tiny_model
 

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery import registry
-from surgery.cli import app
+from surgery.cli.app import app
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
