@@ -139,8 +139,8 @@ def main() -> None:
                 surgery.save_pretrained(model, work / name, overwrite=True)
                 print(name, results[name], flush=True)
         elif kind == "bench":
-            names = ["baseline"] + sorted(p.name for p in work.iterdir() if p.is_dir() and p.name != "baseline"
-                                          and (p / "surgery.json").exists())
+            names = ["baseline", *sorted(p.name for p in work.iterdir() if p.is_dir() and p.name != "baseline"
+                                          and (p / "surgery.json").exists())]
             models = {n: load(n) for n in names}
             bench = bench_models(models, batch_size=32, seq_len=args.max_length, repeats=10, warmup=2,
                                  threads=args.threads)
