@@ -102,13 +102,10 @@ def main() -> None:
             model = load("baseline")
             strategy = ShrpStrategy(num_layers=k, order=args.order, extra_epochs=args.extra_epochs,
                                     learning_rate=args.lr, seed=args.seed, bench=False)
-            events: list[Any] = []
-
             def show(event: Any) -> None:
                 if event.total and event.completed == event.total and event.task.startswith("epoch"):
                     info = {k2: v for k2, v in event.info.items() if k2 != "usage"}
                     print(event.task, info, flush=True)
-                events.append(event)
 
             report = surgery.convert(model, strategy, data=task, progress=show)
             m = report.metrics
@@ -135,7 +132,8 @@ def main() -> None:
                 name = f"{label}@shrp-{k}"
                 results[name] = {"ratios": ratio, "accuracy_before_recovery": acc_pruned,
                                  "accuracy": accuracy(model, eval_loader), "recovery_seconds": seconds,
-                                 "params": surgery.count_params(model).model_dump(), "target_without_embeddings": target}
+                                 "params": surgery.count_params(model).model_dump(),
+                                 "target_without_embeddings": target}
                 surgery.save_pretrained(model, work / name, overwrite=True)
                 print(name, results[name], flush=True)
         elif kind == "bench":

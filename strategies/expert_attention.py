@@ -373,7 +373,8 @@ def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAtte
         scale=adapter.attention_scale(original, hd), router_input=config.router_input,
         router_grad=config.router_grad, top_k=config.top_k, expander=config.expander,
         expander_inner=config.expander_inner or (ffn.width if ffn is not None else None),
-        eps=float(getattr(norm or adapter.input_norm(original), "eps", 1e-12) or 1e-12), dropout=adapter.hidden_dropout(),
+        eps=float(getattr(norm or adapter.input_norm(original), "eps", 1e-12) or 1e-12),
+        dropout=adapter.hidden_dropout(),
         input_norm=adapter.input_norm(original) is not None, output_norm=norm is not None,
     ).to(device=ref.device, dtype=ref.dtype)
     std = float(getattr(adapter.config, "initializer_range", 0.02))
