@@ -56,7 +56,8 @@ fresh_venv() {
 }
 
 step "build the wheel"
-fresh_venv "$work/build-venv"
+"$python" -m venv "$work/build-venv"  # building needs no torch: pip builds in an isolated environment
+"$work/build-venv/bin/python" -m pip install -q --upgrade pip
 "$work/build-venv/bin/python" -m pip wheel -q --no-deps --wheel-dir "$work/dist" "$root"
 wheel=$(ls "$work"/dist/encoder_surgery-*.whl)
 echo "built $(basename "$wheel")"
