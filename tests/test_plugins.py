@@ -9,8 +9,11 @@ subprocesses). ``importlib.metadata`` then finds it like any installed distribut
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +33,7 @@ from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 PLUGIN_PKG = Path(__file__).parent / "plugin_pkg"
+GUIDE = Path(__file__).parent.parent / "docs" / "writing-a-strategy.md"
 PLUGIN_DIST = "surgery-ffn-align"
 PLUGIN_NAME = "ffn-align"
 BROKEN_DIST = "surgery-broken-plugin"
@@ -228,3 +232,28 @@ def test_surgery_plugins_restricts_third_party(plugin_site: Path, broken_site: P
     finally:
         registry.refresh()
         sys.modules.pop("surgery_ffn_align", None)
+
+
+def test_plugin_package_own_tests_pass(installed: Path, tmp_path: Path) -> None:
+    """The package's own tests (shown in docs/writing-a-strategy.md) pass once it is installed."""
+    spec = importlib.util.spec_from_file_location("surgery_ffn_align_own_tests",
+                                                  PLUGIN_PKG / "tests" / "test_ffn_align.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tests = {name: fn for name, fn in vars(module).items() if name.startswith("test_") and callable(fn)}
+    assert len(tests) == 5
+    for name, test in tests.items():
+        if "tmp_path" in inspect.signature(test).parameters:
+            test(tmp_path=tmp_path / name)
+        else:
+            test()  # hypothesis draws the examples itself
+
+
+def test_guide_shows_the_package_verbatim() -> None:
+    """Every file docs/writing-a-strategy.md shows is the real file of tests/plugin_pkg, so the guide cannot rot."""
+    shown = re.findall(r"<!-- file: (\S+) -->\n```[a-z]*\n(.*?)```", GUIDE.read_text(), flags=re.S)
+    assert {name for name, _ in shown} >= {"pyproject.toml", "surgery_ffn_align/__init__.py",
+                                           "tests/test_ffn_align.py"}
+    for name, text in shown:
+        assert text == (PLUGIN_PKG / name).read_text(), f"docs/writing-a-strategy.md is out of date for {name}"

@@ -80,15 +80,16 @@ class FFNAlignStrategy(Strategy):
         if not isinstance(plan.get("neurons"), dict):
             raise PlanError("ffn-align: the plan needs a 'neurons' mapping of layer -> neurons to remove")
         adapter = adapter_for(model)
-        changes = []
+        # Check every layer before cutting any, so a rejected plan leaves the model unchanged.
+        cuts = []
         for key, neurons in sorted(plan["neurons"].items(), key=lambda item: int(item[0])):
             index = int(key)
             ffn = adapter.layer(index).ffn
             if ffn is None:
                 raise PlanError(f"ffn-align: layer {index} has no standard FFN (a strategy replaced it)")
-            before = ffn.width
-            remove = check_indices(neurons, before, f"ffn-align: neurons of layer {index}")
-            adapter.keep_neurons(index, complement(remove, before))
-            changes.append(LayerChange(layer=index, component="neurons", before=before,
-                                       after=before - len(remove), note=f"aligned to {self.config.multiple}"))
-        return changes
+            remove = check_indices(neurons, ffn.width, f"ffn-align: neurons of layer {index}")
+            cuts.append((index, ffn.width, complement(remove, ffn.width)))
+        for index, _, keep in cuts:
+            adapter.keep_neurons(index, keep)
+        return [LayerChange(layer=index, component="neurons", before=before, after=len(keep),
+                            note=f"aligned to {self.config.multiple}") for index, before, keep in cuts]
