@@ -62,6 +62,17 @@ def format_value(value: Any, *, limit: int = MAX_CELL) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def compact_json(value: Any, *, limit: int = 300) -> str:
+    """Settings as one line of JSON (what ``--set`` and ``--config`` accept), cut to ``limit`` characters.
+
+    Example:
+        >>> compact_json({"ratio": 0.5, "layers": None})
+        '{"ratio": 0.5, "layers": null}'
+    """
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def flatten(values: Mapping[str, Any], prefix: str = "", depth: int = 2) -> Iterator[tuple[str, Any]]:
     """Yield ``(dotted.key, value)`` for nested mappings down to ``depth`` levels.
 
@@ -138,7 +149,7 @@ def anatomy_view(anatomy: ModelAnatomy, *, title: str = "") -> RenderableType:
         steps.add_column("strategy", style="bold cyan")
         steps.add_column("config")
         for number, step in enumerate(anatomy.steps):
-            steps.add_row(str(number), Text(step.strategy), Text(format_value(step.config, limit=200)))
+            steps.add_row(str(number), Text(step.strategy), Text(compact_json(step.config)))
         parts.append(steps)
     else:
         parts.append(Text("No recorded surgery steps.", style="dim"))
@@ -153,7 +164,7 @@ def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> Rende
     """A surgery report: per-layer changes, parameters before and after, metrics, where it was saved."""
     parts: list[RenderableType] = [
         Text.assemble(("strategy ", "dim"), (report.strategy, "bold cyan"),
-                      ("  config ", "dim"), format_value(report.config, limit=300),
+                      ("  config ", "dim"), compact_json(report.config),
                       ("  took ", "dim"), f"{report.seconds:.1f}s"),
     ]
     if report.changes:
@@ -234,7 +245,8 @@ def bench_view(report: BenchReport) -> RenderableType:
     s = report.settings
     parts: list[RenderableType] = [Text(
         f"batch {s.batch_size} x {s.seq_len} tokens, {s.repeats} interleaved rounds after {s.warmup} warm-up, "
-        f"{s.threads} threads on {s.device} ({s.machine}), torch {s.torch_version}", style="dim")]
+        f"{s.threads} thread{'' if s.threads == 1 else 's'} on {s.device} ({s.machine}), torch {s.torch_version}",
+        style="dim")]
     models = Table(title="Models", title_justify="left")
     for column in ("model", "params", "params w/o emb.", "GFLOPs/batch", "samples/s", "p50 ms", "p95 ms",
                    "peak MiB"):
