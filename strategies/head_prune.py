@@ -9,7 +9,7 @@ from pydantic import Field
 from torch import nn
 
 from surgery.anatomy import EncoderAdapter
-from surgery.errors import PlanError
+from surgery.errors import ConfigError, PlanError
 from surgery.importance import linear_input_scores
 from surgery.selection import normalise_per_layer
 from surgery.strategies.unit_prune import UnitPruningConfig, UnitPruningStrategy
@@ -79,7 +79,7 @@ class HeadPruningStrategy(UnitPruningStrategy):
             kind = "gradient" if data is not None else "magnitude"
         if kind == "gradient":
             if data is None:
-                raise ValueError("head-prune importance='gradient' needs data")
+                raise ConfigError("head-prune importance='gradient' needs labelled data; pass data or use 'magnitude'")
             outputs = {i: adapter.layer(i).attention.output for i in layers}
             head_dim = adapter.layer(layers[0]).attention.head_dim if layers else 1
             raw = linear_input_scores(model, outputs, data, kind="gate", group_size=head_dim,

@@ -9,6 +9,7 @@ unpickled, and no class path read from the file is imported.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -140,7 +141,10 @@ def save_pretrained(
     if _same_path(source_dir_of(model), out):
         raise OutputPathError(f"output directory {out} is the directory the model was loaded from; choose another")
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        model.config.save_pretrained(tmp)
+        # Like transformers, record the class that was saved, on a copy so the caller's model is untouched.
+        config = copy.deepcopy(model.config)
+        config.architectures = [type(model).__name__]
+        config.save_pretrained(tmp)
         save_model(model, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / MANIFEST_NAME).write_text(json.dumps(build_manifest(model), indent=2) + "\n")
         if tokenizer is not None:
