@@ -209,3 +209,42 @@ def test_unknown_model_names_supported_types_and_entry_point_group() -> None:
         assert all(family in message for family in FAMILIES)
     with pytest.raises(surgery.UnsupportedModelError, match="not a Hugging Face transformers model"):
         adapter_for(nn.Linear(2, 2))
+
+
+# -- torch-pruning's dependency graph as an independent oracle ------------------------------
+def coupled(model: nn.Module, spec: TinySpec, root: nn.Linear, outputs: bool, idxs: list[int]) -> dict:
+    """What torch-pruning's traced dependency graph couples to removing ``idxs`` of ``root``."""
+    import torch_pruning as tp
+
+    graph = tp.DependencyGraph().build_dependency(model, example_inputs=dict(tiny_inputs(spec)))
+    fn = tp.prune_linear_out_channels if outputs else tp.prune_linear_in_channels
+    found = {}
+    for dep, indices in graph.get_pruning_group(root, fn, idxs=idxs):
+        if isinstance(dep.target.module, nn.Linear):
+            kind = "out" if dep.handler.__name__ == "prune_out_channels" else "in"
+            found[(id(dep.target.module), kind)] = sorted(int(i) for i in indices)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [(f, {}) for f in FAMILIES if f not in ("mpnet", "modernbert")] + [("deberta-v2", {"share_att_key": False})],
+)
+def test_head_coupling_agrees_with_torch_pruning(family: str, overrides: dict) -> None:
+    # MPNet and ModernBERT are left out on purpose: the traced graph couples MPNet's heads across
+    # all layers through the shared bias, and cuts only the q rows of ModernBERT's fused Wqkv.
+    spec = TinySpec(family, heads=4, head_dim=4, layers=2, ffn=6)
+    model = tiny_model(spec, **overrides)
+    att = adapter_for(model).layer(1).attention
+    rows = head_rows([2], spec.head_dim)
+    expected = {(id(p), "out"): rows for p in att.projections} | {(id(att.output), "in"): rows}
+    assert coupled(model, spec, att.query, True, rows) == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_neuron_coupling_agrees_with_torch_pruning(family: str) -> None:
+    spec = TinySpec(family, heads=2, head_dim=4, layers=1, ffn=6)
+    model = tiny_model(spec)
+    ffn = adapter_for(model).layer(0).ffn
+    up_rows = [4, 4 + ffn.width] if ffn.gated else [4]
+    assert coupled(model, spec, ffn.down, False, [4]) == {(id(ffn.up), "out"): up_rows, (id(ffn.down), "in"): [4]}
