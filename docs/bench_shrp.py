@@ -65,6 +65,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "results" / "shrp.json"))
+    parser.add_argument("--variants", nargs="+", default=["ffn-prune", "head-prune", "head+ffn-prune"],
+                        help="baselines run by the prune stages (CPU budget)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(args.work)
@@ -117,7 +119,7 @@ def main() -> None:
         elif kind == "prune":
             k = int(arg)
             target = results[f"shrp-{k}-{args.order}"]["params"]["without_embeddings"]
-            for label in ("ffn-prune", "head-prune", "head+ffn-prune"):
+            for label in args.variants:
                 model = load("baseline")
                 before = surgery.count_params(model).without_embeddings
                 ratio = _matching_ratio(model, label, before - target)

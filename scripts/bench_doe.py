@@ -45,6 +45,12 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="docs/results/doe.json")
+    ap.add_argument("--head-lr", type=float, default=1e-2, help="classifier head (and pooler) learning rate")
+    ap.add_argument("--ft-epochs", type=int, default=2, help="full fine-tuning baseline epochs")
+    ap.add_argument("--ft-lr", type=float, default=1e-4)
+    ap.add_argument("--fig-condense-epochs", type=int, default=1,
+                    help="prompt re-tuning epochs per Figure 5/6 candidate (0: compare the rankings as cut)")
+    ap.add_argument("--task2-train", type=int, default=600, help="review-vs-plot training subset")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -67,8 +73,10 @@ def main() -> None:
         "data": "rotten-tomatoes", "split": data.info, "threads": args.threads,
         "prompt_epochs": args.epochs, "condense_epochs": 1, "prompt_length": 20, "attribution_instances": 20,
         "margin_points": 1.0, "max_probes": 5, "mode": "classifier (MiniLM has no MLM head)",
+        "head_lr": args.head_lr, "fig_condense_epochs": args.fig_condense_epochs, "task2_train": args.task2_train,
     }
-    config = dict(epochs=args.epochs, condense_epochs=1, batch_size=32, lr=3e-2, head_lr=2e-3, task_name="sentiment")
+    config = dict(epochs=args.epochs, condense_epochs=1, batch_size=32, lr=3e-2, head_lr=args.head_lr,
+                  task_name="sentiment")
 
     def fresh() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -79,10 +87,11 @@ def main() -> None:
     strat = DoEStrategy(**config)
     task = strat.task_for(ft, data)
     t0 = time.time()
-    hist = train(ft, task, lambda e: data.loader("train", shuffle=True, seed=e), trainable(ft, task, lr=3e-5,
-                 head_lr=3e-5, what="all"), epochs=1, eval_data=data.loader("eval", batch_size=64))
-    results["fine_tuning"] = {"epochs": 1, "lr": 3e-5, "history": hist, "accuracy": evaluate(ft, task,
-                              data.loader("eval", batch_size=64)), "seconds": round(time.time() - t0, 1)}
+    hist = train(ft, task, lambda e: data.loader("train", shuffle=True, seed=e), trainable(ft, task, lr=args.ft_lr,
+                 head_lr=args.ft_lr, what="all"), epochs=args.ft_epochs, eval_data=data.loader("eval", batch_size=64))
+    results["fine_tuning"] = {"epochs": args.ft_epochs, "lr": args.ft_lr, "history": hist,
+                              "accuracy": evaluate(ft, task, data.loader("eval", batch_size=64)),
+                              "seconds": round(time.time() - t0, 1)}
     log("fine-tuning", results["fine_tuning"]["accuracy"])
     save()
 
@@ -133,7 +142,8 @@ def main() -> None:
         s = strat.scores(full, task, data, kind=kind)
         cand, _ = strat.localized(full, s, 0.5)
         before = evaluate(cand, task, eval_loader)
-        strat.tune(cand, task, data, 1, f"fig5 {kind}")
+        if args.fig_condense_epochs:
+            strat.tune(cand, task, data, args.fig_condense_epochs, f"fig5 {kind}")
         fig5[kind] = {"accuracy_before_condensation": before, "accuracy": evaluate(cand, task, eval_loader)}
         log("fig5", kind, fig5[kind])
         results["figure5_importance_at_50pct"] = fig5
@@ -146,7 +156,8 @@ def main() -> None:
         st = DoEStrategy(**config, module_set=module_set)
         s = st.scores(full, task, data)
         cand, _ = st.localized(full, s, 0.3)
-        st.tune(cand, task, data, 1, f"fig6 {module_set}")
+        if args.fig_condense_epochs:
+            st.tune(cand, task, data, args.fig_condense_epochs, f"fig6 {module_set}")
         fig6[module_set] = {"accuracy": evaluate(cand, task, eval_loader)}
         models[module_set] = cand
         log("fig6", module_set, fig6[module_set])
@@ -166,7 +177,8 @@ def main() -> None:
     table = table.select_columns(["text", "label"])
     tmp = Path(tempfile.mkdtemp())
     table.to_csv(str(tmp / "review_vs_plot.csv"), index=False)
-    data2 = load_task_data(str(tmp / "review_vs_plot.csv"), tok, max_length=64, seed=0, max_train=600, max_eval=200)
+    data2 = load_task_data(str(tmp / "review_vs_plot.csv"), tok, max_length=64, seed=0, max_train=args.task2_train,
+                           max_eval=200)
     st2 = DoEStrategy(**{**config, "epochs": 2, "task_name": "review-vs-plot"})
     second = fresh()
     r2 = surgery.convert(second, st2, data=data2, progress=progress)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from surgery.anatomy import adapter_for
 from surgery.errors import ConfigError, DataError
 from surgery.importance import batches_on, model_device
 from surgery.strategies.soft_prompt import prompt_of
@@ -154,15 +155,17 @@ def make_task(model: nn.Module, *, mode: Mode | Literal["auto"] = "auto", tokeni
 
 
 def head_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters outside the base encoder: the task head (classifier mode trains them)."""
-    prefix = getattr(model, "base_model_prefix", "") + "."
-    return [p for name, p in model.named_parameters() if not name.startswith(prefix)]
+    """The task head's parameters (classifier mode trains them), pooler included.
+
+    A BERT-style pooler belongs to the head: it was trained for next-sentence prediction, and a
+    sentence-embedding checkpoint (mean-pooled, like MiniLM) never trained it for its own task.
+    """
+    return list(adapter_for(model).task_head_parameters().values())
 
 
 def head_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Copies of the head's tensors, by parameter name."""
-    prefix = getattr(model, "base_model_prefix", "") + "."
-    return {n: p.detach().clone() for n, p in model.named_parameters() if not n.startswith(prefix)}
+    return {n: p.detach().clone() for n, p in adapter_for(model).task_head_parameters().items()}
 
 
 def trainable(model: nn.Module, task: PromptTask, *, lr: float, head_lr: float,

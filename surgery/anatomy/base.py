@@ -100,12 +100,32 @@ class EncoderAdapter:
     # heads * head_dim; forward passes of some families read them.
     head_count_attrs: ClassVar[tuple[str, ...]] = ("num_attention_heads",)
     all_head_size_attrs: ClassVar[tuple[str, ...]] = ("all_head_size",)
+    # Submodules of the bare model that serve the task head rather than the encoder: BERT-style
+    # poolers were trained for next-sentence prediction and feed ...ForSequenceClassification.
+    task_head_modules: ClassVar[tuple[str, ...]] = ("pooler",)
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.base: nn.Module = getattr(model, "base_model", model)
 
     # -- structure -----------------------------------------------------------------------
+    def task_head_parameters(self) -> dict[str, nn.Parameter]:
+        """Parameters of the task head by name: outside the bare model, plus its task-head submodules.
+
+        Example:
+            >>> from surgery.testing import TinySpec, tiny_model
+            >>> from surgery.anatomy import adapter_for
+            >>> sorted(adapter_for(tiny_model(TinySpec("bert", task="seq-cls"))).task_head_parameters())[:2]
+            ['bert.pooler.dense.bias', 'bert.pooler.dense.weight']
+        """
+        prefix = getattr(self.model, "base_model_prefix", "")
+        inside = (f"{prefix}." if prefix and self.base is not self.model else "",)
+        heads = tuple(f"{inside[0]}{name}." for name in self.task_head_modules)
+        return {
+            name: p for name, p in self.model.named_parameters()
+            if not name.startswith(inside[0]) or name.startswith(heads)
+        }
+
     @property
     def config(self) -> Any:
         return self.model.config
