@@ -6,7 +6,7 @@ it, captured with forward pre-hooks and one backward pass per batch:
 
 * ``activation``: mean over tokens of ``|h_j|``;
 * ``gradient``: mean over tokens of ``|g_j|``;
-* ``attribution``: mean over tokens of ``|h_j * g_j|`` (DoE, Xiao et al. 2023, eq. 2-3);
+* ``attribution``: mean over tokens of ``|h_j * g_j|`` (DoE, Yang et al. 2025, eq. 2-3);
 * ``gate``: ``|sum over tokens and the group's features of h * g|``, the derivative of the
   objective with respect to a multiplicative gate on the whole group (Michel et al. 2019).
 

@@ -121,7 +121,7 @@ class ZeroRecoveryLinear(nn.Module):
 
     Used where a Linear writes into the residual stream (an FFN down-projection, an attention output
     projection): removing output rows would change the hidden size, so the kept rows are computed and
-    the removed ones are restored as exact zeros (DoE, Xiao et al., §4.5 "zero-recovery").
+    the removed ones are restored as exact zeros (DoE, Yang et al. 2025, §4.5 "zero-recovery").
 
     Example:
         >>> lin = nn.Linear(4, 3)
