@@ -256,7 +256,8 @@ def init_from_layer(layer: ExpertAttentionLayer, adapter: EncoderAdapter, origin
     attention = adapter.attention_parts(original)
     if attention is None:
         raise PlanError(f"{type(original).__name__} has no standard attention to initialise experts from")
-    heads = heads if heads is not None else layer.head_index.tolist()
+    # Expert e starts as the original's current head e (head_index may instead hold shared-bias columns).
+    heads = heads if heads is not None else list(range(layer.num_experts))
     hd, width = attention.head_dim, attention.num_heads * attention.head_dim
     if attention.qkv is not None:
         parts = [(attention.qkv, part * width) for part in range(3)]
@@ -386,6 +387,9 @@ def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAtte
     layer.train(original.training)  # a new module starts in training mode; follow the model's mode
     for name, value in adapter.layer_attributes(original).items():
         setattr(layer, name, value)
+    columns = adapter.head_bias_columns(attention.module)
+    if columns is not None:  # experts of a head-pruned layer read their own heads' shared-bias columns
+        layer.head_index = torch.as_tensor(columns, dtype=torch.long, device=layer.head_index.device)
     init_from_layer(layer, adapter, original, heads=list(range(num_experts)), expander_init=config.expander_init)
     return layer
 

@@ -12,7 +12,7 @@ from hypothesis import given
 import surgery
 from surgery.anatomy import adapter_for
 from surgery.errors import PlanError
-from surgery.strategies import ExpertAttentionStrategy
+from surgery.strategies import ExpertAttentionStrategy, HeadPruningStrategy
 from surgery.strategies.expert_attention import (
     ExpertAttentionLayer,
     balance_loss,
@@ -41,11 +41,7 @@ def test_forward_backward_and_router_gradient(spec: TinySpec) -> None:
     assert layer.qkv_weight.grad is not None
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_expert_reproduces_its_pretrained_head(family: str) -> None:
-    """Each expert's attention output equals its original head's (position terms included)."""
-    spec = TinySpec(family, layers=2)
-    model = tiny_model(spec)
+def _assert_experts_reproduce_heads(spec: TinySpec, model: torch.nn.Module, heads: int) -> None:
     adapter = adapter_for(model)
     original = adapter.layers()[1]
     seen: dict[str, object] = {}
@@ -58,15 +54,30 @@ def test_expert_reproduces_its_pretrained_head(family: str) -> None:
     gen = torch.Generator().manual_seed(0)
     from surgery.strategies.expert_attention import ExpertAttentionConfig, build_layer
 
-    layer = build_layer(adapter, original, ExpertAttentionConfig(), spec.heads, gen).eval()
+    layer = build_layer(adapter, original, ExpertAttentionConfig(), heads, gen).eval()
     call = adapter.parse_layer_call(seen["args"], seen["kwargs"])
     x = layer.input_norm(call.hidden) if layer.input_norm is not None else call.hidden
     real = inputs["attention_mask"].bool()
-    for head in range(spec.heads):
+    for head in range(heads):
         with torch.no_grad():
             mine = layer._expert(x, torch.full((3,), head), call)
         theirs = seen["context"][..., head * spec.head_dim:(head + 1) * spec.head_dim]
         torch.testing.assert_close(mine[real], theirs[real], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_expert_reproduces_its_pretrained_head(family: str) -> None:
+    """Each expert's attention output equals its original head's (position terms included)."""
+    spec = TinySpec(family, layers=2)
+    _assert_experts_reproduce_heads(spec, tiny_model(spec), spec.heads)
+
+
+def test_experts_of_a_head_pruned_mpnet_layer_read_their_own_bias_columns() -> None:
+    """After head pruning, MPNet experts must use the kept heads' columns of the shared relative bias."""
+    spec = TinySpec("mpnet", layers=2)
+    model = tiny_model(spec)
+    surgery.convert(model, HeadPruningStrategy(heads={1: [0, 2]}))
+    _assert_experts_reproduce_heads(spec, model, spec.heads - 2)
 
 
 @given(tiny_specs(tasks=("base",)))

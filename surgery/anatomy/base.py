@@ -277,6 +277,14 @@ class EncoderAdapter:
                 return float(value)
         return 0.0
 
+    def head_bias_columns(self, attention: nn.Module) -> list[int] | None:
+        """Columns of a shared per-head position term used by this attention's current heads.
+
+        None means "one column per current head, in order". MPNet overrides it: after head pruning
+        a layer's heads map to a subset of the shared relative-bias table.
+        """
+        return None
+
     def layer_attributes(self, layer: nn.Module) -> dict[str, Any]:
         """Plain attributes the encoder reads from its layers (e.g. ModernBERT's ``attention_type``)."""
         return {}

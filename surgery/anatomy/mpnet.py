@@ -96,6 +96,10 @@ class MPNetAdapter(BertAdapter):
         if slice_position_bias not in attention._forward_pre_hooks.values():
             attention.register_forward_pre_hook(slice_position_bias, with_kwargs=True)
 
+    def head_bias_columns(self, attention: nn.Module) -> list[int] | None:
+        kept = getattr(attention, BIAS_HEADS, None)
+        return kept.tolist() if kept is not None else None
+
     # -- whole-layer replacement: MPNet layers take the shared bias third and return a tuple --
     def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
         call = super().parse_layer_call(args, kwargs)
