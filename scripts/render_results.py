@@ -1,0 +1,175 @@
+"""Render the SHRP and DoE sections of docs/results.md from docs/results/{shrp,doe}.json.
+
+The benchmark scripts write raw measurements to JSON; this script turns them into the tables between
+the ``<!-- shrp:begin -->``/``<!-- doe:begin -->`` markers, so no number in the page is typed by hand.
+
+    python scripts/render_results.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "results.md"
+
+
+def _pct(x: float | None, scale: float = 100.0) -> str:
+    return "-" if x is None else f"{x * scale:.1f}"
+
+
+def _m(n: int) -> str:
+    return f"{n / 1e6:.2f}M"
+
+
+def _bench_rows(bench: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    models = {m["name"]: m for m in bench["models"]}
+    comps = {c["name"]: c for c in bench["comparisons"]}
+    return models, comps
+
+
+def _settings(bench: dict[str, Any]) -> str:
+    s = bench["settings"]
+    return (f"batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved rounds after {s['warmup']} "
+            f"warm-up, {s['threads']} thread(s), torch {s['torch_version']}, load average "
+            f"{s['load_average_before']:.1f} before / {s['load_average_after']:.1f} after on {s['cpu_count']} CPUs")
+
+
+def render_shrp(data: dict[str, Any]) -> str:
+    setup = data["setup"]
+    base = data["baseline"]
+    models, comps = _bench_rows(data["bench"]) if "bench" in data else ({}, {})
+    lines = [
+        f"Raw numbers: [`results/shrp.json`](results/shrp.json), from `docs/bench_shrp.py`. Setup: MiniLM-L6 "
+        f"fine-tuned on a seeded training subset of {setup['train_size']} Rotten Tomatoes snippets (stratified "
+        f"split, seed {setup['split_seed']}, evaluation on all {setup['eval_size']} held-out snippets), max length "
+        f"{setup['max_length']}, lr {setup['lr']}, baseline {setup['baseline_epochs']} epochs; SHRP converts the top "
+        f"K layers ({setup['order']}), one per epoch, then {setup['extra_epochs']} extra epochs; baselines get "
+        f"{setup['recovery_epochs']} recovery epoch(s) at SHRP's parameter count (without embeddings).",
+        "",
+        "| model | accuracy | before pruning | % of baseline | params (w/o emb.) | GFLOPs / batch | samples/s "
+        "| speedup (paired) | FLOP bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def row(name: str, acc: float, before: float | None, params: dict[str, int]) -> str:
+        m, c = models.get(name), comps.get(name)
+        flops = f"{m['flops_per_batch'] / 1e9:.1f}" if m else "-"
+        thr = f"{m['throughput']:.1f}" if m else "-"
+        sp = f"{c['speedup']:.2f}x ({c['paired_speedup']:.2f}x)" if c else ("1.00x" if m else "-")
+        bound = f"{c['flop_bound_speedup']:.2f}x" if c else ("1.00x" if m else "-")
+        return (f"| {name} | {_pct(acc)} | {_pct(before)} | {100 * acc / base['accuracy']:.1f}% | "
+                f"{_m(params['total'])} ({_m(params['without_embeddings'])}) | {flops} | {thr} | {sp} | {bound} |")
+
+    lines.append(row("baseline", base["accuracy"], None, base["params"]))
+    shrp = sorted((k for k in data if k.startswith("shrp-")), key=lambda k: int(k.split("-")[1]))
+    for name in shrp:
+        r = data[name]
+        lines.append(row(name, r["accuracy_pruned"], r["accuracy_moe"], r["params"]))
+        for label in ("ffn-prune", "head-prune", "head+ffn-prune"):
+            key = f"{label}@{name.rsplit('-', 1)[0]}"
+            if key in data:
+                b = data[key]
+                lines.append(row(key, b["accuracy"], b["accuracy_before_recovery"], b["params"]))
+    lines += ["", "\"before pruning\" is the MoE model (SHRP) or the pruned model before recovery (baselines).",
+              "Per-layer expert usage on the evaluation split (Top-1 keeps the most used expert):", ""]
+    for name in shrp:
+        usage = data[name].get("usage") or {}
+        shown = "; ".join(f"layer {layer}: {u}" for layer, u in sorted(usage.items(), key=lambda t: int(t[0])))
+        lines.append(f"- {name}: {shown}")
+    if "bench" in data:
+        lines += ["", f"Throughput: {_settings(data['bench'])}.", ""]
+        lines += [f"- warning: {w}" for w in data["bench"].get("warnings", [])]
+    return "\n".join(lines)
+
+
+def render_doe(data: dict[str, Any]) -> str:
+    setup = data["setup"]
+    split = setup["split"]
+    lines = [
+        f"Raw numbers: [`results/doe.json`](results/doe.json) (status: {data.get('status')}), from "
+        f"`scripts/bench_doe.py`. Setup: MiniLM-L6, {setup['mode']}; seeded subset of {split['train_size']} training "
+        f"/ {split['eval_size']} evaluation snippets (stratified split seed {split['seed']}, max length "
+        f"{split['max_length']}); {setup['prompt_length']} soft tokens, {setup['prompt_epochs']} prompt-tuning epochs, "
+        f"attribution on {setup['attribution_instances']} instances, margin {setup['margin_points']} point, at most "
+        f"{setup['max_probes']} probes with {setup['condense_epochs']} condensation epoch each.",
+        "",
+        "| model | accuracy | FFN neurons pruned | speedup (paired) | FLOP bound | share of bound |",
+        "|---|---|---|---|---|---|",
+    ]
+    comps: dict[str, dict[str, Any]] = {}
+    if "speed" in data:
+        _, comps = _bench_rows(data["speed"])
+    ft, pt, doe = data.get("fine_tuning", {}), data.get("prompt_tuning", {}), data.get("doe", {})
+
+    def sp(name: str) -> tuple[str, str, str]:
+        c = comps.get(name)
+        if not c:
+            return "-", "-", "-"
+        return (f"{c['speedup']:.2f}x ({c['paired_speedup']:.2f}x)", f"{c['flop_bound_speedup']:.2f}x",
+                f"{100 * c['fraction_of_flop_bound']:.0f}%")
+
+    lines.append(f"| fine-tuned (all weights, {ft.get('epochs')} epoch(s)) | {ft.get('accuracy', 0):.1f} | 0% | "
+                 + " | ".join(sp("fine-tuned")) + " |")
+    lines.append(f"| prompt-tuned (reference) | {pt.get('accuracy', 0):.1f} | 0% | 1.00x | 1.00x | - |")
+    if doe:
+        lines.append(f"| DoE | {doe['accuracy']:.1f} | {100 * doe['pruning_rate']:.0f}% "
+                     f"({doe['units_removed']}/{doe['units_total']}) | " + " | ".join(sp("doe")) + " |")
+        probes = ", ".join(f"p={p['p']:.2f}: {p['accuracy']:.1f} ({'accepted' if p['accepted'] else 'rejected'})"
+                           for p in doe["search"]["probes"])
+        lines += ["", f"Binary search probes (accuracy after condensation): {probes}."]
+    if "speed" in data:
+        lines += ["", f"Speed is measured against the prompt-tuned model (both carry the 20 prompt tokens; the "
+                      f"fine-tuned model has none): {_settings(data['speed'])}."]
+    if "table4_condensation" in data:
+        t4 = data["table4_condensation"]
+        lines += ["", f"**Table 4 (condensation)** at p = {t4['pruning_rate']:.2f}: with "
+                      f"{t4['with_condensation']:.1f}, without {t4['without_condensation']:.1f}."]
+    if "figure5_importance_at_50pct" in data:
+        f5 = data["figure5_importance_at_50pct"]
+        cells = ", ".join(f"{k} {v['accuracy']:.1f}" for k, v in f5.items())
+        lines += ["", f"**Figure 5 (importance at 50% of FFN neurons pruned, condensation epochs "
+                      f"{setup.get('fig_condense_epochs', 1)})**: {cells}."]
+    if "figure6_module_sets_at_30pct" in data:
+        f6 = data["figure6_module_sets_at_30pct"]
+        cells = "; ".join(f"{k}: accuracy {v['accuracy']:.1f}, speedup {v.get('speedup', float('nan')):.2f}x of a "
+                          f"{v.get('flop_bound_speedup', float('nan')):.2f}x bound" for k, v in f6.items())
+        lines += ["", f"**Figure 6 (module sets at 30% pruned)**: {cells}."]
+    if "unplug_two_tasks" in data:
+        u = data["unplug_two_tasks"]
+        lat = ", ".join(f"{k} plug {v['plug_ms']:.1f} ms / restore {v['restore_ms']:.2f} ms"
+                        for k, v in u["switch_latency_ms"].items())
+        sizes = ", ".join(f"{k} {v / 1e3:.1f} kB" for k, v in sorted(u["expert_file_bytes"].items()))
+        rvp = u["review_vs_plot_doe"]
+        lines += ["", "**Unplug and play, two tasks in one runtime**: runtime accuracy "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in u["runtime_accuracy"].items())
+                      + f"; review-vs-plot DoE pruned {100 * rvp['pruning_rate']:.0f}% "
+                      f"(prompt-tuned {rvp['full_accuracy']:.1f} -> {rvp['accuracy']:.1f}); after reload "
+                      f"{u['reloaded_review_vs_plot_accuracy']:.1f}; restore bit-identical: "
+                      f"{u['restore_bit_identical']}; switch latency {lat}; full model "
+                      f"{u['full_model_bytes'] / 1e6:.1f} MB once plus expert files {sizes}."]
+    return "\n".join(lines)
+
+
+def replace_section(page: str, name: str, body: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{body}\n{end}"
+    if begin in page:
+        return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, page, flags=re.S)
+    raise SystemExit(f"docs/results.md has no {begin} marker; add the markers to its section first")
+
+
+def main() -> None:
+    page = PAGE.read_text()
+    for name, render in (("shrp", render_shrp), ("doe", render_doe)):
+        path = ROOT / "docs" / "results" / f"{name}.json"
+        if path.exists():
+            page = replace_section(page, name, render(json.loads(path.read_text())))
+    PAGE.write_text(page)
+
+
+if __name__ == "__main__":
+    main()
