@@ -45,8 +45,12 @@ def finetune(model: torch.nn.Module, task: TaskData, epochs: int, lr: float, see
     cfg = ShrpConfig(learning_rate=lr, seed=seed, batch_size=batch)
     columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels") if c in task.train.column_names]
     with tempfile.TemporaryDirectory() as tmp:
-        Trainer(model=model, args=training_arguments(cfg, epochs, tmp, ddp_find_unused_parameters=False),
-                train_dataset=task.train.select_columns(columns), data_collator=_Collate(task.tokenizer)).train()
+        Trainer(
+            model=model,
+            args=training_arguments(cfg, epochs, tmp, ddp_find_unused_parameters=False),
+            train_dataset=task.train.select_columns(columns),
+            data_collator=_Collate(task.tokenizer),
+        ).train()
     model.eval()
     return time.perf_counter() - start
 
@@ -65,8 +69,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "results" / "shrp.json"))
-    parser.add_argument("--variants", nargs="+", default=["ffn-prune", "head-prune", "head+ffn-prune"],
-                        help="baselines run by the prune stages (CPU budget)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["ffn-prune", "head-prune", "head+ffn-prune"],
+        help="baselines run by the prune stages (CPU budget)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(args.work)
@@ -74,17 +82,37 @@ def main() -> None:
     results_file = work / "results.json"
     results: dict[str, Any] = json.loads(results_file.read_text()) if results_file.exists() else {}
 
+    touched: set[str] = set()
+
     def save_results() -> None:
-        results_file.write_text(json.dumps(results, indent=2) + "\n")
+        # Re-read before writing so that two processes running different stages on one work dir
+        # (e.g. ``shrp:1 shrp:2`` beside ``prune:3``) do not drop each other's entries.
+        merged = json.loads(results_file.read_text()) if results_file.exists() else {}
+        merged.update({k: results[k] for k in touched | {"setup"} if k in results})
+        results.update(merged)
+        tmp = results_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(merged, indent=2) + "\n")
+        tmp.replace(results_file)
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
-    task = load_task_data("rotten-tomatoes", tokenizer, max_length=args.max_length, seed=args.seed,
-                          max_train=args.max_train)
+    task = load_task_data(
+        "rotten-tomatoes", tokenizer, max_length=args.max_length, seed=args.seed, max_train=args.max_train
+    )
     eval_loader = task.loader("eval", batch_size=64)
-    results["setup"] = {"model": "minilm-l6", "data": "rotten-tomatoes", **task.info, "split_seed": task.split_seed,
-                        "stratified": True, "lr": args.lr, "baseline_epochs": args.epochs,
-                        "recovery_epochs": args.recovery_epochs, "extra_epochs": args.extra_epochs,
-                        "order": args.order, "threads": args.threads, "torch": torch.__version__}
+    results["setup"] = {
+        "model": "minilm-l6",
+        "data": "rotten-tomatoes",
+        **task.info,
+        "split_seed": task.split_seed,
+        "stratified": True,
+        "lr": args.lr,
+        "baseline_epochs": args.epochs,
+        "recovery_epochs": args.recovery_epochs,
+        "extra_epochs": args.extra_epochs,
+        "order": args.order,
+        "threads": args.threads,
+        "torch": torch.__version__,
+    }
 
     def load(name: str) -> torch.nn.Module:
         return surgery.from_pretrained(work / name)
@@ -93,17 +121,29 @@ def main() -> None:
         kind, _, arg = stage.partition(":")
         print(f"== {stage}", flush=True)
         if kind == "baseline":
-            model = surgery.from_pretrained("minilm-l6", model_class="AutoModelForSequenceClassification",
-                                            num_labels=task.num_labels)
+            model = surgery.from_pretrained(
+                "minilm-l6", model_class="AutoModelForSequenceClassification", num_labels=task.num_labels
+            )
             seconds = finetune(model, task, args.epochs, args.lr, args.seed, 32)
-            results["baseline"] = {"accuracy": accuracy(model, eval_loader), "train_seconds": seconds,
-                                   "params": surgery.count_params(model).model_dump()}
+            touched.add("baseline")
+            results["baseline"] = {
+                "accuracy": accuracy(model, eval_loader),
+                "train_seconds": seconds,
+                "params": surgery.count_params(model).model_dump(),
+            }
             surgery.save_pretrained(model, work / "baseline", overwrite=True)
         elif kind == "shrp":
             k = int(arg)
             model = load("baseline")
-            strategy = ShrpStrategy(num_layers=k, order=args.order, extra_epochs=args.extra_epochs,
-                                    learning_rate=args.lr, seed=args.seed, bench=False)
+            strategy = ShrpStrategy(
+                num_layers=k,
+                order=args.order,
+                extra_epochs=args.extra_epochs,
+                learning_rate=args.lr,
+                seed=args.seed,
+                bench=False,
+            )
+
             def show(event: Any) -> None:
                 if event.total and event.completed == event.total and event.task.startswith("epoch"):
                     info = {k2: v for k2, v in event.info.items() if k2 != "usage"}
@@ -112,9 +152,16 @@ def main() -> None:
             report = surgery.convert(model, strategy, data=task, progress=show)
             m = report.metrics
             name = f"shrp-{k}-{args.order}"
-            results[name] = {"layers": m["layers"], "accuracy_moe": m["accuracy_moe"],
-                             "accuracy_pruned": m["accuracy_pruned"], "usage": m["usage"], "history": m["history"],
-                             "train_seconds": m["train_seconds"], "params": report.params_after.model_dump()}
+            touched.add(name)
+            results[name] = {
+                "layers": m["layers"],
+                "accuracy_moe": m["accuracy_moe"],
+                "accuracy_pruned": m["accuracy_pruned"],
+                "usage": m["usage"],
+                "history": m["history"],
+                "train_seconds": m["train_seconds"],
+                "params": report.params_after.model_dump(),
+            }
             surgery.save_pretrained(model, work / name, overwrite=True)
         elif kind == "prune":
             k = int(arg)
@@ -123,27 +170,45 @@ def main() -> None:
                 model = load("baseline")
                 before = surgery.count_params(model).without_embeddings
                 ratio = _matching_ratio(model, label, before - target)
-                strategies = {"ffn-prune": [FFNPruningStrategy(ratio=ratio["ffn"], importance="gradient")],
-                              "head-prune": [HeadPruningStrategy(ratio=ratio["heads"], importance="gradient")],
-                              "head+ffn-prune": [HeadPruningStrategy(ratio=ratio["heads"], importance="gradient"),
-                                                 FFNPruningStrategy(ratio=ratio["ffn"], importance="gradient")]}
-                for s in strategies[label]:
+                # Heads first: their gradient importance is read on the unpruned FFN, as in the single variants.
+                steps: list[surgery.Strategy] = []
+                if "heads" in ratio:
+                    steps.append(HeadPruningStrategy(ratio=ratio["heads"], importance="gradient"))
+                if "ffn" in ratio:
+                    steps.append(FFNPruningStrategy(ratio=ratio["ffn"], importance="gradient"))
+                for s in steps:
                     surgery.convert(model, s, data=task)
                 acc_pruned = accuracy(model, eval_loader)
                 seconds = finetune(model, task, args.recovery_epochs, args.lr, args.seed, 32)
                 name = f"{label}@shrp-{k}"
-                results[name] = {"ratios": ratio, "accuracy_before_recovery": acc_pruned,
-                                 "accuracy": accuracy(model, eval_loader), "recovery_seconds": seconds,
-                                 "params": surgery.count_params(model).model_dump(),
-                                 "target_without_embeddings": target}
+                touched.add(name)
+                results[name] = {
+                    "ratios": ratio,
+                    "accuracy_before_recovery": acc_pruned,
+                    "accuracy": accuracy(model, eval_loader),
+                    "recovery_seconds": seconds,
+                    "recovery_epochs": args.recovery_epochs,
+                    "params": surgery.count_params(model).model_dump(),
+                    "target_without_embeddings": target,
+                }
                 surgery.save_pretrained(model, work / name, overwrite=True)
                 print(name, results[name], flush=True)
         elif kind == "bench":
-            names = ["baseline", *sorted(p.name for p in work.iterdir() if p.is_dir() and p.name != "baseline"
-                                          and (p / "surgery.json").exists())]
+            if results_file.exists():  # entries written meanwhile by another process on this work dir
+                results.update({k: v for k, v in json.loads(results_file.read_text()).items() if k not in touched})
+            names = [
+                "baseline",
+                *sorted(
+                    p.name
+                    for p in work.iterdir()
+                    if p.is_dir() and p.name != "baseline" and (p / "surgery.json").exists()
+                ),
+            ]
             models = {n: load(n) for n in names}
-            bench = bench_models(models, batch_size=32, seq_len=args.max_length, repeats=10, warmup=2,
-                                 threads=args.threads)
+            bench = bench_models(
+                models, batch_size=32, seq_len=args.max_length, repeats=10, warmup=2, threads=args.threads
+            )
+            touched.add("bench")
             results["bench"] = bench.model_dump(mode="json")
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@ Runs, in one process, on seeded subsets sized for a shared 2-core CPU:
    switch latency.
 
 Results go to ``docs/results/doe.json`` (rewritten after every section, so a cut-short run keeps
-what it finished). Usage: ``python scripts/bench_doe.py [--train 1200 --eval 400 --out docs/results/doe.json]``.
+what it finished); ``--figures-only`` re-runs sections 2 and 4 into an existing file.
+Usage: ``python scripts/bench_doe.py [--train 1200 --eval 400 --out docs/results/doe.json]``.
 """
 
 from __future__ import annotations
@@ -48,9 +49,19 @@ def main() -> None:
     ap.add_argument("--head-lr", type=float, default=1e-2, help="classifier head (and pooler) learning rate")
     ap.add_argument("--ft-epochs", type=int, default=2, help="full fine-tuning baseline epochs")
     ap.add_argument("--ft-lr", type=float, default=1e-4)
-    ap.add_argument("--fig-condense-epochs", type=int, default=1,
-                    help="prompt re-tuning epochs per Figure 5/6 candidate (0: compare the rankings as cut)")
+    ap.add_argument(
+        "--fig-condense-epochs",
+        type=int,
+        default=1,
+        help="prompt re-tuning epochs per Figure 5/6 candidate (0: compare the rankings as cut)",
+    )
     ap.add_argument("--task2-train", type=int, default=600, help="review-vs-plot training subset")
+    ap.add_argument(
+        "--figures-only",
+        action="store_true",
+        help="re-run only Figures 5 and 6 into the existing --out (same data flags); the prompt-tuned "
+        "full model is re-tuned with the same seed and its accuracy recorded beside the first one",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -70,28 +81,71 @@ def main() -> None:
     data = load_task_data("rotten-tomatoes", tok, max_length=64, seed=0, max_train=args.train, max_eval=args.eval)
     results["setup"] = {
         "model": "minilm-l6 (all-MiniLM-L6-v2, BertForSequenceClassification, new 2-label head)",
-        "data": "rotten-tomatoes", "split": data.info, "threads": args.threads,
-        "prompt_epochs": args.epochs, "condense_epochs": 1, "prompt_length": 20, "attribution_instances": 20,
-        "margin_points": 1.0, "max_probes": 5, "mode": "classifier (MiniLM has no MLM head)",
-        "head_lr": args.head_lr, "fig_condense_epochs": args.fig_condense_epochs, "task2_train": args.task2_train,
+        "data": "rotten-tomatoes",
+        "split": data.info,
+        "threads": args.threads,
+        "prompt_epochs": args.epochs,
+        "condense_epochs": 1,
+        "prompt_length": 20,
+        "attribution_instances": 20,
+        "margin_points": 1.0,
+        "max_probes": 5,
+        "mode": "classifier (MiniLM has no MLM head)",
+        "head_lr": args.head_lr,
+        "fig_condense_epochs": args.fig_condense_epochs,
+        "task2_train": args.task2_train,
     }
-    config = dict(epochs=args.epochs, condense_epochs=1, batch_size=32, lr=3e-2, head_lr=args.head_lr,
-                  task_name="sentiment")
+    config = dict(
+        epochs=args.epochs, condense_epochs=1, batch_size=32, lr=3e-2, head_lr=args.head_lr, task_name="sentiment"
+    )
 
     def fresh() -> torch.nn.Module:
         torch.manual_seed(0)
         return AutoModelForSequenceClassification.from_pretrained(path, num_labels=2).eval()
+
+    if args.figures_only:
+        import surgery
+
+        previous = json.loads(Path(args.out).read_text())
+        if previous.get("setup", {}).get("split") != data.info:
+            raise SystemExit(f"{args.out}: its split differs from these data flags; pass the --train/--eval it used")
+        results = previous
+        results["setup"]["fig_condense_epochs"] = args.fig_condense_epochs
+        strat = DoEStrategy(**config)
+        full = fresh()
+        task = strat.task_for(full, data)
+        torch.manual_seed(0)
+        surgery.convert(full, SoftPromptStrategy(length=20, seed=0))
+        strat.tune(full, task, data, args.epochs, "prompt-tuning")
+        results["figures_rerun"] = {
+            "prompt_tuned_accuracy": evaluate(full, task, data.loader("eval", batch_size=64)),
+            "fig_condense_epochs": args.fig_condense_epochs,
+            "first_run_elapsed_s": previous.get("elapsed_s"),
+        }
+        log("figures-only: prompt-tuned", results["figures_rerun"])
+        figures(results, strat, config, full, task, data, args, log, save)
+        return
 
     # 1. fine-tuning baseline
     ft = fresh()
     strat = DoEStrategy(**config)
     task = strat.task_for(ft, data)
     t0 = time.time()
-    hist = train(ft, task, lambda e: data.loader("train", shuffle=True, seed=e), trainable(ft, task, lr=args.ft_lr,
-                 head_lr=args.ft_lr, what="all"), epochs=args.ft_epochs, eval_data=data.loader("eval", batch_size=64))
-    results["fine_tuning"] = {"epochs": args.ft_epochs, "lr": args.ft_lr, "history": hist,
-                              "accuracy": evaluate(ft, task, data.loader("eval", batch_size=64)),
-                              "seconds": round(time.time() - t0, 1)}
+    hist = train(
+        ft,
+        task,
+        lambda e: data.loader("train", shuffle=True, seed=e),
+        trainable(ft, task, lr=args.ft_lr, head_lr=args.ft_lr, what="all"),
+        epochs=args.ft_epochs,
+        eval_data=data.loader("eval", batch_size=64),
+    )
+    results["fine_tuning"] = {
+        "epochs": args.ft_epochs,
+        "lr": args.ft_lr,
+        "history": hist,
+        "accuracy": evaluate(ft, task, data.loader("eval", batch_size=64)),
+        "seconds": round(time.time() - t0, 1),
+    }
     log("fine-tuning", results["fine_tuning"]["accuracy"])
     save()
 
@@ -107,9 +161,14 @@ def main() -> None:
     report = surgery.convert(doe_model, strat, data=data, progress=progress)
     m = report.metrics
     results["prompt_tuning"] = {"accuracy": m["full_accuracy"], "history": m["prompt_history"]}
-    results["doe"] = {"accuracy": m["accuracy"], "pruning_rate": m["pruning_rate"], "search": m["search"],
-                      "units_removed": m["units_removed"], "units_total": m["units_total"],
-                      "seconds": round(time.time() - t0, 1)}
+    results["doe"] = {
+        "accuracy": m["accuracy"],
+        "pruning_rate": m["pruning_rate"],
+        "search": m["search"],
+        "units_removed": m["units_removed"],
+        "units_total": m["units_total"],
+        "seconds": round(time.time() - t0, 1),
+    }
     log("doe", results["doe"]["accuracy"], results["doe"]["pruning_rate"])
     save()
     # Rebuild the prompt-tuned full model: same steps minus pruning, prompt/head of the full run.
@@ -120,8 +179,14 @@ def main() -> None:
     sentiment_expert = strat.expert
     save()
 
-    bench = bench_models({"prompt-tuned": full, "doe": doe_model, "fine-tuned": ft}, batch_size=32, seq_len=64,
-                         repeats=10, warmup=2, threads=args.threads)
+    bench = bench_models(
+        {"prompt-tuned": full, "doe": doe_model, "fine-tuned": ft},
+        batch_size=32,
+        seq_len=64,
+        repeats=10,
+        warmup=2,
+        threads=args.threads,
+    )
     results["speed"] = bench.model_dump(mode="json")
     log("speed", [(c.name, round(c.speedup, 3), round(c.flop_bound_speedup, 3)) for c in bench.comparisons])
     save()
@@ -131,54 +196,30 @@ def main() -> None:
     eval_loader = data.loader("eval", batch_size=64)
     p = float(m["pruning_rate"])
     no_cond, _ = strat.localized(full, scores, p)
-    results["table4_condensation"] = {"pruning_rate": p, "with_condensation": m["accuracy"],
-                                      "without_condensation": evaluate(no_cond, task, eval_loader)}
+    results["table4_condensation"] = {
+        "pruning_rate": p,
+        "with_condensation": m["accuracy"],
+        "without_condensation": evaluate(no_cond, task, eval_loader),
+    }
     log("table4", results["table4_condensation"])
     save()
 
-    # 4. Figure 5: importance kinds at 50% FFN pruning, each condensed for one epoch
-    fig5: dict[str, Any] = {}
-    for kind in ("attribution", "activation", "gradient", "random"):
-        s = strat.scores(full, task, data, kind=kind)
-        cand, _ = strat.localized(full, s, 0.5)
-        before = evaluate(cand, task, eval_loader)
-        if args.fig_condense_epochs:
-            strat.tune(cand, task, data, args.fig_condense_epochs, f"fig5 {kind}")
-        fig5[kind] = {"accuracy_before_condensation": before, "accuracy": evaluate(cand, task, eval_loader)}
-        log("fig5", kind, fig5[kind])
-        results["figure5_importance_at_50pct"] = fig5
-        save()
-
-    # 5. Figure 6: module sets at 30%
-    fig6: dict[str, Any] = {}
-    models = {"prompt-tuned": full}
-    for module_set in ("ffn", "attention", "dense", "all"):
-        st = DoEStrategy(**config, module_set=module_set)
-        s = st.scores(full, task, data)
-        cand, _ = st.localized(full, s, 0.3)
-        if args.fig_condense_epochs:
-            st.tune(cand, task, data, args.fig_condense_epochs, f"fig6 {module_set}")
-        fig6[module_set] = {"accuracy": evaluate(cand, task, eval_loader)}
-        models[module_set] = cand
-        log("fig6", module_set, fig6[module_set])
-    b6 = bench_models(models, batch_size=32, seq_len=64, repeats=6, warmup=1, threads=args.threads)
-    for c in b6.comparisons:
-        fig6[c.name].update(speedup=c.speedup, flop_bound_speedup=c.flop_bound_speedup)
-    results["figure6_module_sets_at_30pct"] = fig6
-    save()
+    figures(results, strat, config, full, task, data, args, log, save)
 
     # 6. two task experts in one runtime: sentiment + review-vs-plot
     raw = datasets.load_dataset("csv", data_files=str(DATASETS["rotten-tomatoes"].locate()), split="train")
     raw = raw.filter(lambda r: bool(r["text"]))
     plots = raw.filter(lambda r: r["category"] == "plot")
     reviews = raw.filter(lambda r: r["category"] != "plot").shuffle(seed=0).select(range(len(plots)))
-    table = datasets.concatenate_datasets([plots.map(lambda r: {"label": "plot"}),
-                                           reviews.map(lambda r: {"label": "review"})])
+    table = datasets.concatenate_datasets(
+        [plots.map(lambda r: {"label": "plot"}), reviews.map(lambda r: {"label": "review"})]
+    )
     table = table.select_columns(["text", "label"])
     tmp = Path(tempfile.mkdtemp())
     table.to_csv(str(tmp / "review_vs_plot.csv"), index=False)
-    data2 = load_task_data(str(tmp / "review_vs_plot.csv"), tok, max_length=64, seed=0, max_train=args.task2_train,
-                           max_eval=200)
+    data2 = load_task_data(
+        str(tmp / "review_vs_plot.csv"), tok, max_length=64, seed=0, max_train=args.task2_train, max_eval=200
+    )
     st2 = DoEStrategy(**{**config, "epochs": 2, "task_name": "review-vs-plot"})
     second = fresh()
     r2 = surgery.convert(second, st2, data=data2, progress=progress)
@@ -196,7 +237,8 @@ def main() -> None:
     with torch.inference_mode():
         after_out = plain(**probe).logits
     identical = all(torch.equal(before_state[k], v) for k, v in plain.state_dict().items()) and torch.equal(
-        before_out, after_out)
+        before_out, after_out
+    )
     out_dir = tmp / "runtime"
     runtime.save(out_dir)
     loaded = UnplugRuntime.load(out_dir)
@@ -206,13 +248,60 @@ def main() -> None:
     results["unplug_two_tasks"] = {
         "review_vs_plot_split": data2.info,
         "review_vs_plot_doe": {k: r2.metrics[k] for k in ("full_accuracy", "accuracy", "pruning_rate")},
-        "runtime_accuracy": accs, "reloaded_review_vs_plot_accuracy": reloaded_acc,
+        "runtime_accuracy": accs,
+        "reloaded_review_vs_plot_accuracy": reloaded_acc,
         "restore_bit_identical": identical,
         "switch_latency_ms": {n: runtime.switch_latency(n) for n in runtime.experts},
-        "full_model_bytes": (out_dir / "model.safetensors").stat().st_size, "expert_file_bytes": sizes,
+        "full_model_bytes": (out_dir / "model.safetensors").stat().st_size,
+        "expert_file_bytes": sizes,
     }
     log("unplug", results["unplug_two_tasks"])
     results["status"] = "complete"
+    save()
+
+
+def figures(
+    results: dict[str, Any],
+    strat: DoEStrategy,
+    config: dict[str, Any],
+    full: torch.nn.Module,
+    task: Any,
+    data: Any,
+    args: argparse.Namespace,
+    log: Any,
+    save: Any,
+) -> None:
+    """Figures 5 (importance kinds at 50% FFN) and 6 (module sets at 30%) from the prompt-tuned full model."""
+    eval_loader = data.loader("eval", batch_size=64)
+    # Figure 5: importance kinds at 50% FFN pruning, each condensed for one epoch
+    fig5: dict[str, Any] = {}
+    for kind in ("attribution", "activation", "gradient", "random"):
+        s = strat.scores(full, task, data, kind=kind)
+        cand, _ = strat.localized(full, s, 0.5)
+        before = evaluate(cand, task, eval_loader)
+        if args.fig_condense_epochs:
+            strat.tune(cand, task, data, args.fig_condense_epochs, f"fig5 {kind}")
+        fig5[kind] = {"accuracy_before_condensation": before, "accuracy": evaluate(cand, task, eval_loader)}
+        log("fig5", kind, fig5[kind])
+        results["figure5_importance_at_50pct"] = fig5
+        save()
+
+    # Figure 6: module sets at 30%
+    fig6: dict[str, Any] = {}
+    models = {"prompt-tuned": full}
+    for module_set in ("ffn", "attention", "dense", "all"):
+        st = DoEStrategy(**config, module_set=module_set)
+        s = st.scores(full, task, data)
+        cand, _ = st.localized(full, s, 0.3)
+        if args.fig_condense_epochs:
+            st.tune(cand, task, data, args.fig_condense_epochs, f"fig6 {module_set}")
+        fig6[module_set] = {"accuracy": evaluate(cand, task, eval_loader)}
+        models[module_set] = cand
+        log("fig6", module_set, fig6[module_set])
+    b6 = bench_models(models, batch_size=32, seq_len=64, repeats=6, warmup=1, threads=args.threads)
+    for c in b6.comparisons:
+        fig6[c.name].update(speedup=c.speedup, flop_bound_speedup=c.flop_bound_speedup)
+    results["figure6_module_sets_at_30pct"] = fig6
     save()
 
 
