@@ -65,7 +65,13 @@ def main() -> None:
     parser.add_argument("--recovery-epochs", type=int, default=2)
     parser.add_argument("--extra-epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--order", default="top-down")
+    parser.add_argument("--order", default="top-down", choices=["top-down", "bottom-up"])
+    parser.add_argument(
+        "--expander-init",
+        default="random",
+        choices=["random", "output"],
+        help="SHRP expander initialisation (ablation; names the run '...-expander-output')",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "results" / "shrp.json"))
@@ -107,9 +113,7 @@ def main() -> None:
         "stratified": True,
         "lr": args.lr,
         "baseline_epochs": args.epochs,
-        "recovery_epochs": args.recovery_epochs,
         "extra_epochs": args.extra_epochs,
-        "order": args.order,
         "threads": args.threads,
         "torch": torch.__version__,
     }
@@ -138,6 +142,7 @@ def main() -> None:
             strategy = ShrpStrategy(
                 num_layers=k,
                 order=args.order,
+                expander_init=args.expander_init,
                 extra_epochs=args.extra_epochs,
                 learning_rate=args.lr,
                 seed=args.seed,
@@ -151,10 +156,12 @@ def main() -> None:
 
             report = surgery.convert(model, strategy, data=task, progress=show)
             m = report.metrics
-            name = f"shrp-{k}-{args.order}"
+            name = f"shrp-{k}-{args.order}" + ("" if args.expander_init == "random" else "-expander-output")
             touched.add(name)
             results[name] = {
                 "layers": m["layers"],
+                "order": args.order,
+                "expander_init": args.expander_init,
                 "accuracy_moe": m["accuracy_moe"],
                 "accuracy_pruned": m["accuracy_pruned"],
                 "usage": m["usage"],
