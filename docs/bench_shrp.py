@@ -12,6 +12,7 @@ Stages (each saves its models, so a later call resumes; results accumulate in ``
 
 Example:
     nohup python docs/bench_shrp.py --stages baseline shrp:3 shrp:5 prune:3 prune:5 bench > shrp.log &
+    python docs/bench_shrp.py --stages prune:3 --recovery-epochs matched  # baselines trained as long as SHRP-3
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ def main() -> None:
     parser.add_argument("--max-train", type=int, default=2400, help="seeded training subset (CPU budget)")
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=3, help="baseline fine-tuning epochs")
-    parser.add_argument("--recovery-epochs", type=int, default=2)
+    parser.add_argument(
+        "--recovery-epochs",
+        default="1",
+        help="baseline recovery fine-tuning epochs, or 'matched': as many as SHRP-K trained "
+        "(K + extra); matched runs are named '<variant>@shrp-K+matched'",
+    )
     parser.add_argument("--extra-epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--order", default="top-down", choices=["top-down", "bottom-up"])
@@ -186,15 +192,21 @@ def main() -> None:
                 for s in steps:
                     surgery.convert(model, s, data=task)
                 acc_pruned = accuracy(model, eval_loader)
-                seconds = finetune(model, task, args.recovery_epochs, args.lr, args.seed, 32)
-                name = f"{label}@shrp-{k}"
+                matched = args.recovery_epochs == "matched"
+                epochs = (
+                    len(results[f"shrp-{k}-{args.order}"]["layers"]) + args.extra_epochs
+                    if matched
+                    else int(args.recovery_epochs)
+                )
+                seconds = finetune(model, task, epochs, args.lr, args.seed, 32)
+                name = f"{label}@shrp-{k}" + ("+matched" if matched else "")
                 touched.add(name)
                 results[name] = {
                     "ratios": ratio,
                     "accuracy_before_recovery": acc_pruned,
                     "accuracy": accuracy(model, eval_loader),
                     "recovery_seconds": seconds,
-                    "recovery_epochs": args.recovery_epochs,
+                    "recovery_epochs": epochs,
                     "params": surgery.count_params(model).model_dump(),
                     "target_without_embeddings": target,
                 }
