@@ -69,6 +69,27 @@ def test_pruning_equals_masking_and_keeps_width(spec, module_set, ratio) -> None
                 assert mod(torch.zeros(1, mod.in_features)).shape[-1] == mod.out_features
 
 
+@pytest.mark.parametrize("kept_fraction", [0.25, 0.9])  # the sliced+scatter path and the zero-padded dense path
+def test_zero_recovery_linear_equals_a_masked_linear_with_the_same_gradients(kept_fraction) -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 20)
+    kept = sorted(torch.randperm(20)[: int(kept_fraction * 20)].tolist())
+    zr = ZeroRecoveryLinear.from_linear(lin, kept)
+    assert (len(kept) > zr.dense_above * 20) == (kept_fraction > zr.dense_above)
+    mask = torch.zeros(20, 1)
+    mask[kept] = 1
+    x = torch.randn(3, 5, 16)
+    expected = torch.nn.functional.linear(x, lin.weight * mask, lin.bias * mask[:, 0])
+    out = zr(x)
+    assert torch.allclose(out, expected, atol=1e-6)
+    removed = [j for j in range(20) if j not in kept]
+    assert torch.equal(out[..., removed], torch.zeros_like(out[..., removed]))
+    (out * torch.arange(20.0)).sum().backward()
+    weighted = x.reshape(-1, 16).sum(0)  # d(sum_j j * out_j)/dW_j = j * sum_tokens x
+    assert torch.allclose(zr.weight.grad, torch.tensor(kept, dtype=torch.float)[:, None] * weighted, atol=1e-4)
+    assert torch.allclose(zr.bias.grad, torch.tensor(kept, dtype=torch.float) * 15)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_attribution_ranks_an_inert_neuron_last(family) -> None:
     spec = TinySpec(family, task="seq-cls", layers=1, ffn=12)
