@@ -289,3 +289,30 @@ def test_a_bug_is_not_disguised_as_bad_input(ws: dict[str, Path], monkeypatch: p
     monkeypatch.setattr(surgery, "inspect", crash)
     result = runner.invoke(app, ["inspect", str(ws["bare"])])
     assert result.exit_code == 1 and isinstance(result.exception, ZeroDivisionError)
+
+
+def test_csv_jsonl_and_parquet_data_load_alike(tmp_path: Path) -> None:
+    """The data flags' formats all go through ``datasets``: the same rows give the same batches."""
+    import datasets
+
+    from surgery.data import load_task_data
+    from surgery.errors import DataError
+
+    rows = [{**r, "pair": r["text"].split()[0]} for r in labelled_rows(40)]
+    table = datasets.Dataset.from_list(rows)
+    files = {"csv": write_rows(tmp_path / "d.csv", rows), "jsonl": tmp_path / "d.jsonl",
+             "parquet": tmp_path / "d.parquet"}
+    table.to_json(str(files["jsonl"]), lines=True)
+    table.to_parquet(str(files["parquet"]))
+    loaded = {kind: load_task_data(path, tiny_tokenizer(), eval_data=path, text_pair_column="pair", seed=3)
+              for kind, path in files.items()}
+    reference = loaded["csv"]
+    assert reference.label_names == ["neg", "pos"] and len(reference.train) == 40
+    for kind, data in loaded.items():
+        assert data.label_names == reference.label_names, kind
+        for split in ("train", "eval"):
+            ours, theirs = getattr(data, split), getattr(reference, split)
+            assert ours["input_ids"] == theirs["input_ids"] and ours["labels"] == theirs["labels"], (kind, split)
+    (tmp_path / "d.xlsx").write_text("x")
+    with pytest.raises(DataError, match=r"d\.xlsx: unsupported format"):
+        load_task_data(tmp_path / "d.xlsx", tiny_tokenizer())
