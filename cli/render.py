@@ -88,6 +88,63 @@ def flatten(values: Mapping[str, Any], prefix: str = "", depth: int = 2) -> Iter
             yield name, value
 
 
+def _is_records(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
+
+
+def split_metrics(values: Mapping[str, Any], prefix: str = "", depth: int = 2
+                  ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Separate what reads best as its own table from the scalar metrics.
+
+    Lists of records (per-epoch histories, search probes) and embedded benchmark reports become
+    sections ``(dotted.name, value)``, a benchmark as a :class:`~surgery.bench.BenchReport`; the
+    rest keeps its nesting for :func:`flatten`. Any strategy's metrics get the same treatment.
+
+    Example:
+        >>> split_metrics({"acc": 0.9, "history": [{"epoch": 1, "loss": 0.5}]})
+        ({'acc': 0.9}, [('history', [{'epoch': 1, 'loss': 0.5}])])
+    """
+    scalars: dict[str, Any] = {}
+    sections: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and not value:
+            continue  # e.g. a recorded step that reported nothing
+        if _is_records(value):
+            sections.append((name, value))
+        elif isinstance(value, Mapping) and {"settings", "models", "comparisons"} <= value.keys():
+            try:
+                sections.append((name, BenchReport.model_validate(value)))
+            except ValueError:  # a mapping that only looks like a benchmark stays a metric
+                scalars[key] = value
+        elif isinstance(value, Mapping) and value and depth > 1:
+            inner, more = split_metrics(value, f"{name}.", depth - 1)
+            if inner:
+                scalars[key] = inner
+            sections += more
+        else:
+            scalars[key] = value
+    return scalars, sections
+
+
+def records_table(title: str, records: list[Mapping[str, Any]]) -> Table:
+    """One row per record, one column per key (in first-seen order); cells through :func:`format_value`.
+
+    Example:
+        >>> records_table("history", [{"epoch": 1, "loss": 0.5}, {"epoch": 2, "acc": 0.9}]).row_count
+        2
+    """
+    columns: list[str] = []
+    for record in records:
+        columns += [str(k) for k in record if str(k) not in columns]
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(Text(column))
+    for record in records:
+        table.add_row(*(Text(format_value(record.get(c), limit=40)) for c in columns))
+    return table
+
+
 def strategies_table(infos: Mapping[str, PluginInfo]) -> Table:
     """Registered strategies: name, source package and one line of help."""
     table = Table(title="Registered strategies", title_justify="left")
@@ -178,7 +235,8 @@ def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> Rende
     else:
         parts.append(Text("No layer changed.", style="yellow"))
     parts.append(params_table({"before": report.params_before, "after": report.params_after}))
-    metrics = list(flatten(report.metrics))
+    scalars, sections = split_metrics(report.metrics)
+    metrics = list(flatten(scalars))
     if metrics:
         table = Table(title="Metrics", title_justify="left")
         table.add_column("metric", style="bold")
@@ -186,6 +244,11 @@ def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> Rende
         for key, value in metrics:
             table.add_row(Text(key), Text(format_value(value)))
         parts.append(table)
+    for name, value in sections:
+        if isinstance(value, BenchReport):
+            parts += [Text(f"Benchmark ({name})", style="bold"), bench_view(value)]
+        else:
+            parts.append(records_table(name, value))
     if saved_to is not None:
         parts.append(Text.assemble(("saved to ", "green"), str(saved_to)))
     return Group(*parts)

@@ -9,8 +9,10 @@ model replays ``expert-attention`` and then ``top1-prune`` and never needs this 
    experts are re-initialised from the bypass's then fine-tuned heads and take over.
 2. Training runs on the Hugging Face :class:`~transformers.Trainer`: :class:`ShrpTrainer` adds the
    load-balance loss and :class:`ProgressiveConversion` (a ``TrainerCallback``) runs the schedule,
-   so both also work from a user's own Trainer code. Stage 1 (balance loss on) covers the
-   conversion epochs, stage 2 (off) the ``extra_epochs`` after the last conversion.
+   so both also work from a user's own Trainer code. Optional stage 0 (``finetune_epochs``)
+   fine-tunes the original model first, for an encoder that has not seen the task; stage 1
+   (balance loss on) covers the conversion epochs, stage 2 (off) the ``extra_epochs`` after the
+   last conversion.
 3. At the end of training the bypasses are dropped: the model is exactly what the manifest
    rebuilds. (A bypass never enters the state dict, so even a mid-schedule save holds the
    converted layers only; Trainer checkpoints are therefore switched off here.)
@@ -34,7 +36,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 from torch import nn
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from surgery.anatomy import adapter_for
 from surgery.data import TaskData, _Collate
@@ -67,6 +69,9 @@ class ShrpConfig(StrategyConfig):
     num_layers: int | None = Field(default=None, ge=1, description="how many layers (when 'layers' is not given)")
     order: Literal["top-down", "bottom-up"] = Field(default="top-down",
                                                     description="conversion order when 'layers' is not given")
+    finetune_epochs: int = Field(default=0, ge=0,
+                                 description="plain fine-tuning epochs before the first conversion (stage 0), for "
+                                             "an encoder not yet fine-tuned on the task, e.g. with a new head")
     extra_epochs: int = Field(default=2, ge=0, description="epochs after the last conversion (stage 2)")
     balance_weight: float = Field(default=0.1, ge=0.0, description="λ of the load-balance loss in stage 1")
     keep: int = Field(default=1, ge=1, description="experts kept per layer by Top-1 pruning")
@@ -203,8 +208,9 @@ class ProgressiveConversion(TrainerCallback):
 
     ``order`` lists the Expert Attention layers in conversion order; they must carry their original
     layers as bypasses (:meth:`ExpertAttentionLayer.attach_bypass`, or :func:`prepare_progressive`).
-    Epoch ``e`` (0-based) activates ``order[: e + 1]``; the balance loss is on during the
-    ``len(order)`` conversion epochs and off afterwards. At the end of training the bypasses are
+    The first ``delay`` epochs fine-tune the original model (stage 0); then epoch ``e`` (0-based)
+    activates ``order[: e - delay + 1]``; the balance loss is on during the ``len(order)``
+    conversion epochs (stage 1) and off afterwards (stage 2). At the end of training the bypasses are
     released, so the model is exactly what a reload of its manifest builds.
 
     Example:
@@ -215,8 +221,9 @@ class ProgressiveConversion(TrainerCallback):
 
     def __init__(self, layers: dict[int, ExpertAttentionLayer], order: list[int], state: ShrpTrainingState, *,
                  balance_weight: float = 0.1, reinit: bool = True, eval_loader: Any = None,
-                 emit: Callable[..., None] | None = None, total_epochs: int | None = None) -> None:
+                 emit: Callable[..., None] | None = None, total_epochs: int | None = None, delay: int = 0) -> None:
         self.layers, self.order, self.state = layers, list(order), state
+        self.delay = delay
         self.balance_weight, self.reinit, self.eval_loader = balance_weight, reinit, eval_loader
         self.emit = emit or (lambda *a, **k: None)
         self.total_epochs = total_epochs
@@ -230,20 +237,26 @@ class ProgressiveConversion(TrainerCallback):
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.epoch = round(state.epoch or 0)
-        for i in self.order[: self.epoch + 1]:
+        for i in self.order[: max(0, self.epoch - self.delay + 1)]:
             layer = self.layers[i]
             if not layer.active:
                 layer.activate(reinit_from_bypass=self.reinit)
-        converting = self.epoch < len(self.order)
-        self.state.balance_weight = self.balance_weight if converting else 0.0
+        self.state.balance_weight = self.balance_weight if self.stage == 1 else 0.0
         self.state.reset_epoch()
+
+    @property
+    def stage(self) -> int:
+        """0: fine-tuning before any conversion; 1: converting (balance loss on); 2: after the last conversion."""
+        if self.epoch < self.delay:
+            return 0
+        return 1 if self.epoch - self.delay < len(self.order) else 2
 
     def _info(self) -> dict[str, Any]:
         s = self.state
         info: dict[str, Any] = {"loss": s.loss_sum / s.steps if s.steps else None,
                                 "acc": s.correct / s.seen if s.seen else None,
                                 "usage": {str(i): u for i, u in sorted(s.usage.items())},
-                                "stage": 1 if s.balance_weight > 0 else 2,
+                                "stage": self.stage,
                                 "converted": sum(layer.active for layer in self.layers.values())}
         return info
 
@@ -334,7 +347,7 @@ class ShrpStrategy(PipelineStrategy):
 
     def plan(self, model: nn.Module, data: Data | None = None) -> dict[str, Any]:
         order = self.conversion_order(adapter_for(model).num_layers)
-        epochs = len(order) + self.config.extra_epochs
+        epochs = self.config.finetune_epochs + len(order) + self.config.extra_epochs
         return {"pipeline": self.name, "config": self.config.model_dump(mode="json"),
                 "steps": ["expert-attention", "train", "usage analysis", "top1-prune"],
                 "layers": order, "epochs": epochs}
@@ -383,8 +396,9 @@ class ShrpStrategy(PipelineStrategy):
         """Progressive training on the HF Trainer; returns per-epoch figures."""
         cfg = self.config
         state = ShrpTrainingState()
-        epochs = len(order) + cfg.extra_epochs
+        epochs = cfg.finetune_epochs + len(order) + cfg.extra_epochs
         callback = ProgressiveConversion(layers, order, state, balance_weight=cfg.balance_weight,
+                                         delay=cfg.finetune_epochs,
                                          reinit=cfg.reinit_on_activate,
                                          eval_loader=eval_loader if cfg.eval_each_epoch else None,
                                          emit=self.emit, total_epochs=epochs)
@@ -394,6 +408,9 @@ class ShrpStrategy(PipelineStrategy):
             trainer = ShrpTrainer(model=model, args=training_arguments(cfg, epochs, tmp),
                                   train_dataset=task.train.select_columns(columns),
                                   data_collator=_Collate(task.tokenizer), callbacks=[callback], shrp_state=state)
+            # Progress reaches the caller through surgery's events; the Trainer's printer would also
+            # write its raw log dicts to stdout.
+            trainer.remove_callback(PrinterCallback)
             trainer.train()
         model.eval()
         return state.history

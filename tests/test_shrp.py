@@ -56,6 +56,16 @@ def test_pipeline_records_steps_trains_prunes_and_reloads(tmp_path: Path) -> Non
     torch.testing.assert_close(main_output(surgery.from_pretrained(out), inputs), main_output(model, inputs))
 
 
+def test_finetune_epochs_run_the_original_model_before_the_first_conversion() -> None:
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=2), num_labels=2)
+    strategy = ShrpStrategy(layers=[1], finetune_epochs=1, extra_epochs=1, learning_rate=1e-3, bench=False)
+    assert surgery.plan(model, strategy)["epochs"] == 3
+    history = surgery.convert(model, strategy, data=_task()).metrics["history"]
+    assert [(h["epoch"], h["stage"], h["converted"]) for h in history] == [(1, 0, 0), (2, 1, 1), (3, 2, 1)]
+    assert history[0]["usage"] == {}  # no routed layer ran while fine-tuning
+    assert history[1]["usage"] and sum(history[1]["usage"]["1"]) == 32  # every training sequence routed
+
+
 def test_wrong_data_is_a_one_line_error() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls"), num_labels=2)
     for bad in (None, [tiny_inputs(TinySpec("bert"))]):
