@@ -33,6 +33,7 @@ from surgery.strategies.module_prune import ModulePruningStrategy, lowest_module
 from surgery.strategies.prompt_tuning import (
     PromptTask,
     evaluate,
+    head_state,
     make_task,
     prepared,
     train,
@@ -153,9 +154,11 @@ class DoEStrategy(PipelineStrategy):
         history = self.tune(model, task, data, self.config.epochs, "prompt-tuning")
         eval_loader = data.loader("eval", batch_size=64)
         full_acc = evaluate(model, task, eval_loader)
-        prefix = getattr(model, "base_model_prefix", "") + "."
-        self.tuned = {n: p.detach().clone() for n, p in model.named_parameters()
-                      if "surgery_prompt" in n or not n.startswith(prefix)}
+        # Exactly what tuning trained: the prompt and, in classifier mode, the head as the adapter
+        # defines it (a BERT pooler included, which lives inside the base model).
+        self.tuned = {n: p.detach().clone() for n, p in model.named_parameters() if "surgery_prompt" in n}
+        if task.mode == "classifier":
+            self.tuned.update(head_state(model))
         self.emit("attribution", 0, 1)
         scores = self.scores(model, task, data)
         self.emit("attribution", 1, 1)

@@ -17,6 +17,7 @@ from surgery.importance import gold_logit_objective
 from surgery.ops import ZeroRecoveryLinear
 from surgery.strategies.doe import DoEStrategy
 from surgery.strategies.module_prune import ModulePruningStrategy, _proj, module_scores
+from surgery.strategies.prompt_tuning import evaluate
 from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
@@ -152,6 +153,14 @@ def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
     again = surgery.from_pretrained(surgery.save_pretrained(model, tmp_path / "m"))
     assert torch.allclose(main_output(again, x), main_output(model, x), atol=1e-6)
     assert strategy.expert is not None and strategy.expert.prompt.shape[0] == 20
+    # The prompt-tuned full model (before the search) can be rebuilt from what the strategy kept.
+    full = tiny_model(spec, num_labels=2)
+    surgery.convert(full, SoftPromptStrategy(length=20))
+    strategy.restore_tuned(full)
+    data = toy_data()
+    assert evaluate(full, strategy.task_for(full, data), data.loader("eval", batch_size=64)) == pytest.approx(
+        metrics["full_accuracy"])
+    assert set(adapter_for(full).task_head_parameters()) <= set(strategy.tuned)  # a BERT pooler included
 
 
 def test_cli_apply_doe_on_generated_data(tmp_path) -> None:
