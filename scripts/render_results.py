@@ -189,9 +189,9 @@ def render_doe(data: dict[str, Any]) -> str:
                       f"{u['full_model_bytes'] / 1e6:.1f} MB once plus expert files {sizes}."]
     if "figures_rerun" in data:
         fr = data["figures_rerun"]
-        lines += ["", f"Figures 5 and 6 come from a second invocation (`--figures-only`, same split and seed) that "
-                      f"re-tuned the prompt-tuned full model: {fr['prompt_tuned_accuracy']:.1f} there against "
-                      f"{pt.get('accuracy', 0):.1f} in the main run."]
+        lines += ["", f"Table 4 and Figures 5 and 6 come from a second invocation (`--figures-only`, same split and "
+                      f"seed) that re-tuned the prompt-tuned full model: {fr['prompt_tuned_accuracy']:.1f} there "
+                      f"against {pt.get('accuracy', 0):.1f} in the main run. Why: {fr.get('why', '-')}."]
     lines += ["", "**Targets (issue 4)**:", ""]
     if doe:
         drop = pt["accuracy"] - doe["accuracy"]
