@@ -210,20 +210,23 @@ class UnplugRuntime:
         """Save the full model once and one small safetensors + JSON file per task."""
         if self.active is not None:
             raise ConfigError("save the runtime outside a 'use' block (the full model must be in place)")
-        out = save_pretrained(self.model, out_dir, tokenizer=tokenizer, overwrite=overwrite)
-        folder = out / EXPERTS_DIR
-        folder.mkdir()
-        for name, e in self.experts.items():
-            tensors = {f"head.{k}": v.contiguous() for k, v in e.head.items()}
-            if e.prompt is not None:
-                tensors["prompt"] = e.prompt.contiguous()
-            for layer, groups in e.remove.items():
-                for group, units in groups.items():
-                    tensors[f"remove.{layer}.{group}"] = torch.as_tensor(units, dtype=torch.int64)
-            save_file(tensors, str(folder / f"{name}.safetensors"))
-            (folder / f"{name}.json").write_text(json.dumps(
-                {"name": name, "prompt_insert_at": e.prompt_insert_at, "meta": e.meta}, indent=2) + "\n")
-        return out
+
+        def write_experts(tmp: Path) -> None:
+            folder = tmp / EXPERTS_DIR
+            folder.mkdir()
+            for name, e in self.experts.items():
+                tensors = {f"head.{k}": v.contiguous() for k, v in e.head.items()}
+                if e.prompt is not None:
+                    tensors["prompt"] = e.prompt.contiguous()
+                for layer, groups in e.remove.items():
+                    for group, units in groups.items():
+                        tensors[f"remove.{layer}.{group}"] = torch.as_tensor(units, dtype=torch.int64)
+                save_file(tensors, str(folder / f"{name}.safetensors"))
+                (folder / f"{name}.json").write_text(json.dumps(
+                    {"name": name, "prompt_insert_at": e.prompt_insert_at, "meta": e.meta}, indent=2) + "\n")
+
+        # The experts are written inside the model's atomic save: a runtime directory is whole or absent.
+        return save_pretrained(self.model, out_dir, tokenizer=tokenizer, overwrite=overwrite, extra=write_experts)
 
     @classmethod
     def load(cls, path: str | Path, model_class: str | type[nn.Module] | None = None) -> UnplugRuntime:

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -119,6 +119,7 @@ def save_pretrained(
     *,
     tokenizer: Any = None,
     overwrite: bool = False,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save ``model`` (weights, HF config, surgery manifest) atomically to ``out_dir``.
 
@@ -127,6 +128,8 @@ def save_pretrained(
         out_dir: a new (or empty) directory; never the directory the model was loaded from.
         tokenizer: optionally saved alongside, so the output directory is self-contained.
         overwrite: replace a non-empty ``out_dir`` (atomically; it is still never the source).
+        extra: writes further files into the directory before it is renamed into place, so they
+            are part of the same atomic save (e.g. the task experts of an unplug-and-play runtime).
 
     Example:
         >>> import tempfile
@@ -149,6 +152,8 @@ def save_pretrained(
         (tmp / MANIFEST_NAME).write_text(json.dumps(build_manifest(model), indent=2) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            extra(tmp)
     return out
 
 

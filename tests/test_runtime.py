@@ -64,3 +64,20 @@ def test_save_and_reload_runtime(tmp_path) -> None:
             assert torch.allclose(main_output(m, x), out, atol=1e-6)
     latency = loaded.switch_latency("sst2", repeats=3)
     assert latency["plug_ms"] > 0 and latency["restore_ms"] >= 0
+
+
+def test_runtime_save_is_atomic(tmp_path, monkeypatch) -> None:
+    """The experts are written inside the model's atomic save: a failure leaves nothing behind."""
+    import surgery.strategies.unplug as unplug
+
+    spec = TinySpec("bert", task="seq-cls")
+    model = tiny_model(spec)
+    runtime = UnplugRuntime(model, [random_expert(model, "sst2", ("neurons",), 1)])
+
+    def broken(*args, **kwargs) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(unplug, "save_file", broken)
+    with pytest.raises(OSError):
+        runtime.save(tmp_path / "rt")
+    assert not (tmp_path / "rt").exists() and list(tmp_path.iterdir()) == []
