@@ -1,4 +1,4 @@
-"""The ``surgery`` command: ``strategies``, ``inspect``, ``apply`` and ``bench``.
+"""The ``surgery`` command: ``strategies``, ``inspect``, ``apply``, ``bench`` and ``experts`` (in experts.py).
 
 Bad input (every :class:`surgery.errors.SurgeryError`, pydantic validation errors, bad command-line
 parameters, missing or unreadable files) prints one line ``error: ...`` to stderr and exits with
@@ -20,44 +20,27 @@ import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.text import Text
 
 import surgery
 from surgery import registry
 from surgery.assets import resolve_model_path
 from surgery.cli import render
+from surgery.cli.console import CliState
+from surgery.cli.console import note as _note
+from surgery.cli.console import quiet_datasets as _quiet_datasets
+from surgery.cli.console import stderr as _stderr
+from surgery.cli.console import stdout as _stdout
+from surgery.cli.experts import experts_app
 from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
 from surgery.errors import ConfigError, SurgeryError
 from surgery.strategy import validation_message
 
 EXIT_BAD_INPUT = 2
-
-
-@dataclass
-class CliState:
-    """Global options, shared with the error handler through the click context object."""
-
-    debug: bool = False
-
-
-def _stdout() -> Console:
-    # Created per call, so CliRunner's redirected streams (and the terminal width) are picked up.
-    return Console(highlight=False)
-
-
-def _stderr() -> Console:
-    return Console(stderr=True, highlight=False)
-
-
-def _note(message: str) -> None:
-    _stderr().print(Text.assemble(("note: ", "bold blue"), message))
 
 
 def _one_line(text: str) -> str:
@@ -107,21 +90,6 @@ def _quiet_libraries(debug: bool) -> Iterator[None]:
                 transformers.utils.logging.enable_progress_bar()
 
 
-@contextmanager
-def _quiet_datasets(debug: bool) -> Iterator[None]:
-    """No ``datasets`` map/filter progress bars unless --debug (imported only when data is read)."""
-    import datasets
-
-    bars = datasets.utils.logging.is_progress_bar_enabled()
-    if not debug:
-        datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
-
-
 class SurgeryGroup(typer.core.TyperGroup):
     """The root command group: runs a command and turns bad input into ``error: ...`` and exit 2."""
 
@@ -166,6 +134,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+app.add_typer(experts_app, name="experts")
 
 
 @app.callback()

@@ -18,7 +18,8 @@ The task expert (removed units, prompt, head) is in ``strategy.expert`` afterwar
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -28,6 +29,7 @@ from torch import nn
 from surgery.errors import DataError
 from surgery.importance import model_device
 from surgery.pipeline import PipelineSession, PipelineStrategy
+from surgery.progress import ProgressEvent
 from surgery.search import binary_search_grid, pruning_grid
 from surgery.strategies.module_prune import ModulePruningStrategy, lowest_module_units, module_scores
 from surgery.strategies.prompt_tuning import (
@@ -226,9 +228,17 @@ def build_runtime(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig 
         values["task_name"] = values.get("task_name") or name
         strategy = DoEStrategy(values)
         copy_ = copy.deepcopy(model)
-        report = convert(copy_, strategy, data=data, progress=progress)
+        # Each task's work shows under its own name ("sst2: prompt-tuning"), not merged into one bar.
+        report = convert(copy_, strategy, data=data, progress=None if progress is None else _prefixed(progress, name))
         assert strategy.expert is not None
         strategy.expert.name = name
+        labels = getattr(data, "label_names", None)
+        if labels is not None:
+            strategy.expert.meta["labels"] = list(labels)
         runtime.add(strategy.expert)
         metrics[name] = report.metrics
     return runtime, metrics
+
+
+def _prefixed(progress: Callable[[ProgressEvent], None], name: str) -> Callable[[ProgressEvent], None]:
+    return lambda event: progress(dataclasses.replace(event, task=f"{name}: {event.task}"))

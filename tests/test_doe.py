@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -163,27 +165,83 @@ def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
     assert set(adapter_for(full).task_head_parameters()) <= set(strategy.tuned)  # a BERT pooler included
 
 
-def test_cli_apply_doe_on_generated_data(tmp_path) -> None:
+def _cli_workspace(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A tiny saved BERT classifier with a word-level tokenizer, and its vocabulary's words."""
     from transformers import BertTokenizer
-    from typer.testing import CliRunner
-
-    from surgery.cli.app import app
 
     words = [f"w{i}" for i in range(90)]
     (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
     tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=2, ffn=16), vocab_size=95, num_labels=2)
     surgery.save_pretrained(model, tmp_path / "model", tokenizer=tokenizer)
-    gen = torch.Generator().manual_seed(0)
+    return tmp_path / "model", words
+
+
+def _write_task(path: Path, words: list[str], labels: list[str], seed: int, n: int = 80) -> Path:
+    """Separable data: label k draws its words from the k-th slice of the vocabulary."""
+    gen = torch.Generator().manual_seed(seed)
+    width = len(words) // len(labels)
     lines = ["text,label"]
-    for _ in range(80):
-        y = int(torch.randint(0, 2, (1,), generator=gen))
-        lines.append(" ".join(words[int(i)] for i in torch.randint(45 * y, 45 * y + 45, (5,), generator=gen))
-                     + f",{'pos' if y else 'neg'}")
-    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
-    result = CliRunner().invoke(app, ["apply", "--strategy", "doe", str(tmp_path / "model"), "--data",
-                                      str(tmp_path / "train.csv"), "--out", str(tmp_path / "out"), "--set",
-                                      "epochs=1", "--set", "margin=100", "--batch-size", "16"])
+    for _ in range(n):
+        y = int(torch.randint(0, len(labels), (1,), generator=gen))
+        picks = torch.randint(width * y, width * (y + 1), (5,), generator=gen)
+        lines.append(" ".join(words[int(i)] for i in picks) + f",{labels[y]}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_cli_apply_doe_on_generated_data(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from surgery.cli.app import app
+
+    model_dir, words = _cli_workspace(tmp_path)
+    train = _write_task(tmp_path / "train.csv", words, ["neg", "pos"], seed=0)
+    result = CliRunner().invoke(app, ["apply", "--strategy", "doe", str(model_dir), "--data", str(train), "--out",
+                                      str(tmp_path / "out"), "--set", "epochs=1", "--set", "margin=100",
+                                      "--batch-size", "16"])
     assert result.exit_code == 0, result.output
     again = surgery.from_pretrained(tmp_path / "out")
     assert [s.strategy for s in surgery.inspect(again).steps] == ["soft-prompt", "zero-recovery-prune"]
+
+
+def test_cli_experts_build_and_show_two_tasks(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from surgery.cli.app import app
+    from surgery.strategies.unplug import UnplugRuntime
+
+    model_dir, words = _cli_workspace(tmp_path)
+    a = _write_task(tmp_path / "a.csv", words, ["neg", "pos"], seed=0)
+    b = _write_task(tmp_path / "b.csv", words[::-1], ["plot", "review"], seed=1)
+    runner = CliRunner()
+    fast = ["--set", "epochs=1", "--set", "margin=100", "--set", "max_probes=2", "--batch-size", "16"]
+    result = runner.invoke(app, ["experts", "build", str(model_dir), "--task", f"sent={a}", "--task", f"kind={b}",
+                                 "--out", str(tmp_path / "rt"), "--report", str(tmp_path / "r.json"), *fast])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "rt" / "experts").iterdir()) == [
+        "kind.json", "kind.safetensors", "sent.json", "sent.safetensors"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert set(report["tasks"]) == {"sent", "kind"} and report["tasks"]["kind"]["labels"] == ["plot", "review"]
+    assert all(t["pruning_rate"] > 0 and t["plug_ms"] > 0 for t in report["tasks"].values())
+    runtime = UnplugRuntime.load(tmp_path / "rt")
+    x = {"input_ids": torch.tensor([[2, 7, 8, 9, 3]])}
+    full = main_output(runtime.model, x)
+    for name in ("sent", "kind"):
+        with runtime.use(name) as model:
+            assert model(**x).logits.shape == (1, 2)
+    assert torch.equal(main_output(runtime.model, x), full)
+    shown = runner.invoke(app, ["experts", "show", str(tmp_path / "rt"), "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = json.loads(shown.stdout)
+    assert set(rows) == {"sent", "kind"} and rows["kind"]["labels"] == ["plot", "review"]
+
+    three = _write_task(tmp_path / "c.csv", words, ["x", "y", "z"], seed=2)
+    for args, message in (
+        (["--task", f"sent={a}", "--task", f"three={three}"], "tasks have different numbers of labels"),
+        (["--task", f"sent={a}", "--eval-task", f"other={b}"], "--eval-task: ['other'] name no --task"),
+        (["--task", f"sent={a}", "--set", "task_name=x"], "task_name: each task is named by its --task"),
+    ):
+        bad = runner.invoke(app, ["experts", "build", str(model_dir), *args, "--out", str(tmp_path / "bad"), *fast])
+        assert bad.exit_code == 2 and bad.stderr.startswith(f"error: {message}"), bad.output
+        assert "Traceback" not in bad.output and not (tmp_path / "bad").exists()
