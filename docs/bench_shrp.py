@@ -209,6 +209,8 @@ def main() -> None:
                     "recovery_epochs": epochs,
                     "params": surgery.count_params(model).model_dump(),
                     "target_without_embeddings": target,
+                    # below 1 only where the variant cannot remove enough (head-prune keeps a head per layer)
+                    "params_vs_target": surgery.count_params(model).without_embeddings / target,
                 }
                 surgery.save_pretrained(model, work / name, overwrite=True)
                 print(name, results[name], flush=True)
@@ -242,9 +244,9 @@ def _matching_ratio(model: torch.nn.Module, label: str, remove: int) -> dict[str
     """Removal ratios that take ``remove`` parameters (without embeddings) out of ``model``, as far as possible."""
     adapter = surgery.adapter_for(model)
     parts = [adapter.layer(i) for i in range(adapter.num_layers)]
-    head = sum(4 * p.attention.head_dim * adapter.hidden_size + 3 * p.attention.head_dim for p in parts)
     heads = sum(p.attention.num_heads for p in parts)
-    per_head = head / heads
+    # One head: its Q/K/V rows and biases and its columns of O (every head of MiniLM has the same size).
+    per_head = 4 * adapter.head_dim() * adapter.hidden_size + 3 * adapter.head_dim()
     neuron = 2 * adapter.hidden_size + 1
     neurons = sum(p.ffn.width for p in parts)
     max_heads = (heads - len(parts)) / heads  # one head stays in every layer
