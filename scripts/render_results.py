@@ -166,7 +166,8 @@ def render_doe(data: dict[str, Any]) -> str:
                       f"{t4['with_condensation']:.1f}, without {t4['without_condensation']:.1f}."]
     if "figure5_importance_at_50pct" in data:
         f5 = data["figure5_importance_at_50pct"]
-        cells = ", ".join(f"{k} {v['accuracy']:.1f}" for k, v in f5.items())
+        cells = ", ".join(f"{k} {v['accuracy']:.1f} ({v['accuracy_before_condensation']:.1f} before condensation)"
+                          for k, v in f5.items())
         lines += ["", f"**Figure 5 (importance at 50% of FFN neurons pruned, condensation epochs "
                       f"{setup.get('fig_condense_epochs', 1)})**: {cells}."]
     if "figure6_module_sets_at_30pct" in data:
