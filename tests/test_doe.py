@@ -47,16 +47,20 @@ def masked(model, remove):
     return m
 
 
-@given(spec=tiny_specs(), module_set=SETS)
-def test_keep_all_is_identity(spec, module_set) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data(), module_set=SETS)
+def test_keep_all_is_identity(family, data, module_set) -> None:
+    spec = data.draw(tiny_specs(families=(family,)))
     model, x = tiny_model(spec), tiny_inputs(spec)
     ref = main_output(model, x)
     surgery.convert(model, ModulePruningStrategy(module_set=module_set, ratio=0.0, importance="random"))
     assert torch.equal(main_output(model, x), ref)
 
 
-@given(spec=tiny_specs(), module_set=SETS, ratio=st.floats(0.05, 1.0))
-def test_pruning_equals_masking_and_keeps_width(spec, module_set, ratio) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data(), module_set=SETS, ratio=st.floats(0.05, 1.0))
+def test_pruning_equals_masking_and_keeps_width(family, data, module_set, ratio) -> None:
+    spec = data.draw(tiny_specs(families=(family,)))
     model, x = tiny_model(spec), tiny_inputs(spec)
     report = surgery.convert(model, ModulePruningStrategy(module_set=module_set, ratio=ratio, importance="random",
                                                           seed=spec.seed))

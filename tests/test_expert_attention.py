@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given
+from hypothesis import strategies as st
 
 import surgery
 from surgery.anatomy import adapter_for
@@ -28,8 +29,10 @@ def _convert(spec: TinySpec, **settings: object) -> torch.nn.Module:
     return model
 
 
-@given(tiny_specs())
-def test_forward_backward_and_router_gradient(spec: TinySpec) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_forward_backward_and_router_gradient(family: str, data: st.DataObject) -> None:
+    spec = data.draw(tiny_specs(families=(family,)))
     model = _convert(spec, layers=[spec.layers - 1])
     inputs = tiny_inputs(spec)
     model.train()
@@ -80,8 +83,10 @@ def test_experts_of_a_head_pruned_mpnet_layer_read_their_own_bias_columns() -> N
     _assert_experts_reproduce_heads(spec, model, spec.heads - 2)
 
 
-@given(tiny_specs(tasks=("base",)))
-def test_parameter_count_matches_formula(spec: TinySpec) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_parameter_count_matches_formula(family: str, data: st.DataObject) -> None:
+    spec = data.draw(tiny_specs(families=(family,), tasks=("base",)))
     model = _convert(spec, layers=[0])
     layer = adapter_for(model).layers()[0]
     d, n, dh = spec.hidden, spec.heads, spec.head_dim
@@ -141,8 +146,10 @@ def test_options_run_and_reload(options: dict[str, object], tmp_path: object) ->
     torch.testing.assert_close(main_output(surgery.from_pretrained(out), inputs), main_output(model, inputs))
 
 
-@given(tiny_specs())
-def test_save_reload_same_outputs(spec: TinySpec) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_save_reload_same_outputs(family: str, data: st.DataObject) -> None:
+    spec = data.draw(tiny_specs(families=(family,)))
     import tempfile
     from pathlib import Path
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from surgery.anatomy import adapter_for
 from surgery.strategies.module_prune import group_width
 from surgery.strategies.unplug import TaskExpert, UnplugRuntime
-from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
+from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 
 def random_expert(model, name: str, groups: tuple[str, ...], seed: int) -> TaskExpert:
@@ -28,8 +28,10 @@ def random_expert(model, name: str, groups: tuple[str, ...], seed: int) -> TaskE
     return TaskExpert(name, remove, prompt=torch.randn(4, dim, generator=gen), head=head)
 
 
-@given(spec=tiny_specs(tasks=("seq-cls",)), groups=st.sampled_from([("neurons",), ("qk", "v", "o", "neurons")]))
-def test_use_then_restore_is_bit_identical(spec, groups) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data(), groups=st.sampled_from([("neurons",), ("qk", "v", "o", "neurons")]))
+def test_use_then_restore_is_bit_identical(family, data, groups) -> None:
+    spec = data.draw(tiny_specs(families=(family,), tasks=("seq-cls",)))
     model, x = tiny_model(spec), tiny_inputs(spec)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     ref = main_output(model, x)

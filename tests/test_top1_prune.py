@@ -8,16 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 import surgery
 from surgery.errors import DataError, PlanError
 from surgery.strategies import ExpertAttentionStrategy, Top1PruningStrategy
 from surgery.strategies.expert_attention import expert_layers
-from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
+from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 
-@given(tiny_specs())
-def test_keep1_equals_moe_on_inputs_routed_to_the_kept_expert(spec: TinySpec) -> None:
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data())
+def test_keep1_equals_moe_on_inputs_routed_to_the_kept_expert(family: str, data: st.DataObject) -> None:
+    spec = data.draw(tiny_specs(families=(family,)))
     model = tiny_model(spec)
     surgery.convert(model, ExpertAttentionStrategy(layers=[0]))
     inputs = tiny_inputs(spec, batch=6)
