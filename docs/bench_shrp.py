@@ -76,7 +76,8 @@ def main() -> None:
         "--expander-init",
         default="random",
         choices=["random", "output"],
-        help="SHRP expander initialisation (ablation; names the run '...-expander-output')",
+        help="SHRP expander initialisation; the main runs use random (ALGORITHMS.md's recommendation), "
+        "'output' names the run '...-expander-output' (the library default since this ablation)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)

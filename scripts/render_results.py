@@ -106,11 +106,13 @@ def render_shrp(data: dict[str, Any]) -> str:
                  f"FLOP bound {c['flop_bound_speedup']:.2f}x)") if c else "throughput not measured"
         lines.append(f"- {k} of 6 layers: accuracy {100 * share:.1f}% of baseline (target >= {100 * acc_t:.0f}%: "
                      f"{_verdict(share >= acc_t)}); {speed}")
+        variants = [x for x in sorted(data) if x.startswith(name)]  # e.g. also ...-expander-output
         for key in sorted(x for x in data if "@" in x and x.split("@")[1] in (f"shrp-{k}", f"shrp-{k}+matched")):
             b, cb = data[key], comps.get(key)
             faster = f", paired speedup {cb['paired_speedup']:.2f}x" if cb else ""
-            lines.append(f"  - vs {key}: {_pct(b['accuracy'])}{faster}; SHRP more accurate: "
-                         f"{_verdict(data[name]['accuracy_pruned'] > b['accuracy'])}")
+            verdicts = "; ".join(f"{v} ({_pct(data[v]['accuracy_pruned'])}) more accurate: "
+                                 f"{_verdict(data[v]['accuracy_pruned'] > b['accuracy'])}" for v in variants)
+            lines.append(f"  - vs {key}: {_pct(b['accuracy'])}{faster}; {verdicts}")
     lines += ["", "Per-layer expert usage on the evaluation split (Top-1 keeps the most used expert):", ""]
     for name in shrp:
         usage = data[name].get("usage") or {}

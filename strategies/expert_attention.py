@@ -303,7 +303,9 @@ class ExpertAttentionConfig(StrategyConfig):
     top_k: int = Field(default=1, ge=1, description="experts per sequence (k > 1: the top-k ablation)")
     expander: ExpanderKind = Field(default="linear", description="SHRP linear expander or the first paper's MLP")
     expander_inner: int | None = Field(default=None, ge=1, description="MLP expander width (default: the FFN's)")
-    expander_init: ExpanderInit = Field(default="random", description="random, or from the attention output")
+    # "output" measured better than "random" in SHRP on MiniLM-L6 + Rotten Tomatoes (docs/results.md#shrp).
+    expander_init: ExpanderInit = Field(default="output", description="from the heads' output-projection slices "
+                                        "(mean), or random")
     seed: int = Field(default=0, description="seed of the random expander/router initialisation")
 
     @field_validator("layers")

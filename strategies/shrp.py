@@ -79,7 +79,7 @@ class ShrpConfig(StrategyConfig):
     router_grad: RouterGrad = "straight-through"
     top_k: int = Field(default=1, ge=1)
     expander: ExpanderKind = "linear"
-    expander_init: ExpanderInit = "random"
+    expander_init: ExpanderInit = "output"
     reinit_on_activate: bool = Field(default=True,
                                      description="initialise experts from the layer's fine-tuned heads at its epoch")
     learning_rate: float = Field(default=5e-5, gt=0.0)

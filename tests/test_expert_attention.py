@@ -134,7 +134,7 @@ def test_balance_loss_is_zero_for_a_uniform_router() -> None:
 
 
 @pytest.mark.parametrize("options", [{"router_grad": "switch"}, {"router_grad": "none"}, {"top_k": 2},
-                                     {"router_input": "mean", "expander": "mlp"}, {"expander_init": "output"}])
+                                     {"router_input": "mean", "expander": "mlp"}, {"expander_init": "random"}])
 def test_options_run_and_reload(options: dict[str, object], tmp_path: object) -> None:
     spec = TinySpec("roberta", task="seq-cls")
     model = _convert(spec, **options)
