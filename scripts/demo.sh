@@ -2,7 +2,7 @@
 # The README's main job: install into ./.venv, then run SHRP on the real MiniLM-L6 (`minilm-l6`) and
 # Rotten Tomatoes (`rotten-tomatoes`): fine-tune one epoch, convert the top 3 of 6 layers to Expert
 # Attention one per epoch, train 2 more, prune each to its most used head, save, and benchmark the
-# result side by side against the original. About 15 minutes on 2 CPU cores.
+# result side by side against the original. About 5 minutes on 2 CPU cores, install included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
