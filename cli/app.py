@@ -37,6 +37,16 @@ from surgery.cli.console import stderr as _stderr
 from surgery.cli.console import stdout as _stdout
 from surgery.cli.experts import experts_app
 from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
+from surgery.cli.options import (
+    BatchSize,
+    LabelColumn,
+    MaxLength,
+    MaxTrain,
+    Overwrite,
+    Seed,
+    TextColumn,
+    TextPairColumn,
+)
 from surgery.errors import ConfigError, SurgeryError
 from surgery.strategy import validation_message
 
@@ -198,16 +208,16 @@ def apply_command(
                                              ".parquet), or rotten-tomatoes.")] = None,
     eval_data: Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% "
                                                   "split of --data.")] = None,
-    text_column: Annotated[str, typer.Option(help="Column holding the text.")] = "text",
-    text_pair_column: Annotated[str | None, typer.Option(help="Column holding the second text of a pair.")] = None,
-    label_column: Annotated[str, typer.Option(help="Column holding the label.")] = "label",
-    max_length: Annotated[int, typer.Option(min=1, help="Tokens per text (longer texts are truncated).")] = 64,
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch size of the data loader.")] = 32,
-    seed: Annotated[int, typer.Option(help="Seed of the evaluation split, new heads and the strategy.")] = 0,
-    max_train: Annotated[int | None, typer.Option(min=1, help="Use at most N training examples.")] = None,
+    text_column: TextColumn = "text",
+    text_pair_column: TextPairColumn = None,
+    label_column: LabelColumn = "label",
+    max_length: MaxLength = 64,
+    batch_size: BatchSize = 32,
+    seed: Seed = 0,
+    max_train: MaxTrain = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan as JSON; change and save "
                                           "nothing.")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")] = False,
+    overwrite: Overwrite = False,
     report_file: Annotated[Path | None, typer.Option("--report", help="Also write the report as JSON to this "
                                                      "file.")] = None,
 ) -> None:

@@ -28,6 +28,16 @@ from surgery.assets import resolve_model_path
 from surgery.cli import render
 from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
+from surgery.cli.options import (
+    BatchSize,
+    LabelColumn,
+    MaxLength,
+    MaxTrain,
+    Overwrite,
+    Seed,
+    TextColumn,
+    TextPairColumn,
+)
 from surgery.errors import ConfigError, DataError
 
 experts_app = typer.Typer(
@@ -72,14 +82,14 @@ def build_command(
                                                 "mapping (shared by every task).")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="One doe setting as key=value, repeatable; "
                                                    "wins over --config.")] = None,
-    text_column: Annotated[str, typer.Option(help="Column holding the text.")] = "text",
-    text_pair_column: Annotated[str | None, typer.Option(help="Column holding the second text of a pair.")] = None,
-    label_column: Annotated[str, typer.Option(help="Column holding the label.")] = "label",
-    max_length: Annotated[int, typer.Option(min=1, help="Tokens per text (longer texts are truncated).")] = 64,
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch size of the data loaders.")] = 32,
-    seed: Annotated[int, typer.Option(help="Seed of the evaluation splits, the new head and doe.")] = 0,
-    max_train: Annotated[int | None, typer.Option(min=1, help="Use at most N training examples per task.")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")] = False,
+    text_column: TextColumn = "text",
+    text_pair_column: TextPairColumn = None,
+    label_column: LabelColumn = "label",
+    max_length: MaxLength = 64,
+    batch_size: BatchSize = 32,
+    seed: Seed = 0,
+    max_train: MaxTrain = None,
+    overwrite: Overwrite = False,
     report_file: Annotated[Path | None, typer.Option("--report", help="Also write every task's figures as JSON "
                                                      "to this file.")] = None,
 ) -> None:

@@ -1,0 +1,26 @@
+"""Command-line options shared by several commands (one definition, one help text).
+
+Example:
+    >>> from typer.testing import CliRunner
+    >>> app = typer.Typer()
+    >>> @app.command()
+    ... def show(text_column: TextColumn = "text") -> None:
+    ...     print(text_column)
+    >>> CliRunner().invoke(app, ["--text-column", "sentence"]).output
+    'sentence\\n'
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+TextColumn = Annotated[str, typer.Option(help="Column holding the text.")]
+TextPairColumn = Annotated[str | None, typer.Option(help="Column holding the second text of a pair.")]
+LabelColumn = Annotated[str, typer.Option(help="Column holding the label.")]
+MaxLength = Annotated[int, typer.Option(min=1, help="Tokens per text (longer texts are truncated).")]
+BatchSize = Annotated[int, typer.Option(min=1, help="Batch size of the data loaders.")]
+Seed = Annotated[int, typer.Option(help="Seed of the evaluation split(s), new heads and the strategy.")]
+MaxTrain = Annotated[int | None, typer.Option(min=1, help="Use at most N training examples (per task).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")]
