@@ -12,7 +12,7 @@ torch.set_num_threads(1)
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 settings.register_profile(
-    "ci", max_examples=8, derandomize=True, deadline=None,
+    "ci", max_examples=20, derandomize=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile(
