@@ -73,6 +73,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--order", default="top-down", choices=["top-down", "bottom-up"])
     parser.add_argument(
+        "--router-input",
+        default="cls",
+        choices=["cls", "mean"],
+        help="SHRP router input ('mean' names the run '...-router-mean')",
+    )
+    parser.add_argument(
         "--expander-init",
         default="random",
         choices=["random", "output"],
@@ -150,6 +156,7 @@ def main() -> None:
                 num_layers=k,
                 order=args.order,
                 expander_init=args.expander_init,
+                router_input=args.router_input,
                 extra_epochs=args.extra_epochs,
                 learning_rate=args.lr,
                 seed=args.seed,
@@ -163,12 +170,17 @@ def main() -> None:
 
             report = surgery.convert(model, strategy, data=task, progress=show)
             m = report.metrics
-            name = f"shrp-{k}-{args.order}" + ("" if args.expander_init == "random" else "-expander-output")
+            name = (
+                f"shrp-{k}-{args.order}"
+                + ("" if args.expander_init == "random" else "-expander-output")
+                + ("" if args.router_input == "cls" else "-router-mean")
+            )
             touched.add(name)
             results[name] = {
                 "layers": m["layers"],
                 "order": args.order,
                 "expander_init": args.expander_init,
+                "router_input": args.router_input,
                 "accuracy_moe": m["accuracy_moe"],
                 "accuracy_pruned": m["accuracy_pruned"],
                 "usage": m["usage"],
