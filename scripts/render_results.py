@@ -93,7 +93,8 @@ def render_shrp(data: dict[str, Any]) -> str:
     lines += ["", "\"before pruning / recovery\" is the MoE model (SHRP) or the pruned model before its "
                   "fine-tuning (baselines). `shrp-K-bottom-up` converts the lowest K layers; "
                   "`-expander-output` starts each Expander from the mean of the heads' output-projection slices "
-                  "instead of at random.", ""]
+                  "instead of at random; `-router-mean` routes on the masked mean of the layer input instead of "
+                  "its [CLS] state.", ""]
     lines += ["**Targets (issue 3)**, throughput as the paired speedup over the baseline:", ""]
     for k, (acc_t, sp_t) in SHRP_TARGETS.items():
         name = f"shrp-{k}-top-down"
@@ -172,6 +173,10 @@ def render_doe(data: dict[str, Any]) -> str:
                           for k, v in f5.items())
         lines += ["", f"**Figure 5 (importance at 50% of FFN neurons pruned, condensation epochs "
                       f"{setup.get('fig_condense_epochs', 1)})**: {cells}."]
+    if "attribution_instances_at_50pct" in data:
+        cells = ", ".join(f"{n} instances {v['accuracy']:.1f} ({v['accuracy_before_condensation']:.1f} before "
+                          f"condensation)" for n, v in data["attribution_instances_at_50pct"].items())
+        lines += ["", f"Attribution at 50% with more instances than the default 20 (same condensation): {cells}."]
     if "figure6_module_sets_at_30pct" in data:
         f6 = data["figure6_module_sets_at_30pct"]
         cells = "; ".join(f"{k}: accuracy {v['accuracy']:.1f}, speedup {v.get('speedup', float('nan')):.2f}x of a "
