@@ -291,6 +291,25 @@ def table4(
     save()
 
 
+def cut_and_condense(
+    strategy: DoEStrategy,
+    full: torch.nn.Module,
+    task: Any,
+    data: Any,
+    kind: str,
+    epochs: int,
+    label: str,
+    p: float = 0.5,
+) -> dict[str, float]:
+    """Prune the lowest ``p`` of FFN units by ``kind``; accuracy before and after ``epochs`` of condensation."""
+    eval_loader = data.loader("eval", batch_size=64)
+    cand, _ = strategy.localized(full, strategy.scores(full, task, data, kind=kind), p)
+    before = evaluate(cand, task, eval_loader)
+    if epochs:
+        strategy.tune(cand, task, data, epochs, label)
+    return {"accuracy_before_condensation": before, "accuracy": evaluate(cand, task, eval_loader)}
+
+
 def attribution_instances(
     results: dict[str, Any],
     config: dict[str, Any],
@@ -302,17 +321,11 @@ def attribution_instances(
     save: Any,
 ) -> None:
     """Figure 5's attribution at 50% with more instances than the default 20 (is the ranking noise-limited?)."""
-    eval_loader = data.loader("eval", batch_size=64)
     found = results.setdefault("attribution_instances_at_50pct", {})
     for n in args.attribution_instances:
         st = DoEStrategy(**config, instances=n)
-        cand, _ = st.localized(full, st.scores(full, task, data, kind="attribution"), 0.5)
-        before = evaluate(cand, task, eval_loader)
-        if args.fig_condense_epochs:
-            st.tune(cand, task, data, args.fig_condense_epochs, f"instances {n}")
         found[str(n)] = {
-            "accuracy_before_condensation": before,
-            "accuracy": evaluate(cand, task, eval_loader),
+            **cut_and_condense(st, full, task, data, "attribution", args.fig_condense_epochs, f"instances {n}"),
             "condense_epochs": args.fig_condense_epochs,
         }
         log("attribution instances", n, found[str(n)])
@@ -335,12 +348,7 @@ def figures(
     # Figure 5: importance kinds at 50% FFN pruning, each condensed for one epoch
     fig5: dict[str, Any] = {}
     for kind in ("attribution", "activation", "gradient", "random"):
-        s = strat.scores(full, task, data, kind=kind)
-        cand, _ = strat.localized(full, s, 0.5)
-        before = evaluate(cand, task, eval_loader)
-        if args.fig_condense_epochs:
-            strat.tune(cand, task, data, args.fig_condense_epochs, f"fig5 {kind}")
-        fig5[kind] = {"accuracy_before_condensation": before, "accuracy": evaluate(cand, task, eval_loader)}
+        fig5[kind] = cut_and_condense(strat, full, task, data, kind, args.fig_condense_epochs, f"fig5 {kind}")
         log("fig5", kind, fig5[kind])
         results["figure5_importance_at_50pct"] = fig5
         save()
