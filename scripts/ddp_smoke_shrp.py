@@ -54,6 +54,10 @@ def main() -> None:
     same = all(torch.equal(gathered[0], g) for g in gathered[1:])
     if dist.get_rank() == 0:
         print(f"world={dist.get_world_size()} epochs={len(state.history)} weights identical across ranks: {same}")
+    # Tear the gloo group down before the interpreter exits: left to process teardown, its threads
+    # can abort the process ("terminate called without an active exception") after the work is done.
+    dist.barrier()
+    dist.destroy_process_group()
     if not same:
         raise SystemExit("DDP ranks diverged")
 

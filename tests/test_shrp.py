@@ -112,14 +112,17 @@ def test_cli_apply_shrp_end_to_end(tmp_path: Path) -> None:
     assert not reloaded.bert.encoder.layer[1].routed
 
 
+# Opt-in: about 10 s, but on these shared 2-core machines one run in roughly fifteen hung in torchrun's
+# start-up or teardown until the timeout, and CI must not depend on that.
 @pytest.mark.skipif(not __import__("os").environ.get("SURGERY_RUN_DDP"),
-                    reason="2-process torchrun start-up is slow on shared CPUs; set SURGERY_RUN_DDP=1")
+                    reason="2-process torchrun smoke test; set SURGERY_RUN_DDP=1 to run it")
 def test_ddp_two_process_gloo_smoke() -> None:
     import subprocess
     import sys
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "ddp_smoke_shrp.py"
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)],
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(script)],
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "weights identical across ranks: True" in result.stdout
