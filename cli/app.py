@@ -30,11 +30,7 @@ import surgery
 from surgery import registry
 from surgery.assets import resolve_model_path
 from surgery.cli import render
-from surgery.cli.console import CliState
-from surgery.cli.console import note as _note
-from surgery.cli.console import quiet_datasets as _quiet_datasets
-from surgery.cli.console import stderr as _stderr
-from surgery.cli.console import stdout as _stdout
+from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
 from surgery.cli.experts import experts_app
 from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
 from surgery.cli.options import (
@@ -172,7 +168,7 @@ def strategies_command(
         typer.echo(json.dumps([{"name": i.name, "package": i.source, "help": i.summary} for i in infos.values()],
                               indent=2))
         return
-    _stdout().print(render.strategies_table(infos))
+    stdout().print(render.strategies_table(infos))
 
 
 # -- inspect -----------------------------------------------------------------------------
@@ -188,7 +184,7 @@ def inspect_command(
     if as_json:
         typer.echo(anatomy.model_dump_json(indent=2))
         return
-    _stdout().print(render.anatomy_view(anatomy))
+    stdout().print(render.anatomy_view(anatomy))
 
 
 # -- apply -------------------------------------------------------------------------------
@@ -239,7 +235,7 @@ def apply_command(
     if data is not None:
         from surgery.data import load_task_data
 
-        with _quiet_datasets(ctx.ensure_object(CliState).debug):
+        with quiet_datasets(ctx.ensure_object(CliState).debug):
             task_data = load_task_data(
                 data, tokenizer, eval_data=eval_data, text_column=text_column, text_pair_column=text_pair_column,
                 label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
@@ -247,10 +243,10 @@ def apply_command(
             )
     loaded = load_model(source, model_config, task_data)
     if task_data is not None:  # noted only once the inputs are known to fit together
-        _note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, "
+        note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, "
               f"labels {', '.join(task_data.label_names[:8])}")
     if loaded.note:
-        _note(loaded.note)
+        note(loaded.note)
 
     if target is None:  # --dry-run
         plan = surgery.plan(loaded.model, chosen, data=task_data)
@@ -259,13 +255,13 @@ def apply_command(
         typer.echo(json.dumps(step, indent=2))
         return
 
-    with render.ProgressDisplay(_stderr()) as progress:
+    with render.ProgressDisplay(stderr()) as progress:
         report = surgery.convert(loaded.model, chosen, data=task_data, progress=progress)
     saved = surgery.save_pretrained(loaded.model, target, tokenizer=tokenizer, overwrite=overwrite)
     if report_file is not None:
         report_file.parent.mkdir(parents=True, exist_ok=True)
         report_file.write_text(report.model_dump_json(indent=2) + "\n")
-    _stdout().print(render.report_view(report, saved_to=saved))
+    stdout().print(render.report_view(report, saved_to=saved))
 
 
 def _require_out(out: Path | None) -> Path:
@@ -295,12 +291,12 @@ def bench_command(
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
         read_model_config(resolve_model_path(path))
-    with _stderr().status("benchmarking (interleaved rounds)"):
+    with stderr().status("benchmarking (interleaved rounds)"):
         report = bench_dirs(paths, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
                             threads=threads, device=device)
     if json_file is not None:
         report.write_json(json_file)
-    _stdout().print(render.bench_view(report))
+    stdout().print(render.bench_view(report))
 
 
 def main() -> None:

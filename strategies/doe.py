@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -29,7 +29,7 @@ from torch import nn
 from surgery.errors import DataError
 from surgery.importance import model_device
 from surgery.pipeline import PipelineSession, PipelineStrategy
-from surgery.progress import ProgressEvent
+from surgery.progress import ProgressCallback
 from surgery.search import binary_search_grid, pruning_grid
 from surgery.strategies.module_prune import ModulePruningStrategy, lowest_module_units, module_scores
 from surgery.strategies.prompt_tuning import (
@@ -213,7 +213,7 @@ class DoEStrategy(PipelineStrategy):
 
 
 def build_runtime(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig | Mapping[str, Any] | None = None,
-                  progress: Any = None) -> tuple[UnplugRuntime, dict[str, dict[str, Any]]]:
+                  progress: ProgressCallback | None = None) -> tuple[UnplugRuntime, dict[str, dict[str, Any]]]:
     """Multi-task DoE: run ``doe`` per task on copies of ``model``; one runtime holds every expert.
 
     ``tasks`` maps a task name to its :class:`surgery.data.TaskData`. The full ``model`` is not
@@ -240,5 +240,5 @@ def build_runtime(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig 
     return runtime, metrics
 
 
-def _prefixed(progress: Callable[[ProgressEvent], None], name: str) -> Callable[[ProgressEvent], None]:
+def _prefixed(progress: ProgressCallback, name: str) -> ProgressCallback:
     return lambda event: progress(dataclasses.replace(event, task=f"{name}: {event.task}"))
