@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from surgery.cli.app import main
+from surgery.cli import main
 
 if __name__ == "__main__":
     main()

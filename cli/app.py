@@ -15,12 +15,15 @@ Example:
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -32,7 +35,14 @@ from surgery.assets import resolve_model_path
 from surgery.cli import render
 from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
 from surgery.cli.experts import experts_app
-from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
+from surgery.cli.inputs import (
+    check_output_dir,
+    check_writable_file,
+    load_model,
+    load_tokenizer,
+    read_model_config,
+    strategy_settings,
+)
 from surgery.cli.options import (
     BatchSize,
     LabelColumn,
@@ -44,9 +54,22 @@ from surgery.cli.options import (
     TextPairColumn,
 )
 from surgery.errors import ConfigError, SurgeryError
-from surgery.strategy import validation_message
 
 EXIT_BAD_INPUT = 2
+#: Exit status after SIGINT / SIGTERM, as a shell reports a process killed by that signal (128 + number).
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every ``finally`` (temporary directories, lock files) runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
 
 
 def _one_line(text: str) -> str:
@@ -58,6 +81,8 @@ def error_message(exc: BaseException) -> str | None:
     if isinstance(exc, SurgeryError):
         return _one_line(str(exc))
     if isinstance(exc, ValidationError):
+        from surgery.strategy import validation_message
+
         return _one_line(validation_message(f"invalid {exc.title}", exc))
     if isinstance(exc, typer.TyperException):  # click's usage errors: missing option, bad integer ...
         return _one_line(exc.format_message())
@@ -74,11 +99,18 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 
 @contextmanager
 def _quiet_libraries(debug: bool) -> Iterator[None]:
-    """One-line warnings, and no transformers log chatter or progress bars, unless --debug; restored afterwards."""
-    import transformers
+    """One-line warnings, and no transformers log chatter or progress bars, unless --debug; restored afterwards.
 
-    verbosity = transformers.logging.get_verbosity()
-    hf_bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers is configured here only if it is already imported; otherwise through its environment
+    variables, which it reads when a command imports it, so that `--help` and input errors stay fast.
+    """
+    loaded = "transformers" in sys.modules
+    if loaded:
+        import transformers
+
+        verbosity = transformers.logging.get_verbosity()
+        hf_bars = transformers.utils.logging.is_progress_bar_enabled()
+    environ = {k: os.environ.get(k) for k in QUIET_ENV}
     with warnings.catch_warnings():
         if not debug:
             warnings.simplefilter("ignore", FutureWarning)
@@ -86,14 +118,46 @@ def _quiet_libraries(debug: bool) -> Iterator[None]:
             warnings.showwarning = _show_warning
             # The CLI says itself when it adds a classification head; transformers' "newly
             # initialized weights ... you should probably TRAIN" would repeat it in four lines.
-            transformers.logging.set_verbosity_error()
-            transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars; ours are rich
+            # Progress bars: "Loading weights" bars; ours are rich.
+            if loaded:
+                transformers.logging.set_verbosity_error()
+                transformers.utils.logging.disable_progress_bar()
+            else:
+                os.environ.update(QUIET_ENV)
         try:
             yield
         finally:
-            transformers.logging.set_verbosity(verbosity)
-            if hf_bars:
+            for key, value in environ.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            if loaded:
+                transformers.logging.set_verbosity(verbosity)
+                if hf_bars:
+                    transformers.utils.logging.enable_progress_bar()
+            elif not debug and "transformers" in sys.modules:  # imported by the command: back to its defaults
+                import transformers
+
+                transformers.logging.set_verbosity_warning()
                 transformers.utils.logging.enable_progress_bar()
+
+
+QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM interrupts like Ctrl-C for the duration of a command (main thread only)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    except ValueError:  # not the main thread (e.g. a test runner's worker): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class SurgeryGroup(typer.core.TyperGroup):
@@ -111,12 +175,14 @@ class SurgeryGroup(typer.core.TyperGroup):
         state = CliState(debug="--debug" in argv)  # known even when parsing fails before the callback
         extra.setdefault("obj", state)
         try:
-            with _quiet_libraries(state.debug):
+            with _signals_interrupt(), _quiet_libraries(state.debug):
                 result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else 0
-        except (KeyboardInterrupt, typer.Abort):
-            typer.echo("error: interrupted", err=True)
-            code = 130
+        except (KeyboardInterrupt, typer.Abort) as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            typer.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was saved unless a "
+                       "'saved to' line was printed", err=True)
+            code = EXIT_SIGNAL.get(signum, 130)
         except Exception as exc:
             message = error_message(exc)
             if message is None:
@@ -149,9 +215,13 @@ app.add_typer(experts_app, name="experts")
 def _root(
     ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and library logs.")] = False,
+    allow_pickle: Annotated[bool, typer.Option(
+        "--allow-pickle", help="Load pytorch_model.bin/.pt weights with torch's weights-only loader (refused "
+        "by default: unpickling can run code; convert them to safetensors instead).")] = False,
 ) -> None:
     state = ctx.ensure_object(CliState)
     state.debug = state.debug or debug
+    state.allow_pickle = allow_pickle
     if ctx.invoked_subcommand is None:  # plain `surgery`: show the help
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
@@ -163,7 +233,7 @@ def strategies_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List every registered strategy, the package it comes from and one line of help."""
-    infos = registry.strategies()
+    infos = registry.strategy_catalog()
     if as_json:
         typer.echo(json.dumps([{"name": i.name, "package": i.source, "help": i.summary} for i in infos.values()],
                               indent=2))
@@ -174,13 +244,14 @@ def strategies_command(
 # -- inspect -----------------------------------------------------------------------------
 @app.command("inspect")
 def inspect_command(
+    ctx: typer.Context,
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the anatomy as JSON.")] = False,
 ) -> None:
     """Show a model's anatomy: per-layer kind, heads, head dim, FFN width and parameters, and recorded steps."""
     path = resolve_model_path(model_dir)
     read_model_config(path)  # an unsupported family fails here, before the weights are read
-    anatomy = surgery.inspect(surgery.from_pretrained(path))
+    anatomy = surgery.inspect(surgery.from_pretrained(path, allow_pickle=ctx.ensure_object(CliState).allow_pickle))
     if as_json:
         typer.echo(anatomy.model_dump_json(indent=2))
         return
@@ -218,15 +289,18 @@ def apply_command(
                                                      "file.")] = None,
 ) -> None:
     """Run a strategy on a model and save the result (or, with --dry-run, only print its plan)."""
-    import torch
-
-    # Cheap checks first: a typo in the strategy, its settings or the paths fails before any loading.
-    strategy_class = registry.get_strategy(strategy)
-    chosen = strategy_class(strategy_settings(config, sets or []))
+    # Cheap checks first: paths, then the strategy and its settings (which import torch), then the
+    # model's config; a typo fails in a second, before any loading, and nothing is written.
     source = resolve_model_path(model_dir)
     target = None if dry_run else check_output_dir(source, _require_out(out), overwrite=overwrite)
+    report_file = check_writable_file(report_file, "--report")
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
+    strategy_class = registry.get_strategy(strategy)
+    settings = strategy_settings(config, sets or [])
+    import torch
+
+    chosen = strategy_class(settings)
     model_config = read_model_config(source)
 
     torch.manual_seed(seed)
@@ -241,7 +315,7 @@ def apply_command(
                 label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
                 batch_size=batch_size,
             )
-    loaded = load_model(source, model_config, task_data)
+    loaded = load_model(source, model_config, task_data, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
     if task_data is not None:  # noted only once the inputs are known to fit together
         note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, "
               f"labels {', '.join(task_data.label_names[:8])}")
@@ -273,6 +347,7 @@ def _require_out(out: Path | None) -> Path:
 # -- bench -------------------------------------------------------------------------------
 @app.command("bench")
 def bench_command(
+    ctx: typer.Context,
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     against: Annotated[str | None, typer.Option("--against", help="Reference model to compare with (ratios are "
                                                 "MODEL_DIR / reference).")] = None,
@@ -286,14 +361,22 @@ def bench_command(
                                                    "file.")] = None,
 ) -> None:
     """Measure throughput, latency, parameters, FLOPs and peak memory, side by side with --against."""
-    from surgery.bench import bench_dirs
-
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
+        resolve_model_path(path)
+    json_file = check_writable_file(json_file, "--json")
+    from surgery.bench import bench_dirs, check_device, model_names
+
+    check_device(device)
+    model_names(paths)
+    for path in paths:
         read_model_config(resolve_model_path(path))
-    with stderr().status("benchmarking (interleaved rounds)"):
+    console = stderr()
+    if not console.is_terminal:
+        note(f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds")
+    with console.status("benchmarking (interleaved rounds)"):
         report = bench_dirs(paths, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
-                            threads=threads, device=device)
+                            threads=threads, device=device, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
     if json_file is not None:
         report.write_json(json_file)
     stdout().print(render.bench_view(report))
@@ -301,4 +384,10 @@ def bench_command(
 
 def main() -> None:
     """Entry point of the ``surgery`` console script."""
-    app()
+    try:
+        app()
+    finally:
+        # A second Ctrl-C or SIGTERM while Python shuts down (atexit handlers of torch, datasets ...)
+        # would print "Exception ignored in atexit"; the command is over, so both are ignored now.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

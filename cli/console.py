@@ -6,9 +6,12 @@ redirected streams (tests, pipes) and the terminal width are picked up.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -19,16 +22,33 @@ class CliState:
     """Global options, shared with the error handler through the click context object."""
 
     debug: bool = False
+    allow_pickle: bool = False
+
+
+#: Width of the output when it is not a terminal (a file, a pipe, a CI log) and COLUMNS is unset:
+#: nothing there wraps lines, so tables keep every column instead of being cut to rich's default 80.
+REDIRECTED_WIDTH = 500
+
+
+def _width(stream: TextIO) -> int | None:
+    if os.environ.get("COLUMNS") or (hasattr(stream, "isatty") and stream.isatty()):
+        return None  # rich reads the terminal or COLUMNS
+    return REDIRECTED_WIDTH
 
 
 def stdout() -> Console:
-    """A console on stdout (results)."""
-    return Console(highlight=False)
+    """A console on stdout (results).
+
+    Example:
+        >>> stdout().width >= 80
+        True
+    """
+    return Console(highlight=False, width=_width(sys.stdout))
 
 
 def stderr() -> Console:
     """A console on stderr (progress, notes, warnings)."""
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
 def note(message: str) -> None:

@@ -7,20 +7,26 @@ command line can print them as ``error: ...`` and exit with status 2.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from torch import nn
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PretrainedConfig
 
 import surgery
-from surgery.data import TaskData
+from surgery.atomic import check_separate
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.manifest import MANIFEST_NAME
 from surgery.registry import adapter_class_for
+from surgery.untrusted import refuse_custom_code
+
+if TYPE_CHECKING:  # torch, transformers and datasets are imported when a command needs them, not for --help
+    from torch import nn
+    from transformers import PretrainedConfig
+
+    from surgery.data import TaskData
 
 # Files from which a tokenizer can really be rebuilt. transformers v5 happily builds an empty
 # tokenizer (special tokens only) for a directory without any of them, which would silently turn
@@ -118,13 +124,7 @@ def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
         ...
         surgery.errors.OutputPathError: --out ... is the input model directory; choose another directory
     """
-    target = Path(out).expanduser().resolve()
-    source = source.resolve()
-    if target == source:
-        raise OutputPathError(f"--out {target} is the input model directory; choose another directory")
-    if target in source.parents:
-        raise OutputPathError(f"--out {target} contains the input model directory {source}; writing there would "
-                              "replace the input, choose another directory")
+    target = check_separate(source, out, flag="--out")
     if target.exists() and not target.is_dir():
         raise OutputPathError(f"--out {target} is a file; choose a directory path")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
@@ -133,12 +133,43 @@ def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
     return target
 
 
+def check_writable_file(path: Path | None, flag: str) -> Path | None:
+    """Check, before any work, that a result file (``--report``, ``--json``) can be written; create nothing.
+
+    Example:
+        >>> check_writable_file(Path("/proc/no/such/report.json"), "--report")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.errors.OutputPathError: --report /proc/no/such/report.json: ...
+    """
+    if path is None:
+        return None
+    file = Path(path).expanduser().absolute()
+    if file.is_dir():
+        raise OutputPathError(f"{flag} {file} is a directory; pass a file path such as {file / 'report.json'}")
+    if file.exists():
+        if not os.access(file, os.W_OK):
+            raise OutputPathError(f"{flag} {file} exists and is not writable; choose another file")
+        return file
+    parent = file.parent
+    while not parent.exists():  # the first existing ancestor decides whether the directories can be made
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputPathError(f"{flag} {file}: {parent} is a file, so the directory cannot be created")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{flag} {file}: directory {parent} is not writable; choose another path")
+    return file
+
+
 # -- model and tokenizer -----------------------------------------------------------------
 def read_model_config(path: Path) -> PretrainedConfig:
     """The HF config of a model directory, checked against the supported families (no weights read)."""
+    from transformers import AutoConfig
+
+    refuse_custom_code(path)
     try:
-        config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as exc:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ModelLoadError(f"cannot read a model config from {path}: {detail}") from None
     adapter_class_for(config.model_type)  # UnsupportedModelError names the supported types
@@ -159,8 +190,11 @@ def load_tokenizer(path: Path, *, required_by: str | None = None) -> Any:
                 "model's tokenizer, save it into the model directory (tokenizer.save_pretrained(dir))"
             )
         return None
+    from transformers import AutoTokenizer
+
+    refuse_custom_code(path)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ModelLoadError(f"cannot load the tokenizer in {path}: {detail}") from None
@@ -187,7 +221,8 @@ class LoadedModel:
     note: str | None = None
 
 
-def load_model(path: Path, config: PretrainedConfig, data: TaskData | None) -> LoadedModel:
+def load_model(path: Path, config: PretrainedConfig, data: TaskData | None, *, allow_pickle: bool = False
+               ) -> LoadedModel:
     """Load the model to operate on, choosing a sequence classifier when labelled data is given.
 
     The rule:
@@ -204,9 +239,11 @@ def load_model(path: Path, config: PretrainedConfig, data: TaskData | None) -> L
     * with data and a surgery-saved directory of another class, it loads as recorded: its weights
       must match its recorded steps, so no head can be added.
     """
+    from transformers import AutoModelForSequenceClassification
+
     name, saved_by_surgery = recorded_class(path, config)
     if data is None:
-        return LoadedModel(surgery.from_pretrained(path))
+        return LoadedModel(surgery.from_pretrained(path, allow_pickle=allow_pickle))
     is_classifier = bool(name) and name.endswith(SEQUENCE_CLASSIFIER_SUFFIX)
     if is_classifier:
         if int(config.num_labels) != data.num_labels:
@@ -214,7 +251,7 @@ def load_model(path: Path, config: PretrainedConfig, data: TaskData | None) -> L
                 f"{path} is a {name} with {config.num_labels} labels but the data has {data.num_labels} "
                 f"({', '.join(data.label_names[:8])}); use data with the same labels, or start from the bare encoder"
             )
-        return LoadedModel(surgery.from_pretrained(path))
+        return LoadedModel(surgery.from_pretrained(path, allow_pickle=allow_pickle))
     if saved_by_surgery:
         return LoadedModel(
             surgery.from_pretrained(path),
@@ -225,6 +262,7 @@ def load_model(path: Path, config: PretrainedConfig, data: TaskData | None) -> L
     model = surgery.from_pretrained(
         path,
         model_class=AutoModelForSequenceClassification,
+        allow_pickle=allow_pickle,
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 from rich.text import Text
 
-from surgery.bench import BenchReport
 from surgery.progress import ProgressEvent
 from surgery.registry import PluginInfo
 from surgery.report import ModelAnatomy, ParamCount, SurgeryReport
+
+if TYPE_CHECKING:
+    from surgery.bench import BenchReport
 
 MAX_CELL = 100
 
@@ -113,6 +116,8 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "", depth: int = 2
         if _is_records(value):
             sections.append((name, value))
         elif isinstance(value, Mapping) and {"settings", "models", "comparisons"} <= value.keys():
+            from surgery.bench import BenchReport  # only reports that hold a benchmark pay for torch here
+
             try:
                 sections.append((name, BenchReport.model_validate(value)))
             except ValueError:  # a mapping that only looks like a benchmark stays a metric
@@ -245,7 +250,7 @@ def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> Rende
             table.add_row(Text(key), Text(format_value(value)))
         parts.append(table)
     for name, value in sections:
-        if isinstance(value, BenchReport):
+        if type(value).__name__ == "BenchReport":
             parts += [Text(f"Benchmark ({name})", style="bold"), bench_view(value)]
         else:
             parts.append(records_table(name, value))
@@ -259,6 +264,9 @@ class ProgressDisplay:
 
     Use it as a context manager around the long work; events with an unknown ``total`` show a
     spinner and a count, and ``info`` figures (loss, accuracy, expert usage) appear beside the bar.
+    When the console is not a terminal (a log file, CI), a live bar would print nothing until the
+    end, so plain lines are written instead: when a task starts and ends, at every tenth of its
+    total, and at least every ``LINE_EVERY_S`` seconds.
 
     Example:
         >>> from surgery.progress import ProgressEvent
@@ -281,16 +289,38 @@ class ProgressDisplay:
             expand=True,
         )
         self.tasks: dict[str, Any] = {}
+        self.console = console
+        self.lines = not console.is_terminal
+        self.last_line: dict[str, tuple[float, int]] = {}
+
+    LINE_EVERY_S = 30.0
 
     def __enter__(self) -> ProgressDisplay:
-        self.progress.start()
+        if not self.lines:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        if not self.lines:
+            self.progress.stop()
+
+    def _line(self, event: ProgressEvent, info: str) -> None:
+        now = time.monotonic()
+        last = self.last_line.get(event.task)
+        step = max(1, (event.total or 0) // 10)
+        due = (last is None or event.completed == event.total or event.completed - last[1] >= step
+               or now - last[0] >= self.LINE_EVERY_S)
+        if not due:
+            return
+        self.last_line[event.task] = (now, event.completed)
+        count = f"{event.completed}/{event.total}" if event.total else str(event.completed)
+        self.console.print(Text(f"{event.task}: {count}" + (f"  {info}" if info else "")), soft_wrap=True)
 
     def __call__(self, event: ProgressEvent) -> None:
         info = "  ".join(f"{k}={format_value(v, limit=60)}" for k, v in event.info.items())
+        if self.lines:
+            self._line(event, info)
+            return
         task = self.tasks.get(event.task)
         if task is None:
             task = self.tasks[event.task] = self.progress.add_task(

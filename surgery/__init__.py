@@ -13,8 +13,9 @@ Example:
 
 from __future__ import annotations
 
-from surgery.anatomy import adapter_for
-from surgery.api import apply_plan, convert, count_params, inspect, plan
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from surgery.errors import (
     ConfigError,
     DataError,
@@ -25,10 +26,26 @@ from surgery.errors import (
     SurgeryError,
     UnsupportedModelError,
 )
-from surgery.io import from_pretrained, save_pretrained
-from surgery.registry import get_strategy, register_adapter, register_strategy
-from surgery.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
-from surgery.strategy import Plan, Strategy, StrategyConfig
+
+if TYPE_CHECKING:
+    from surgery.anatomy import adapter_for
+    from surgery.api import apply_plan, convert, count_params, inspect, plan
+    from surgery.io import from_pretrained, save_pretrained
+    from surgery.registry import get_strategy, register_adapter, register_strategy
+    from surgery.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
+    from surgery.strategy import Plan, Strategy, StrategyConfig
+
+# Imported on first use, so that `import surgery` (and with it `surgery --help` and every input
+# error of the command line) does not pay for torch and transformers.
+_LAZY = {
+    "adapter_for": "surgery.anatomy", "apply_plan": "surgery.api", "convert": "surgery.api",
+    "count_params": "surgery.api", "inspect": "surgery.api", "plan": "surgery.api",
+    "from_pretrained": "surgery.io", "save_pretrained": "surgery.io", "get_strategy": "surgery.registry",
+    "register_adapter": "surgery.registry", "register_strategy": "surgery.registry",
+    "LayerChange": "surgery.report", "ModelAnatomy": "surgery.report", "ParamCount": "surgery.report",
+    "SurgeryReport": "surgery.report", "Plan": "surgery.strategy", "Strategy": "surgery.strategy",
+    "StrategyConfig": "surgery.strategy", "strategies": "surgery.strategies",
+}
 
 __version__ = "0.1.0"
 
@@ -62,9 +79,14 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # lazy, so `import surgery` does not import every built-in strategy
-    if name == "strategies":
-        import surgery.strategies as module
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'surgery' has no attribute {name!r}")
+    value = import_module(module) if name == "strategies" else getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return module
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

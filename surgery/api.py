@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.errors import ConfigError
+from surgery.errors import ConfigError, PlanError
 from surgery.manifest import record_step, steps_of, to_jsonable
 from surgery.ops import count_parameters
 from surgery.pipeline import PipelineSession, PipelineStrategy
@@ -39,6 +39,28 @@ def count_params(model: nn.Module) -> ParamCount:
     return ParamCount(total=total, without_embeddings=total - emb)
 
 
+def check_arguments(model: Any, strategy: Any, what: str) -> None:
+    """Refuse arguments of the wrong type with a one-line error that says what to pass instead.
+
+    Example:
+        >>> from transformers import BertConfig, BertModel
+        >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+        ...                  num_attention_heads=4, intermediate_size=37)
+        >>> check_arguments(BertModel(cfg), "head-prune", "convert")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ConfigError: convert: strategy must be a Strategy object, got the str 'head-prune'; ...
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{what}: model must be a torch nn.Module (a transformers encoder), got "
+                          f"{type(model).__name__}")
+    if not isinstance(strategy, Strategy):
+        shown = f"the {type(strategy).__name__} {strategy!r:.40}" if isinstance(strategy, str) else \
+            type(strategy).__name__
+        raise ConfigError(f"{what}: strategy must be a Strategy object, got {shown}; build one by name with "
+                          "surgery.get_strategy('head-prune')(ratio=0.5), or import its class")
+
+
 def plan(model: nn.Module, strategy: Strategy, *, data: Data | None = None) -> Plan:
     """Ask ``strategy`` for its plan on ``model`` without changing the model (a dry run).
 
@@ -50,6 +72,7 @@ def plan(model: nn.Module, strategy: Strategy, *, data: Data | None = None) -> P
         >>> plan(BertModel(cfg), HeadPruningStrategy(heads={0: [1]}))["heads"]
         {'0': [1]}
     """
+    check_arguments(model, strategy, "plan")
     adapter_for(model)  # fail early, with the supported families, on an unknown model
     result = strategy.plan(model, data)
     try:
@@ -65,9 +88,16 @@ def apply_plan(
 
     This is the same path ``convert`` and reloading take.
     """
+    check_arguments(model, strategy, "apply_plan")
+    if not isinstance(plan, dict):
+        raise PlanError(f"apply_plan: plan must be a mapping (from surgery.plan or a JSON file), got "
+                        f"{type(plan).__name__}")
     start = time.perf_counter()
     before = params_before or count_params(model)
-    plan = to_jsonable(plan)
+    try:
+        plan = to_jsonable(plan)
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"apply_plan: the plan is not JSON-serialisable: {exc}") from None
     changes = strategy.apply(model, plan)
     config = json.loads(strategy.config.model_dump_json())
     record_step(
@@ -112,6 +142,7 @@ def convert(
         >>> [c.after for c in report.changes]
         [2]
     """
+    check_arguments(model, strategy, "convert")
     start = time.perf_counter()
     strategy.progress = progress or no_progress
     before = count_params(model)

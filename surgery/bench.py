@@ -15,7 +15,8 @@ Method (what :func:`bench_models` does, in this order):
 3. **Peak memory, outside the timed region.** On CUDA: ``torch.cuda.max_memory_allocated`` during
    one forward. On CPU there is no allocator high-water mark, so one forward runs under
    ``torch.profiler`` with ``profile_memory=True`` and the allocator's alloc/free events are summed in
-   time order; the maximum is the activation peak. Both report ``weights_bytes + activation_peak_bytes``
+   time order; the maximum is the activation peak (the profiler's native ``USDT`` chatter on
+   stderr is sent to ``/dev/null`` for that one forward). Both report ``weights_bytes + activation_peak_bytes``
    (parameters and buffers, plus the most tensor memory the forward held at once). It is tensor
    memory, not process RSS, which would mix every model in the process.
 4. **Timing, interleaved.** ``warmup`` untimed rounds, then ``repeats`` rounds; each round runs one
@@ -23,6 +24,8 @@ Method (what :func:`bench_models` does, in this order):
    load and cache effects hit all models alike. Each batch is timed with ``time.perf_counter`` (with
    a CUDA synchronise on GPU). Throughput is the median over rounds of ``batch_size / latency``;
    latency p50/p95 are percentiles of the per-batch times.
+   The device is checked first (``cuda`` without a GPU, an unknown name) and so is ``seq_len``
+   against each model's ``max_position_embeddings``: one-line errors, not tracebacks.
 5. **Ratios against the first model** (the reference): speedup (ratio of median throughputs), the
    paired speedup (median and quartiles of the same-round throughput ratios, which cancels most
    load from other processes), parameter and FLOP ratios, the FLOP-bound speedup
@@ -37,8 +40,9 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -233,10 +237,33 @@ def _weights_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+@contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Send native (C++) writes to stderr to /dev/null for the block.
+
+    The profiler's tracing backend prints ``USDT ... profiler_start/stop`` lines straight to file
+    descriptor 2, which no Python setting reaches; the block only runs one forward pass.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real descriptor 2 (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _cpu_activation_peak(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int | None:
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_native_stderr(), torch.inference_mode(), profile(activities=[ProfilerActivity.CPU],
+                                                                  profile_memory=True) as prof:
         model(**inputs)
     results = getattr(prof.profiler, "kineto_results", None)
     if results is None:
@@ -273,6 +300,42 @@ def _memory(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: torch.
     else:
         peak, method = None, f"not measured on {device.type}"
     return weights, peak, (weights + peak if peak is not None else None), method
+
+
+def check_device(device: str) -> torch.device:
+    """The torch device named ``device``, checked to exist on this machine.
+
+    Example:
+        >>> check_device("cpu")
+        device(type='cpu')
+        >>> check_device("tpu9")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ConfigError: bench: unknown device 'tpu9'; use cpu, cuda or cuda:N
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"bench: unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"bench: device {device!r} is not supported; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"bench: --device {device} but torch sees no CUDA GPU on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"bench: --device {device} but this machine has {count} CUDA GPU(s) (cuda:0 to "
+                              f"cuda:{count - 1})")
+    return dev
+
+
+def check_seq_len(models: Mapping[str, nn.Module], seq_len: int) -> None:
+    """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward)."""
+    for name, model in models.items():
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(limit, int) and 0 < limit < seq_len:
+            raise ConfigError(f"bench: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
+                              f"use --seq-len {limit} or less")
 
 
 def make_inputs(vocab_size: int, *, batch_size: int, seq_len: int, seed: int = 0, device: str | torch.device = "cpu"
@@ -411,7 +474,8 @@ def bench_models(
             raise ConfigError(f"bench: {field} must be at least {least}, got {value}")
     if threads is not None and threads < 1:
         raise ConfigError(f"bench: threads must be at least 1, got {threads}")
-    dev = torch.device(device)
+    dev = check_device(device)
+    check_seq_len(models, seq_len)
     modes = {name: m.training for name, m in models.items()}
     load_before = _load()
     try:
@@ -450,11 +514,22 @@ def bench_models(
     return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings)
 
 
+def model_names(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None) -> list[str]:
+    """Display names of the models at ``paths``, checked to be one per path and distinct."""
+    labels = [str(p) for p in paths] if names is None else list(names)
+    if len(labels) != len(paths):
+        raise ConfigError(f"bench: got {len(paths)} paths but {len(labels)} names; give one name per path")
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"bench: model names must be distinct, got {labels}")
+    return labels
+
+
 def bench_dirs(
     paths: Sequence[str | os.PathLike[str]],
     *,
     names: Sequence[str] | None = None,
     model_class: str | None = None,
+    allow_pickle: bool = False,
     **kwargs: Any,
 ) -> BenchReport:
     """Load saved models (directories or embedded names like ``"minilm-l6"``) and bench them side by side.
@@ -463,6 +538,7 @@ def bench_dirs(
         paths: model directories; the first is the reference.
         names: display names (default: the paths as given).
         model_class: transformers class name for every model (default: as each directory records).
+        allow_pickle: see :func:`surgery.from_pretrained`.
         **kwargs: passed to :func:`bench_models` (``batch_size``, ``seq_len``, ``repeats`` ...).
 
     Example:
@@ -476,10 +552,9 @@ def bench_dirs(
     """
     from surgery.io import from_pretrained
 
-    labels = [str(p) for p in paths] if names is None else list(names)
-    if len(labels) != len(paths):
-        raise ConfigError(f"bench: got {len(paths)} paths but {len(labels)} names; give one name per path")
-    if len(set(labels)) != len(labels):
-        raise ConfigError(f"bench: model names must be distinct, got {labels}")
-    models = {label: from_pretrained(path, model_class=model_class) for label, path in zip(labels, paths, strict=True)}
+    labels = model_names(paths, names)
+    if "device" in kwargs:
+        check_device(kwargs["device"])  # before minutes of loading
+    models = {label: from_pretrained(path, model_class=model_class, allow_pickle=allow_pickle)
+              for label, path in zip(labels, paths, strict=True)}
     return bench_models(models, **kwargs)

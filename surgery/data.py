@@ -7,6 +7,7 @@ works wherever a plain ``data`` iterable of model inputs is accepted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,43 @@ def _check_columns(table: datasets.Dataset, columns: list[str], where: str) -> N
             f"{where}: missing column(s) {missing}; available: {table.column_names}. "
             "Name them with --text-column/--text-pair-column/--label-column"
         )
+
+
+def _is_empty(value: Any) -> bool:
+    if isinstance(value, float):
+        return value != value  # NaN: an empty cell in a numeric column
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def label_text(value: Any) -> str:
+    """A label's name: integral floats (a column read as float) are shown as integers.
+
+    Example:
+        >>> label_text(1.0), label_text("pos"), label_text(2), label_text(0.5)
+        ('1', 'pos', '2', '0.5')
+    """
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def check_cells(table: datasets.Dataset, text_columns: list[str], label_column: str, where: str) -> None:
+    """Refuse empty labels and non-text text columns, naming the column, the row count and the first row.
+
+    Empty labels are an error rather than rows dropped quietly: a missing label is usually a broken
+    export, and dropping it would change the data without anyone noticing. Rows are numbered from 1
+    after the header.
+    """
+    empty = [i for i, v in enumerate(table[label_column]) if _is_empty(v)]
+    if empty:
+        raise DataError(f"{where}: {len(empty)} of {len(table)} rows have an empty label in column {label_column!r} "
+                        f"(first: row {empty[0] + 1}); fill in or delete those rows")
+    for column in text_columns:
+        feature = table.features[column]
+        dtype = getattr(feature, "dtype", None)
+        if dtype not in ("string", "large_string"):
+            raise DataError(f"{where}: column {column!r} holds {dtype or type(feature).__name__} values, not text; "
+                            "name the text column with --text-column/--text-pair-column")
 
 
 @dataclass
@@ -137,6 +175,29 @@ class _Collate:
         return out
 
 
+def check_split(labels: list[int], label_names: list[str], eval_fraction: float, where: str) -> None:
+    """Refuse data too small for a stratified ``eval_fraction`` split, before ``datasets`` fails on it.
+
+    Example:
+        >>> check_split([0, 0, 1], ["neg", "pos"], 0.1, "train.csv")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.errors.DataError: train.csv: label 'pos' has only 1 example; ...
+    """
+    counts = [0] * len(label_names)
+    for label in labels:
+        counts[label] += 1
+    rare = min(range(len(counts)), key=counts.__getitem__)
+    if counts[rare] < 2:
+        raise DataError(f"{where}: label {label_names[rare]!r} has only {counts[rare]} example"
+                        f"{'' if counts[rare] == 1 else 's'}; a stratified evaluation split needs at least 2 per "
+                        "label: add examples, or pass separate evaluation data (--eval-data)")
+    held_out = math.ceil(len(labels) * eval_fraction)
+    if held_out < len(label_names) or len(labels) - held_out < len(label_names):
+        raise DataError(f"{where}: {len(labels)} rows are too few to hold out {eval_fraction:.0%} with every one of "
+                        f"the {len(label_names)} labels on both sides; add rows, or pass --eval-data")
+
+
 def load_task_data(
     train: str | Path,
     tokenizer: PreTrainedTokenizerBase,
@@ -156,21 +217,24 @@ def load_task_data(
 
     Without ``eval_data`` a seeded, stratified ``eval_fraction`` of the training file is held out
     (the seed is recorded in ``TaskData.split_seed``). Labels may be strings or integers; their
-    sorted distinct values become ``label_names`` (taken from the training split).
+    sorted distinct values become ``label_names`` (taken from the training split). A row with an
+    empty label is an error (:func:`check_cells`), and so is a text column that does not hold text.
     """
     if not 0.0 < eval_fraction < 1.0:
         raise DataError(f"eval_fraction must be between 0 and 1, got {eval_fraction}")
     columns = [text_column, label_column] + ([text_pair_column] if text_pair_column else [])
     table = read_table(train)
     _check_columns(table, columns, f"training data {train}")
-    label_names = sorted({str(v) for v in table[label_column]})
+    check_cells(table, columns[:1] + columns[2:], label_column, f"training data {train}")
+    label_names = sorted({label_text(v) for v in table[label_column]})
     if len(label_names) < 2:
         raise DataError(f"training data {train}: column {label_column!r} has fewer than two distinct labels")
     eval_table = None
     if eval_data is not None:
         eval_table = read_table(eval_data)
         _check_columns(eval_table, columns, f"evaluation data {eval_data}")
-        unknown = sorted({str(v) for v in eval_table[label_column]} - set(label_names))
+        check_cells(eval_table, columns[:1] + columns[2:], label_column, f"evaluation data {eval_data}")
+        unknown = sorted({label_text(v) for v in eval_table[label_column]} - set(label_names))
         if unknown:
             raise DataError(f"evaluation data {eval_data}: labels {unknown[:5]} do not occur in the training data")
     index = {name: i for i, name in enumerate(label_names)}
@@ -178,7 +242,7 @@ def load_task_data(
     def encode(batch: dict[str, list[Any]]) -> dict[str, Any]:
         pair = batch[text_pair_column] if text_pair_column else None
         enc = tokenizer(batch[text_column], pair, truncation=True, max_length=max_length)
-        enc["labels"] = [index[str(v)] for v in batch[label_column]]
+        enc["labels"] = [index[label_text(v)] for v in batch[label_column]]
         return enc
 
     def prepare(t: datasets.Dataset) -> datasets.Dataset:
@@ -188,6 +252,7 @@ def load_task_data(
     train_table = prepare(table)
     split_seed = None
     if eval_table is None:
+        check_split(train_table["labels"], label_names, eval_fraction, f"training data {train}")
         train_table = train_table.cast_column("labels", datasets.ClassLabel(names=label_names))
         parts = train_table.train_test_split(test_size=eval_fraction, seed=seed, stratify_by_column="labels")
         train_table, eval_prepared = parts["train"], parts["test"]

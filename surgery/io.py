@@ -13,31 +13,37 @@ import copy
 import json
 import os
 import re
-import shutil
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from pydantic import ValidationError
 from safetensors.torch import load_model, save_model
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
-from surgery.errors import ModelLoadError, OutputPathError, StrategyNotFoundError
+from surgery.atomic import atomic_directory, check_separate
+from surgery.errors import ConfigError, ModelLoadError, OutputPathError, SurgeryError
 from surgery.manifest import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    Manifest,
+    ManifestStep,
+    parse_manifest,
     set_source_dir,
     set_steps,
     source_dir_of,
     steps_of,
 )
 from surgery.registry import get_strategy
+from surgery.untrusted import check_safetensors_dir, refuse_custom_code, require_safetensors, safetensors_shapes
+
+__all__ = ["WEIGHTS_NAME", "atomic_directory", "build_manifest", "from_pretrained", "resolve_model_class",
+           "save_pretrained"]
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -47,51 +53,6 @@ def _version(dist: str) -> str:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _same_path(a: str | os.PathLike[str] | None, b: Path) -> bool:
-    if not a:
-        return False
-    try:
-        return Path(a).expanduser().resolve() == b
-    except OSError:
-        return False
-
-
-@contextmanager
-def atomic_directory(out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling directory that replaces ``out_dir`` only if the block succeeds.
-
-    An interrupted or failing write leaves ``out_dir`` exactly as it was.
-
-    Example:
-        >>> import tempfile
-        >>> root = Path(tempfile.mkdtemp())
-        >>> with atomic_directory(root / "model") as tmp:
-        ...     _ = (tmp / "a.txt").write_text("x")
-        >>> (root / "model" / "a.txt").read_text()
-        'x'
-    """
-    out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise OutputPathError(f"output path {out} exists and is a file; choose a directory path")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise OutputPathError(f"output directory {out} exists and is not empty; choose a new path or pass overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def build_manifest(model: nn.Module) -> dict[str, Any]:
@@ -140,9 +101,16 @@ def save_pretrained(
         >>> sorted(p.name for p in path.iterdir())
         ['config.json', 'model.safetensors', 'surgery.json']
     """
+    if not isinstance(model, PreTrainedModel):
+        raise ConfigError(f"save_pretrained needs a transformers model (a PreTrainedModel), got "
+                          f"{type(model).__name__}; surgery saves Hugging Face encoders only")
     out = Path(out_dir).expanduser().resolve()
-    if _same_path(source_dir_of(model), out):
-        raise OutputPathError(f"output directory {out} is the directory the model was loaded from; choose another")
+    source = source_dir_of(model)
+    if source and Path(source).expanduser().is_dir():
+        try:
+            check_separate(source, out, flag="output directory")
+        except OutputPathError as exc:
+            raise OutputPathError(f"{exc} (the model was loaded from there)") from None
     with atomic_directory(out, overwrite=overwrite) as tmp:
         # Like transformers, record the class that was saved, on a copy so the caller's model is untouched.
         config = copy.deepcopy(model.config)
@@ -175,53 +143,61 @@ def resolve_model_class(name: str | type[nn.Module] | None, config: Any) -> type
     return transformers.AutoModel  # type: ignore[return-value]
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | None:
+def _read_manifest(path: Path) -> Manifest | None:
     file = path / MANIFEST_NAME
     if not file.exists():
         return None
     try:
-        manifest = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{file} is not valid JSON ({exc}); the save is damaged, re-create it") from None
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("steps"), list):
-        raise ModelLoadError(f"{file} is not a surgery manifest (missing 'format': 'surgery' or 'steps')")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
-        raise ModelLoadError(
-            f"{file} has format_version {manifest['format_version']}, newer than this surgery supports "
-            f"({FORMAT_VERSION}); upgrade encoder-surgery"
-        )
-    return manifest
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())[:120]
+        raise ModelLoadError(f"{file} is not valid JSON ({detail}); the save is damaged, re-create it") from None
+    return parse_manifest(raw, file)
 
 
-def _replay(model: nn.Module, steps: list[dict[str, Any]], where: Path) -> None:
+def _replay(model: nn.Module, steps: list[ManifestStep], where: Path) -> None:
     for number, step in enumerate(steps):
-        name = step.get("strategy")
+        name = step.strategy
         try:
-            cls = get_strategy(str(name))
-        except StrategyNotFoundError:
+            cls = get_strategy(name)
+        except SurgeryError:
             raise ModelLoadError(
                 f"{where / MANIFEST_NAME}: step {number} used strategy {name!r}, which is not installed; "
                 "install the package that provides it"
             ) from None
-        if int(step.get("plan_version", 1)) > cls.plan_version:
+        if step.plan_version > cls.plan_version:
             raise ModelLoadError(
-                f"{where / MANIFEST_NAME}: step {number} ({name}) has plan_version {step.get('plan_version')}, "
+                f"{where / MANIFEST_NAME}: step {number} ({name}) has plan_version {step.plan_version}, "
                 f"newer than the installed strategy supports ({cls.plan_version}); upgrade its package"
             )
-        strategy = cls(step.get("config") or {})
-        strategy.apply(model, step.get("plan") or {})
+        try:
+            cls(step.config).apply(model, step.plan)
+        except (SurgeryError, ValidationError, TypeError, ValueError, KeyError, IndexError, AttributeError,
+                RuntimeError) as exc:
+            # The file is input like any other: a hand-edited plan must not end in a traceback.
+            detail = " ".join(str(exc).split())[:200]
+            raise ModelLoadError(
+                f"{where / MANIFEST_NAME}: step {number} ({name}) cannot be replayed ({type(exc).__name__}: {detail}); "
+                "the manifest was edited or is damaged, re-save the model"
+            ) from None
 
 
-def _first_mismatch(message: str) -> str:
-    match = re.search(r"size mismatch for ([^:]+): copying a param with shape (\S+) .*? current model is (\S+)\.",
-                      message.replace("\n", " "))
-    if match:
-        return f"{match.group(1)} has shape {match.group(2)} in the file but {match.group(3)} in the rebuilt model"
-    return " ".join(message.split())[:300]
+def _check_shapes(model: nn.Module, weights: Path) -> None:
+    """Compare the file's tensor shapes with the rebuilt model's before loading, naming the first difference."""
+    saved = safetensors_shapes(weights)
+    state = model.state_dict()
+    for key, shape in saved.items():
+        if key in state and list(state[key].shape) != shape:
+            raise ModelLoadError(
+                f"{weights}: {key} has shape {shape} in the file but {list(state[key].shape)} in the rebuilt model; "
+                "the manifest's steps do not rebuild the saved shapes (was it edited, or saved by a different "
+                "strategy version?)"
+            )
 
 
 def from_pretrained(
-    path: str | os.PathLike[str], model_class: str | type[nn.Module] | None = None, **kwargs: Any
+    path: str | os.PathLike[str], model_class: str | type[nn.Module] | None = None, *, allow_pickle: bool = False,
+    **kwargs: Any,
 ) -> PreTrainedModel:
     """Load a model saved by :func:`save_pretrained`, or a plain Hugging Face model directory.
 
@@ -229,7 +205,12 @@ def from_pretrained(
         path: the directory, or an embedded default name such as ``"minilm-l6"``.
         model_class: the transformers class (or its name); defaults to the class recorded in
             the manifest, then ``config.architectures``, then ``AutoModel``.
+        allow_pickle: load a plain directory whose weights exist only as ``pytorch_model.bin`` (a
+            pickle) with torch's weights-only loader; refused by default, since unpickling can run code.
         **kwargs: passed to ``from_pretrained`` for plain HF directories (e.g. ``num_labels``).
+
+    Code from the model directory never runs (``trust_remote_code`` is always off), and safetensors
+    files are checked for truncation before they are read.
 
     Example:
         >>> import tempfile
@@ -247,6 +228,7 @@ def from_pretrained(
     from surgery.assets import resolve_model_path
 
     where = resolve_model_path(path)
+    refuse_custom_code(where)
     manifest = _read_manifest(where)
     config_kwargs = {k: kwargs.pop(k) for k in ("num_labels", "id2label", "label2id") if k in kwargs}
     if manifest is not None and (config_kwargs or kwargs):
@@ -254,15 +236,20 @@ def from_pretrained(
             f"{where} was saved by surgery; extra loading options {sorted({*config_kwargs, *kwargs})} cannot be "
             "applied when replaying its steps (load it as saved)"
         )
+    if kwargs.pop("trust_remote_code", False):
+        raise ModelLoadError("trust_remote_code=True is not supported: surgery never runs code from a model directory")
     try:
-        config = AutoConfig.from_pretrained(where, **config_kwargs)
-    except (OSError, ValueError) as exc:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=False, **config_kwargs)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
-    cls = resolve_model_class(model_class or (manifest or {}).get("model_class"), config)
+    cls = resolve_model_class(model_class or (manifest.model_class if manifest else None), config)
     if manifest is None:
+        require_safetensors(where, allow_pickle=allow_pickle)
+        check_safetensors_dir(where)
         try:
-            model = cls.from_pretrained(where, config=config, **kwargs)
-        except (OSError, ValueError, RuntimeError) as exc:
+            model = cls.from_pretrained(where, config=config, trust_remote_code=False,
+                                        use_safetensors=None if allow_pickle else True, **kwargs)
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
             detail = " ".join(str(exc).split())[:200]
             raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
         set_source_dir(model, str(where))
@@ -273,18 +260,25 @@ def from_pretrained(
         raise ModelLoadError(f"{weights} is missing; the directory has a surgery manifest but no weights")
     # PreTrainedModel classes build from a config with _from_config, AutoModel* factories with from_config.
     build = getattr(cls, "_from_config", None) or cls.from_config
-    attn = manifest.get("attn_implementation")
-    model = build(config, **({"attn_implementation": attn} if attn else {}))
-    _replay(model, manifest["steps"], where)
+    attn = manifest.attn_implementation
+    try:
+        model = build(config, **({"attn_implementation": attn} if attn else {}))
+    except (ValueError, ImportError) as exc:  # e.g. flash attention recorded, not installed here
+        detail = " ".join(str(exc).split())[:200]
+        raise ModelLoadError(f"{where / MANIFEST_NAME}: cannot build the model with attn_implementation "
+                             f"{attn!r}: {detail}") from None
+    _replay(model, manifest.steps, where)
+    _check_shapes(model, weights)
     try:
         missing, unexpected = load_model(model, str(weights), strict=False)
-    except RuntimeError as exc:
-        raise ModelLoadError(f"{weights}: {_first_mismatch(str(exc))}; the manifest's steps do not rebuild "
-                             "the saved shapes (was it edited, or saved by a different strategy version?)") from None
+    except (RuntimeError, ValueError, OSError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ModelLoadError(f"{weights} cannot be loaded into the rebuilt model: {detail}") from None
     if missing or unexpected:
         detail = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
         raise ModelLoadError(f"{weights} does not match the rebuilt model: {detail}")
     model.eval()
-    set_steps(model, manifest["steps"])
+    steps = [step.model_dump(mode="json") for step in manifest.steps]
+    set_steps(model, steps)
     set_source_dir(model, str(where))
     return model

@@ -7,9 +7,15 @@ state dict; :func:`surgery.save_pretrained` writes them to ``surgery.json``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from torch import nn
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from surgery.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 FORMAT = "surgery"
 FORMAT_VERSION = 1
@@ -49,3 +55,66 @@ def set_source_dir(model: nn.Module, path: str) -> None:
 def to_jsonable(value: Any) -> Any:
     """Round-trip through JSON, so in-memory plans have exactly the form a reload sees."""
     return json.loads(json.dumps(value))
+
+
+# transformers' built-in attention implementations; anything else (a hub kernel name, a dotted path)
+# could fetch or run code, so a manifest may only name these.
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+_CLASS_NAME = r"^[A-Za-z][A-Za-z0-9]*$"
+
+
+class ManifestStep(BaseModel):
+    """One recorded step: the strategy's registry name, its plan version, config and plan."""
+
+    model_config = ConfigDict(extra="allow")
+
+    strategy: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    plan_version: int = Field(default=1, ge=1, strict=True)
+    config: dict[str, Any] = Field(default_factory=dict)
+    plan: dict[str, Any] = Field(default_factory=dict)
+
+
+class Manifest(BaseModel):
+    """The content of ``surgery.json``; every field a reload reads is checked here, in one place.
+
+    Example:
+        >>> Manifest.model_validate({"format": "surgery", "format_version": 1, "steps": []}).steps
+        []
+        >>> parse_manifest({"format": "surgery", "format_version": 1, "steps": ["x"]}, "m/surgery.json")
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ModelLoadError: m/surgery.json is not a valid surgery manifest: steps.0: Input should be \
+a valid dictionary or instance of ManifestStep (got 'x'); re-save the model, or fix the file by hand
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["surgery"]
+    format_version: int = Field(ge=1, le=FORMAT_VERSION, strict=True)
+    versions: dict[str, str] = Field(default_factory=dict)
+    model_class: str | None = Field(default=None, pattern=_CLASS_NAME)
+    model_type: str | None = None
+    attn_implementation: Literal[ATTENTION_IMPLEMENTATIONS] | None = None  # type: ignore[valid-type]
+    steps: list[ManifestStep]
+
+
+def _one_line_errors(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(x) for x in err["loc"]) or "manifest"
+        shown = "" if err["type"] == "missing" else f" (got {err.get('input')!r:.40})"
+        parts.append(f"{where}: {err['msg']}{shown}")
+    return " ".join("; ".join(parts).split())
+
+
+def parse_manifest(raw: Any, where: str | Path) -> Manifest:
+    """Validate the parsed JSON of ``surgery.json`` (``where`` names the file in messages)."""
+    if isinstance(raw, dict) and isinstance(raw.get("format_version"), int) and not isinstance(
+            raw["format_version"], bool) and raw["format_version"] > FORMAT_VERSION:
+        raise ModelLoadError(f"{where} has format_version {raw['format_version']}, newer than this surgery supports "
+                             f"({FORMAT_VERSION}); upgrade encoder-surgery")
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        raise ModelLoadError(f"{where} is not a valid surgery manifest: {_one_line_errors(exc)}; re-save the model, "
+                             "or fix the file by hand") from None

@@ -12,10 +12,13 @@ set it to the empty string to load the built-ins only.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from surgery.errors import StrategyNotFoundError, UnsupportedModelError
@@ -129,15 +132,67 @@ def strategies() -> dict[str, PluginInfo]:
     return dict(sorted(_all(STRATEGY_GROUP).items()))
 
 
+def _static_summary(value: str) -> str | None:
+    """The first docstring line of ``module:Class`` read from its source file, without importing the module."""
+    module, _, attr = value.partition(":")
+    parent, _, leaf = module.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(parent) if parent else None
+        roots = list(spec.submodule_search_locations or []) if spec else []
+        files = [Path(r) / f"{leaf}.py" for r in roots] + [Path(r) / leaf / "__init__.py" for r in roots]
+        source = next(f for f in files if f.is_file())
+        tree = ast.parse(source.read_text())
+    except (ImportError, ValueError, StopIteration, OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == attr.strip():
+            doc = (ast.get_docstring(node) or "").strip()
+            return doc.splitlines()[0] if doc else ""
+    return None
+
+
+def strategy_catalog() -> dict[str, PluginInfo]:
+    """Every registered strategy with its package and one line of help, without importing plugins where possible.
+
+    The help line is read from the class's source; ``obj`` is ``None`` for classes that were not
+    imported (use :func:`get_strategy` for the class itself).
+
+    Example:
+        >>> strategy_catalog()["head-prune"].summary.startswith("Remove attention heads")
+        True
+    """
+    if STRATEGY_GROUP in _cache:
+        return strategies()
+    found: dict[str, PluginInfo] = {}
+    for ep in metadata.entry_points(group=STRATEGY_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "<unknown>"
+        if not _allowed(dist) or ep.name in found:
+            continue
+        summary = _static_summary(ep.value)
+        if summary is None:
+            return strategies()  # a plugin that cannot be read statically: import them all
+        found[ep.name] = PluginInfo(ep.name, None, dist, summary)
+    found.update(_runtime[STRATEGY_GROUP])
+    return dict(sorted(found.items()))
+
+
+def strategy_names() -> list[str]:
+    """The names of every registered strategy, read from the entry points without importing any plugin."""
+    names = {ep.name for ep in metadata.entry_points(group=STRATEGY_GROUP)
+             if _allowed(ep.dist.name if ep.dist is not None else "<unknown>")}
+    return sorted(names | set(_runtime[STRATEGY_GROUP]))
+
+
 def get_strategy(name: str) -> type[Strategy]:
     """The strategy class registered as ``name``.
 
     Raises:
         StrategyNotFoundError: with the installed names and how to install more.
     """
-    found = _all(STRATEGY_GROUP)
+    # An unknown name is answered from the entry-point names alone, before any plugin (and torch) is imported.
+    found = _all(STRATEGY_GROUP) if name in strategy_names() else {}
     if name not in found:
-        known = ", ".join(sorted(found)) or "none"
+        known = ", ".join(sorted(found) if found else strategy_names()) or "none"
         raise StrategyNotFoundError(
             f"unknown strategy {name!r}; installed strategies: {known}. Install the package that provides "
             f"it (it registers under the entry-point group {STRATEGY_GROUP!r})"
