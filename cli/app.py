@@ -365,18 +365,20 @@ def bench_command(
     for path in paths:
         resolve_model_path(path)
     json_file = check_writable_file(json_file, "--json")
-    from surgery.bench import bench_dirs, check_device, model_names
+    from surgery.bench import bench_models, check_device, check_seq_len, load_dirs, model_names
 
     check_device(device)
     model_names(paths)
     for path in paths:
         read_model_config(resolve_model_path(path))
+    models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
+    check_seq_len(models, seq_len)
     console = stderr()
-    if not console.is_terminal:
+    if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for
         note(f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds")
     with console.status("benchmarking (interleaved rounds)"):
-        report = bench_dirs(paths, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
-                            threads=threads, device=device, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
+        report = bench_models(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
+                              threads=threads, device=device)
     if json_file is not None:
         report.write_json(json_file)
     stdout().print(render.bench_view(report))

@@ -550,11 +550,16 @@ def bench_dirs(
         >>> bench_dirs([out], names=["tiny"], batch_size=2, seq_len=8, repeats=2, warmup=0).models[0].name
         'tiny'
     """
-    from surgery.io import from_pretrained
-
     labels = model_names(paths, names)
     if "device" in kwargs:
         check_device(kwargs["device"])  # before minutes of loading
-    models = {label: from_pretrained(path, model_class=model_class, allow_pickle=allow_pickle)
-              for label, path in zip(labels, paths, strict=True)}
-    return bench_models(models, **kwargs)
+    return bench_models(load_dirs(paths, labels, model_class=model_class, allow_pickle=allow_pickle), **kwargs)
+
+
+def load_dirs(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None, *,
+              model_class: str | None = None, allow_pickle: bool = False) -> dict[str, nn.Module]:
+    """The models at ``paths`` by name (:func:`model_names`), loaded by :func:`surgery.from_pretrained`."""
+    from surgery.io import from_pretrained
+
+    return {label: from_pretrained(path, model_class=model_class, allow_pickle=allow_pickle)
+            for label, path in zip(model_names(paths, names), paths, strict=True)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pickle  # only for its exception type: nothing is unpickled here
 import re
 from collections.abc import Callable
 from importlib import metadata
@@ -249,7 +250,8 @@ def from_pretrained(
         try:
             model = cls.from_pretrained(where, config=config, trust_remote_code=False,
                                         use_safetensors=None if allow_pickle else True, **kwargs)
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as exc:
+            # UnpicklingError: torch's weights-only loader refused a pickle that asks for code (allow_pickle).
             detail = " ".join(str(exc).split())[:200]
             raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
         set_source_dir(model, str(where))

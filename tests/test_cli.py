@@ -248,15 +248,21 @@ def _bad_cases(ws: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-def test_bad_input_gives_one_line_and_exit_2(ws: dict[str, Path], tmp_path: Path) -> None:
-    # One test over all cases (rather than one per case) keeps the shared fixtures and the time small.
+def _refusals(cases: list[tuple[list[str], str]]) -> list[str]:
+    """The cases that did not end in exactly one ``error: ...`` line with the expected text and exit 2."""
     failures = []
-    for args, expected in _bad_cases(ws, tmp_path):
-        result = runner.invoke(app, args)
+    for args, expected in cases:
+        result = runner.invoke(app, args, input="y\n")  # a prompt that would read it is a failure, too
         lines = result.stderr.strip().splitlines()
         if (result.exit_code != 2 or len(lines) != 1 or not lines[0].startswith("error: ")
-                or expected not in lines[0] or "Traceback" in result.output):
+                or expected not in lines[0] or "Traceback" in result.output or result.stdout):
             failures.append(f"{args} -> exit {result.exit_code}: {result.output!r} {result.exception!r}")
+    return failures
+
+
+def test_bad_input_gives_one_line_and_exit_2(ws: dict[str, Path], tmp_path: Path) -> None:
+    # One test over all cases (rather than one per case) keeps the shared fixtures and the time small.
+    failures = _refusals(_bad_cases(ws, tmp_path))
     assert not failures, "\n".join(failures)
     assert not (tmp_path / "a").exists()  # nothing was written by any refused command
     assert [p.name for p in ws["nonempty"].iterdir()] == ["keep.txt"]
@@ -316,3 +322,134 @@ def test_csv_jsonl_and_parquet_data_load_alike(tmp_path: Path) -> None:
     (tmp_path / "d.xlsx").write_text("x")
     with pytest.raises(DataError, match=r"d\.xlsx: unsupported format"):
         load_task_data(tmp_path / "d.xlsx", tiny_tokenizer())
+
+
+# -- hostile and broken input (issue 12) -------------------------------------------------
+EVIL_CODE = "import pathlib\npathlib.Path(__file__).with_name('PWNED').write_text('ran')\n"
+
+
+def _manifest_variant(saved: Path, root: Path, name: str, edit: object) -> Path:
+    """A copy of the saved model whose surgery.json is replaced by ``edit(manifest)`` (JSON-serialised)."""
+    import shutil
+
+    copy = root / name
+    shutil.copytree(saved, copy)
+    manifest = json.loads((saved / "surgery.json").read_text())
+    (copy / "surgery.json").write_text(json.dumps(edit(manifest)))  # type: ignore[operator]
+    return copy
+
+
+@pytest.fixture(scope="module")
+def hostile(ws: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Model directories and data files an attacker or a careless export would produce."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("hostile")
+    paths: dict[str, Path] = {}
+    # 1. custom code: an unknown model type whose auto_map points at a file in the directory.
+    evil = root / "remote_code"
+    evil.mkdir()
+    (evil / "config.json").write_text(json.dumps({"model_type": "evil-net", "auto_map": {
+        "AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}}))
+    (evil / "evil.py").write_text(EVIL_CODE)
+    paths["remote_code"] = evil
+    # 2. weights only as a pickle.
+    pickled = root / "pickled"
+    model = tiny_model(TinySpec("bert"))
+    model.config.save_pretrained(pickled)
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    paths["pickled"] = pickled
+    # 6. truncated safetensors, in a plain directory and in a surgery save.
+    shutil.copytree(ws["bare"], root / "truncated")
+    weights = root / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    paths["truncated"] = root / "truncated"
+    pruned = root / "pruned"
+    model = tiny_model(TinySpec("bert"))
+    surgery.convert(model, surgery.strategies.HeadPruningStrategy(heads={0: [1], 1: [0, 3]}))
+    surgery.save_pretrained(model, pruned)
+    paths["pruned"] = pruned
+    shutil.copytree(pruned, root / "pruned_truncated")
+    (root / "pruned_truncated" / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{}")
+    paths["pruned_truncated"] = root / "pruned_truncated"
+    # 7. hand-edited manifests; 8. the steps removed from a pruned save.
+    edits = {
+        "m_list": lambda m: [m],
+        "m_step_str": lambda m: {**m, "steps": ["head-prune"]},
+        "m_step_null": lambda m: {**m, "steps": [None]},
+        "m_format_version": lambda m: {**m, "format_version": "abc"},
+        "m_plan_version": lambda m: {**m, "steps": [{**m["steps"][0], "plan_version": "x"}]},
+        "m_plan_shape": lambda m: {**m, "steps": [{**m["steps"][0], "plan": {"heads": "all of them"}}]},
+        "m_attn": lambda m: {**m, "attn_implementation": "os.system"},
+        "m_no_steps": lambda m: {**m, "steps": []},
+    }
+    for name, edit in edits.items():
+        paths[name] = _manifest_variant(pruned, root, name, edit)
+    # 9. and 10. data edge cases.
+    paths["two_rows"] = write_rows(root / "two.csv", labelled_rows(2))
+    paths["single"] = write_rows(root / "single.csv", [*labelled_rows(20), {"text": "w1 w2", "label": "odd"}])
+    paths["numeric"] = write_rows(root / "numeric.csv", [{"text": i, "label": i % 2} for i in range(20)])
+    rows = labelled_rows(20)
+    for row in rows[3:6]:
+        row["label"] = ""
+    paths["empty_labels"] = write_rows(root / "empty_labels.csv", rows)
+    # 4. symlinks to the input; UX: report paths that cannot be written.
+    (root / "link").symlink_to(ws["bare"], target_is_directory=True)
+    paths["link"] = root / "link"
+    paths["a_file"] = root / "a_file.txt"
+    paths["a_file"].write_text("x")
+    return paths
+
+
+def _hostile_cases(ws: dict[str, Path], h: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
+    bare, data, out = str(ws["bare"]), str(ws["data"]), str(tmp / "a")
+    hp = ["-s", "head-prune", "--set", "ratio=0.5"]
+    manifest_errors = {
+        "m_list": "is not a valid surgery manifest: manifest: Input should be a valid dictionary",
+        "m_step_str": "steps.0: Input should be a valid dictionary",
+        "m_step_null": "steps.0: Input should be a valid dictionary",
+        "m_format_version": "format_version: Input should be a valid integer",
+        "m_plan_version": "steps.0.plan_version: Input should be a valid integer",
+        "m_plan_shape": "step 0 (head-prune) cannot be replayed",
+        "m_attn": "attn_implementation: Input should be 'eager', 'sdpa'",
+        "m_no_steps": "in the file but [",
+    }
+    cpu_only = not torch.cuda.is_available()
+    return [
+        (["inspect", str(h["remote_code"])], "asks to run Python code from the model directory"),
+        (["apply", str(h["remote_code"]), *hp, "-o", out], "asks to run Python code"),
+        (["inspect", str(h["pickled"])], "holds only pickled weights (pytorch_model.bin)"),
+        (["apply", str(h["pickled"]), *hp, "-o", out], "holds only pickled weights"),
+        (["bench", str(h["pickled"])], "holds only pickled weights"),
+        (["apply", bare, *hp, "-o", str(ws["bare"] / "sub"), "--overwrite"], "is inside the input model directory"),
+        (["apply", bare, *hp, "-o", str(h["link"]), "--overwrite"], "is the input model directory"),
+        (["apply", str(h["link"]), *hp, "-o", str(ws["bare"] / "sub")], "is inside the input model directory"),
+        (["inspect", str(h["truncated"])], "model.safetensors is truncated or corrupt"),
+        (["apply", str(h["truncated"]), *hp, "-o", out], "is truncated or corrupt"),
+        (["bench", str(h["truncated"])], "is truncated or corrupt"),
+        (["inspect", str(h["pruned_truncated"])], "is truncated or corrupt"),
+        *[(["inspect", str(h[name])], expected) for name, expected in manifest_errors.items()],
+        (["apply", bare, *hp, "--data", str(h["two_rows"]), "-o", out], "has only 1 example"),
+        (["apply", bare, *hp, "--data", str(h["single"]), "-o", out], "label 'odd' has only 1 example"),
+        (["apply", bare, *hp, "--data", str(h["numeric"]), "-o", out], "column 'text' holds int64 values, not text"),
+        (["apply", bare, *hp, "--data", str(h["empty_labels"]), "-o", out],
+         "3 of 20 rows have an empty label in column 'label' (first: row 4)"),
+        (["apply", bare, *hp, "--data", data, "--eval-data", str(h["empty_labels"]), "-o", out],
+         "have an empty label"),
+        *([(["bench", bare, "--device", "cuda"], "torch sees no CUDA GPU")] if cpu_only else []),
+        (["bench", bare, "--device", "foo"], "unknown device 'foo'"),
+        (["bench", bare, "--seq-len", "100000"], "--seq-len 100000 exceeds the 72 positions"),
+        (["apply", bare, *hp, "-o", out, "--report", str(h["a_file"] / "r.json")], "is a file, so the directory"),
+        (["apply", bare, *hp, "-o", out, "--report", str(tmp)], "is a directory"),
+        (["bench", bare, "--json", str(h["a_file"] / "b.json")], "is a file, so the directory"),
+    ]
+
+
+def test_hostile_input_gives_one_line_and_exit_2(ws: dict[str, Path], hostile: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    failures = _refusals(_hostile_cases(ws, hostile, tmp_path))
+    assert not failures, "\n".join(failures)
+    assert not (tmp_path / "a").exists() and not (ws["bare"] / "sub").exists()
+    assert not (hostile["remote_code"] / "PWNED").exists()  # evil.py never ran
+    assert sorted(p.name for p in ws["bare"].iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                             "tokenizer_config.json"]
