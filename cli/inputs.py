@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 import surgery
 from surgery.data import TaskData
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
+from surgery.heads import loaded_class_name
 from surgery.manifest import MANIFEST_NAME
 from surgery.registry import adapter_class_for
 
@@ -175,8 +176,7 @@ def recorded_class(path: Path, config: PretrainedConfig) -> tuple[str | None, bo
         except (OSError, ValueError, AttributeError):
             name = None  # from_pretrained reports the damaged manifest with its own message
         return (str(name) if name else None), True
-    architectures = list(getattr(config, "architectures", None) or [])
-    return (architectures[0] if architectures else None), False
+    return loaded_class_name(path, config), False  # the class whose head the weights really hold
 
 
 @dataclass
@@ -225,6 +225,7 @@ def load_model(path: Path, config: PretrainedConfig, data: TaskData | None) -> L
     model = surgery.from_pretrained(
         path,
         model_class=AutoModelForSequenceClassification,
+        allow_new_head=True,
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
 from surgery.errors import ModelLoadError, OutputPathError, StrategyNotFoundError
+from surgery.heads import choose_class, record_new_head, warn_choice
 from surgery.manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -221,14 +222,20 @@ def _first_mismatch(message: str) -> str:
 
 
 def from_pretrained(
-    path: str | os.PathLike[str], model_class: str | type[nn.Module] | None = None, **kwargs: Any
+    path: str | os.PathLike[str], model_class: str | type[nn.Module] | None = None, *,
+    allow_new_head: bool = False, **kwargs: Any
 ) -> PreTrainedModel:
     """Load a model saved by :func:`save_pretrained`, or a plain Hugging Face model directory.
 
     Args:
         path: the directory, or an embedded default name such as ``"minilm-l6"``.
         model_class: the transformers class (or its name); defaults to the class recorded in
-            the manifest, then ``config.architectures``, then ``AutoModel``.
+            the manifest, then ``config.architectures``, then ``AutoModel``. For a plain HF
+            directory whose weights lack the head of the class ``architectures`` names, the class
+            whose head they hold (or the bare model) loads instead, with a one-line
+            :class:`surgery.heads.HeadWarning`; an explicit class whose head is missing is refused.
+        allow_new_head: accept an explicit ``model_class`` whose head is not in the weights (it is
+            newly initialised and recorded, see :func:`surgery.heads.new_head_keys`).
         **kwargs: passed to ``from_pretrained`` for plain HF directories (e.g. ``num_labels``).
 
     Example:
@@ -260,6 +267,10 @@ def from_pretrained(
         raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
     cls = resolve_model_class(model_class or (manifest or {}).get("model_class"), config)
     if manifest is None:
+        choice = choose_class(where, config, cls, explicit=model_class is not None, allow_new_head=allow_new_head)
+        if choice.cls is not cls:
+            warn_choice(choice)
+        cls = choice.cls
         try:
             model = cls.from_pretrained(where, config=config, **kwargs)
         except (OSError, ValueError, RuntimeError) as exc:
@@ -267,6 +278,7 @@ def from_pretrained(
             raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
         set_source_dir(model, str(where))
         set_steps(model, [])
+        record_new_head(model, choice.new_head or [])
         return model
     weights = where / WEIGHTS_NAME
     if not weights.exists():
