@@ -33,6 +33,7 @@ entry), so it can be run one family at a time on a shared machine. Then
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -58,6 +59,10 @@ from surgery.testing import FAMILIES
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "families.json"
 METHODS = ("head+ffn 0.5", "shrp half", "doe ffn 0.65")
+#: Operators that do the counted matrix multiplications (self time, so wrappers such as aten::linear add nothing).
+MATMUL_OPS = {"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::_mkldnn_linear",
+              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+              "aten::einsum", "aten::mkldnn_linear"}
 
 #: The public base checkpoint each config reproduces, and the config (transformers defaults fill the rest).
 BASE_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -117,11 +122,33 @@ def variants(config: transformers.PretrainedConfig, calibration: list[dict[str, 
                           calibration)],
     }
     for name, plan in steps.items():
-        model = base_model(config, seed)
+        model = copy.deepcopy(models["original"])  # a copy: initialising a base model takes minutes here
         for strategy, data in plan:
             surgery.convert(model, strategy, data=data)
         models[name] = model.eval()
     return models
+
+
+def op_profile(model: torch.nn.Module, inputs: dict[str, torch.Tensor], threads: int, top: int = 8
+               ) -> dict[str, Any]:
+    """Self CPU time per operator over one forward (torch.profiler), the ``top`` operators listed.
+
+    ``matmul_ms`` sums the matrix-multiplication operators, whose time follows the counted FLOPs;
+    the rest (softmax, GELU, LayerNorm, copies, index arithmetic) is what a FLOP bound leaves out.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            model(**inputs)
+    finally:
+        torch.set_num_threads(previous)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events) / 1000
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS) / 1000
+    ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {"total_ms": total, "matmul_ms": matmul,
+            "ops": [{"op": e.key, "ms": e.self_cpu_time_total / 1000, "calls": e.count} for e in ranked]}
 
 
 def pooled(reports: list[BenchReport], name: str) -> list[float]:
@@ -134,7 +161,7 @@ def pooled(reports: list[BenchReport], name: str) -> list[float]:
 
 
 def measure_family(family: str, *, rounds: int, more_rounds: int, threads: int, batch: int, seq: int,
-                   seed: int) -> dict[str, Any]:
+                   seed: int, profile: bool) -> dict[str, Any]:
     """Build, benchmark (in one process, interleaved) and summarise one family."""
     started = time.time()
     config, real_vocab = base_config(family)
@@ -154,6 +181,8 @@ def measure_family(family: str, *, rounds: int, more_rounds: int, threads: int, 
             intervals = {name: bootstrap_median(pooled(reports, name)) for name in METHODS}
     first = reports[0]
     ref = first.models[0]
+    inputs = make_inputs(config.vocab_size, batch_size=batch, seq_len=seq, seed=seed)
+    profiles = {name: op_profile(m, inputs, threads) for name, m in models.items()} if profile else {}
     methods = {}
     for name in METHODS:
         m, c, ci = first.model(name), next(c for c in first.comparisons if c.name == name), intervals[name]
@@ -171,7 +200,7 @@ def measure_family(family: str, *, rounds: int, more_rounds: int, threads: int, 
         "layers": num_layers(models["original"]), "hidden_size": surgery.inspect(models["original"]).hidden_size,
         "original": {"params": ref.params.model_dump(), "flops_per_batch": ref.flops_per_batch,
                      "throughput": ref.throughput},
-        "methods": methods, "anatomy": anatomy,
+        "methods": methods, "anatomy": anatomy, "profiles": profiles,
         "settings": [r.settings.model_dump() for r in reports],
         "warnings": [w for r in reports for w in r.warnings],
         "seconds": time.time() - started,
@@ -213,6 +242,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-profile", action="store_true", help="skip the per-operator profile of each model")
     args = parser.parse_args()
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = sorted(set(families) - set(FAMILIES))
@@ -220,7 +250,7 @@ def main() -> None:
         parser.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
     for family in families:
         entry = measure_family(family, rounds=args.rounds, more_rounds=args.more_rounds, threads=args.threads,
-                               batch=args.batch, seq=args.seq, seed=args.seed)
+                               batch=args.batch, seq=args.seq, seed=args.seed, profile=not args.no_profile)
         meta = {"command": f"scripts/bench_families.py --families {family} --rounds {args.rounds} --more-rounds "
                            f"{args.more_rounds} --threads {args.threads} --batch {args.batch} --seq {args.seq}",
                 "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -26,9 +26,11 @@ Method (what :func:`bench_models` does, in this order):
 5. **Ratios against the first model** (the reference): speedup (ratio of median throughputs), the
    paired speedup (median and quartiles of the same-round throughput ratios, which cancels most
    load from other processes), parameter and FLOP ratios, the FLOP-bound speedup
-   ``reference FLOPs / model FLOPs`` and the fraction of it that was realised.
+   ``reference FLOPs / model FLOPs`` and the fraction of it that was realised. The paired speedup
+   gets a 95% percentile-bootstrap interval over rounds (:mod:`surgery.stats`).
 6. **Warnings as data**: a model that is smaller (parameters or FLOPs) but not faster, timings that
-   vary a lot between rounds, and a machine whose load exceeds its CPU count.
+   vary a lot between rounds, a machine whose load exceeds its CPU count, and a paired speedup whose
+   interval is wider than +-5% (with the rounds likely to narrow it).
 """
 
 from __future__ import annotations
