@@ -264,6 +264,12 @@ def render_families(data: dict[str, Any]) -> str:
         lines += ["", f"Batch {s['batch_size']} x {s['seq_len']} tokens, {s['threads']} thread(s), torch "
                       f"{s['torch_version']}, on {s['cpu_count']} CPUs shared with other jobs (load averages: before "
                       "each block of rounds and after the last)."]
+    explained = [_profile_line(measured[f], method) for f in FAMILY_ORDER if f in measured
+                 for method in FAMILY_METHODS if measured[f]["methods"][method]["share_of_bound"] < SHARE_TARGET]
+    if any(explained):
+        lines += ["", "**Profiles of the misses** (`torch.profiler`, one forward each, self CPU time; matmul = "
+                      "the operators that do the counted FLOPs, other = softmax, GELU, LayerNorm, copies, masks, "
+                      "which the FLOP bound leaves out):", "", *[e for e in explained if e]]
     lines += ["", "**Targets (issue 13)**:", "",
               f"- share of the FLOP bound >= {SHARE_TARGET:.0%} for every family x method: "
               + (f"missed by {', '.join(misses)}" if misses else "met by every measured cell")
@@ -271,6 +277,22 @@ def render_families(data: dict[str, Any]) -> str:
               f"- every interval within +-{HALF_WIDTH_TARGET:.0%}: "
               + (f"wider for {', '.join(wide)}" if wide else "met by every measured cell")]
     return "\n".join(lines)
+
+
+def _profile_line(entry: dict[str, Any], method: str) -> str | None:
+    profiles = entry.get("profiles") or {}
+    base, cut = profiles.get("original"), profiles.get(method)
+    if not base or not cut:
+        return None
+
+    def other(p: dict[str, Any]) -> float:
+        return p["total_ms"] - p["matmul_ms"]
+
+    top = ", ".join(f"{o['op']} {o['ms']:.0f} ms" for o in cut["ops"][:4])
+    return (f"- {entry['family']} {method}: matmul {base['matmul_ms']:.0f} -> {cut['matmul_ms']:.0f} ms "
+            f"({base['matmul_ms'] / max(cut['matmul_ms'], 1e-9):.2f}x), other {other(base):.0f} -> {other(cut):.0f} ms "
+            f"({other(base) / max(other(cut), 1e-9):.2f}x), total {base['total_ms']:.0f} -> {cut['total_ms']:.0f} ms; "
+            f"other is {other(cut) / cut['total_ms']:.0%} of the surgery's time. Top operators: {top}.")
 
 
 def replace_section(page: str, name: str, body: str) -> str:
