@@ -18,6 +18,7 @@ import yaml
 import surgery
 from surgery.atomic import check_separate
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
+from surgery.heads import loaded_class_name
 from surgery.manifest import MANIFEST_NAME
 from surgery.registry import adapter_class_for
 from surgery.untrusted import refuse_custom_code
@@ -209,8 +210,7 @@ def recorded_class(path: Path, config: PretrainedConfig) -> tuple[str | None, bo
         except (OSError, ValueError, AttributeError):
             name = None  # from_pretrained reports the damaged manifest with its own message
         return (str(name) if name else None), True
-    architectures = list(getattr(config, "architectures", None) or [])
-    return (architectures[0] if architectures else None), False
+    return loaded_class_name(path, config), False  # the class whose head the weights really hold
 
 
 @dataclass
@@ -263,6 +263,7 @@ def load_model(path: Path, config: PretrainedConfig, data: TaskData | None, *, a
         path,
         model_class=AutoModelForSequenceClassification,
         allow_pickle=allow_pickle,
+        allow_new_head=True,
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},

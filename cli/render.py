@@ -351,11 +351,12 @@ def bench_view(report: BenchReport) -> RenderableType:
     parts.append(models)
     if report.comparisons:
         ratios = Table(title=f"Against {report.comparisons[0].reference}", title_justify="left")
-        for column in ("model", "speedup", "params", "params w/o emb.", "FLOPs", "FLOP-bound speedup",
-                       "of bound", "memory"):
+        for column in ("model", "speedup", "paired [95% CI]", "params", "params w/o emb.", "FLOPs",
+                       "FLOP-bound speedup", "of bound", "memory"):
             ratios.add_column(column, justify="left" if column == "model" else "right")
         for c in report.comparisons:
-            ratios.add_row(Text(c.name), f"{c.speedup:.2f}x", f"{c.params_ratio:.3f}",
+            ci = f" [{c.paired_speedup_ci[0]:.2f}-{c.paired_speedup_ci[1]:.2f}]" if c.paired_speedup_ci else ""
+            ratios.add_row(Text(c.name), f"{c.speedup:.2f}x", f"{c.paired_speedup:.2f}x{ci}", f"{c.params_ratio:.3f}",
                            f"{c.params_ratio_without_embeddings:.3f}", f"{c.flops_ratio:.3f}",
                            f"{c.flop_bound_speedup:.2f}x", f"{c.fraction_of_flop_bound:.0%}",
                            "-" if c.memory_ratio is None else f"{c.memory_ratio:.3f}")

@@ -1,4 +1,4 @@
-"""Render the SHRP and DoE sections of docs/results.md from docs/results/{shrp,doe}.json.
+"""Render the SHRP, DoE and families sections of docs/results.md from docs/results/{shrp,doe,families}.json.
 
 The benchmark scripts write raw measurements to JSON; this script turns them into the tables between
 the ``<!-- shrp:begin -->``/``<!-- doe:begin -->`` markers, so no number in the page is typed by hand.
@@ -218,6 +218,83 @@ def render_doe(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+FAMILY_ORDER = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "mpnet", "deberta-v2", "modernbert")
+FAMILY_METHODS = ("head+ffn 0.5", "shrp half", "doe ffn 0.65")
+SHARE_TARGET, HALF_WIDTH_TARGET = 0.90, 0.05  # issue 13
+
+
+def render_families(data: dict[str, Any]) -> str:
+    measured = data.get("families", {})
+    lines = [
+        "Raw numbers: [`results/families.json`](results/families.json), from `scripts/bench_families.py` (one "
+        "family per invocation, merged). Each cell: paired speedup [95% bootstrap interval over rounds] / FLOP "
+        "bound = share of the bound (paired speedup / bound).",
+        "",
+        "| family (size of) | layers | attention | GFLOPs / batch | " + " | ".join(FAMILY_METHODS) + " | rounds | "
+        "load avg. | date |",
+        "|---|---|---|---|" + "---|" * len(FAMILY_METHODS) + "---|---|---|",
+    ]
+    misses, wide = [], []
+    for family in FAMILY_ORDER:
+        entry = measured.get(family)
+        if entry is None:
+            lines.append(f"| {family} | - | - | - | " + " | ".join("not yet timed" for _ in FAMILY_METHODS)
+                         + " | - | - | - |")
+            continue
+        cells = []
+        for method in FAMILY_METHODS:
+            m = entry["methods"][method]
+            cells.append(f"{m['paired_speedup']:.2f}x [{m['ci95'][0]:.2f}, {m['ci95'][1]:.2f}] / "
+                         f"{m['flop_bound_speedup']:.2f}x = **{100 * m['share_of_bound']:.0f}%**")
+            if m["share_of_bound"] < SHARE_TARGET:
+                misses.append(f"{family} {method} ({100 * m['share_of_bound']:.0f}%)")
+            if m["half_width"] > HALF_WIDTH_TARGET:
+                wide.append(f"{family} {method} (+-{100 * m['half_width']:.1f}%)")
+        s = entry["settings"][0]
+        loads = "/".join(f"{x:.1f}" for x in entry["shared_machine_load"] if x is not None)
+        rounds = sum(st["repeats"] for st in entry["settings"])
+        vocab = "" if entry["vocab_size"] == entry["real_vocab_size"] else (
+            f", vocab {entry['vocab_size']:,} for {entry['real_vocab_size']:,}")
+        lines.append(f"| {family} ({entry['checkpoint_size_of']}{vocab}) | {entry['layers']} | {entry['attention']} | "
+                     f"{entry['original']['flops_per_batch'] / 1e9:.0f} | " + " | ".join(cells)
+                     + f" | {rounds} | {loads} | {entry['date']} |")
+    done = [measured[f] for f in FAMILY_ORDER if f in measured]
+    if done:
+        s = done[0]["settings"][0]
+        lines += ["", f"Batch {s['batch_size']} x {s['seq_len']} tokens, {s['threads']} thread(s), torch "
+                      f"{s['torch_version']}, on {s['cpu_count']} CPUs shared with other jobs (load averages: before "
+                      "each block of rounds and after the last)."]
+    explained = [_profile_line(measured[f], method) for f in FAMILY_ORDER if f in measured
+                 for method in FAMILY_METHODS if measured[f]["methods"][method]["share_of_bound"] < SHARE_TARGET]
+    if any(explained):
+        lines += ["", "**Profiles of the misses** (`torch.profiler`, one forward each, self CPU time; matmul = "
+                      "the operators that do the counted FLOPs, other = softmax, GELU, LayerNorm, copies, masks, "
+                      "which the FLOP bound leaves out):", "", *[e for e in explained if e]]
+    lines += ["", "**Targets (issue 13)**:", "",
+              f"- share of the FLOP bound >= {SHARE_TARGET:.0%} for every family x method: "
+              + (f"missed by {', '.join(misses)}" if misses else "met by every measured cell")
+              + f" ({len(done)} of {len(FAMILY_ORDER)} families measured)",
+              f"- every interval within +-{HALF_WIDTH_TARGET:.0%}: "
+              + (f"wider for {', '.join(wide)}" if wide else "met by every measured cell")]
+    return "\n".join(lines)
+
+
+def _profile_line(entry: dict[str, Any], method: str) -> str | None:
+    profiles = entry.get("profiles") or {}
+    base, cut = profiles.get("original"), profiles.get(method)
+    if not base or not cut:
+        return None
+
+    def other(p: dict[str, Any]) -> float:
+        return p["total_ms"] - p["matmul_ms"]
+
+    top = ", ".join(f"{o['op']} {o['ms']:.0f} ms" for o in cut["ops"][:4])
+    return (f"- {entry['family']} {method}: matmul {base['matmul_ms']:.0f} -> {cut['matmul_ms']:.0f} ms "
+            f"({base['matmul_ms'] / max(cut['matmul_ms'], 1e-9):.2f}x), other {other(base):.0f} -> {other(cut):.0f} ms "
+            f"({other(base) / max(other(cut), 1e-9):.2f}x), total {base['total_ms']:.0f} -> {cut['total_ms']:.0f} ms; "
+            f"other is {other(cut) / cut['total_ms']:.0%} of the surgery's time. Top operators: {top}.")
+
+
 def replace_section(page: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     block = f"{begin}\n{body}\n{end}"
@@ -282,7 +359,7 @@ def main() -> None:
     parser.add_argument("--demo", type=Path, help="the out/ directory of a `bash scripts/demo.sh` run to record")
     args = parser.parse_args()
     page = PAGE.read_text()
-    for name, render in (("shrp", render_shrp), ("doe", render_doe)):
+    for name, render in (("shrp", render_shrp), ("doe", render_doe), ("families", render_families)):
         path = ROOT / "docs" / "results" / f"{name}.json"
         if path.exists():
             page = replace_section(page, name, render(json.loads(path.read_text())))

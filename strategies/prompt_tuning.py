@@ -20,6 +20,7 @@ from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.errors import ConfigError, DataError
+from surgery.heads import new_head_keys
 from surgery.importance import batches_on, model_device
 from surgery.strategies.soft_prompt import prompt_of
 
@@ -110,9 +111,10 @@ def make_task(model: nn.Module, *, mode: Mode | Literal["auto"] = "auto", tokeni
     """Build the :class:`PromptTask` for ``model``.
 
     ``mode="auto"`` picks MLM mode when the model has an MLM head (its logits span the vocabulary)
-    and a tokenizer is given, classifier mode otherwise. MLM mode takes ``template`` and
-    ``verbalizer`` (one word per label, in label order), defaulting to DoE Table 3 for
-    ``task_name``.
+    and a tokenizer is given, classifier mode otherwise. An MLM head that was newly initialised at
+    load time (:func:`surgery.heads.new_head_keys`) is refused in every mode: it is not trained.
+    MLM mode takes ``template`` and ``verbalizer`` (one word per label, in label order),
+    defaulting to DoE Table 3 for ``task_name``.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -120,6 +122,12 @@ def make_task(model: nn.Module, *, mode: Mode | Literal["auto"] = "auto", tokeni
         'classifier'
     """
     has_mlm = "MaskedLM" in type(model).__name__
+    made_up = new_head_keys(model)
+    if has_mlm and made_up and mode != "classifier":
+        # A head that was not in the checkpoint is random: its verbalizer logits would be noise.
+        raise ConfigError(f"MLM prompt tuning needs a trained MLM head, but the head of {type(model).__name__} was "
+                          f"newly initialised ({made_up[0]} was not in the checkpoint); load the model with the "
+                          "task head it has, or use mode='classifier' on a sequence classifier")
     if mode == "auto":
         mode = "mlm" if has_mlm and tokenizer is not None else "classifier"
     if mode == "classifier":

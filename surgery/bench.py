@@ -29,9 +29,11 @@ Method (what :func:`bench_models` does, in this order):
 5. **Ratios against the first model** (the reference): speedup (ratio of median throughputs), the
    paired speedup (median and quartiles of the same-round throughput ratios, which cancels most
    load from other processes), parameter and FLOP ratios, the FLOP-bound speedup
-   ``reference FLOPs / model FLOPs`` and the fraction of it that was realised.
+   ``reference FLOPs / model FLOPs`` and the fraction of it that was realised. The paired speedup
+   gets a 95% percentile-bootstrap interval over rounds (:mod:`surgery.stats`).
 6. **Warnings as data**: a model that is smaller (parameters or FLOPs) but not faster, timings that
-   vary a lot between rounds, and a machine whose load exceeds its CPU count.
+   vary a lot between rounds, a machine whose load exceeds its CPU count, and a paired speedup whose
+   interval is wider than +-5% (with the rounds likely to narrow it).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from surgery.api import count_params
 from surgery.errors import ConfigError
 from surgery.report import ParamCount
+from surgery.stats import Interval, bootstrap_median, interval_warning
 
 #: A model counts as "smaller" when it has at most this fraction of the reference's parameters or FLOPs.
 SMALLER_BELOW = 0.95
@@ -112,6 +115,8 @@ class Comparison(BaseModel):
     speedup: float = Field(description="throughput / reference throughput (ratio of the medians)")
     paired_speedup: float = Field(description="median over rounds of the same-round throughput ratio")
     paired_speedup_iqr: tuple[float, float] = Field(description="quartiles (25%, 75%) of the same-round ratios")
+    paired_speedup_ci: tuple[float, float] | None = Field(
+        default=None, description="95% bootstrap confidence interval of the paired speedup (surgery.stats)")
     params_ratio: float = Field(description="total parameters / reference")
     params_ratio_without_embeddings: float
     flops_ratio: float = Field(description="FLOPs per batch / reference")
@@ -169,6 +174,12 @@ def not_faster_warning(comparison: Comparison) -> str | None:
             f"(speedup {comparison.speedup:.2f}x, paired {comparison.paired_speedup:.2f}x)")
 
 
+def paired_interval(comparison: Comparison, rounds: int) -> Interval:
+    """The paired speedup of ``comparison`` with its bootstrap interval, as a :class:`surgery.stats.Interval`."""
+    low, high = comparison.paired_speedup_ci or (comparison.paired_speedup,) * 2
+    return Interval(estimate=comparison.paired_speedup, low=low, high=high, level=0.95, rounds=rounds)
+
+
 def noise_warning(bench: ModelBench) -> str | None:
     """A warning when a model's per-round throughput varies by more than 15% (IQR / median)."""
     spread = bench.throughput_spread
@@ -222,13 +233,23 @@ def count_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int:
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model, tiny_inputs
-        >>> spec = TinySpec("bert")
+        >>> spec = TinySpec("deberta-v2")
         >>> count_flops(tiny_model(spec), tiny_inputs(spec)) > 0
         True
     """
     counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
-    with torch.inference_mode(), counter:
-        model(**inputs)
+    # The counter's module tracker hooks the autograd graph of every module input that requires grad;
+    # DeBERTa-v2 passes a parameter (its relative embeddings) as an input, which has no graph under
+    # inference mode and crashed the count. Nothing is differentiated here, so grads are off meanwhile.
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+        with torch.inference_mode(), counter:
+            model(**inputs)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
     return int(counter.get_total_flops())
 
 
@@ -410,6 +431,7 @@ def _compare(model: ModelBench, ref: ModelBench) -> Comparison:
     # hits both; the per-round ratio is therefore far steadier than either throughput on a busy machine.
     paired = [ratio(a, b) for a, b in zip(model.throughput_rounds, ref.throughput_rounds, strict=True)]
     q1, _, q3 = statistics.quantiles(paired, n=4, method="inclusive") if len(paired) > 1 else (paired[0],) * 3
+    interval = bootstrap_median(paired)
     memory = (ratio(model.peak_memory_bytes, ref.peak_memory_bytes)
               if model.peak_memory_bytes is not None and ref.peak_memory_bytes is not None else None)
     return Comparison(
@@ -418,6 +440,7 @@ def _compare(model: ModelBench, ref: ModelBench) -> Comparison:
         speedup=speedup,
         paired_speedup=statistics.median(paired),
         paired_speedup_iqr=(q1, q3),
+        paired_speedup_ci=(interval.low, interval.high),
         params_ratio=ratio(model.params.total, ref.params.total),
         params_ratio_without_embeddings=ratio(model.params.without_embeddings, ref.params.without_embeddings),
         flops_ratio=flops_ratio,
@@ -510,7 +533,9 @@ def bench_models(
         ))
     comparisons = [_compare(b, benches[0]) for b in benches[1:]]
     warnings = [w for w in [load_warning(settings), *(noise_warning(b) for b in benches),
-                            *(not_faster_warning(c) for c in comparisons)] if w]
+                            *(not_faster_warning(c) for c in comparisons),
+                            *(interval_warning(c.name, paired_interval(c, settings.repeats)) for c in comparisons)]
+                if w]
     return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings)
 
 

@@ -28,6 +28,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from surgery.atomic import atomic_directory, check_separate
 from surgery.errors import ConfigError, ModelLoadError, OutputPathError, SurgeryError
+from surgery.heads import choose_class, record_new_head, warn_choice
 from surgery.manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -198,14 +199,19 @@ def _check_shapes(model: nn.Module, weights: Path) -> None:
 
 def from_pretrained(
     path: str | os.PathLike[str], model_class: str | type[nn.Module] | None = None, *, allow_pickle: bool = False,
-    **kwargs: Any,
+    allow_new_head: bool = False, **kwargs: Any,
 ) -> PreTrainedModel:
     """Load a model saved by :func:`save_pretrained`, or a plain Hugging Face model directory.
 
     Args:
         path: the directory, or an embedded default name such as ``"minilm-l6"``.
         model_class: the transformers class (or its name); defaults to the class recorded in
-            the manifest, then ``config.architectures``, then ``AutoModel``.
+            the manifest, then ``config.architectures``, then ``AutoModel``. For a plain HF
+            directory whose weights lack the head of the class ``architectures`` names, the class
+            whose head they hold (or the bare model) loads instead, with a one-line
+            :class:`surgery.heads.HeadWarning`; an explicit class whose head is missing is refused.
+        allow_new_head: accept an explicit ``model_class`` whose head is not in the weights (it is
+            newly initialised and recorded, see :func:`surgery.heads.new_head_keys`).
         allow_pickle: load a plain directory whose weights exist only as ``pytorch_model.bin`` (a
             pickle) with torch's weights-only loader; refused by default, since unpickling can run code.
         **kwargs: passed to ``from_pretrained`` for plain HF directories (e.g. ``num_labels``).
@@ -247,6 +253,10 @@ def from_pretrained(
     if manifest is None:
         require_safetensors(where, allow_pickle=allow_pickle)
         check_safetensors_dir(where)
+        choice = choose_class(where, config, cls, explicit=model_class is not None, allow_new_head=allow_new_head)
+        if choice.cls is not cls:
+            warn_choice(choice)
+        cls = choice.cls
         try:
             model = cls.from_pretrained(where, config=config, trust_remote_code=False,
                                         use_safetensors=None if allow_pickle else True, **kwargs)
@@ -256,6 +266,7 @@ def from_pretrained(
             raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
         set_source_dir(model, str(where))
         set_steps(model, [])
+        record_new_head(model, choice.new_head or [])
         return model
     weights = where / WEIGHTS_NAME
     if not weights.exists():

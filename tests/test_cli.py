@@ -193,6 +193,7 @@ def test_bench_side_by_side(ws: dict[str, Path], tmp_path: Path) -> None:
     result = ok(["bench", str(pruned), "--against", str(ws["bare"]), "--batch-size", "2", "--seq-len", "8",
                  "--repeats", "2", "--warmup", "0", "--threads", "1", "--json", str(report_file)])
     assert f"Against {ws['bare']}" in result.stdout and "samples/s" in result.stdout
+    assert "paired [95% CI]" in result.stdout  # the paired speedup with its bootstrap interval
     report = json.loads(report_file.read_text())
     assert [m["name"] for m in report["models"]] == [str(ws["bare"]), str(pruned)]
     assert report["comparisons"][0]["params_ratio"] < 1
