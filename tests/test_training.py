@@ -139,7 +139,10 @@ def test_recover_distils_the_teacher_into_a_layer_dropped_student() -> None:
     assert [s.strategy for s in surgery.inspect(student).steps] == ["layer-drop"]  # weights only changed
 
 
-def test_recover_needs_labelled_task_data() -> None:
+def test_recover_needs_labelled_task_data_and_a_matching_teacher() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     with pytest.raises(DataError, match="needs labelled task data"):
         recover(model, copy.deepcopy(model), [{"input_ids": torch.tensor([[2, 3]])}])  # type: ignore[arg-type]
+    task = TaskData(rows(4), rows(4), ["a", "b", "c"])
+    with pytest.raises(ConfigError, match="the model has 3 labels but the teacher has 2"):
+        recover(model, tiny_model(TinySpec("bert", task="seq-cls"), num_labels=2), task)

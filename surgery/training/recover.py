@@ -14,7 +14,7 @@ from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.data import TaskData
-from surgery.errors import DataError
+from surgery.errors import ConfigError, DataError
 from surgery.manifest import steps_of
 from surgery.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.training.distill import DistillConfig, default_layer_map
@@ -87,6 +87,10 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     """
     cfg = config or RecoveryConfig(**settings)
     task = require_labelled(task, "recovery")
+    labels = (getattr(model.config, "num_labels", None), getattr(teacher.config, "num_labels", None))
+    if labels[0] != labels[1]:
+        raise ConfigError(f"recovery: the model has {labels[0]} labels but the teacher has {labels[1]}; the teacher "
+                          "must be the same classifier before surgery")
     emit = progress or no_progress
     start = time.perf_counter()
     distill = cfg.distill_config()

@@ -85,6 +85,9 @@ class SurgeryTrainer(Trainer):
                  task: LogitTask | None = None, dropout: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.remove_callback(PrinterCallback)  # progress goes through surgery's events, not raw log dicts
+        # compute_loss returns a per-batch mean (not a sum over num_items_in_batch), so the Trainer must
+        # scale it for gradient accumulation and must not rescale it across devices itself.
+        self.model_accepts_loss_kwargs = False
         self.teacher = teacher
         if teacher is not None:
             teacher.eval()
