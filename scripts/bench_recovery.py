@@ -13,6 +13,8 @@ Every accuracy is on the held-out split (nothing is selected on it: recovery run
 Throughput of seed 0's models is measured side by side with the baseline in this one process
 (interleaved rounds, ``surgery.bench.bench_models``) on a machine shared with other jobs.
 
+Writes docs/results/recovery.json and the table in docs/recovery.md (``--render`` redoes only the table).
+
 Example:
     nice -n 5 python scripts/bench_recovery.py --seeds 0 1 > /tmp/recover_bench/log.txt 2>&1 &
 """
@@ -36,7 +38,9 @@ from surgery.data import TaskData, load_task_data
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, LayerDropStrategy
 from surgery.training import RecoveryConfig, accuracy, fit, recover, scratch_dir, training_arguments
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "recovery.json"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "results" / "recovery.json"
+PAGE = ROOT / "docs" / "recovery.md"
 RULES = ("every-other", "keep-ends", "top")
 
 
@@ -101,6 +105,45 @@ def summarise(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def render(results: dict[str, Any]) -> str:
+    """The results table of docs/recovery.md (between its ``recovery`` markers), from the JSON."""
+    setup, summary, bench = results["setup"], results["summary"], results.get("bench", {})
+    seeds = sorted(results["seeds"], key=int)
+    lines = [
+        f"MiniLM-L6 on Rotten Tomatoes: {setup['max_train']} training examples, held-out split of "
+        f"{results['setup'][f'data_seed{seeds[0]}']['eval_size']} (seeded, stratified; nothing is selected on it), "
+        f"baseline fine-tuned {setup['epochs']} epochs at lr {setup['lr']:g}; recovery = {setup['kd_epochs']} epoch of "
+        f"KD (T = {setup['temperature']:g}, alpha = {setup['alpha']:g}) from the fine-tuned model. "
+        f"Seeds {', '.join(seeds)}; accuracy mean ± std over seeds. Speedup: paired throughput ratio against the "
+        "baseline (seed 0's models, batch 32 x 64 tokens, interleaved rounds, one process, CPU shared with other "
+        "jobs).",
+        "",
+        "| model | accuracy (%) | % of baseline | params w/o emb. | speedup | FLOP bound |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in summary.items():
+        std = "" if row["accuracy_std"] is None else f" ± {100 * row['accuracy_std']:.1f}"
+        params = results["seeds"][seeds[0]][name]["params"]["without_embeddings"]
+        b = bench.get(name)
+        speed = "1.00" if name == "baseline" else ("-" if b is None else f"{b['paired_speedup']:.2f}")
+        bound = "1.00" if name == "baseline" else ("-" if b is None else f"{b['flop_bound_speedup']:.2f}")
+        lines.append(f"| {name} | {100 * row['accuracy_mean']:.1f}{std} | {100 * row['retained_mean']:.1f} | "
+                     f"{params / 1e6:.2f}M | {speed} | {bound} |")
+    dropped = [(n, [results["seeds"][s][n]["accuracy_dropped"] for s in seeds]) for n in summary
+               if n.startswith("layer-drop")]
+    if dropped:
+        shown = [f"{n.split(':')[1].split('+')[0]} {', '.join(f'{100 * a:.1f}' for a in accs)}" for n, accs in dropped]
+        lines += ["", "Layer-drop accuracy right after the drop, before recovery (per seed): " + "; ".join(shown) + "."]
+    return "\n".join(lines)
+
+
+def write_page(results: dict[str, Any]) -> None:
+    page = PAGE.read_text()
+    begin, end = "<!-- recovery:begin -->", "<!-- recovery:end -->"
+    head, rest = page.split(begin, 1)
+    PAGE.write_text(head + begin + "\n" + render(results) + "\n" + end + rest.split(end, 1)[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -116,7 +159,11 @@ def main() -> None:
     parser.add_argument("--drop", type=int, default=3, help="layers dropped of 6")
     parser.add_argument("--rules", nargs="+", default=list(RULES))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--render", action="store_true", help="only rewrite docs/recovery.md's table from --out")
     args = parser.parse_args()
+    if args.render:
+        write_page(json.loads(args.out.read_text()))
+        return
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
     results: dict[str, Any] = {"setup": {k: v for k, v in vars(args).items() if k != "out"}, "seeds": {}}
@@ -137,6 +184,8 @@ def main() -> None:
             log("bench", json.dumps(results["bench"]))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n")
+        if args.out == OUT:
+            write_page(results)
         log("wrote", args.out)
 
 
