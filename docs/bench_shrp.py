@@ -29,30 +29,19 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
-from surgery.data import TaskData, _Collate, load_task_data
+from surgery.data import TaskData, load_task_data
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
-from surgery.strategies.shrp import ShrpConfig, accuracy, training_arguments
+from surgery.training import accuracy, fit, scratch_dir, training_arguments
 
 ROOT = Path(__file__).resolve().parent
 
 
 def finetune(model: torch.nn.Module, task: TaskData, epochs: int, lr: float, seed: int, batch: int) -> float:
-    """Plain fine-tuning on the HF Trainer (the baselines' and the recoveries' budget); returns seconds."""
-    import tempfile
-
-    from transformers import Trainer
-
+    """Plain fine-tuning on surgery's Trainer (the baselines' and the recoveries' budget); returns seconds."""
     start = time.perf_counter()
-    cfg = ShrpConfig(learning_rate=lr, seed=seed, batch_size=batch)
-    columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels") if c in task.train.column_names]
-    with tempfile.TemporaryDirectory() as tmp:
-        Trainer(
-            model=model,
-            args=training_arguments(cfg, epochs, tmp, ddp_find_unused_parameters=False),
-            train_dataset=task.train.select_columns(columns),
-            data_collator=_Collate(task.tokenizer),
-        ).train()
-    model.eval()
+    with scratch_dir() as tmp:
+        fit(model, task, training_arguments(tmp, epochs=epochs, batch_size=batch, learning_rate=lr, weight_decay=0.01,
+                                            seed=seed))
     return time.perf_counter() - start
 
 
