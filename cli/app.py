@@ -60,8 +60,11 @@ EXIT_BAD_INPUT = 2
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that every ``finally`` (temporary directories, lock files) runs."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM during a command, raised so that every ``finally`` (temporary directories, lock files) runs.
+
+    Not a KeyboardInterrupt: typer turns that into a silent exit 130, and ``except Exception`` must not swallow it.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -139,11 +142,11 @@ def _quiet_libraries(debug: bool) -> Iterator[None]:
                 transformers.logging.set_verbosity(verbosity)
                 if hf_bars:
                     transformers.utils.logging.enable_progress_bar()
-            elif not debug and "transformers" in sys.modules:  # imported by the command: back to its defaults
+            elif not debug and "transformers" in sys.modules:  # imported by the command: back to its default
                 import transformers
 
+                # (Its progress bars stay off: huggingface_hub read the variable when it was imported.)
                 transformers.logging.set_verbosity_warning()
-                transformers.utils.logging.enable_progress_bar()
 
 
 QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -151,16 +154,18 @@ QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": 
 
 @contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM interrupts like Ctrl-C for the duration of a command (main thread only)."""
+    """SIGINT and SIGTERM raise :class:`Interrupted` for the duration of a command (main thread only)."""
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        previous = {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGINT, signal.SIGTERM)
+                    if signal.getsignal(signum) is not signal.SIG_IGN}  # nohup and `&` ignore SIGINT: keep that
     except ValueError:  # not the main thread (e.g. a test runner's worker): leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class SurgeryGroup(typer.core.TyperGroup):
@@ -181,7 +186,7 @@ class SurgeryGroup(typer.core.TyperGroup):
             with _signals_interrupt(), _quiet_libraries(state.debug):
                 result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else 0
-        except (KeyboardInterrupt, typer.Abort) as exc:
+        except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             typer.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was saved unless a "
                        "'saved to' line was printed", err=True)

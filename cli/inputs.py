@@ -138,10 +138,12 @@ def check_writable_file(path: Path | None, flag: str) -> Path | None:
     """Check, before any work, that a result file (``--report``, ``--json``) can be written; create nothing.
 
     Example:
-        >>> check_writable_file(Path("/proc/no/such/report.json"), "--report")  # doctest: +ELLIPSIS
+        >>> import tempfile
+        >>> a_file = Path(tempfile.mkstemp()[1])
+        >>> check_writable_file(a_file / "report.json", "--report")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.errors.OutputPathError: --report /proc/no/such/report.json: ...
+        surgery.errors.OutputPathError: --report .../report.json: ... is a file, so the directory cannot be created
     """
     if path is None:
         return None

@@ -6,6 +6,8 @@ Method (what :func:`bench_models` does, in this order):
    uniformly from the vocabulary all models share (seeded) and an ``attention_mask`` of ones, so
    every sequence has the full length and no model can profit from padding. Models run in eval mode
    under ``torch.inference_mode``; their previous train/eval mode is restored afterwards.
+   The device is checked first (``cuda`` without a GPU, an unknown name) and so is ``seq_len``
+   against each model's ``max_position_embeddings``: one-line errors, not tracebacks.
 2. **Counting, outside the timed region.** Parameters come from :func:`surgery.count_params` (with
    and without embeddings). FLOPs per batch come from one forward under
    :class:`torch.utils.flop_counter.FlopCounterMode`, which counts matrix multiplications (one
@@ -24,8 +26,6 @@ Method (what :func:`bench_models` does, in this order):
    load and cache effects hit all models alike. Each batch is timed with ``time.perf_counter`` (with
    a CUDA synchronise on GPU). Throughput is the median over rounds of ``batch_size / latency``;
    latency p50/p95 are percentiles of the per-batch times.
-   The device is checked first (``cuda`` without a GPU, an unknown name) and so is ``seq_len``
-   against each model's ``max_position_embeddings``: one-line errors, not tracebacks.
 5. **Ratios against the first model** (the reference): speedup (ratio of median throughputs), the
    paired speedup (median and quartiles of the same-round throughput ratios, which cancels most
    load from other processes), parameter and FLOP ratios, the FLOP-bound speedup

@@ -234,6 +234,8 @@ def from_pretrained(
     """
     from surgery.assets import resolve_model_path
 
+    if kwargs.pop("trust_remote_code", False):
+        raise ModelLoadError("trust_remote_code=True is not supported: surgery never runs code from a model directory")
     where = resolve_model_path(path)
     refuse_custom_code(where)
     manifest = _read_manifest(where)
@@ -243,8 +245,6 @@ def from_pretrained(
             f"{where} was saved by surgery; extra loading options {sorted({*config_kwargs, *kwargs})} cannot be "
             "applied when replaying its steps (load it as saved)"
         )
-    if kwargs.pop("trust_remote_code", False):
-        raise ModelLoadError("trust_remote_code=True is not supported: surgery never runs code from a model directory")
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=False, **config_kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
