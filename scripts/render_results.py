@@ -257,7 +257,7 @@ def render_families(data: dict[str, Any]) -> str:
             f", vocab {entry['vocab_size']:,} for {entry['real_vocab_size']:,}")
         lines.append(f"| {family} ({entry['checkpoint_size_of']}{vocab}) | {entry['layers']} | {entry['attention']} | "
                      f"{entry['original']['flops_per_batch'] / 1e9:.0f} | " + " | ".join(cells)
-                     + f" | {rounds} | {loads} | {entry['date']} |")
+                     + f" | {s['batch_size']}x{s['seq_len']}, {rounds} | {loads} | {entry['date']} |")
     done = [measured[f] for f in FAMILY_ORDER if f in measured]
     if done:
         s = done[0]["settings"][0]
