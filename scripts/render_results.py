@@ -230,8 +230,8 @@ def render_families(data: dict[str, Any]) -> str:
         "family per invocation, merged). Each cell: paired speedup [95% bootstrap interval over rounds] / FLOP "
         "bound = share of the bound (paired speedup / bound).",
         "",
-        "| family (size of) | layers | attention | GFLOPs / batch | " + " | ".join(FAMILY_METHODS) + " | rounds | "
-        "load avg. | date |",
+        "| family (size of) | layers | attention | GFLOPs / batch | " + " | ".join(FAMILY_METHODS)
+        + " | batch, rounds | load avg. | date |",
         "|---|---|---|---|" + "---|" * len(FAMILY_METHODS) + "---|---|---|",
     ]
     misses, wide = [], []
@@ -257,7 +257,7 @@ def render_families(data: dict[str, Any]) -> str:
             f", vocab {entry['vocab_size']:,} for {entry['real_vocab_size']:,}")
         lines.append(f"| {family} ({entry['checkpoint_size_of']}{vocab}) | {entry['layers']} | {entry['attention']} | "
                      f"{entry['original']['flops_per_batch'] / 1e9:.0f} | " + " | ".join(cells)
-                     + f" | {rounds} | {loads} | {entry['date']} |")
+                     + f" | {s['batch_size']}x{s['seq_len']}, {rounds} | {loads} | {entry['date']} |")
     done = [measured[f] for f in FAMILY_ORDER if f in measured]
     if done:
         s = done[0]["settings"][0]
@@ -289,7 +289,11 @@ def _profile_line(entry: dict[str, Any], method: str) -> str | None:
         return p["total_ms"] - p["matmul_ms"]
 
     top = ", ".join(f"{o['op']} {o['ms']:.0f} ms" for o in cut["ops"][:4])
-    return (f"- {entry['family']} {method}: matmul {base['matmul_ms']:.0f} -> {cut['matmul_ms']:.0f} ms "
+    m = entry["methods"][method]
+    share = f"share {100 * m['share_of_bound']:.0f}% [{100 * m['share_ci95'][0]:.0f}, {100 * m['share_ci95'][1]:.0f}]"
+    return (f"- {entry['family']} {method} ({share}; the profiled forwards give "
+            f"{base['total_ms'] / cut['total_ms']:.2f}x of a {m['flop_bound_speedup']:.2f}x bound): "
+            f"matmul {base['matmul_ms']:.0f} -> {cut['matmul_ms']:.0f} ms "
             f"({base['matmul_ms'] / max(cut['matmul_ms'], 1e-9):.2f}x), other {other(base):.0f} -> {other(cut):.0f} ms "
             f"({other(base) / max(other(cut), 1e-9):.2f}x), total {base['total_ms']:.0f} -> {cut['total_ms']:.0f} ms; "
             f"other is {other(cut) / cut['total_ms']:.0%} of the surgery's time. Top operators: {top}.")

@@ -101,10 +101,10 @@ def concrete_class(cls: Any, config: PretrainedConfig) -> type[nn.Module]:
     """The transformers class an ``AutoModel*`` factory builds for ``config`` (other classes as given)."""
     if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
         return cls
-    mapping = getattr(cls, "_model_mapping", None)
     try:
-        return mapping[type(config)]  # type: ignore[index]
-    except (KeyError, TypeError):
+        with torch.device("meta"):  # the factory's own choice, built without memory or initialisation
+            return type(cls.from_config(config))
+    except (ValueError, KeyError, AttributeError):
         raise ModelLoadError(f"{getattr(cls, '__name__', cls)} has no class for model type "
                              f"{config.model_type!r}; pass a concrete transformers class") from None
 
