@@ -32,6 +32,7 @@ from surgery.assets import resolve_model_path
 from surgery.cli import render
 from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
 from surgery.cli.experts import experts_app
+from surgery.cli.export import bench_batches, export_command
 from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
 from surgery.cli.options import (
     BatchSize,
@@ -143,6 +144,7 @@ app = typer.Typer(
 
 
 app.add_typer(experts_app, name="experts")
+app.command("export")(export_command)
 
 
 @app.callback()
@@ -273,6 +275,7 @@ def _require_out(out: Path | None) -> Path:
 # -- bench -------------------------------------------------------------------------------
 @app.command("bench")
 def bench_command(
+    ctx: typer.Context,
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     against: Annotated[str | None, typer.Option("--against", help="Reference model to compare with (ratios are "
                                                 "MODEL_DIR / reference).")] = None,
@@ -284,6 +287,14 @@ def bench_command(
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     json_file: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON to this "
                                                    "file.")] = None,
+    runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="torch or onnxruntime (fp32), repeatable; "
+                                                       "every model runs in each.")] = None,
+    int8: Annotated[bool, typer.Option("--int8", help="Add each model's ONNX Runtime dynamic-int8 graph.")] = False,
+    data: Annotated[str | None, typer.Option("--data", help="Labelled data: accuracy of each row on its held-out "
+                                             "split (or rotten-tomatoes).")] = None,
+    text_column: TextColumn = "text",
+    label_column: LabelColumn = "label",
+    max_length: MaxLength = 64,
 ) -> None:
     """Measure throughput, latency, parameters, FLOPs and peak memory, side by side with --against."""
     from surgery.bench import bench_dirs
@@ -291,9 +302,18 @@ def bench_command(
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
         read_model_config(resolve_model_path(path))
-    with stderr().status("benchmarking (interleaved rounds)"):
-        report = bench_dirs(paths, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
-                            threads=threads, device=device)
+    settings = dict(batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, threads=threads,
+                    device=device)
+    if runtimes or int8 or data is not None:  # across runtimes (surgery.deploy): exports, then the same bench
+        from surgery.deploy.bench import bench_runtimes
+
+        batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
+                                max_length=max_length) if data is not None else None
+        with stderr().status("exporting to ONNX where needed, then benchmarking (interleaved rounds)"):
+            report = bench_runtimes(paths, runtimes=runtimes or ["torch"], int8=int8, data=batches, **settings)
+    else:
+        with stderr().status("benchmarking (interleaved rounds)"):
+            report = bench_dirs(paths, **settings)
     if json_file is not None:
         report.write_json(json_file)
     stdout().print(render.bench_view(report))

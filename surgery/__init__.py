@@ -67,4 +67,8 @@ def __getattr__(name: str):  # lazy, so `import surgery` does not import every b
         import surgery.strategies as module
 
         return module
+    if name == "export_onnx":  # lazy too: it needs the optional onnx extra only when called
+        from surgery.deploy import export_onnx
+
+        return export_onnx
     raise AttributeError(name)
