@@ -27,7 +27,7 @@ from rich.text import Text
 from surgery.assets import resolve_model_path
 from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
-from surgery.cli.options import LabelColumn, MaxLength, Overwrite, TextColumn, TextPairColumn
+from surgery.cli.options import EvalData, LabelColumn, MaxLength, Overwrite, TextColumn, TextPairColumn
 from surgery.deploy.export import TASKS, ExportReport
 from surgery.deploy.runtime import require_onnx
 
@@ -64,7 +64,7 @@ def export_view(report: ExportReport, out: Path) -> RenderableType:
 #: Operators that ONNX Runtime's optimizer creates by fusing several nodes.
 FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization",
              "LayerNormalization", "SimplifiedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "FusedMatMul",
-             "Gemm", "QAttention", "BiasSoftmax")
+             "Gemm", "QAttention", "BiasSoftmax", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm")
 
 
 def export_command(
@@ -83,8 +83,7 @@ def export_command(
     opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the exporter's).")] = None,
     data: Annotated[str | None, typer.Option("--data", help="Labelled data; records the accuracy of PyTorch and "
                                              "of the graph on its held-out split (or rotten-tomatoes).")] = None,
-    eval_data: Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% "
-                                                  "split of --data.")] = None,
+    eval_data: EvalData = None,
     text_column: TextColumn = "text",
     text_pair_column: TextPairColumn = None,
     label_column: LabelColumn = "label",
@@ -112,7 +111,7 @@ def export_command(
         batches = task_data.loader("eval")
     model = surgery.from_pretrained(source)
     with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
-        report = export_onnx(model, target, tokenizer=tokenizer if has_tokenizer(source) else None, task=task,
+        report = export_onnx(model, target, tokenizer=tokenizer, task=task,
                              int8=int8, optimize=optimize, batch=batch, seq=seq, tolerance=tolerance, opset=opset,
                              data=batches, threads=threads, overwrite=overwrite)
     stdout().print(export_view(report, target))
