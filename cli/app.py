@@ -35,6 +35,7 @@ from surgery.assets import resolve_model_path
 from surgery.cli import render
 from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
 from surgery.cli.experts import experts_app
+from surgery.cli.export import bench_batches, export_command
 from surgery.cli.inputs import (
     check_output_dir,
     check_writable_file,
@@ -217,6 +218,7 @@ app = typer.Typer(
 
 
 app.add_typer(experts_app, name="experts")
+app.command("export")(export_command)
 
 
 @app.callback()
@@ -390,6 +392,14 @@ def bench_command(
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     json_file: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON to this "
                                                    "file.")] = None,
+    runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="torch or onnxruntime (fp32), repeatable; "
+                                                       "every model runs in each.")] = None,
+    int8: Annotated[bool, typer.Option("--int8", help="Add each model's ONNX Runtime dynamic-int8 graph.")] = False,
+    data: Annotated[str | None, typer.Option("--data", help="Labelled data: accuracy of each row on its held-out "
+                                             "split (or rotten-tomatoes).")] = None,
+    text_column: TextColumn = "text",
+    label_column: LabelColumn = "label",
+    max_length: MaxLength = 64,
 ) -> None:
     """Measure throughput, latency, parameters, FLOPs and peak memory, side by side with --against."""
     paths = [against, model_dir] if against is not None else [model_dir]
@@ -402,14 +412,23 @@ def bench_command(
     model_names(paths)
     for path in paths:
         read_model_config(resolve_model_path(path))
-    models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
-    check_seq_len(models, seq_len)
+    settings = dict(batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, threads=threads,
+                    device=device)
     console = stderr()
     if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for
         note(f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds")
-    with console.status("benchmarking (interleaved rounds)"):
-        report = bench_models(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
-                              threads=threads, device=device)
+    if runtimes or int8 or data is not None:  # across runtimes (surgery.deploy): exports, then the same bench
+        from surgery.deploy.bench import bench_runtimes
+
+        batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
+                                max_length=max_length) if data is not None else None
+        with console.status("exporting to ONNX where needed, then benchmarking (interleaved rounds)"):
+            report = bench_runtimes(paths, runtimes=runtimes or ["torch"], int8=int8, data=batches, **settings)
+    else:
+        models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
+        check_seq_len(models, seq_len)
+        with console.status("benchmarking (interleaved rounds)"):
+            report = bench_models(models, **settings)
     if json_file is not None:
         report.write_json(json_file)
     stdout().print(render.bench_view(report))

@@ -23,4 +23,6 @@ MaxLength = Annotated[int, typer.Option(min=1, help="Tokens per text (longer tex
 BatchSize = Annotated[int, typer.Option(min=1, help="Batch size of the data loaders.")]
 Seed = Annotated[int, typer.Option(help="Seed of the evaluation split(s), new heads and the strategy.")]
 MaxTrain = Annotated[int | None, typer.Option(min=1, help="Use at most N training examples (per task).")]
+EvalData = Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% split of "
+                                              "--data.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")]

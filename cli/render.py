@@ -363,13 +363,15 @@ def bench_view(report: BenchReport) -> RenderableType:
         f"{s.threads} thread{'' if s.threads == 1 else 's'} on {s.device} ({s.machine}), torch {s.torch_version}",
         style="dim")]
     models = Table(title="Models", title_justify="left")
+    accuracy = any(m.accuracy is not None for m in report.models)
     for column in ("model", "params", "params w/o emb.", "GFLOPs/batch", "samples/s", "p50 ms", "p95 ms",
-                   "peak MiB"):
+                   "size MiB", "peak MiB", *(["accuracy"] if accuracy else [])):
         models.add_column(column, justify="left" if column == "model" else "right")
     for m in report.models:
         models.add_row(Text(m.name), f"{m.params.total:,}", f"{m.params.without_embeddings:,}",
                        f"{m.flops_per_batch / 1e9:,.3f}", f"{m.throughput:,.1f}", f"{m.latency_p50_ms:,.2f}",
-                       f"{m.latency_p95_ms:,.2f}", _mib(m.peak_memory_bytes))
+                       f"{m.latency_p95_ms:,.2f}", _mib(m.weights_bytes), _mib(m.peak_memory_bytes),
+                       *([("-" if m.accuracy is None else f"{m.accuracy:.2%}")] if accuracy else []))
     parts.append(models)
     if report.comparisons:
         ratios = Table(title=f"Against {report.comparisons[0].reference}", title_justify="left")

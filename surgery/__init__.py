@@ -45,6 +45,8 @@ _LAZY = {
     "LayerChange": "surgery.report", "ModelAnatomy": "surgery.report", "ParamCount": "surgery.report",
     "SurgeryReport": "surgery.report", "Plan": "surgery.strategy", "Strategy": "surgery.strategy",
     "StrategyConfig": "surgery.strategy", "strategies": "surgery.strategies",
+    # needs the optional onnx extra only when called
+    "export_onnx": "surgery.deploy",
 }
 
 __version__ = "0.1.0"

@@ -89,6 +89,7 @@ class ModelBench(BaseModel):
 
     name: str
     model_class: str
+    runtime: str = Field(default="torch", description="torch, or onnxruntime for an exported graph")
     attention: str | None = Field(default=None, description="config._attn_implementation (eager, sdpa ...)")
     params: ParamCount
     flops_per_batch: int
@@ -100,6 +101,7 @@ class ModelBench(BaseModel):
     activation_peak_bytes: int | None
     peak_memory_bytes: int | None
     memory_method: str
+    accuracy: float | None = Field(default=None, description="accuracy on labelled data, when given")
 
     @property
     def throughput_spread(self) -> float:
@@ -359,6 +361,14 @@ def check_seq_len(models: Mapping[str, nn.Module], seq_len: int) -> None:
                               f"use --seq-len {limit} or less")
 
 
+def _counts(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: torch.device) -> tuple[Any, ...]:
+    # A model whose weights live outside torch (an ONNX Runtime graph) reports its own counts.
+    own = getattr(model, "bench_counts", None)
+    if callable(own):
+        return own(inputs)
+    return (count_params(model), count_flops(model, inputs), *_memory(model, inputs, device))
+
+
 def make_inputs(vocab_size: int, *, batch_size: int, seq_len: int, seed: int = 0, device: str | torch.device = "cpu"
                 ) -> dict[str, torch.Tensor]:
     """A full-length random batch: ``input_ids`` (seeded) and an ``attention_mask`` of ones.
@@ -507,8 +517,7 @@ def bench_models(
                 model.to(dev).eval()
             inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
                                  device=dev)
-            counted = {name: (count_params(m), count_flops(m, inputs), *_memory(m, inputs, dev))
-                       for name, m in models.items()}
+            counted = {name: _counts(m, inputs, dev) for name, m in models.items()}
             times = _time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
     finally:
         for name, model in models.items():
@@ -525,7 +534,7 @@ def bench_models(
         rounds = [batch_size / t for t in times[name]]
         config = getattr(models[name], "config", None)
         benches.append(ModelBench(
-            name=name, model_class=type(models[name]).__name__,
+            name=name, model_class=type(models[name]).__name__, runtime=getattr(models[name], "runtime", "torch"),
             attention=getattr(config, "_attn_implementation", None), params=params, flops_per_batch=flops,
             throughput=statistics.median(rounds), throughput_rounds=rounds,
             latency_p50_ms=1000 * _percentile(times[name], 50), latency_p95_ms=1000 * _percentile(times[name], 95),

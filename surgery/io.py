@@ -72,8 +72,29 @@ def build_manifest(model: nn.Module) -> dict[str, Any]:
         # Restored on reload so the rebuilt model computes attention the same way (eager vs sdpa differ
         # in the last bits).
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        # Restored on reload: modules that replayed steps create start in torch's default dtype.
+        "dtype": weights_dtype(model),
         "steps": steps_of(model),
     }
+
+
+def weights_dtype(model: nn.Module) -> str | None:
+    """The floating dtype of all of ``model``'s parameters (e.g. ``"bfloat16"``), None if mixed or none.
+
+    Example:
+        >>> weights_dtype(nn.Linear(2, 2).to(torch.float16))
+        'float16'
+    """
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else None
+
+
+def _dtype(name: str | torch.dtype, where: str) -> torch.dtype:
+    dtype = name if isinstance(name, torch.dtype) else getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ModelLoadError(f"{where}: dtype {name!r} is not a torch floating dtype (float32, float16, bfloat16, "
+                             "float64)")
+    return dtype
 
 
 def save_pretrained(
@@ -199,7 +220,7 @@ def _check_shapes(model: nn.Module, weights: Path) -> None:
 
 def from_pretrained(
     path: str | os.PathLike[str], model_class: str | type[nn.Module] | None = None, *, allow_pickle: bool = False,
-    allow_new_head: bool = False, **kwargs: Any,
+    allow_new_head: bool = False, dtype: str | torch.dtype | None = None, **kwargs: Any,
 ) -> PreTrainedModel:
     """Load a model saved by :func:`save_pretrained`, or a plain Hugging Face model directory.
 
@@ -214,6 +235,8 @@ def from_pretrained(
             newly initialised and recorded, see :func:`surgery.heads.new_head_keys`).
         allow_pickle: load a plain directory whose weights exist only as ``pytorch_model.bin`` (a
             pickle) with torch's weights-only loader; refused by default, since unpickling can run code.
+        dtype: the floating dtype to build in (e.g. ``torch.bfloat16`` or ``"float16"``); default: the
+            dtype the manifest records (the one the model was saved in), else transformers' default.
         **kwargs: passed to ``from_pretrained`` for plain HF directories (e.g. ``num_labels``).
 
     Code from the model directory never runs (``trust_remote_code`` is always off), and safetensors
@@ -250,6 +273,8 @@ def from_pretrained(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
     cls = resolve_model_class(model_class or (manifest.model_class if manifest else None), config)
+    if dtype is not None:
+        kwargs["dtype"] = _dtype(dtype, "from_pretrained")
     if manifest is None:
         require_safetensors(where, allow_pickle=allow_pickle)
         check_safetensors_dir(where)
@@ -281,6 +306,11 @@ def from_pretrained(
         raise ModelLoadError(f"{where / MANIFEST_NAME}: cannot build the model with attn_implementation "
                              f"{attn!r}: {detail}") from None
     _replay(model, manifest.steps, where)
+    wanted = kwargs.get("dtype") or manifest.dtype
+    if wanted:
+        # Before loading, so the file's tensors copy in exactly (no rounding through another dtype).
+        model.to(_dtype(wanted, str(where / MANIFEST_NAME)))
+        model.config.dtype = next(model.parameters()).dtype
     _check_shapes(model, weights)
     try:
         missing, unexpected = load_model(model, str(weights), strict=False)

@@ -95,6 +95,8 @@ a valid dictionary or instance of ManifestStep (got 'x'); re-save the model, or 
     model_class: str | None = Field(default=None, pattern=_CLASS_NAME)
     model_type: str | None = None
     attn_implementation: Literal[ATTENTION_IMPLEMENTATIONS] | None = None  # type: ignore[valid-type]
+    # The floating dtype of the saved weights; the model is rebuilt in it (see surgery.io.from_pretrained).
+    dtype: Literal["float32", "float16", "bfloat16", "float64"] | None = None
     steps: list[ManifestStep]
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import surgery
-from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
+from surgery.strategies import ExpertAttentionStrategy, FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, removal_maps, tiny_inputs, tiny_model, tiny_specs
 
 
@@ -120,3 +120,25 @@ def test_edited_manifest_is_a_one_line_shape_error() -> None:
         with pytest.raises(surgery.ModelLoadError, match=r"has shape .* in the file but .* in the rebuilt model") as e:
             surgery.from_pretrained(out)
         assert "\n" not in str(e.value)
+
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@given(data=st.data(), dtype=st.sampled_from(DTYPES))
+def test_dtype_is_kept_on_reload_and_can_be_overridden(family: str, data: st.DataObject, dtype: torch.dtype) -> None:
+    spec = data.draw(tiny_specs(families=(family,), tasks=("base", "seq-cls")))
+    heads = data.draw(removal_maps(spec, spec.heads), label="heads")
+    model = tiny_model(spec)
+    surgery.convert(model, ExpertAttentionStrategy(layers=[spec.layers - 1]))  # modules created at replay time
+    surgery.convert(model, HeadPruningStrategy(heads={k: v for k, v in heads.items() if k != spec.layers - 1}))
+    model.to(dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        reloaded = round_trip(model, tmp)
+        assert json.loads((Path(tmp) / "model" / "surgery.json").read_text())["dtype"] == str(dtype)[6:]
+        assert {p.dtype for p in reloaded.parameters()} == {dtype}
+        assert_identical(model, reloaded, spec)  # every tensor equal (dtype included), outputs equal
+        wider = surgery.from_pretrained(Path(tmp) / "model", dtype=torch.float64)
+        assert {p.dtype for p in wider.parameters()} == {torch.float64}
+        assert all(torch.equal(a.double(), b) for a, b in zip(model.parameters(), wider.parameters(), strict=True))

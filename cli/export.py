@@ -1,0 +1,133 @@
+"""``surgery export``: a saved model to ONNX (parity-checked, optionally int8 and graph-optimized).
+
+Example:
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from typer.testing import CliRunner
+    >>> import surgery
+    >>> from surgery.cli.app import app
+    >>> from surgery.testing import TinySpec, tiny_model
+    >>> root = Path(tempfile.mkdtemp())
+    >>> saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), root / "m")
+    >>> result = CliRunner().invoke(app, ["export", str(saved), "--out", str(root / "onnx"), "--seq", "8"])
+    >>> result.exit_code, sorted(p.name for p in (root / "onnx").iterdir())
+    (0, ['model.onnx', 'surgery-onnx.json'])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from surgery.assets import resolve_model_path
+from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
+from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
+from surgery.cli.options import EvalData, LabelColumn, MaxLength, Overwrite, TextColumn, TextPairColumn
+from surgery.deploy.export import TASKS, ExportReport
+from surgery.deploy.runtime import require_onnx
+
+
+def export_view(report: ExportReport, out: Path) -> RenderableType:
+    """What was written and how closely it agrees with PyTorch."""
+    table = Table(title=f"Exported to {out}", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    rows = [
+        ("graph", f"{report.onnx_file} ({report.onnx_bytes / 2**20:,.1f} MiB), opset {report.opset}, "
+                  f"{'int8 (dynamic)' if report.int8 else 'fp32'}"),
+        ("task", f"{report.task}: {report.model_class} -> {report.output}"),
+        ("inputs", ", ".join(report.inputs) + " (dynamic batch and sequence)"),
+        ("steps", ", ".join(report.steps) or "none"),
+        ("parity (fp32)", f"max abs {report.parity.max_abs_diff:.2e}, min cosine {report.parity.min_cosine:.6f} "
+                          f"on a padded {report.parity_batch[0]}x{report.parity_batch[1]} batch "
+                          f"(tolerance {report.tolerance:g})"),
+    ]
+    if report.optimized is not None:
+        fused = {k: v for k, v in report.optimized.items() if k in FUSED_OPS}
+        rows.append(("optimized", ", ".join(f"{k} x{v}" for k, v in fused.items()) or "no fused operators"))
+    if report.int8_drift is not None:
+        rows.append(("int8 drift", f"max abs {report.int8_drift.max_abs_diff:.2e}, min cosine "
+                                   f"{report.int8_drift.min_cosine:.6f}"))
+    if report.accuracy_torch is not None:
+        rows.append(("accuracy", f"PyTorch fp32 {report.accuracy_torch:.2%}, this graph {report.accuracy_onnx:.2%}"))
+    rows.append(("export time", f"{report.export_seconds:.1f} s"))
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    return Group(table)
+
+
+#: Operators that ONNX Runtime's optimizer creates by fusing several nodes.
+FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization",
+             "LayerNormalization", "SimplifiedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "FusedMatMul",
+             "Gemm", "QAttention", "BiasSoftmax", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm")
+
+
+def export_command(
+    ctx: typer.Context,
+    model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write model.onnx, the tokenizer and "
+                                      "surgery-onnx.json to (new or empty).")],
+    int8: Annotated[bool, typer.Option("--int8", help="Write ONNX Runtime's dynamic int8 graph; its drift from "
+                                       "PyTorch is recorded.")] = False,
+    optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
+                                           "optimizations (fusions).")] = False,
+    task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
+    batch: Annotated[int, typer.Option(min=1, help="Parity batch: sequences.")] = 4,
+    seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,
+    tolerance: Annotated[float, typer.Option(help="Largest fp32 max-abs difference accepted.")] = 1e-4,
+    opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the exporter's).")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="Labelled data; records the accuracy of PyTorch and "
+                                             "of the graph on its held-out split (or rotten-tomatoes).")] = None,
+    eval_data: EvalData = None,
+    text_column: TextColumn = "text",
+    text_pair_column: TextPairColumn = None,
+    label_column: LabelColumn = "label",
+    max_length: MaxLength = 64,
+    threads: Annotated[int | None, typer.Option(min=1, help="ONNX Runtime threads for the checks.")] = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Export a model to ONNX with a parity check (optionally int8 / optimized); it then needs only onnxruntime."""
+    import surgery
+    from surgery.deploy import export_onnx
+
+    require_onnx()  # before anything is loaded: a missing extra is one line
+    source = resolve_model_path(model_dir)
+    target = check_output_dir(source, out, overwrite=overwrite)
+    read_model_config(source)
+    tokenizer = load_tokenizer(source, required_by="--data" if data is not None else None)
+    batches = None
+    if data is not None:
+        from surgery.data import load_task_data
+
+        with quiet_datasets(ctx.ensure_object(CliState).debug):
+            task_data = load_task_data(data, tokenizer, eval_data=eval_data, text_column=text_column,
+                                       text_pair_column=text_pair_column, label_column=label_column,
+                                       max_length=max_length)
+        batches = task_data.loader("eval")
+    model = surgery.from_pretrained(source)
+    with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
+        report = export_onnx(model, target, tokenizer=tokenizer, task=task,
+                             int8=int8, optimize=optimize, batch=batch, seq=seq, tolerance=tolerance, opset=opset,
+                             data=batches, threads=threads, overwrite=overwrite)
+    stdout().print(export_view(report, target))
+
+
+def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_column: str, label_column: str,
+                  max_length: int) -> object:
+    """The held-out split of ``data`` as labelled batches, tokenized with the first model's tokenizer that exists."""
+    from surgery.data import load_task_data
+    from surgery.errors import ModelLoadError
+
+    sources = [resolve_model_path(p) for p in paths]
+    source = next((s for s in reversed(sources) if has_tokenizer(s)), None)
+    if source is None:
+        raise ModelLoadError(f"--data needs a tokenizer, but none of {', '.join(paths)} has tokenizer files")
+    with quiet_datasets(ctx.ensure_object(CliState).debug):
+        task_data = load_task_data(data, load_tokenizer(source), text_column=text_column, label_column=label_column,
+                                   max_length=max_length)
+    return task_data.loader("eval")

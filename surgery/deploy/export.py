@@ -1,0 +1,397 @@
+"""ONNX export of any surgered model, with a parity check against PyTorch, optional int8 and graph optimization.
+
+:func:`export_onnx` writes a directory that needs only ``onnxruntime`` to serve:
+
+* ``model.onnx``: one self-contained graph with dynamic batch and sequence axes, exported by
+  ``torch.onnx.export(..., dynamo=True)`` (the TorchScript exporter cannot trace SHRP's routed layers
+  and is deprecated); with ``int8`` it is the dynamically quantized graph;
+* the tokenizer files, when a tokenizer is given;
+* ``surgery-onnx.json``: input and output names, opset, exporter and library versions, the task,
+  the parity check (maximum absolute difference and cosine of ONNX Runtime against PyTorch on a
+  padded batch), the int8 drift and accuracy, the optimizer's fused operators and timings.
+
+The export fails with a one-line :class:`ExportParityError` when the fp32 graph differs from
+PyTorch by more than ``tolerance``; quantization error is recorded, never a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import io
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, quantize_int8, quiet_loggers, require_onnx
+from surgery.errors import ConfigError, SurgeryError
+from surgery.io import atomic_directory
+from surgery.manifest import steps_of
+
+ONNX_NAME = "model.onnx"
+INFO_NAME = "surgery-onnx.json"
+Task = Literal["auto", "base", "seq-cls", "mlm"]
+TASKS: tuple[str, ...] = ("auto", "base", "seq-cls", "mlm")
+_TASK_CLASS_SUFFIX = {"seq-cls": "ForSequenceClassification", "mlm": "ForMaskedLM"}
+#: Sentences of varied length for the parity batch when a tokenizer is given (padding included).
+SAMPLE_TEXTS = (
+    "The film is a quiet, patient portrait of a family that never quite says what it means.",
+    "Terrible.",
+    "An uneven but often funny comedy whose best jokes land in the first half hour.",
+    "I would watch it again.",
+    "Neither the script nor the actors can rescue a plot this thin, and the ending drags on.",
+    "A small gem.",
+)
+
+
+class ExportParityError(SurgeryError):
+    """ONNX Runtime's output differs from PyTorch's by more than the tolerance."""
+
+
+class Agreement(BaseModel):
+    """How closely one output agrees with a reference output on the same batch."""
+
+    max_abs_diff: float = Field(description="largest absolute element-wise difference")
+    min_cosine: float = Field(description="smallest cosine similarity between the two outputs of any one example")
+
+
+class ExportReport(BaseModel):
+    """What :func:`export_onnx` wrote and measured; saved as ``surgery-onnx.json`` next to the graph."""
+
+    onnx_file: str = ONNX_NAME
+    task: str
+    model_class: str
+    model_type: str | None
+    source_dtype: str
+    inputs: list[str]
+    output: str
+    dynamic_axes: dict[str, list[str]]
+    opset: int
+    exporter: str
+    versions: dict[str, str]
+    steps: list[str] = Field(description="the surgery steps the model went through, in order")
+    parity_batch: tuple[int, int]
+    tolerance: float
+    parity: Agreement = Field(description="fp32 ONNX Runtime against fp32 PyTorch")
+    optimized: dict[str, int] | None = Field(default=None, description="operator counts after ORT's optimizer")
+    optimized_parity: Agreement | None = None
+    int8: bool = False
+    int8_drift: Agreement | None = Field(default=None, description="int8 ONNX Runtime against fp32 PyTorch")
+    accuracy_torch: float | None = Field(default=None, description="fp32 PyTorch accuracy on the given data")
+    accuracy_onnx: float | None = Field(default=None, description="accuracy of the written graph on the data")
+    onnx_bytes: int
+    export_seconds: float
+
+    def write(self, out_dir: Path) -> Path:
+        path = out_dir / INFO_NAME
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+        return path
+
+
+class _SingleOutput(nn.Module):
+    """The model called with keyword inputs, returning one named output tensor (what the graph returns)."""
+
+    def __init__(self, model: nn.Module, output: str, inputs: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.output = output
+        self.inputs = inputs
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return getattr(self.model(**kwargs, return_dict=True), self.output)
+
+
+def export_target(model: nn.Module, task: str = "auto") -> tuple[nn.Module, str, str]:
+    """The module to export for ``task``, the name of its output and the resolved task.
+
+    ``auto`` exports the model as it is (``logits`` for a task head, ``last_hidden_state`` for a bare
+    encoder); ``base`` exports the encoder inside a task model; ``seq-cls``/``mlm`` require that head.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> _, output, task = export_target(tiny_model(TinySpec("bert", task="seq-cls")))
+        >>> output, task
+        ('logits', 'seq-cls')
+    """
+    if task not in TASKS:
+        raise ConfigError(f"export: task {task!r} is not one of {', '.join(TASKS)}")
+    name = type(model).__name__
+    has_head = next((t for t, suffix in _TASK_CLASS_SUFFIX.items() if name.endswith(suffix)), None)
+    if task == "auto":
+        task = has_head or "base"
+    if task == "base":
+        base = getattr(model, "base_model", model) if has_head else model
+        return base, "last_hidden_state", "base"
+    if has_head != task:
+        raise ConfigError(
+            f"export: task {task!r} needs a {_TASK_CLASS_SUFFIX[task]} model but this is a {name}; export it with "
+            "--task base (or auto), or train that head first (surgery apply ... --data FILE)")
+    return model, "logits", task
+
+
+def input_names(model: nn.Module) -> list[str]:
+    """``input_ids``, ``attention_mask`` and, where the family uses segment ids, ``token_type_ids``."""
+    names = ["input_ids", "attention_mask"]
+    accepts = "token_type_ids" in inspect.signature(model.forward).parameters
+    if accepts and int(getattr(model.config, "type_vocab_size", 0) or 0) > 1:
+        names.append("token_type_ids")
+    return names
+
+
+def parity_inputs(config: Any, names: list[str], *, batch: int, seq: int, tokenizer: Any = None,
+                  seed: int = 0) -> dict[str, torch.Tensor]:
+    """A ``batch x seq`` batch with right padding: tokenized sample sentences, or random ids without a tokenizer.
+
+    Without a tokenizer, example ``b`` keeps ``seq - b * seq // (2 * batch)`` tokens, starting with the
+    family's CLS/BOS id, so every batch of two or more has padded positions.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_config
+        >>> batch = parity_inputs(tiny_config(TinySpec("bert")), ["input_ids", "attention_mask"], batch=3, seq=8)
+        >>> batch["attention_mask"].sum(-1).tolist()
+        [8, 7, 6]
+    """
+    if tokenizer is not None:
+        texts = [SAMPLE_TEXTS[i % len(SAMPLE_TEXTS)] for i in range(batch)]
+        enc = tokenizer(texts, padding="max_length", truncation=True, max_length=seq, return_tensors="pt")
+        out = {name: enc[name] if name in enc else torch.zeros_like(enc["input_ids"]) for name in names}
+        return {k: v.long() for k, v in out.items()}
+    gen = torch.Generator().manual_seed(seed)
+    vocab = int(config.vocab_size)
+    ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq), generator=gen)
+    start = next((v for v in (getattr(config, "cls_token_id", None), getattr(config, "bos_token_id", None))
+                  if v is not None), None)
+    if start is not None:
+        ids[:, 0] = int(start)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for b in range(1, batch):
+        mask[b, max(1, seq - b * seq // (2 * batch)):] = 0
+    pad = getattr(config, "pad_token_id", None)
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, int(pad) if pad is not None else 0))
+    out = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in names:
+        out["token_type_ids"] = torch.zeros_like(ids)
+    return out
+
+
+def agreement(reference: torch.Tensor, other: torch.Tensor) -> Agreement:
+    """Maximum absolute difference and the smallest per-example cosine of two same-shaped outputs.
+
+    Example:
+        >>> a = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+        >>> found = agreement(a, a + 0.5)
+        >>> found.max_abs_diff, round(found.min_cosine, 4)
+        (0.5, 0.9487)
+    """
+    ref, got = reference.detach().double(), other.detach().double()
+    diff = float((ref - got).abs().max()) if ref.numel() else 0.0
+    cosine = torch.nn.functional.cosine_similarity(ref.flatten(1), got.flatten(1), dim=1, eps=1e-12)
+    return Agreement(max_abs_diff=diff, min_cosine=float(cosine.min()))
+
+
+def _torch_export(module: nn.Module, inputs: Mapping[str, torch.Tensor], path: Path, *, opset: int | None,
+                  max_seq: int | None) -> None:
+    batch = torch.export.Dim("batch", min=1)
+    seq = torch.export.Dim("sequence", min=2, max=max_seq) if max_seq else torch.export.Dim("sequence", min=2)
+    dynamic = {name: {0: batch, 1: seq} for name in inputs}
+    kwargs: dict[str, Any] = {"opset_version": opset} if opset is not None else {}
+    try:
+        # The exporter prints progress to stdout and warns about axis names and tensors that routed layers
+        # keep for inspection (last_probs); a library keeps that quiet. Failures still raise.
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), \
+                quiet_loggers("torch.onnx", "onnxscript", "onnx_ir", "torch.export", "torch._dynamo"):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, args=(), kwargs=dict(inputs), f=str(path), dynamo=True, dynamic_shapes=dynamic,
+                input_names=list(inputs), output_names=[module.output], external_data=False, verbose=False,
+                **kwargs)
+    except Exception as exc:  # the exporter raises many types; all mean "this graph could not be exported"
+        detail = " ".join(str(exc).split())[:300]
+        raise ExportParityError(f"export: torch.onnx.export(dynamo=True) failed: {detail}") from exc
+
+
+def check_parity(expected: torch.Tensor, runtime: OnnxRuntimeModel, inputs: Mapping[str, torch.Tensor], *,
+                 tolerance: float, what: str = "ONNX Runtime", hint: str = "pass a larger --tolerance if that is "
+                 "acceptable") -> Agreement:
+    """Run ``runtime`` on ``inputs`` and compare with ``expected``; a one-line error above ``tolerance``."""
+    found = agreement(expected, getattr(runtime(**inputs), runtime.output))
+    if not found.max_abs_diff <= tolerance:  # also catches NaN
+        batch, seq = inputs["input_ids"].shape
+        raise ExportParityError(
+            f"export: {what} differs from PyTorch by {found.max_abs_diff:.2e} (max abs, min cosine "
+            f"{found.min_cosine:.6f}) on a padded {batch}x{seq} batch, above the tolerance {tolerance:g}; {hint}")
+    return found
+
+
+def _max_positions(config: Any) -> int | None:
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def _run_torch(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return module(**inputs).detach().float()
+
+
+def _accuracy(model: nn.Module, data: Iterable[Mapping[str, torch.Tensor]]) -> float:
+    correct = total = 0
+    with torch.no_grad():
+        for batch in data:
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            correct += int((logits.argmax(-1) == batch["labels"]).sum())
+            total += int(batch["labels"].numel())
+    return correct / total if total else float("nan")
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import onnxscript
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__}
+
+
+def export_onnx(
+    model: nn.Module,
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    task: str = "auto",
+    int8: bool = False,
+    optimize: bool = False,
+    batch: int = 4,
+    seq: int = 32,
+    tolerance: float = 1e-4,
+    opset: int | None = None,
+    data: Iterable[Mapping[str, torch.Tensor]] | None = None,
+    threads: int | None = None,
+    overwrite: bool = False,
+) -> ExportReport:
+    """Export ``model`` to ``out_dir/model.onnx``, check ONNX Runtime against PyTorch, optionally quantize.
+
+    Args:
+        model: any supported model, surgered or not (in any float dtype; the graph is fp32).
+        out_dir: a new or empty directory (written atomically).
+        tokenizer: saved next to the graph, and used to build the parity batch from sample sentences.
+        task: ``auto``, ``base``, ``seq-cls`` or ``mlm`` (see :func:`export_target`).
+        int8: write ONNX Runtime's dynamically quantized graph; its drift from PyTorch is recorded.
+        optimize: write the graph after ONNX Runtime's offline optimizations (fusions); checked again.
+        batch, seq: shape of the parity batch (right-padded); the graph itself takes any shape.
+        tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
+        opset: ONNX opset (default: the exporter's).
+        data: labelled batches (``labels`` key); the accuracy of PyTorch and of the written graph is recorded.
+        threads: ONNX Runtime threads for the checks (default: torch's).
+        overwrite: replace a non-empty ``out_dir``.
+
+    Example:
+        >>> import tempfile
+        >>> import surgery
+        >>> from surgery.strategies import HeadPruningStrategy
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> _ = surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))
+        >>> report = export_onnx(model, Path(tempfile.mkdtemp()) / "onnx", batch=2, seq=8)
+        >>> report.parity.max_abs_diff < 1e-4, report.inputs, report.steps
+        (True, ['input_ids', 'attention_mask', 'token_type_ids'], ['head-prune'])
+    """
+    require_onnx()
+    for field, value, least in (("batch", batch, 1), ("seq", seq, 2)):
+        if value < least:
+            raise ConfigError(f"export: {field} must be at least {least}, got {value}")
+    if not tolerance > 0:
+        raise ConfigError(f"export: tolerance must be positive, got {tolerance}")
+    target, output, task = export_target(model, task)
+    source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    was_training = model.training
+    model.eval()
+    try:
+        # Exported from a copy: tracing leaves routed layers' inspection attributes (last_probs) pointing
+        # at traced tensors, and ORT's CPU kernels are fp32, so a half-precision model is exported as fp32.
+        module = copy.deepcopy(target).float()
+        names = input_names(module)
+        wrapper = _SingleOutput(module, output, names).eval()
+        inputs = parity_inputs(module.config, names, batch=batch, seq=seq, tokenizer=tokenizer)
+        expected = _run_torch(wrapper, inputs)
+        with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+            path = tmp / ONNX_NAME
+            start = time.perf_counter()
+            _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
+            seconds = time.perf_counter() - start
+
+            def session(graph: Path) -> OnnxRuntimeModel:
+                return OnnxRuntimeModel(graph, config=module.config, output=output, threads=threads, task=task)
+
+            runtime = session(path)
+            parity = check_parity(expected, runtime, inputs, tolerance=tolerance)
+            optimized = optimized_parity = drift = None
+            if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
+                quantized = tmp / "model.int8.onnx"
+                quantize_int8(path, quantized)
+                os.replace(quantized, path)
+                runtime = session(path)
+                drift = agreement(expected, getattr(runtime(**inputs), output))
+            if optimize:
+                fused = tmp / "model.optimized.onnx"
+                optimized = optimize_graph(path, fused, threads=threads)
+                runtime = session(fused)
+                if int8:
+                    drift = agreement(expected, getattr(runtime(**inputs), output))
+                else:
+                    optimized_parity = check_parity(expected, runtime, inputs, tolerance=tolerance,
+                                                    what="the ORT-optimized graph", hint="export without --optimize")
+                os.replace(fused, path)
+            accuracy_torch = accuracy_onnx = None
+            if data is not None:
+                if task != "seq-cls":
+                    raise ConfigError(f"export: accuracy on data needs a sequence classifier, this export is {task!r}")
+                batches = list(data)
+                accuracy_torch = _accuracy(module, batches)
+                accuracy_onnx = _accuracy(runtime, batches)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            report = ExportReport(
+                task=task, model_class=type(module).__name__, model_type=getattr(module.config, "model_type", None),
+                source_dtype=source_dtype, inputs=names, output=output,
+                dynamic_axes={name: ["batch", "sequence"] for name in names},
+                opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)", versions=_versions(),
+                steps=[str(s.get("strategy")) for s in steps_of(model)], parity_batch=(batch, seq),
+                tolerance=tolerance, parity=parity, optimized=optimized, optimized_parity=optimized_parity,
+                int8=int8, int8_drift=drift, accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
+                onnx_bytes=path.stat().st_size, export_seconds=seconds,
+            )
+            report.write(tmp)
+            del runtime  # release the session's file handles before the directory is renamed
+    finally:
+        model.train(was_training)
+    return report
+
+
+def _opset_of(path: Path) -> int:
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def read_export_info(directory: str | os.PathLike[str]) -> ExportReport:
+    """The :class:`ExportReport` saved next to an exported graph."""
+    path = Path(directory) / INFO_NAME
+    try:
+        return ExportReport.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is missing or not an export record ({exc}); export the model again") from None

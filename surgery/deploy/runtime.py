@@ -1,0 +1,189 @@
+"""ONNX Runtime pieces: the optional-dependency check, sessions, int8 quantization and graph optimization.
+
+onnx, onnxruntime and onnxscript are an extra (``pip install 'encoder-surgery[onnx]'``); every
+function here that needs them calls :func:`require_onnx` first, so a missing package is one line
+that says what to install, never an ImportError traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+from surgery.errors import SurgeryError
+
+#: The packages of the ``onnx`` extra, by import name.
+ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
+INSTALL_HINT = "pip install 'encoder-surgery[onnx]'"
+
+
+class MissingDependencyError(SurgeryError):
+    """An optional package that a feature needs is not installed."""
+
+
+def require_onnx(feature: str = "ONNX export") -> None:
+    """Raise a one-line :class:`MissingDependencyError` unless onnx, onnxruntime and onnxscript import.
+
+    Example:
+        >>> require_onnx()  # silent when the extra is installed
+    """
+    missing = []
+    for name in ONNX_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise MissingDependencyError(
+            f"{feature} needs {', '.join(missing)} (not installed); install the extra: {INSTALL_HINT}")
+
+
+@contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Raise the named loggers (``""`` is the root logger) to ERROR for the block, then restore them.
+
+    Example:
+        >>> with quiet_loggers("onnxscript"):
+        ...     logging.getLogger("onnxscript").level
+        40
+    """
+    loggers = [logging.getLogger(name or None) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def make_session(path: str | os.PathLike[str], *, threads: int | None = None, optimized_to: Path | None = None,
+                 level: str = "all") -> Any:
+    """An ``onnxruntime.InferenceSession`` on the CPU with ``threads`` intra-op threads (default: torch's count).
+
+    ``optimized_to`` makes ONNX Runtime write the graph after its optimizations at ``level``
+    (``"basic"``, ``"extended"`` or ``"all"``) to that file.
+    """
+    require_onnx("ONNX Runtime inference")
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # The same thread count as torch, so a side-by-side benchmark compares runtimes, not core counts.
+    options.intra_op_num_threads = int(threads or torch.get_num_threads())
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    if optimized_to is not None:
+        options.optimized_model_filepath = str(optimized_to)
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def op_counts(path: str | os.PathLike[str]) -> dict[str, int]:
+    """How many nodes of each operator type the ONNX graph at ``path`` has (main graph)."""
+    require_onnx()
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return dict(sorted(Counter(node.op_type for node in graph.node).items()))
+
+
+def optimize_graph(src: Path, dst: Path, *, threads: int | None = None) -> dict[str, int]:
+    """Write ONNX Runtime's offline-optimized graph of ``src`` to ``dst``; return its operator counts.
+
+    The level is ``extended``: constant folding, redundant-node elimination and the transformer
+    fusions (LayerNorm, SkipLayerNorm, Gelu/BiasGelu, Attention where the pattern matches, MatMul+Add
+    into Gemm/FusedMatMul) that are portable across CPUs. ``all`` would add layout changes tied to
+    this machine's instruction set, which a saved graph should not carry.
+    """
+    make_session(src, threads=threads, optimized_to=dst, level="extended")
+    return op_counts(dst)
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """ONNX Runtime dynamic quantization of ``src`` to ``dst``: int8 weights, activations quantized per batch.
+
+    The settings are those Optimum's ``AutoQuantizationConfig.avx512_vnni(is_static=False)`` and
+    sentence-transformers' ``export_dynamic_quantized_onnx_model`` use: signed int8 weights, per
+    tensor, for MatMul/Gemm (and fused Attention) nodes whose second input is a constant weight.
+    """
+    require_onnx("int8 quantization")
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # The exporter annotates intermediate shapes from its trace; where a routed layer's data-dependent
+    # gather made one of those more specific than the graph, the quantizer's shape inference rejects
+    # the graph. Without the annotations it infers them from the graph itself.
+    proto = onnx.load(str(src))
+    del proto.graph.value_info[:]
+    bare = dst.with_name(dst.stem + ".bare.onnx")
+    onnx.save(proto, str(bare))
+    with quiet_loggers(""):  # the quantizer logs a pre-processing hint on the root logger
+        try:
+            quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=False,
+                             extra_options={"MatMulConstBOnly": True})
+        finally:
+            bare.unlink(missing_ok=True)
+
+
+_OUTPUT_TYPES = {"logits": SequenceClassifierOutput, "last_hidden_state": BaseModelOutput}
+
+
+class OnnxRuntimeModel(nn.Module):
+    """An exported ONNX graph in ONNX Runtime, callable like the Hugging Face model it came from.
+
+    ``model(input_ids=..., attention_mask=...)`` returns ``.logits`` or ``.last_hidden_state``
+    as torch tensors, so evaluation and benchmark code written for torch models runs unchanged.
+    Inputs the graph was not exported with are ignored; ``attention_mask`` and ``token_type_ids``
+    default to ones and zeros when the graph has them and the caller does not pass them.
+
+    :func:`surgery.deploy.export_onnx` writes such a graph and checks it with this class; its
+    docstring shows it in use.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, config: Any, output: str = "last_hidden_state",
+                 threads: int | None = None, task: str | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.config = config
+        self.output = output
+        self.task = task
+        self.session = make_session(self.path, threads=threads)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        # No weights live in torch; this empty parameter only tells device-aware callers "cpu".
+        self.device_anchor = nn.Parameter(torch.empty(0), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, **_: Any) -> Any:
+        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        feeds = {}
+        for name in self.input_names:
+            value = given.get(name)
+            if value is None:
+                value = torch.ones_like(input_ids) if name == "attention_mask" else torch.zeros_like(input_ids)
+            feeds[name] = value.detach().cpu().numpy().astype("int64", copy=False)
+        (result,) = self.session.run([self.output], feeds)
+        tensor = torch.from_numpy(result)
+        if self.output == "logits" and self.task == "mlm":
+            return MaskedLMOutput(logits=tensor)
+        return _OUTPUT_TYPES[self.output](**{self.output: tensor})
+
+    def file_bytes(self) -> int:
+        """Size of the ONNX file (with external data, if any, next to it)."""
+        extra = self.path.with_name(self.path.name + ".data")
+        return self.path.stat().st_size + (extra.stat().st_size if extra.exists() else 0)

@@ -1,0 +1,150 @@
+"""ONNX export: ONNX Runtime matches PyTorch (<= 1e-4 in fp32) for every family and strategy, on any shape.
+
+Each export costs seconds (torch.export traces with symbolic shapes), so every family's model carries
+several strategies at once (uneven heads, uneven FFN widths, a routed Expert Attention layer with its
+data-dependent expert gather, a soft prompt), and one BERT model carries the rest (a Top-1-pruned
+expert layer, zero-recovery pruning, a DoE task expert plugged in), exported with --optimize, --int8
+and labelled data.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import surgery
+from surgery.cli.app import app
+from surgery.deploy import INFO_NAME, ExportParityError, MissingDependencyError, OnnxRuntimeModel, export_onnx
+from surgery.deploy.export import agreement, check_parity, export_target
+from surgery.strategies import (
+    ExpertAttentionStrategy,
+    FFNPruningStrategy,
+    HeadPruningStrategy,
+    ModulePruningStrategy,
+    SoftPromptStrategy,
+    Top1PruningStrategy,
+)
+from surgery.strategies.unplug import TaskExpert, UnplugRuntime
+from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
+
+TOLERANCE = 1e-4
+
+
+def assert_parity_on_new_shape(model, graph, spec: TinySpec, output: str) -> None:
+    """The graph takes another batch size and length (dynamic axes), with padding, and still agrees."""
+    runtime = OnnxRuntimeModel(graph, config=model.config, output=output)
+    inputs = tiny_inputs(spec, batch=5, seq=13, seed=7)
+    with torch.no_grad():
+        expected = main_output(model, inputs)
+    got = getattr(runtime(**inputs), output)
+    assert got.shape == expected.shape
+    assert agreement(expected, got).max_abs_diff <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_with_stacked_strategies_exports_at_parity(family: str, tmp_path) -> None:
+    task = "seq-cls" if FAMILIES.index(family) % 2 else "base"
+    spec = TinySpec(family, heads=4, head_dim=4, layers=2, ffn=12, task=task, seed=FAMILIES.index(family))
+    model = tiny_model(spec)
+    surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))      # uneven heads: 2 and 4
+    surgery.convert(model, FFNPruningStrategy(neurons={0: [0, 3, 5], 1: [7]}))  # uneven widths: 9 and 11
+    surgery.convert(model, ExpertAttentionStrategy(layers=[1]))         # routed: argmax + gather per example
+    surgery.convert(model, SoftPromptStrategy(length=3))
+    report = export_onnx(model, tmp_path / "onnx", batch=4, seq=12, tolerance=TOLERANCE)
+    assert report.parity.max_abs_diff <= TOLERANCE and report.parity.min_cosine > 0.9999
+    assert report.steps == ["head-prune", "ffn-prune", "expert-attention", "soft-prompt"]
+    assert report.task == task and report.dynamic_axes["input_ids"] == ["batch", "sequence"]
+    saved = json.loads((tmp_path / "onnx" / INFO_NAME).read_text())
+    assert saved["parity"]["max_abs_diff"] == report.parity.max_abs_diff and saved["opset"] >= 18
+    assert_parity_on_new_shape(model, tmp_path / "onnx" / "model.onnx", spec, report.output)
+    if family == "distilbert":  # above a tolerance, the check is one line that says what to change
+        runtime = OnnxRuntimeModel(tmp_path / "onnx" / "model.onnx", config=model.config, output=report.output)
+        inputs = tiny_inputs(spec)
+        with torch.no_grad():
+            expected = main_output(model, inputs)
+        with pytest.raises(ExportParityError, match=r"^export: ONNX Runtime differs from PyTorch by 1.0\de-03 .* on a "
+                           r"padded 3x7 batch, above the tolerance 0.0001; pass a larger --tolerance") as info:
+            check_parity(expected + 1e-3, runtime, inputs, tolerance=TOLERANCE)
+        assert "\n" not in str(info.value)
+
+
+def test_top1_zero_recovery_and_plugged_doe_expert_export_optimized_and_int8(tmp_path) -> None:
+    spec = TinySpec("bert", heads=4, head_dim=8, layers=3, ffn=24, task="seq-cls", seed=3)
+    model = tiny_model(spec)
+    inputs = tiny_inputs(spec, batch=6)
+    surgery.convert(model, ExpertAttentionStrategy(layers=[2]))
+    surgery.convert(model, Top1PruningStrategy(keep=1), data=[inputs])
+    surgery.convert(model, ModulePruningStrategy(module_set="all", remove={0: {"qk": [1, 9], "v": [0], "o": [4, 30],
+                                                                             "neurons": [2, 3]}}))
+    gen = torch.Generator().manual_seed(0)
+    expert = TaskExpert("task", {1: {"qk": [0, 5], "v": [3], "o": [1, 2], "neurons": list(range(0, 24, 3))}},
+                        prompt=torch.randn(2, spec.hidden, generator=gen))
+    labelled = [{**tiny_inputs(spec, batch=4, seed=s), "labels": torch.tensor([0, 1, 2, 1])} for s in range(2)]
+    with UnplugRuntime(model, [expert]).use("task") as plugged:
+        report = export_onnx(plugged, tmp_path / "onnx", batch=3, seq=10, optimize=True, int8=True, data=labelled)
+        assert report.parity.max_abs_diff <= TOLERANCE
+        assert report.optimized and "DynamicQuantizeMatMul" in report.optimized  # int8 MatMuls fused
+        # int8 changes the numbers a little, not the function: the drift is recorded, not a failure
+        assert report.int8 and report.int8_drift.max_abs_diff > 0 and report.int8_drift.min_cosine > 0.9
+        assert report.accuracy_torch is not None and report.accuracy_onnx is not None
+        runtime = OnnxRuntimeModel(tmp_path / "onnx" / "model.onnx", config=plugged.config, output="logits")
+        with torch.no_grad():
+            expected = main_output(plugged, inputs)
+        assert agreement(expected, runtime(**inputs).logits).min_cosine > 0.9
+    assert report.steps == ["expert-attention", "top1-prune", "zero-recovery-prune"]
+
+
+def test_task_must_match_the_head() -> None:
+    with pytest.raises(surgery.ConfigError, match="needs a ForSequenceClassification model but this is a BertModel"):
+        export_target(tiny_model(TinySpec("bert")), "seq-cls")
+    base, output, task = export_target(tiny_model(TinySpec("bert", task="seq-cls")), "base")
+    assert (type(base).__name__, output, task) == ("BertModel", "last_hidden_state", "base")
+
+
+def test_cli_without_the_extra_says_what_to_install(tmp_path, monkeypatch) -> None:
+    real = importlib.import_module
+
+    def without_onnxruntime(name: str, *args, **kwargs):
+        if name == "onnxruntime":
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", without_onnxruntime)
+    saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
+    result = CliRunner().invoke(app, ["export", str(saved), "--out", str(tmp_path / "onnx")])
+    assert result.exit_code == 2
+    assert result.stderr == ("error: ONNX export needs onnxruntime (not installed); install the extra: "
+                             "pip install 'encoder-surgery[onnx]'\n")
+    with pytest.raises(MissingDependencyError):
+        export_onnx(tiny_model(TinySpec("bert")), tmp_path / "x")
+
+
+def test_cli_bench_across_runtimes_side_by_side(tmp_path) -> None:
+    spec = TinySpec("bert", task="seq-cls")
+    original = surgery.save_pretrained(tiny_model(spec), tmp_path / "original")
+    pruned_model = tiny_model(spec)
+    surgery.convert(pruned_model, FFNPruningStrategy(neurons={0: list(range(20)), 1: list(range(30))}))
+    pruned = surgery.save_pretrained(pruned_model, tmp_path / "pruned")
+    result = CliRunner().invoke(app, [
+        "bench", str(pruned), "--against", str(original), "--runtime", "torch", "--runtime", "onnxruntime",
+        "--int8", "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0",
+        "--json", str(tmp_path / "bench.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "bench.json").read_text())
+    names = [m["name"] for m in report["models"]]
+    assert names == [f"{p} [{r}]" for p in (original, pruned) for r in ("torch", "onnxruntime", "onnxruntime int8")]
+    assert [m["runtime"] for m in report["models"]][:3] == ["torch", "onnxruntime", "onnxruntime"]
+    sizes = {m["name"]: m["weights_bytes"] for m in report["models"]}
+    assert sizes[f"{pruned} [onnxruntime int8]"] < sizes[f"{pruned} [onnxruntime]"]  # int8 MatMul weights
+    assert len(report["comparisons"]) == 5 and all(c["reference"] == f"{original} [torch]"
+                                                   for c in report["comparisons"])
+
+
+def test_bench_rejects_an_unknown_runtime(tmp_path) -> None:
+    saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
+    result = CliRunner().invoke(app, ["bench", str(saved), "--runtime", "tensorrt"])
+    assert result.exit_code == 2 and result.stderr.startswith("error: bench: runtime 'tensorrt' is not one of torch")
