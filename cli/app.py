@@ -415,18 +415,21 @@ def bench_command(
     settings = dict(batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, threads=threads,
                     device=device)
     console = stderr()
-    if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for
-        note(f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds")
+    waiting = f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds"
     if runtimes or int8 or data is not None:  # across runtimes (surgery.deploy): exports, then the same bench
         from surgery.deploy.bench import bench_runtimes
 
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
                                 max_length=max_length) if data is not None else None
+        if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for
+            note(f"exporting to ONNX where needed, then {waiting}")
         with console.status("exporting to ONNX where needed, then benchmarking (interleaved rounds)"):
             report = bench_runtimes(paths, runtimes=runtimes or ["torch"], int8=int8, data=batches, **settings)
     else:
         models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
         check_seq_len(models, seq_len)
+        if not console.is_terminal:
+            note(waiting)
         with console.status("benchmarking (interleaved rounds)"):
             report = bench_models(models, **settings)
     if json_file is not None:
