@@ -190,7 +190,7 @@ def pool(token_embeddings: torch.Tensor, attention_mask: torch.Tensor, config: S
         tensor([[3., 4., 2., 2.]])
     """
     mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
-    batch, length, width = token_embeddings.shape
+    batch, length = token_embeddings.shape[:2]
     first = attention_mask.to(torch.int32).argmax(1)  # first real token (0 with right padding)
     parts: list[torch.Tensor] = []
     for mode in config.modes:
