@@ -31,6 +31,13 @@ from surgery import registry
 from surgery.assets import resolve_model_path
 from surgery.cli import render
 from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
+from surgery.cli.embedding import (
+    choose_objective,
+    evaluate_against,
+    load_embedding_data,
+    pop_objective,
+    teacher_copy,
+)
 from surgery.cli.experts import experts_app
 from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
 from surgery.cli.options import (
@@ -43,6 +50,7 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.embedding.pooling import write_sentence_config
 from surgery.errors import ConfigError, SurgeryError
 from surgery.strategy import validation_message
 
@@ -200,8 +208,9 @@ def apply_command(
                                                 "mapping.")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="One setting as key=value (JSON or YAML value), "
                                                    "repeatable; wins over --config.")] = None,
-    data: Annotated[str | None, typer.Option("--data", help="Labelled training data (.csv/.tsv/.json/.jsonl/"
-                                             ".parquet), or rotten-tomatoes.")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="Training data (.csv/.tsv/.json/.jsonl/.parquet), or "
+                                             "rotten-tomatoes: labelled for the task objective; for the embedding "
+                                             "objective any text (also .txt, one per line), labels ignored.")] = None,
     eval_data: Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% "
                                                   "split of --data.")] = None,
     text_column: TextColumn = "text",
@@ -222,17 +231,25 @@ def apply_command(
 
     # Cheap checks first: a typo in the strategy, its settings or the paths fails before any loading.
     strategy_class = registry.get_strategy(strategy)
-    chosen = strategy_class(strategy_settings(config, sets or []))
+    settings = strategy_settings(config, sets or [])
+    requested_objective = pop_objective(settings)
+    chosen = strategy_class(settings)
     source = resolve_model_path(model_dir)
     target = None if dry_run else check_output_dir(source, _require_out(out), overwrite=overwrite)
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
     model_config = read_model_config(source)
+    objective = choose_objective(source, model_config, requested_objective)
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(source, required_by="--data" if data is not None else None)
     task_data = None
-    if data is not None:
+    if data is not None and objective.is_embedding:
+        with quiet_datasets(ctx.ensure_object(CliState).debug):
+            task_data = load_embedding_data(data, tokenizer, objective, eval_data=eval_data, text_column=text_column,
+                                            max_length=max_length, seed=seed, max_train=max_train,
+                                            batch_size=batch_size)
+    elif data is not None:
         from surgery.data import load_task_data
 
         with quiet_datasets(ctx.ensure_object(CliState).debug):
@@ -241,10 +258,11 @@ def apply_command(
                 label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
                 batch_size=batch_size,
             )
-    loaded = load_model(source, model_config, task_data)
-    if task_data is not None:  # noted only once the inputs are known to fit together
-        note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, "
-              f"labels {', '.join(task_data.label_names[:8])}")
+    loaded = load_model(source, model_config, None if objective.is_embedding else task_data)
+    note(objective.note())  # noted, like the data, only once the inputs are known to fit together
+    if task_data is not None:
+        labels = f"labels {', '.join(task_data.label_names[:8])}" if task_data.label_names else "unlabelled texts"
+        note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, {labels}")
     if loaded.note:
         note(loaded.note)
 
@@ -255,9 +273,15 @@ def apply_command(
         typer.echo(json.dumps(step, indent=2))
         return
 
+    teacher = teacher_copy(loaded.model) if objective.is_embedding and task_data is not None else None
     with render.ProgressDisplay(stderr()) as progress:
         report = surgery.convert(loaded.model, chosen, data=task_data, progress=progress)
-    saved = surgery.save_pretrained(loaded.model, target, tokenizer=tokenizer, overwrite=overwrite)
+    if teacher is not None:
+        with stderr().status("embedding evaluation against the input model (held-out texts)"):
+            report.metrics["embedding"] = evaluate_against(teacher, loaded.model, task_data, tokenizer, max_length)
+    sentence = objective.sentence
+    saved = surgery.save_pretrained(loaded.model, target, tokenizer=tokenizer, overwrite=overwrite,
+                                    extra=(lambda d: write_sentence_config(sentence, d)) if sentence else None)
     if report_file is not None:
         report_file.parent.mkdir(parents=True, exist_ok=True)
         report_file.write_text(report.model_dump_json(indent=2) + "\n")

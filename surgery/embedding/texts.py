@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from surgery.assets import resolve_data_path
 from surgery.data import TaskData, read_table
+from surgery.embedding.pooling import SentenceConfig
 from surgery.errors import DataError
 
 MIN_HELD_OUT = 2000  # retrieval agreement (recall@10) needs a corpus of this size to mean much
@@ -89,6 +90,7 @@ class TextData(TaskData):
 
     train_texts: list[str] = field(default_factory=list)
     eval_texts: list[str] = field(default_factory=list)
+    sentence_config: SentenceConfig | None = None  # how the objective pools; None: the model's own or mean
 
 
 def load_text_data(
