@@ -55,6 +55,7 @@ from surgery.errors import ConfigError, SurgeryError
 from surgery.strategy import validation_message
 
 EXIT_BAD_INPUT = 2
+EXIT_STRICT = 3  # --strict: a step's accuracy loss remains above --max-drop
 
 
 def _one_line(text: str) -> str:
@@ -225,6 +226,12 @@ def apply_command(
     overwrite: Overwrite = False,
     report_file: Annotated[Path | None, typer.Option("--report", help="Also write the report as JSON to this "
                                                      "file.")] = None,
+    recover_epochs: Annotated[int | None, typer.Option(min=0, help="Recovery after surgery: epochs of distillation "
+                                                       "from the model before it (needs --data).")] = None,
+    max_drop: Annotated[float | None, typer.Option(min=0.0, help="Accuracy points a step may lose; a step that "
+                                                   "loses more is recovered (needs --data).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 when a step's loss remains above "
+                                         "--max-drop.")] = False,
 ) -> None:
     """Run a strategy on a model and save the result (or, with --dry-run, only print its plan)."""
     import torch
@@ -238,6 +245,7 @@ def apply_command(
     target = None if dry_run else check_output_dir(source, _require_out(out), overwrite=overwrite)
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
+    recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None)
     model_config = read_model_config(source)
     objective = choose_objective(source, model_config, requested_objective)
 
@@ -275,7 +283,7 @@ def apply_command(
 
     teacher = teacher_copy(loaded.model) if objective.is_embedding and task_data is not None else None
     with render.ProgressDisplay(stderr()) as progress:
-        report = surgery.convert(loaded.model, chosen, data=task_data, progress=progress)
+        report = surgery.convert(loaded.model, chosen, data=task_data, progress=progress, recovery=recovery)
     if teacher is not None:
         with stderr().status("embedding evaluation against the input model (held-out texts)"):
             report.metrics["embedding"] = evaluate_against(teacher, loaded.model, task_data, tokenizer, max_length)
@@ -286,6 +294,22 @@ def apply_command(
         report_file.parent.mkdir(parents=True, exist_ok=True)
         report_file.write_text(report.model_dump_json(indent=2) + "\n")
     stdout().print(render.report_view(report, saved_to=saved))
+    if report.warnings:
+        typer.echo(f"warning: accuracy loss remains: {'; '.join(report.warnings)}", err=True)
+        if strict:
+            raise typer.Exit(EXIT_STRICT)
+
+
+def recovery_settings(epochs: int | None, max_drop: float | None, batch_size: int, seed: int, *,
+                      has_data: bool) -> Any:
+    """The RecoveryConfig that --recover-epochs/--max-drop ask for (None when neither is given)."""
+    if epochs is None and max_drop is None:
+        return None
+    if not has_data:
+        raise ConfigError("--recover-epochs and --max-drop need --data (recovery trains and the guard measures on it)")
+    from surgery.training import RecoveryConfig
+
+    return RecoveryConfig(epochs=1 if epochs is None else epochs, max_drop=max_drop, batch_size=batch_size, seed=seed)
 
 
 def _require_out(out: Path | None) -> Path:

@@ -249,9 +249,31 @@ def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> Rende
             parts += [Text(f"Benchmark ({name})", style="bold"), bench_view(value)]
         else:
             parts.append(records_table(name, value))
+    if report.checks:
+        parts.append(checks_table(report))
     if saved_to is not None:
         parts.append(Text.assemble(("saved to ", "green"), str(saved_to)))
     return Group(*parts)
+
+
+def checks_table(report: SurgeryReport) -> Table:
+    """The guard's accuracy per structural step: before, after, drop (points), after recovery, remaining drop."""
+    table = Table(title="Accuracy per step (guard)", title_justify="left")
+    for column in ("step", "strategy", "before", "after", "drop", "recovered", "remaining", "max_drop"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}"
+
+    def pts(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.1f}"
+
+    for c in report.checks:
+        table.add_row(str(c.step), Text(c.strategy + (" (trained after)" if c.trained_after else "")),
+                      pct(c.accuracy_before), pct(c.accuracy_after), pts(c.drop),
+                      pct(c.accuracy_final) if c.recovery else "-", pts(c.remaining_drop),
+                      Text("-" if c.max_drop is None else f"{c.max_drop:g}", style="red" if c.exceeded else ""))
+    return table
 
 
 class ProgressDisplay:

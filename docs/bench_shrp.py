@@ -29,9 +29,10 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
-from surgery.data import TaskData, _Collate, load_task_data
+from surgery.data import PaddingCollator, TaskData, load_task_data
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
-from surgery.strategies.shrp import ShrpConfig, accuracy, training_arguments
+from surgery.strategies.shrp import ShrpConfig, training_arguments
+from surgery.training import accuracy
 
 ROOT = Path(__file__).resolve().parent
 
@@ -50,7 +51,7 @@ def finetune(model: torch.nn.Module, task: TaskData, epochs: int, lr: float, see
             model=model,
             args=training_arguments(cfg, epochs, tmp, ddp_find_unused_parameters=False),
             train_dataset=task.train.select_columns(columns),
-            data_collator=_Collate(task.tokenizer),
+            data_collator=PaddingCollator(task.tokenizer),
         ).train()
     model.eval()
     return time.perf_counter() - start

@@ -159,7 +159,7 @@ def main() -> None:
     hist = train(
         ft,
         task,
-        lambda e: data.loader("train", shuffle=True, seed=e),
+        data,
         trainable(ft, task, lr=args.ft_lr, head_lr=args.ft_lr, what="all"),
         epochs=args.ft_epochs,
         eval_data=data.loader("eval", batch_size=64),

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import surgery
-from surgery.data import _Collate
+from surgery.data import PaddingCollator
 from surgery.strategies import ExpertAttentionStrategy
 from surgery.strategies.shrp import (
     ProgressiveConversion,
@@ -45,7 +45,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args = training_arguments(ShrpConfig(batch_size=8, learning_rate=1e-3), len(order) + 1, tmp,
                                   ddp_backend="gloo")
-        trainer = ShrpTrainer(model=model, args=args, train_dataset=rows, data_collator=_Collate(None),
+        trainer = ShrpTrainer(model=model, args=args, train_dataset=rows, data_collator=PaddingCollator(None),
                               callbacks=[callback], shrp_state=state)
         trainer.train()
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])

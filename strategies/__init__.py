@@ -6,6 +6,7 @@ from surgery.strategies.doe import DoEConfig, DoEStrategy, build_runtime
 from surgery.strategies.expert_attention import ExpertAttentionConfig, ExpertAttentionLayer, ExpertAttentionStrategy
 from surgery.strategies.ffn_prune import FFNPruningConfig, FFNPruningStrategy
 from surgery.strategies.head_prune import HeadPruningConfig, HeadPruningStrategy
+from surgery.strategies.layer_drop import LayerDropConfig, LayerDropStrategy
 from surgery.strategies.module_prune import ModulePruningConfig, ModulePruningStrategy
 from surgery.strategies.shrp import ShrpConfig, ShrpStrategy, ShrpTrainer
 from surgery.strategies.soft_prompt import SoftPromptConfig, SoftPromptStrategy
@@ -22,6 +23,8 @@ __all__ = [
     "FFNPruningStrategy",
     "HeadPruningConfig",
     "HeadPruningStrategy",
+    "LayerDropConfig",
+    "LayerDropStrategy",
     "ModulePruningConfig",
     "ModulePruningStrategy",
     "ShrpConfig",

@@ -119,9 +119,8 @@ class DoEStrategy(PipelineStrategy):
         def on_epoch(epoch: int, loss: float, acc: float | None) -> None:
             self.emit(label, epoch, epochs, loss=round(loss, 4), accuracy=None if acc is None else round(acc, 2))
 
-        history = train(model, task, lambda e: data.loader("train", shuffle=True, seed=self.config.seed + e,
-                                                           batch_size=self.config.batch_size),
-                        groups, epochs=epochs, eval_data=data.loader("eval", batch_size=64), on_epoch=on_epoch)
+        history = train(model, task, data, groups, epochs=epochs, batch_size=self.config.batch_size,
+                        seed=self.config.seed, eval_data=data.loader("eval", batch_size=64), on_epoch=on_epoch)
         for p in model.parameters():
             p.requires_grad_(False)
         return history

@@ -329,6 +329,7 @@ class ExpertAttentionStrategy(Strategy):
     """
 
     name = "expert-attention"
+    trained_after = True  # fresh experts: the pipeline that converts trains them next
     config_class = ExpertAttentionConfig
     config: ExpertAttentionConfig
 

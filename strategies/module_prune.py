@@ -233,6 +233,7 @@ class ModulePruningStrategy(Strategy):
     """
 
     name = "zero-recovery-prune"
+    trained_after = True  # in DoE the condensed prompt of the accepted probe is copied in next
     config_class = ModulePruningConfig
     config: ModulePruningConfig
 

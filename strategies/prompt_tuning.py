@@ -11,6 +11,7 @@ attribution (``P`` = the gold class logit) share one definition.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,9 +20,11 @@ import torch
 from torch import nn
 
 from surgery.anatomy import adapter_for
+from surgery.data import TaskData
 from surgery.errors import ConfigError, DataError
-from surgery.importance import batches_on, model_device
+from surgery.importance import batches_on
 from surgery.strategies.soft_prompt import prompt_of
+from surgery.training import EpochHistory, EpochStats, accuracy, fit, scratch_dir, training_arguments
 
 Mode = Literal["mlm", "classifier"]
 
@@ -209,76 +212,44 @@ def prepared(data: Iterable[Mapping[str, Any]], task: PromptTask, device: torch.
 
 
 def evaluate(model: nn.Module, task: PromptTask, data: Iterable[Mapping[str, Any]]) -> float:
-    """Accuracy in percent over ``data``."""
-    was = model.training
-    model.eval()
-    right = total = 0
-    with torch.inference_mode():
-        for batch in batches_on(data, model_device(model)):
-            batch = task.prepare(batch)
-            pred = task.class_logits(task.forward(model, batch), batch).argmax(-1)
-            right += int((pred == batch["labels"]).sum())
-            total += int(batch["labels"].numel())
-    model.train(was)
-    if total == 0:
+    """Accuracy in percent over ``data`` (:func:`surgery.training.accuracy` on the task's class logits)."""
+    value = accuracy(model, data, prepare=task.prepare, class_logits=task.class_logits)
+    if math.isnan(value):
         raise DataError("evaluation data is empty")
-    return 100.0 * right / total
+    return 100.0 * value
 
 
 def train(
     model: nn.Module,
     task: PromptTask,
-    loader_for_epoch: Callable[[int], Iterable[Mapping[str, Any]]],
+    data: TaskData,
     groups: list[tuple[list[nn.Parameter], float]],
     *,
     epochs: int,
+    batch_size: int = 32,
+    seed: int = 0,
     eval_data: Iterable[Mapping[str, Any]] | None = None,
     on_epoch: Callable[[int, float, float | None], None] | None = None,
     weight_decay: float = 0.0,
 ) -> list[dict[str, float]]:
     """Minimise cross-entropy on the class logits, updating only ``groups`` ((params, lr) pairs; AdamW, linear decay).
 
-    Keeps the parameters of the best epoch on ``eval_data`` (early stopping's choice) when given.
-    Returns per-epoch ``{"epoch", "loss", "accuracy"}``.
+    Runs on :class:`surgery.training.SurgeryTrainer` with dropout off (prompt tuning of a frozen
+    encoder is steadier without it). Keeps the parameters of the best epoch on ``eval_data``
+    (early stopping's choice) when given. Returns per-epoch ``{"epoch", "loss", "accuracy"}``.
     """
-    opt = torch.optim.AdamW([{"params": ps, "lr": lr} for ps, lr in groups], weight_decay=weight_decay)
-    base_lrs = [lr for _, lr in groups]
+    optimizer = torch.optim.AdamW([{"params": ps, "lr": lr} for ps, lr in groups], weight_decay=weight_decay)
     params = [p for ps, _ in groups for p in ps]
-    device = model_device(model)
-    history: list[dict[str, float]] = []
-    best: tuple[float, list[torch.Tensor]] | None = None
-    steps_per_epoch = None
-    for epoch in range(epochs):
-        model.train()
-        # Dropout off: prompt tuning of a frozen encoder is steadier without it, and masking tests stay exact.
-        for m in model.modules():
-            if isinstance(m, nn.Dropout):
-                m.eval()
-        total, count = 0.0, 0
-        batches = list(batches_on(loader_for_epoch(epoch), device))
-        steps_per_epoch = steps_per_epoch or len(batches)
-        for step, batch in enumerate(batches):
-            frac = (epoch * steps_per_epoch + step) / max(1, epochs * steps_per_epoch)
-            for group, lr in zip(opt.param_groups, base_lrs, strict=True):
-                group["lr"] = lr * (1.0 - frac)
-            batch = task.prepare(batch)
-            logits = task.class_logits(task.forward(model, batch), batch)
-            loss = nn.functional.cross_entropy(logits.float(), batch["labels"])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(batch["labels"])
-            count += len(batch["labels"])
-        acc = evaluate(model, task, eval_data) if eval_data is not None else None
-        history.append({"epoch": epoch + 1, "loss": total / max(count, 1),
-                        **({"accuracy": acc} if acc is not None else {})})
-        if on_epoch is not None:
-            on_epoch(epoch + 1, total / max(count, 1), acc)
-        if acc is not None and (best is None or acc > best[0]):
-            best = (acc, [p.detach().clone() for p in params])
-    model.eval()
-    if best is not None:
-        with torch.no_grad():
-            for p, saved in zip(params, best[1], strict=True):
-                p.copy_(saved)
-    return history
+
+    def emit(label: str, completed: int, total: int | None, **info: Any) -> None:
+        if on_epoch is not None and "epoch" in info:
+            on_epoch(info["epoch"], info["loss"] or 0.0, info.get("accuracy"))
+
+    history = EpochHistory(EpochStats(), evaluate=None if eval_data is None else lambda m: evaluate(m, task, eval_data),
+                           keep_best=params if eval_data is not None else None, emit=emit, label="prompt tuning")
+    with scratch_dir("surgery-prompt-") as tmp:
+        args = training_arguments(tmp, epochs=epochs, batch_size=batch_size, learning_rate=groups[0][1],
+                                  weight_decay=weight_decay, seed=seed)
+        fit(model, data, args, logit_task=task, dropout=False, optimizer=optimizer, history=history)
+    return [{"epoch": h["epoch"], "loss": h["loss"] or 0.0, **({"accuracy": h["accuracy"]} if "accuracy" in h else {})}
+            for h in history.history]

@@ -36,10 +36,10 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 from torch import nn
-from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
 from surgery.anatomy import adapter_for
-from surgery.data import TaskData, _Collate
+from surgery.data import PaddingCollator, TaskData
 from surgery.errors import ConfigError, DataError
 from surgery.ops import check_indices
 from surgery.pipeline import PipelineSession, PipelineStrategy
@@ -55,6 +55,7 @@ from surgery.strategies.expert_attention import (
 )
 from surgery.strategies.top1_prune import Top1PruningStrategy
 from surgery.strategy import Data, StrategyConfig
+from surgery.training import SurgeryTrainer, accuracy
 
 
 class ShrpConfig(StrategyConfig):
@@ -94,37 +95,6 @@ class ShrpConfig(StrategyConfig):
     bench_repeats: int = Field(default=5, ge=1)
 
 
-# -- evaluation --------------------------------------------------------------------------------
-@torch.no_grad()
-def accuracy(model: nn.Module, loader: Any, *, progress: Callable[[int, int | None], None] | None = None) -> float:
-    """Accuracy of a sequence classifier over a loader of labelled batches.
-
-    Example:
-        >>> import datasets
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
-        >>> loader = TaskData(rows, rows, ["a", "b", "c"]).loader()
-        >>> 0.0 <= accuracy(tiny_model(TinySpec("bert", task="seq-cls")), loader) <= 1.0
-        True
-    """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    correct = total = 0
-    n_batches = len(loader) if hasattr(loader, "__len__") else None
-    try:
-        for n, batch in enumerate(loader):
-            inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
-            logits = model(**inputs).logits
-            correct += int((logits.argmax(-1).cpu() == batch["labels"]).sum())
-            total += int(batch["labels"].numel())
-            if progress is not None:
-                progress(n + 1, n_batches)
-    finally:
-        model.train(was_training)
-    return correct / total if total else float("nan")
-
-
 def require_task_data(data: Data | None, who: str) -> TaskData:
     """``data`` as labelled TaskData with train and eval splits, or a one-line DataError."""
     if not isinstance(data, TaskData):
@@ -158,8 +128,10 @@ class ShrpTrainingState:
         self.usage = {}
 
 
-class ShrpTrainer(Trainer):
-    """A ``Trainer`` that adds SHRP's load-balance loss (weight set by the schedule) to the task loss.
+class ShrpTrainer(SurgeryTrainer):
+    """A :class:`~surgery.training.SurgeryTrainer` that adds SHRP's load-balance loss (weight set by the schedule).
+
+    The task loss (and distillation, given a ``teacher``) comes from the base class.
 
     Use it with :class:`ProgressiveConversion` in your own training code, or let the ``shrp``
     strategy drive both.
@@ -407,7 +379,7 @@ class ShrpStrategy(PipelineStrategy):
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
             trainer = ShrpTrainer(model=model, args=training_arguments(cfg, epochs, tmp),
                                   train_dataset=task.train.select_columns(columns),
-                                  data_collator=_Collate(task.tokenizer), callbacks=[callback], shrp_state=state)
+                                  data_collator=PaddingCollator(task.tokenizer), callbacks=[callback], shrp_state=state)
             # Progress reaches the caller through surgery's events; the Trainer's printer would also
             # write its raw log dicts to stdout.
             trainer.remove_callback(PrinterCallback)

@@ -174,6 +174,7 @@ class SoftPromptStrategy(Strategy):
     """
 
     name = "soft-prompt"
+    trained_after = True  # new prompt tokens: prompt tuning follows
     config_class = SoftPromptConfig
     config: SoftPromptConfig
 

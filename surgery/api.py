@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -16,6 +16,9 @@ from surgery.pipeline import PipelineSession, PipelineStrategy
 from surgery.progress import ProgressCallback, no_progress
 from surgery.report import LayerAnatomy, ModelAnatomy, ParamCount, StepSummary, SurgeryReport
 from surgery.strategy import Data, Plan, Strategy
+
+if TYPE_CHECKING:
+    from surgery.training import RecoveryConfig
 
 
 def count_params(model: nn.Module) -> ParamCount:
@@ -92,6 +95,7 @@ def convert(
     *,
     data: Data | None = None,
     progress: ProgressCallback | None = None,
+    recovery: RecoveryConfig | None = None,
 ) -> SurgeryReport:
     """Plan and apply ``strategy`` on ``model`` in place, and report what changed.
 
@@ -101,6 +105,11 @@ def convert(
         data: an iterable of model-input dicts (``input_ids``, ``attention_mask``, ``labels``
             where a loss is needed); a torch ``DataLoader`` works. Only planning reads it.
         progress: called with :class:`~surgery.progress.ProgressEvent` during long work.
+        recovery: distillation after surgery (:class:`surgery.training.RecoveryConfig`), with the
+            model before the step as teacher; needs labelled :class:`~surgery.data.TaskData`. A
+            direct step recovers always (or, with ``max_drop``, when it loses more); a pipeline's
+            steps are guarded (see :mod:`surgery.guard`). Recovery changes weights only: the
+            recorded plan stays the same, so the saved model still replays.
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -116,9 +125,19 @@ def convert(
     strategy.progress = progress or no_progress
     before = count_params(model)
     if isinstance(strategy, PipelineStrategy):
-        return _run_pipeline(model, strategy, data, progress, before, start)
-    chosen = plan(model, strategy, data=data)
-    report = apply_plan(model, strategy, chosen, params_before=before)
+        return _run_pipeline(model, strategy, data, progress, before, start, recovery)
+
+    def run() -> SurgeryReport:
+        return apply_plan(model, strategy, plan(model, strategy, data=data), params_before=before)
+
+    if recovery is None:
+        report = run()
+    else:
+        from surgery.guard import guarded_step
+        from surgery.training import require_labelled
+
+        report, _ = guarded_step(model, strategy, run, index=0, data=require_labelled(data, "recovery"),
+                                 recovery=recovery, in_pipeline=False, progress=progress)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -130,9 +149,10 @@ def _run_pipeline(
     progress: ProgressCallback | None,
     before: ParamCount,
     start: float,
+    recovery: RecoveryConfig | None = None,
 ) -> SurgeryReport:
     adapter_for(model)
-    session = PipelineSession(model, progress)
+    session = PipelineSession(model, progress, task=data, recovery=recovery)
     strategy.run(model, data, session)
     return SurgeryReport(
         strategy=strategy.name,
@@ -143,6 +163,7 @@ def _run_pipeline(
         params_after=count_params(model),
         metrics=to_jsonable(strategy.merged_metrics(session)),
         seconds=time.perf_counter() - start,
+        checks=[check for r in session.reports for check in r.checks],
     )
 
 

@@ -103,7 +103,7 @@ class TaskData:
             raise DataError(f"no {split!r} split; pass evaluation data or an eval fraction")
         table = table.select_columns([c for c in MODEL_COLUMNS if c in table.column_names])
         table = table.with_format("torch")
-        collate = _Collate(self.tokenizer)
+        collate = PaddingCollator(self.tokenizer)
         gen = torch.Generator().manual_seed(seed)
         return DataLoader(table, batch_size=batch_size or self.batch_size, shuffle=shuffle, collate_fn=collate,
                           generator=gen)
@@ -112,8 +112,13 @@ class TaskData:
         return iter(self.loader("train"))
 
 
-class _Collate:
-    """Pad with the tokenizer's collator, or with zeros when there is no tokenizer."""
+class PaddingCollator:
+    """Pad a list of rows into a batch: with the tokenizer's collator, or with zeros when there is no tokenizer.
+
+    Example:
+        >>> PaddingCollator(None)([{"input_ids": [2, 5]}, {"input_ids": [2]}])["attention_mask"].tolist()
+        [[1, 1], [1, 0]]
+    """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None) -> None:
         self.inner = DataCollatorWithPadding(tokenizer) if tokenizer is not None else None

@@ -11,7 +11,7 @@ the pipeline itself, so a saved model needs only the step strategies to rebuild.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -19,6 +19,9 @@ from surgery.errors import PlanError
 from surgery.progress import ProgressCallback, no_progress
 from surgery.report import LayerChange, SurgeryReport
 from surgery.strategy import Data, Plan, Strategy
+
+if TYPE_CHECKING:
+    from surgery.training import RecoveryConfig
 
 
 class PipelineSession:
@@ -34,16 +37,30 @@ class PipelineSession:
         ['head-prune']
     """
 
-    def __init__(self, model: nn.Module, progress: ProgressCallback | None = None) -> None:
+    def __init__(self, model: nn.Module, progress: ProgressCallback | None = None, *, task: Data | None = None,
+                 recovery: RecoveryConfig | None = None) -> None:
         self.model = model
         self.progress = progress or no_progress
         self.reports: list[SurgeryReport] = []
+        #: The pipeline's labelled task data and recovery settings: the guard measures every step on
+        #: ``task``'s evaluation split and recovers a step that loses more than ``recovery.max_drop``.
+        self.task = task
+        self.recovery = recovery
 
     def step(self, strategy: Strategy, data: Data | None = None) -> SurgeryReport:
-        """Plan, apply and record ``strategy`` on the session's model (the path ``convert`` takes)."""
+        """Plan, apply and record ``strategy`` on the session's model (the path ``convert`` takes), guarded."""
         from surgery.api import convert
 
-        report = convert(self.model, strategy, data=data, progress=self.progress)
+        def run() -> SurgeryReport:
+            return convert(self.model, strategy, data=data, progress=self.progress)
+
+        if self.task is None and self.recovery is None:
+            report = run()
+        else:
+            from surgery.guard import guarded_step
+
+            report, _ = guarded_step(self.model, strategy, run, index=len(self.reports), data=self.task,
+                                     recovery=self.recovery, in_pipeline=True, progress=self.progress)
         self.reports.append(report)
         return report
 

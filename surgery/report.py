@@ -24,6 +24,35 @@ class LayerChange(BaseModel):
     note: str = ""
 
 
+class StepCheck(BaseModel):
+    """The guard's record of one structural step: evaluation accuracy before and after, and any recovery.
+
+    Accuracies are fractions; ``drop`` and ``remaining_drop`` are accuracy points (percentage
+    points). ``exceeded`` is True when the loss left after recovery is above ``max_drop``.
+    """
+
+    step: int
+    strategy: str
+    accuracy_before: float | None = None
+    accuracy_after: float | None = None
+    drop: float | None = None
+    recovery: dict[str, Any] | None = None
+    accuracy_final: float | None = None
+    remaining_drop: float | None = None
+    max_drop: float | None = None
+    trained_after: bool = False
+    exceeded: bool = False
+
+    def warning(self) -> str | None:
+        """One line for a step whose loss remains above ``max_drop``, else None."""
+        if not self.exceeded:
+            return None
+        recovered = (f"; {self.remaining_drop:.1f} remain after {self.recovery['epochs']} recovery epoch(s)"
+                     if self.recovery else "; no recovery ran")
+        return (f"step {self.step} ({self.strategy}) lost {self.drop:.1f} accuracy points, more than max_drop "
+                f"{self.max_drop:g}{recovered}")
+
+
 class SurgeryReport(BaseModel):
     """What ``convert`` did: the plan, per-layer changes and parameter counts before and after."""
 
@@ -35,6 +64,13 @@ class SurgeryReport(BaseModel):
     params_after: ParamCount
     metrics: dict[str, Any] = Field(default_factory=dict)
     seconds: float = 0.0
+    #: The guard's per-step accuracy checks (empty when nothing was measured).
+    checks: list[StepCheck] = Field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per step whose accuracy loss remains above ``max_drop``."""
+        return [w for w in (c.warning() for c in self.checks) if w is not None]
 
     @property
     def reduction(self) -> float:

@@ -66,6 +66,9 @@ class Strategy(ABC):
     config_class: ClassVar[type[StrategyConfig]] = StrategyConfig
     #: Bump when the meaning of a plan changes; saved models record it.
     plan_version: ClassVar[int] = 1
+    #: True when, inside a pipeline, training follows this step by design (new experts, a new prompt):
+    #: the guard then reports the step's accuracy drop but neither recovers it nor warns about it.
+    trained_after: ClassVar[bool] = False
 
     def __init__(self, config: StrategyConfig | Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
         if config is not None and kwargs:

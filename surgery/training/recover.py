@@ -1,0 +1,110 @@
+"""Recovery after surgery: a short distillation run from the model before surgery (the teacher).
+
+Recovery changes weights only: the plan that made the student stays as it was recorded, so a saved
+model still rebuilds by replay and loads the recovered weights strictly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+from torch import nn
+
+from surgery.anatomy import adapter_for
+from surgery.data import TaskData
+from surgery.errors import DataError
+from surgery.manifest import steps_of
+from surgery.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.training.distill import DistillConfig, default_layer_map
+from surgery.training.evaluate import accuracy
+from surgery.training.trainer import EpochHistory, EpochStats, fit, scratch_dir, training_arguments
+
+
+class RecoveryConfig(DistillConfig):
+    """Settings of a recovery run (distillation settings plus budget and optimiser).
+
+    ``max_drop`` (accuracy points) is the guard's threshold: a step that loses more is recovered
+    (and reported if the loss remains). Without it, a direct ``convert(..., recovery=...)`` always
+    recovers, and a pipeline only measures its steps.
+
+    Example:
+        >>> RecoveryConfig(epochs=2, max_drop=1.0).temperature
+        2.0
+    """
+
+    epochs: int = Field(default=1, ge=0, description="recovery budget in epochs (0: measure only)")
+    max_drop: float | None = Field(default=None, ge=0.0, description="accuracy points a step may lose")
+    learning_rate: float = Field(default=5e-5, gt=0.0)
+    weight_decay: float = Field(default=0.01, ge=0.0)
+    warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
+    batch_size: int = Field(default=32, ge=1)
+    seed: int = 0
+
+    def distill_config(self) -> DistillConfig:
+        return DistillConfig(**{k: getattr(self, k) for k in DistillConfig.model_fields})
+
+
+class RecoveryResult(BaseModel):
+    """What a recovery run did: accuracy (fractions) before and after, epochs, per-epoch history."""
+
+    epochs: int
+    steps: int
+    accuracy_before: float | None = None
+    accuracy_after: float | None = None
+    seconds: float = 0.0
+    layer_map: dict[int, int] | None = None
+    history: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def require_labelled(data: Any, who: str) -> TaskData:
+    """``data`` as TaskData with labels (training needs them), or a one-line DataError."""
+    if not isinstance(data, TaskData) or "labels" not in data.train.column_names:
+        got = "no data" if data is None else type(data).__name__
+        raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
+                        f"--data train.csv); got {got}")
+    return data
+
+
+def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: RecoveryConfig | None = None, *,
+            progress: ProgressCallback | None = None, **settings: Any) -> RecoveryResult:
+    """Distil ``teacher`` (the model before surgery) into ``model`` in place for ``config.epochs`` epochs.
+
+    The loss is ``(1 - alpha)·CE + alpha·T²·KL`` on the logits, plus ``hidden_weight`` times the
+    MSE of mapped hidden states (the default map follows the ``layer-drop`` steps the student took
+    since the teacher). Accuracy on ``task.eval`` is measured before and after when it exists.
+
+    Example:
+        >>> import copy, datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.data import TaskData
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 6, 7, 3]], "labels": [0, 2]})
+        >>> result = recover(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b", "c"]), epochs=1)
+        >>> result.epochs, result.steps
+        (1, 1)
+    """
+    cfg = config or RecoveryConfig(**settings)
+    task = require_labelled(task, "recovery")
+    emit = progress or no_progress
+    start = time.perf_counter()
+    distill = cfg.distill_config()
+    if distill.hidden_weight > 0 and distill.layer_map is None:
+        layer_map = default_layer_map(adapter_for(model).num_layers, adapter_for(teacher).num_layers,
+                                      steps_of(model)[len(steps_of(teacher)):])
+        distill = distill.model_copy(update={"layer_map": layer_map})
+    eval_loader = task.loader("eval", batch_size=cfg.batch_size) if task.eval is not None else None
+    before = accuracy(model, eval_loader) if eval_loader is not None else None
+    history = EpochHistory(EpochStats(), evaluate=None if eval_loader is None else lambda m: accuracy(m, eval_loader),
+                           emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)), label="recovery")
+    steps = 0
+    if cfg.epochs > 0:
+        with scratch_dir("surgery-recover-") as tmp:
+            args = training_arguments(tmp, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                                      learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                      warmup_ratio=cfg.warmup_ratio, seed=cfg.seed)
+            steps = fit(model, task, args, teacher=teacher, distill=distill, history=history).steps
+    after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
+    return RecoveryResult(epochs=cfg.epochs, steps=steps, accuracy_before=before, accuracy_after=after,
+                          seconds=time.perf_counter() - start, layer_map=distill.layer_map, history=history.history)

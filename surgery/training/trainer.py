@@ -1,0 +1,255 @@
+"""One training stack on the Hugging Face Trainer: task loss, optional distillation, per-epoch history.
+
+:class:`SurgeryTrainer` is a ``transformers.Trainer`` whose ``compute_loss`` computes the task
+cross-entropy on class logits and, with a frozen teacher, adds the logit KL and the mapped
+hidden-state MSE of :mod:`surgery.training.distill`. Because it is a plain Trainer, torchrun and
+accelerate run it data-parallel unchanged (the teacher is an ordinary module on every rank).
+SHRP's trainer, recovery after surgery and DoE's prompt tuning are all this class.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+
+from surgery.data import PaddingCollator, TaskData
+from surgery.training.distill import DistillConfig, distillation_loss, hidden_state_loss
+
+
+class LogitTask(Protocol):
+    """How batches become class logits (a prompt template and verbalizer, for instance)."""
+
+    def prepare(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def class_logits(self, outputs: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor: ...
+
+
+@dataclass
+class EpochStats:
+    """Running figures of the current epoch (reset by :class:`EpochHistory` at each epoch's start)."""
+
+    loss_sum: float = 0.0
+    kd_sum: float = 0.0
+    steps: int = 0
+    correct: int = 0
+    seen: int = 0
+
+    def summary(self) -> dict[str, float | None]:
+        return {"loss": self.loss_sum / self.steps if self.steps else None,
+                "kd": self.kd_sum / self.steps if self.steps else None,
+                "train_acc": self.correct / self.seen if self.seen else None}
+
+    def reset(self) -> None:
+        self.loss_sum = self.kd_sum = 0.0
+        self.steps = self.correct = self.seen = 0
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DDP/DataParallel wrapper (or the model itself)."""
+    return getattr(model, "module", model)
+
+
+class SurgeryTrainer(Trainer):
+    """A ``Trainer`` for surgery: CE on class logits, plus distillation from ``teacher`` when given.
+
+    Args:
+        teacher: the frozen model before surgery (same task head); None trains on labels only.
+        distill: temperature, KL weight ``alpha``, hidden-state weight and layer map.
+        task: turns batches into class logits (DoE's MLM prompts); default ``outputs.logits``.
+        dropout: False keeps every dropout module in eval mode while training (prompt tuning of a
+            frozen encoder is steadier without it).
+
+    Example:
+        >>> import copy, datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 6, 7, 3]], "labels": [0, 2]})
+        >>> with scratch_dir() as tmp:
+        ...     trainer = SurgeryTrainer(model=model, args=training_arguments(tmp, epochs=1, batch_size=2),
+        ...                              train_dataset=rows, data_collator=PaddingCollator(None),
+        ...                              teacher=copy.deepcopy(model))
+        ...     _ = trainer.train()
+        >>> trainer.stats.steps
+        1
+    """
+
+    def __init__(self, *args: Any, teacher: nn.Module | None = None, distill: DistillConfig | None = None,
+                 task: LogitTask | None = None, dropout: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.remove_callback(PrinterCallback)  # progress goes through surgery's events, not raw log dicts
+        self.teacher = teacher
+        if teacher is not None:
+            teacher.eval()
+            for p in teacher.parameters():
+                p.requires_grad_(False)
+        self.distill = distill or DistillConfig()
+        self.task = task
+        self.dropout = dropout
+        self.stats = EpochStats()
+
+    def _teacher_on(self, device: torch.device) -> nn.Module:
+        assert self.teacher is not None
+        if next(self.teacher.parameters()).device != device:
+            self.teacher.to(device)
+        return self.teacher
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        if not self.dropout and model.training:
+            for m in model.modules():
+                if isinstance(m, nn.Dropout):
+                    m.eval()
+        batch = self.task.prepare(inputs) if self.task is not None else dict(inputs)
+        labels = batch.get("labels")
+        features = {k: v for k, v in batch.items() if k != "labels"}
+        cfg = self.distill
+        hidden = self.teacher is not None and cfg.hidden_weight > 0
+        outputs = model(**features, output_hidden_states=True) if hidden else model(**features)
+        logits = self.task.class_logits(outputs, batch) if self.task is not None else outputs["logits"]
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else logits.sum() * 0.0
+        kd = None
+        if self.teacher is not None:
+            teacher = self._teacher_on(logits.device)
+            with torch.no_grad():
+                t_out = teacher(**features, output_hidden_states=True) if hidden else teacher(**features)
+                t_logits = self.task.class_logits(t_out, batch) if self.task is not None else t_out["logits"]
+            kd = distillation_loss(logits, t_logits, cfg.temperature)
+            loss = (1.0 - cfg.alpha) * loss + cfg.alpha * kd if labels is not None else kd
+            if hidden:
+                layer_map = cfg.layer_map or {i: i for i in range(len(outputs["hidden_states"]) - 1)}
+                loss = loss + cfg.hidden_weight * hidden_state_loss(
+                    outputs["hidden_states"], t_out["hidden_states"], layer_map, features.get("attention_mask"))
+        if model.training:
+            s = self.stats
+            s.steps += 1
+            s.loss_sum += float(loss.detach())
+            s.kd_sum += float(kd.detach()) if kd is not None else 0.0
+            if labels is not None:
+                s.correct += int((logits.detach().argmax(-1) == labels).sum())
+                s.seen += int(labels.numel())
+        if return_outputs:
+            outputs["logits"] = logits
+            return loss, outputs
+        return loss
+
+
+class EpochHistory(TrainerCallback):
+    """Per-epoch figures (train loss/accuracy, optional evaluation accuracy), progress events, best epoch.
+
+    ``evaluate(model) -> float`` measures the model after each epoch; with ``keep_best`` the
+    tensors of ``keep_best`` are restored at the end of training to those of the best epoch
+    (early stopping's choice). ``emit(task, completed, total, **info)`` receives progress.
+
+    Example:
+        >>> EpochHistory(EpochStats()).history
+        []
+    """
+
+    def __init__(self, stats: EpochStats, *, evaluate: Callable[[nn.Module], float] | None = None,
+                 keep_best: list[nn.Parameter] | None = None, emit: Callable[..., None] | None = None,
+                 label: str = "train") -> None:
+        self.stats, self.evaluate, self.keep_best = stats, evaluate, keep_best
+        self.emit = emit or (lambda *a, **k: None)
+        self.label = label
+        self.history: list[dict[str, Any]] = []
+        self.best: tuple[float, list[torch.Tensor]] | None = None
+        self.steps_per_epoch: int | None = None
+        self.epochs = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        loader = kwargs.get("train_dataloader")
+        self.steps_per_epoch = len(loader) if loader is not None and hasattr(loader, "__len__") else None
+        self.epochs = int(args.num_train_epochs)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.stats.reset()
+
+    def _task(self) -> str:
+        return f"{self.label} epoch {len(self.history) + 1}/{self.epochs}"
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.process_index == 0:
+            self.emit(self._task(), self.stats.steps, self.steps_per_epoch, **self.stats.summary())
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        info: dict[str, Any] = {"epoch": len(self.history) + 1, **self.stats.summary()}
+        if self.evaluate is not None:
+            info["accuracy"] = self.evaluate(unwrap(kwargs["model"]))
+            if self.keep_best is not None and (self.best is None or info["accuracy"] > self.best[0]):
+                self.best = (info["accuracy"], [p.detach().clone() for p in self.keep_best])
+        if args.process_index == 0:
+            self.emit(self._task(), self.steps_per_epoch or self.stats.steps, self.steps_per_epoch, **info)
+        self.history.append(info)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.best is not None and self.keep_best is not None:
+            with torch.no_grad():
+                for p, saved in zip(self.keep_best, self.best[1], strict=True):
+                    p.copy_(saved)
+
+
+def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, learning_rate: float = 5e-5,
+                       weight_decay: float = 0.0, warmup_ratio: float = 0.0, seed: int = 0,
+                       **overrides: Any) -> TrainingArguments:
+    """Trainer settings for surgery's runs: no checkpoints, no logging to stdout, linear decay, CPU without CUDA.
+
+    ``warmup_ratio`` is a fraction of the training steps (transformers 5 takes it as a float ``warmup_steps``).
+
+    Example:
+        >>> training_arguments("/tmp/x", epochs=2).num_train_epochs
+        2
+    """
+    values: dict[str, Any] = dict(
+        output_dir=output_dir, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
+        warmup_steps=warmup_ratio, lr_scheduler_type="linear", save_strategy="no", eval_strategy="no",
+        logging_strategy="no", report_to=[], seed=seed, data_seed=seed, disable_tqdm=True,
+        remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+    )
+    values.update(overrides)
+    return TrainingArguments(**values)
+
+
+def train_columns(task: TaskData) -> Any:
+    """The training split with only the model-input columns (what the collator pads)."""
+    columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels") if c in task.train.column_names]
+    return task.train.select_columns(columns)
+
+
+@contextmanager
+def scratch_dir(prefix: str = "surgery-train-") -> Iterator[str]:
+    """A temporary output directory for a Trainer that saves nothing (it still wants one)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield tmp
+
+
+@dataclass
+class TrainResult:
+    """What :func:`fit` did: per-epoch history and the trainer's final global step."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 0
+
+
+def fit(model: nn.Module, task: TaskData, args: TrainingArguments, *, teacher: nn.Module | None = None,
+        distill: DistillConfig | None = None, logit_task: LogitTask | None = None, dropout: bool = True,
+        optimizer: torch.optim.Optimizer | None = None, history: EpochHistory | None = None) -> TrainResult:
+    """Train ``model`` on ``task``'s training split with :class:`SurgeryTrainer`; the model ends in eval mode."""
+    trainer = SurgeryTrainer(model=model, args=args, train_dataset=train_columns(task),
+                             data_collator=PaddingCollator(task.tokenizer), teacher=teacher, distill=distill,
+                             task=logit_task, dropout=dropout, optimizers=(optimizer, None))
+    if history is not None:
+        history.stats = trainer.stats
+        trainer.add_callback(history)
+    output = trainer.train()
+    model.eval()
+    return TrainResult(history=history.history if history is not None else [], steps=int(output.global_step))
+
