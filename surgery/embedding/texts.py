@@ -13,6 +13,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import datasets
 from transformers import PreTrainedTokenizerBase
@@ -21,6 +22,11 @@ from surgery.assets import resolve_data_path
 from surgery.data import TaskData, read_table
 from surgery.embedding.pooling import SentenceConfig
 from surgery.errors import DataError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from surgery.progress import ProgressCallback
 
 MIN_HELD_OUT = 2000  # retrieval agreement (recall@10) needs a corpus of this size to mean much
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2")
@@ -90,7 +96,23 @@ class TextData(TaskData):
 
     train_texts: list[str] = field(default_factory=list)
     eval_texts: list[str] = field(default_factory=list)
-    sentence_config: SentenceConfig | None = None  # how the objective pools; None: the model's own or mean
+    sentence_config: SentenceConfig | None = None  # how the objective pools; None: masked mean
+    # The data decides the objective: code that trains or scores importance on data asks it, so the
+    # training stack needs no import of this package.
+    objective: ClassVar[str] = "embedding"
+
+    def recover(self, model: nn.Module, teacher: nn.Module, config: Any, *,
+                progress: ProgressCallback | None = None) -> Any:
+        """Recovery with the embedding objective (:func:`~surgery.embedding.distill.recover_embeddings`)."""
+        from surgery.embedding.distill import recover_embeddings
+
+        return recover_embeddings(model, teacher, self, config, progress=progress)
+
+    def importance_objective(self) -> Any:
+        """The label-free importance objective (:func:`~surgery.embedding.importance.embedding_sensitivity`)."""
+        from surgery.embedding.importance import embedding_sensitivity
+
+        return embedding_sensitivity(self.sentence_config or SentenceConfig(), seed=self.split_seed or 0)
 
 
 def load_text_data(

@@ -59,7 +59,13 @@ class RecoveryResult(BaseModel):
 
 
 def require_labelled(data: Any, who: str) -> TaskData:
-    """``data`` as TaskData with labels (training needs them), or a one-line DataError."""
+    """``data`` as TaskData with labels (training needs them), or a one-line DataError.
+
+    Unlabelled sentence-embedding texts (:class:`surgery.embedding.TextData`) pass too: they bring
+    their own objective (distillation of the sentence embeddings), which :func:`recover` runs.
+    """
+    if getattr(data, "objective", "task") == "embedding":
+        return data
     if not isinstance(data, TaskData) or "labels" not in data.train.column_names:
         got = "no data" if data is None else type(data).__name__
         raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
@@ -86,6 +92,8 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
         (1, 1)
     """
     cfg = config or RecoveryConfig(**settings)
+    if getattr(task, "objective", "task") == "embedding":  # unlabelled texts bring their own objective
+        return task.recover(model, teacher, cfg, progress=progress)  # type: ignore[attr-defined]
     task = require_labelled(task, "recovery")
     emit = progress or no_progress
     start = time.perf_counter()
