@@ -107,6 +107,10 @@ class EmbeddingDistillTrainer(SurgeryTrainer):
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
+        if not self.dropout and model.training:
+            for m in model.modules():  # the base class's switch, which its compute_loss would apply
+                if isinstance(m, nn.Dropout):
+                    m.eval()
         features = {k: v for k, v in inputs.items() if k != "labels"}  # labels, if any, are not used
         cfg = self.embedding
         hidden = cfg.hidden_weight > 0
@@ -147,7 +151,13 @@ def embedding_trainer(model: nn.Module, teacher: nn.Module, data: TextData, args
                       embedding: EmbeddingDistillConfig | None = None,
                       trainer_class: type[EmbeddingDistillTrainer] = EmbeddingDistillTrainer,
                       **kwargs: Any) -> EmbeddingDistillTrainer:
-    """A trainer of the embedding objective on ``data``'s training texts (``trainer_class`` may add terms)."""
+    """A trainer of the embedding objective on ``data``'s training texts (``trainer_class`` may add terms).
+
+    Dropout is off unless ``dropout=True`` is passed: the targets are the teacher's deterministic
+    embeddings, and with dropout on, a student that already matches its teacher sees a training
+    loss ~100× its evaluation loss (measured on the tiny test models) and learns to chase noise.
+    """
+    kwargs.setdefault("dropout", False)
     return trainer_class(model=model, args=args, train_dataset=train_columns(data),
                          data_collator=PaddingCollator(data.tokenizer), teacher=teacher,
                          sentence_config=sentence_config_of(data), embedding=embedding, **kwargs)

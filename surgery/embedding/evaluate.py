@@ -194,21 +194,19 @@ class EmbeddingReport(BaseModel):
 
 
 class TeacherCache:
-    """The teacher's embeddings, computed once per list of texts and reused for every student."""
+    """A model's embeddings (the teacher's, usually), computed once per text and reused for every student."""
 
     def __init__(self, teacher: nn.Module, tokenizer: PreTrainedTokenizerBase, config: SentenceConfig,
                  max_length: int | None = None) -> None:
         self.teacher, self.tokenizer, self.config, self.max_length = teacher, tokenizer, config, max_length
-        self._cache: dict[int, tuple[list[str], torch.Tensor]] = {}
+        self._rows: dict[str, torch.Tensor] = {}
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        key = hash(tuple(texts))
-        hit = self._cache.get(key)
-        if hit is None or hit[0] != list(texts):
-            hit = (list(texts), embed_texts(self.teacher, self.tokenizer, texts, self.config,
-                                            max_length=self.max_length))
-            self._cache[key] = hit
-        return hit[1]
+        missing = list(dict.fromkeys(t for t in texts if t not in self._rows))
+        if missing:
+            emb = embed_texts(self.teacher, self.tokenizer, missing, self.config, max_length=self.max_length)
+            self._rows.update(zip(missing, emb, strict=True))
+        return torch.stack([self._rows[t] for t in texts]) if texts else torch.empty(0)
 
 
 def evaluate_embeddings(student: nn.Module, teacher: nn.Module | TeacherCache, tokenizer: PreTrainedTokenizerBase,
@@ -227,9 +225,12 @@ def evaluate_embeddings(student: nn.Module, teacher: nn.Module | TeacherCache, t
         (1.0, 1.0)
     """
     cache = teacher if isinstance(teacher, TeacherCache) else TeacherCache(teacher, tokenizer, config, max_length)
-
-    def student_embed(rows: Sequence[str]) -> torch.Tensor:
-        return embed_texts(student, tokenizer, rows, config, max_length=max_length)
+    # Every distinct text is embedded once per model (probe tasks may share texts with each other).
+    student_cache = TeacherCache(student, tokenizer, config, max_length)
+    every = [*texts, *(t for task in probes for t in (*task.train_texts, *task.test_texts))]
+    student_cache.embed(every)
+    cache.embed(every)
+    student_embed = student_cache.embed
 
     s, t = student_embed(texts), cache.embed(texts)
     results = []

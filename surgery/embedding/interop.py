@@ -32,8 +32,17 @@ def _require_sentence_transformers() -> Any:
     return sentence_transformers
 
 
+def _modules() -> Any:
+    """sentence-transformers' module classes (their home moved in version 6; ``models`` is the 5.x name)."""
+    try:
+        from sentence_transformers.sentence_transformer import modules
+    except ImportError:
+        from sentence_transformers import models as modules
+    return modules
+
+
 def _module_class() -> type:
-    from sentence_transformers.models import Transformer
+    Transformer = _modules().Transformer
 
     class SurgeryTransformer(Transformer):
         """sentence-transformers' ``Transformer`` module whose model is loaded by surgery."""
@@ -76,7 +85,8 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
     """
     _require_sentence_transformers()
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Normalize, Pooling
+
+    Normalize, Pooling = _modules().Normalize, _modules().Pooling
 
     import surgery
     from surgery.assets import resolve_model_path
