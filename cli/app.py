@@ -247,7 +247,7 @@ def apply_command(
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None)
     model_config = read_model_config(source)
-    objective = choose_objective(source, model_config, requested_objective)
+    objective = choose_objective(source, model_config, requested_objective, strategy_class)
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(source, required_by="--data" if data is not None else None)

@@ -20,6 +20,22 @@ from surgery.errors import ConfigError
 
 ObjectiveName = Literal["embedding", "task"]
 OBJECTIVES: tuple[str, ...] = ("embedding", "task")
+# Built-in strategies that train or score with the embedding objective on unlabelled texts. A plugin
+# strategy opts in with a class attribute ``objectives = ("task", "embedding")``.
+EMBEDDING_STRATEGIES = frozenset({"shrp", "head-prune", "ffn-prune", "layer-drop"})
+
+
+def supports_embedding(strategy: type) -> bool:
+    """Whether ``strategy`` (a strategy class) can work with the embedding objective.
+
+    Example:
+        >>> from surgery.strategies.shrp import ShrpStrategy
+        >>> from surgery.strategies.doe import DoEStrategy
+        >>> supports_embedding(ShrpStrategy), supports_embedding(DoEStrategy)
+        (True, False)
+    """
+    declared = getattr(strategy, "objectives", None)
+    return "embedding" in declared if declared is not None else getattr(strategy, "name", "") in EMBEDDING_STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -52,8 +68,9 @@ def pop_objective(settings: dict[str, Any]) -> str | None:
     return value
 
 
-def choose_objective(source: Path, config: PretrainedConfig, requested: str | None) -> Objective:
-    """The objective for the model in ``source``: ``requested`` if given, else detected.
+def choose_objective(source: Path, config: PretrainedConfig, requested: str | None,
+                     strategy: type | None = None) -> Objective:
+    """The objective for the model in ``source`` and ``strategy`` (a class): ``requested`` if given, else detected.
 
     Example:
         >>> from transformers import BertConfig
@@ -76,6 +93,9 @@ def choose_objective(source: Path, config: PretrainedConfig, requested: str | No
     if head:
         return Objective("task", f"the model has a task head ({name}); --set objective=embedding to distil its "
                          "embeddings instead")
+    if strategy is not None and not supports_embedding(strategy):
+        return Objective("task", f"a sentence-transformers model, but {getattr(strategy, 'name', strategy)} "
+                         "trains a classifier only")
     return Objective("embedding", f"a sentence-transformers model without a task head: distil its "
                      f"{sentence.describe()} embeddings; --set objective=task to train a classifier", sentence)
 

@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds of the speed benchmark")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only the interleaved speed benchmark of the variants already saved in --work")
     parser.add_argument("--work", default="/tmp/bench-embed")
     parser.add_argument("--out", default="docs/results/embed.json")
     args = parser.parse_args()
@@ -85,6 +87,12 @@ def main() -> None:
         raise SystemExit("--train-texts: the issue's budget is at most 20k unlabelled texts")
 
     path = resolve_model_path("minilm-l6")
+    out, work = Path(args.out), Path(args.work)
+    if args.speed_only:
+        results = json.loads(out.read_text())
+        speed(results, surgery.from_pretrained(path).eval(), work, args)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        return
     tokenizer = AutoTokenizer.from_pretrained(path)
     sentence = read_sentence_config(path)
     assert sentence is not None
@@ -100,7 +108,6 @@ def main() -> None:
 
     teacher = surgery.from_pretrained(path).eval()
     cache = TeacherCache(teacher, tokenizer, sentence, max_length=args.eval_length)
-    out = Path(args.out)
     results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     results["setup"] = {
         "model": "all-MiniLM-L6-v2 (minilm-l6)", "pooling": sentence.describe(),
@@ -125,7 +132,6 @@ def main() -> None:
     results["teacher"] = evaluate(teacher)
     print(f"teacher evaluated in {time.perf_counter() - start:.0f}s", flush=True)
     save()
-    work = Path(args.work)
     for name in args.variants:
         spec = VARIANTS[name]
         model = copy.deepcopy(teacher)
@@ -160,12 +166,17 @@ def main() -> None:
         save()
         print(name, json.dumps({k: entry[k] for k in ("train_seconds", "eval")})[:600], flush=True)
 
+    speed(results, teacher, work, args)
+    save()
+    print("done", flush=True)
+
+
+def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: argparse.Namespace) -> None:
+    """One interleaved benchmark of the teacher and every evaluated variant saved in ``work`` (paired ratios)."""
     names = [n for n in VARIANTS if (work / n / "surgery.json").exists() and n in results]
     models = {"teacher": teacher, **{n: surgery.from_pretrained(work / n) for n in names}}
     bench = bench_models(models, batch_size=32, seq_len=64, repeats=args.repeats, warmup=2, threads=args.threads)
     results["bench"] = bench.model_dump(mode="json")
-    save()
-    print("done", flush=True)
 
 
 if __name__ == "__main__":

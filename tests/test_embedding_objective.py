@@ -126,3 +126,17 @@ def test_cli_objective_override_and_task_default(tmp_path: Path) -> None:
     result = runner.invoke(app, ["apply", str(plain), "-s", "head-prune", "--set", "ratio=0.25", "--data", str(rows),
                                  "--dry-run"])
     assert result.exit_code == 0 and "objective: task (not a sentence-transformers directory" in result.stderr
+
+
+def test_auto_detection_keeps_the_task_objective_for_classifier_only_strategies(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from surgery.cli.embedding import choose_objective
+    from surgery.strategies.doe import DoEStrategy
+
+    source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
+    config = AutoConfig.from_pretrained(source)
+    assert choose_objective(source, config, None, ShrpStrategy).name == "embedding"
+    doe = choose_objective(source, config, None, DoEStrategy)
+    assert doe.name == "task" and "doe trains a classifier only" in doe.reason
+    assert choose_objective(source, config, "embedding", DoEStrategy).name == "embedding"  # asked for explicitly
