@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds of the speed benchmark")
     parser.add_argument("--speed-only", action="store_true",
                         help="only the interleaved speed benchmark of the variants already saved in --work")
+    parser.add_argument("--render-only", action="store_true", help="only write the table from --out")
+    parser.add_argument("--table", default="docs/results/embed.md")
     parser.add_argument("--work", default="/tmp/bench-embed")
     parser.add_argument("--out", default="docs/results/embed.json")
     args = parser.parse_args()
@@ -88,10 +90,14 @@ def main() -> None:
 
     path = resolve_model_path("minilm-l6")
     out, work = Path(args.out), Path(args.work)
+    if args.render_only:
+        Path(args.table).write_text(render(json.loads(out.read_text())))
+        return
     if args.speed_only:
         results = json.loads(out.read_text())
         speed(results, surgery.from_pretrained(path).eval(), work, args)
         out.write_text(json.dumps(results, indent=2) + "\n")
+        Path(args.table).write_text(render(results))
         return
     tokenizer = AutoTokenizer.from_pretrained(path)
     sentence = read_sentence_config(path)
@@ -164,10 +170,12 @@ def main() -> None:
         surgery.save_pretrained(model, work / name, overwrite=True)
         results[name] = entry
         save()
+        Path(args.table).write_text(render(results))
         print(name, json.dumps({k: entry[k] for k in ("train_seconds", "eval")})[:600], flush=True)
 
     speed(results, teacher, work, args)
     save()
+    Path(args.table).write_text(render(results))
     print("done", flush=True)
 
 
@@ -177,6 +185,61 @@ def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: a
     models = {"teacher": teacher, **{n: surgery.from_pretrained(work / n) for n in names}}
     bench = bench_models(models, batch_size=32, seq_len=64, repeats=args.repeats, warmup=2, threads=args.threads)
     results["bench"] = bench.model_dump(mode="json")
+
+
+# (speedup at least, mean cosine, recall@10, largest probe loss in points) of the issue's two targets
+TARGETS = ((3.5, 0.93, 0.75, 3.0), (1.8, 0.97, 0.90, 1.0))
+
+
+def target_verdict(speedup: float | None, ev: dict[str, Any]) -> str:
+    """Which target a variant meets at its measured speedup, or what it misses."""
+    if speedup is None:
+        return "no speed measured"
+    worst = min((p["delta_points"] for p in ev["probes"]), default=0.0)
+    for floor, cos, recall, probe in TARGETS:
+        if speedup >= floor:
+            misses = [f"cosine {ev['mean_cosine']:.3f} < {cos}" if ev["mean_cosine"] < cos else "",
+                      f"recall@10 {ev['recall_at_k']:.3f} < {recall}" if ev["recall_at_k"] < recall else "",
+                      f"probe {worst:+.1f} pts < -{probe}" if worst < -probe else ""]
+            misses = [m for m in misses if m]
+            return f"≥{floor}×: " + ("met" if not misses else "missed (" + "; ".join(misses) + ")")
+    return f"below 1.8× ({speedup:.2f}×): no target"
+
+
+def render(results: dict[str, Any]) -> str:
+    """The markdown table of a results file."""
+    setup = results.get("setup", {})
+    comparisons = {c["name"]: c for c in (results.get("bench") or {}).get("comparisons", [])}
+    teacher = results.get("teacher")
+    tasks = [p["task"] for p in teacher["probes"]] if teacher else []
+    head = ["variant", "epochs", "params (w/o emb.)", "paired speedup", "mean cosine", "recall@10",
+            *[f"probe {t} (Δ pts)" for t in tasks], "target"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if teacher:
+        rows.append("| teacher (all-MiniLM-L6-v2) | - | 22.71M (10.80M) | 1.00x | 1 | 1 | "
+                    + " | ".join(f"{100 * p['teacher']:.1f}" for p in teacher["probes"]) + " | - |")
+    for name in VARIANTS:
+        entry = results.get(name)
+        if not entry:
+            continue
+        ev, params = entry["eval"], entry["params"]
+        comp = comparisons.get(name)
+        speed = comp["paired_speedup"] if comp else None
+        size = f"{params['total'] / 1e6:.2f}M ({params['without_embeddings'] / 1e6:.2f}M)"
+        cells = [name, str(entry["epochs"]), size,
+                 f"{speed:.2f}x" if speed else "-", f"{ev['mean_cosine']:.3f}", f"{ev['recall_at_k']:.3f}",
+                 *[f"{100 * p['student']:.1f} ({p['delta_points']:+.1f})" for p in ev["probes"]],
+                 target_verdict(speed, ev)]
+        rows.append("| " + " | ".join(cells) + " |")
+    note = (f"Setup: {setup.get('model')}, {setup.get('pooling')}; distilled on {setup.get('train_texts')} unlabelled "
+            f"texts (of {setup.get('pool_texts')} in the installed corpora: {setup.get('corpora')}), lr "
+            f"{setup.get('lr')}, {setup.get('max_length')} tokens; evaluated on {setup.get('held_out_texts')} held-out "
+            f"texts never trained on ({setup.get('eval_length')} tokens): mean cosine and recall@10 of the student's "
+            "nearest neighbours against the teacher's; linear probes (logistic regression on frozen embeddings, "
+            f"train/test sizes {setup.get('probe_tasks')}) against the teacher's accuracy. Speed: paired speedup "
+            "(median of same-round throughput ratios), batch 32 x 64 tokens, interleaved rounds in one process on "
+            f"{setup.get('machine')}. Generated by scripts/bench_embed.py from docs/results/embed.json.")
+    return "\n".join(["# Sentence-embedding compression (MiniLM-L6, no labels)", "", note, "", *rows, ""])
 
 
 if __name__ == "__main__":
