@@ -106,10 +106,8 @@ def load_embedding_data(data: str, tokenizer: Any, objective: Objective, *, eval
     """Unlabelled text data (labels, if any, ignored) carrying the objective's pooling."""
     from surgery.embedding.texts import load_text_data
 
-    text = load_text_data(data, tokenizer, eval_data=eval_data, text_column=text_column, max_length=max_length,
-                          seed=seed, max_train=max_train, batch_size=batch_size)
-    text.sentence_config = objective.sentence
-    return text
+    return load_text_data(data, tokenizer, eval_data=eval_data, text_column=text_column, max_length=max_length,
+                          seed=seed, max_train=max_train, batch_size=batch_size, sentence_config=objective.sentence)
 
 
 def teacher_copy(model: Any) -> Any:

@@ -127,11 +127,13 @@ def load_text_data(
     max_train: int | None = None,
     max_eval: int | None = None,
     batch_size: int = 32,
+    sentence_config: SentenceConfig | None = None,
 ) -> TextData:
     """Read, de-duplicate, split and tokenize unlabelled texts.
 
     Without ``eval_data`` a seeded random :func:`held_out_size` share is held out; with it, texts
     that also occur in ``eval_data`` are removed from training, so held-out texts stay unseen.
+    ``sentence_config`` is the pooling the objective uses (:func:`read_sentence_config` of the model).
 
     Example:
         >>> from transformers import BertTokenizer
@@ -169,7 +171,7 @@ def load_text_data(
     return TextData(
         train=encode(train_texts), eval=encode(eval_texts), label_names=[], tokenizer=tokenizer,
         batch_size=batch_size, split_seed=seed if eval_data is None else None, train_texts=train_texts,
-        eval_texts=eval_texts,
+        eval_texts=eval_texts, sentence_config=sentence_config,
         info={"train_file": _name(train), "eval_file": _name(eval_data) if eval_data is not None else None,
               "seed": seed, "train_size": len(train_texts), "eval_size": len(eval_texts), "max_length": max_length,
               "objective": "embedding"},
