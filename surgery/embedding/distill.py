@@ -38,8 +38,8 @@ from surgery.training import (
     hidden_state_loss,
     scratch_dir,
     train_columns,
-    training_arguments,
 )
+from surgery.training.recover import recovery_arguments
 
 
 class EmbeddingDistillConfig(BaseModel):
@@ -195,10 +195,7 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     steps = 0
     if config.epochs > 0:
         with scratch_dir("surgery-recover-") as tmp:
-            args = training_arguments(tmp, epochs=config.epochs, batch_size=config.batch_size,
-                                      learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-                                      warmup_ratio=config.warmup_ratio, seed=config.seed)
-            trainer = embedding_trainer(model, teacher, data, args, embedding=embedding)
+            trainer = embedding_trainer(model, teacher, data, recovery_arguments(tmp, config), embedding=embedding)
             history.stats = trainer.stats
             trainer.add_callback(history)
             steps = int(trainer.train().global_step)
