@@ -67,4 +67,8 @@ def __getattr__(name: str):  # lazy, so `import surgery` does not import every b
         import surgery.strategies as module
 
         return module
+    if name == "to_sentence_transformer":  # lazy too: sentence-transformers is an optional extra
+        from surgery.embedding.interop import to_sentence_transformer
+
+        return to_sentence_transformer
     raise AttributeError(name)

@@ -117,6 +117,7 @@ def test_to_sentence_transformer_encodes_with_uneven_heads(tmp_path: Path) -> No
     surgery.convert(model, HeadPruningStrategy(heads={0: [0, 2], 1: [3]}))
     config = read_sentence_config(root)
     expected = embed_texts(model, tokenizer(), TEXTS, config)
+    assert surgery.to_sentence_transformer is to_sentence_transformer
     in_memory = to_sentence_transformer(model)  # pooling and tokenizer from the directory it came from
     torch.testing.assert_close(torch.tensor(in_memory.encode(TEXTS)), expected, atol=1e-5, rtol=1e-5)
     out = surgery.save_pretrained(model, tmp_path / "out", tokenizer=tokenizer(),
