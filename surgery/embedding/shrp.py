@@ -7,9 +7,10 @@ while converting), usage analysis, ``top1-prune``. What changes:
 
 * the loss is the embedding objective against the model before surgery (the teacher), through
   :class:`ShrpEmbeddingTrainer` (SHRP's trainer over the embedding trainer, by inheritance);
-* routers read the masked mean of the tokens by default (:data:`EMBEDDING_ROUTER_INPUT`, chosen by
-  ``scripts/bench_embed.py``'s measurement), since a mean-pooled model never trained its [CLS]
-  state to summarise the sentence; an explicit ``router_input`` wins;
+* routers read the masked mean of the tokens by default (:data:`EMBEDDING_ROUTER_INPUT`), since a
+  mean-pooled model never trained its [CLS] state to summarise the sentence. This default is
+  reasoned, not yet measured: ``scripts/bench_embed.py --variants shrp-3-mean shrp-3-cls`` measures
+  it, and its run here did not finish (docs/embeddings.md). An explicit ``router_input`` wins;
 * usage for Top-1 is counted on training texts, so the held-out texts stay unseen by every choice
   and only report: mean cosine and recall@10 against the teacher after the MoE stage and after the
   cut.
@@ -39,7 +40,7 @@ from surgery.training import scratch_dir
 if TYPE_CHECKING:
     from surgery.strategies.shrp import ShrpStrategy
 
-# Router input of the embedding objective unless the config names one (see docs/results/embed.json).
+# Router input of the embedding objective unless the config names one (reasoned; see the module docstring).
 EMBEDDING_ROUTER_INPUT: RouterInput = "mean"
 CALIBRATION_BATCHES = 16  # training batches whose routing decides Top-1 (held-out texts stay unseen)
 EVAL_TEXTS = 2000  # held-out texts of the in-pipeline report (recall@10 needs a corpus this size)
