@@ -281,8 +281,9 @@ def apply_command(
                                                 "mapping.")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="One setting as key=value (JSON or YAML value), "
                                                    "repeatable; wins over --config.")] = None,
-    data: Annotated[str | None, typer.Option("--data", help="Labelled training data (.csv/.tsv/.json/.jsonl/"
-                                             ".parquet), or rotten-tomatoes.")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="Training data (.csv/.tsv/.json/.jsonl/.parquet), or "
+                                             "rotten-tomatoes: labelled for the task objective; for the embedding "
+                                             "objective any text (also .txt, one per line), labels ignored.")] = None,
     eval_data: Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% "
                                                   "split of --data.")] = None,
     text_column: TextColumn = "text",
@@ -315,15 +316,32 @@ def apply_command(
     strategy_class = registry.get_strategy(strategy)
     settings = strategy_settings(config, sets or [])
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None)
+    # Imported here, not at the top: they import transformers, which `surgery --help` must not pay for.
+    from surgery.cli.embedding import (
+        choose_objective,
+        evaluate_against,
+        load_embedding_data,
+        pop_objective,
+        teacher_copy,
+    )
+    from surgery.embedding.pooling import write_sentence_config
+
+    requested_objective = pop_objective(settings)
     import torch
 
     chosen = strategy_class(settings)
     model_config = read_model_config(source)
+    objective = choose_objective(source, model_config, requested_objective, strategy_class)
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(source, required_by="--data" if data is not None else None)
     task_data = None
-    if data is not None:
+    if data is not None and objective.is_embedding:
+        with quiet_datasets(ctx.ensure_object(CliState).debug):
+            task_data = load_embedding_data(data, tokenizer, objective, eval_data=eval_data, text_column=text_column,
+                                            max_length=max_length, seed=seed, max_train=max_train,
+                                            batch_size=batch_size)
+    elif data is not None:
         from surgery.data import load_task_data
 
         with quiet_datasets(ctx.ensure_object(CliState).debug):
@@ -332,10 +350,12 @@ def apply_command(
                 label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
                 batch_size=batch_size,
             )
-    loaded = load_model(source, model_config, task_data, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
-    if task_data is not None:  # noted only once the inputs are known to fit together
-        note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, "
-              f"labels {', '.join(task_data.label_names[:8])}")
+    loaded = load_model(source, model_config, None if objective.is_embedding else task_data,
+                        allow_pickle=ctx.ensure_object(CliState).allow_pickle)
+    note(objective.note())  # noted, like the data, only once the inputs are known to fit together
+    if task_data is not None:
+        labels = f"labels {', '.join(task_data.label_names[:8])}" if task_data.label_names else "unlabelled texts"
+        note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, {labels}")
     if loaded.note:
         note(loaded.note)
 
@@ -346,9 +366,15 @@ def apply_command(
         typer.echo(json.dumps(step, indent=2))
         return
 
+    teacher = teacher_copy(loaded.model) if objective.is_embedding and task_data is not None else None
     with render.ProgressDisplay(stderr()) as progress:
         report = surgery.convert(loaded.model, chosen, data=task_data, progress=progress, recovery=recovery)
-    saved = surgery.save_pretrained(loaded.model, target, tokenizer=tokenizer, overwrite=overwrite)
+    if teacher is not None:
+        with stderr().status("embedding evaluation against the input model (held-out texts)"):
+            report.metrics["embedding"] = evaluate_against(teacher, loaded.model, task_data, tokenizer, max_length)
+    sentence = objective.sentence
+    saved = surgery.save_pretrained(loaded.model, target, tokenizer=tokenizer, overwrite=overwrite,
+                                    extra=(lambda d: write_sentence_config(sentence, d)) if sentence else None)
     if report_file is not None:
         report_file.parent.mkdir(parents=True, exist_ok=True)
         report_file.write_text(report.model_dump_json(indent=2) + "\n")

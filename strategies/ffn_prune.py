@@ -10,7 +10,7 @@ from torch import nn
 
 from surgery.anatomy import EncoderAdapter
 from surgery.errors import ConfigError
-from surgery.importance import gold_logit_objective, linear_input_scores, loss_objective
+from surgery.importance import gold_logit_objective, linear_input_scores, objective_for
 from surgery.strategies.unit_prune import UnitPruningConfig, UnitPruningStrategy
 from surgery.strategy import Data
 
@@ -77,7 +77,7 @@ class FFNPruningStrategy(UnitPruningStrategy):
             return out
         if data is None:
             raise ConfigError(f"ffn-prune importance={kind!r} needs data; pass data or use 'magnitude'")
-        objective = gold_logit_objective if kind == "attribution" else loss_objective
+        objective = gold_logit_objective if kind == "attribution" else objective_for(data)
         downs = {i: adapter.layer(i).ffn.down for i in layers}
         return linear_input_scores(model, downs, data, kind=kind, objective=objective,
                                    max_batches=self.config.max_batches)

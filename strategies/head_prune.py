@@ -10,7 +10,7 @@ from torch import nn
 
 from surgery.anatomy import EncoderAdapter
 from surgery.errors import ConfigError, PlanError
-from surgery.importance import linear_input_scores
+from surgery.importance import linear_input_scores, objective_for
 from surgery.selection import normalise_per_layer
 from surgery.strategies.unit_prune import UnitPruningConfig, UnitPruningStrategy
 from surgery.strategy import Data
@@ -83,7 +83,7 @@ class HeadPruningStrategy(UnitPruningStrategy):
             outputs = {i: adapter.layer(i).attention.output for i in layers}
             head_dim = adapter.layer(layers[0]).attention.head_dim if layers else 1
             raw = linear_input_scores(model, outputs, data, kind="gate", group_size=head_dim,
-                                      max_batches=self.config.max_batches)
+                                      objective=objective_for(data), max_batches=self.config.max_batches)
         else:
             raw = {}
             for i in layers:

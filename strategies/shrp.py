@@ -325,6 +325,10 @@ class ShrpStrategy(PipelineStrategy):
                 "layers": order, "epochs": epochs}
 
     def run(self, model: nn.Module, data: Data | None, session: PipelineSession) -> None:
+        if getattr(data, "objective", "task") == "embedding":  # unlabelled texts: distil sentence embeddings
+            from surgery.embedding.shrp import run_embedding_shrp
+
+            return run_embedding_shrp(self, model, data, session)
         task = require_task_data(data, self.name)
         num_labels = int(getattr(model.config, "num_labels", 0))
         if num_labels != task.num_labels:

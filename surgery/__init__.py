@@ -47,6 +47,8 @@ _LAZY = {
     "StrategyConfig": "surgery.strategy", "strategies": "surgery.strategies",
     # needs the optional onnx extra only when called
     "export_onnx": "surgery.deploy",
+    # needs the optional embeddings extra (sentence-transformers) only when called
+    "to_sentence_transformer": "surgery.embedding.interop",
 }
 
 __version__ = "0.1.0"

@@ -51,6 +51,18 @@ def loss_objective(outputs: Any, batch: Mapping[str, torch.Tensor]) -> torch.Ten
     return loss
 
 
+def objective_for(data: Any) -> Objective:
+    """The objective importance scores use on ``data``: the data's own (unlabelled sentence-embedding
+    texts bring a label-free one, :class:`surgery.embedding.TextData`), else the task loss.
+
+    Example:
+        >>> objective_for([{"input_ids": torch.tensor([[2, 3]])}]) is loss_objective
+        True
+    """
+    own = getattr(data, "importance_objective", None)
+    return own() if callable(own) else loss_objective
+
+
 def gold_logit_objective(outputs: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Sum over instances of the gold label's logit P(y|x) (DoE's attribution target)."""
     logits = getattr(outputs, "logits", None)

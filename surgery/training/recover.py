@@ -58,8 +58,26 @@ class RecoveryResult(BaseModel):
     history: list[dict[str, Any]] = Field(default_factory=list)
 
 
+def recovery_arguments(output_dir: str, config: RecoveryConfig) -> Any:
+    """The Trainer settings of a recovery run (budget and optimiser from ``config``).
+
+    Example:
+        >>> recovery_arguments("/tmp/x", RecoveryConfig(epochs=2, learning_rate=1e-4)).learning_rate
+        0.0001
+    """
+    return training_arguments(output_dir, epochs=config.epochs, batch_size=config.batch_size,
+                              learning_rate=config.learning_rate, weight_decay=config.weight_decay,
+                              warmup_ratio=config.warmup_ratio, seed=config.seed)
+
+
 def require_labelled(data: Any, who: str) -> TaskData:
-    """``data`` as TaskData with labels (training needs them), or a one-line DataError."""
+    """``data`` as TaskData with labels (training needs them), or a one-line DataError.
+
+    Unlabelled sentence-embedding texts (:class:`surgery.embedding.TextData`) pass too: they bring
+    their own objective (distillation of the sentence embeddings), which :func:`recover` runs.
+    """
+    if getattr(data, "objective", "task") == "embedding":
+        return data
     if not isinstance(data, TaskData) or "labels" not in data.train.column_names:
         got = "no data" if data is None else type(data).__name__
         raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
@@ -86,6 +104,8 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
         (1, 1)
     """
     cfg = config or RecoveryConfig(**settings)
+    if getattr(task, "objective", "task") == "embedding":  # unlabelled texts bring their own objective
+        return task.recover(model, teacher, cfg, progress=progress)  # type: ignore[attr-defined]
     task = require_labelled(task, "recovery")
     labels = (getattr(model.config, "num_labels", None), getattr(teacher.config, "num_labels", None))
     if labels[0] != labels[1]:
@@ -105,9 +125,7 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     steps = 0
     if cfg.epochs > 0:
         with scratch_dir("surgery-recover-") as tmp:
-            args = training_arguments(tmp, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                      learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                      warmup_ratio=cfg.warmup_ratio, seed=cfg.seed)
+            args = recovery_arguments(tmp, cfg)
             steps = fit(model, task, args, teacher=teacher, distill=distill, history=history).steps
     after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
     return RecoveryResult(epochs=cfg.epochs, steps=steps, accuracy_before=before, accuracy_after=after,

@@ -1,0 +1,204 @@
+"""The embedding objective: distil the teacher's sentence embeddings into the student, without labels.
+
+The loss is ``mse_weight · MSE(e_s, e_t) + cosine_weight · (1 − cos(e_s, e_t))`` on the pooled (and, if
+the model's config says so, normalised) sentence embeddings of student and teacher, plus optionally
+``hidden_weight`` times the mapped token-level hidden-state MSE of :func:`surgery.training.hidden_state_loss`
+(the sentence-transformers distillation examples use the embedding MSE; the cosine term keeps
+the direction, which is what retrieval ranks by). The teacher is the model before surgery.
+
+:class:`EmbeddingDistillTrainer` is :class:`surgery.training.SurgeryTrainer` with this loss, so it
+composes with trainers that add terms on top (SHRP's balance loss) by ordinary inheritance.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from surgery.anatomy import adapter_for
+from surgery.data import PaddingCollator
+from surgery.embedding.evaluate import embed_batch
+from surgery.embedding.pooling import SentenceConfig
+from surgery.embedding.texts import TextData
+from surgery.errors import DataError
+from surgery.manifest import steps_of
+from surgery.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.training import (
+    EpochHistory,
+    EpochStats,
+    RecoveryConfig,
+    RecoveryResult,
+    SurgeryTrainer,
+    default_layer_map,
+    hidden_state_loss,
+    scratch_dir,
+    train_columns,
+)
+from surgery.training.recover import recovery_arguments
+
+
+class EmbeddingDistillConfig(BaseModel):
+    """Weights of the embedding objective.
+
+    Example:
+        >>> EmbeddingDistillConfig().cosine_weight
+        1.0
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mse_weight: float = Field(default=1.0, ge=0.0, description="weight of the MSE between sentence embeddings")
+    cosine_weight: float = Field(default=1.0, ge=0.0, description="weight of 1 - cosine between sentence embeddings")
+    hidden_weight: float = Field(default=0.0, ge=0.0, description="weight of the token-level hidden-state MSE")
+    layer_map: dict[int, int] | None = Field(default=None, description="student layer -> teacher layer for the "
+                                             "hidden-state MSE; default: derived from the recorded steps")
+
+
+def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, *, mse_weight: float = 1.0,
+                   cosine_weight: float = 1.0) -> torch.Tensor:
+    """``mse_weight · MSE + cosine_weight · mean(1 − cos)`` between two batches of sentence embeddings.
+
+    Example:
+        >>> e = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> float(embedding_loss(e, e)), float(embedding_loss(e, -e, mse_weight=0.0))
+        (0.0, 2.0)
+    """
+    s, t = student.float(), teacher.float()
+    loss = s.new_zeros(())
+    if mse_weight > 0:
+        loss = loss + mse_weight * F.mse_loss(s, t)
+    if cosine_weight > 0:
+        loss = loss + cosine_weight * (1.0 - F.cosine_similarity(s, t, dim=-1)).mean()
+    return loss
+
+
+class EmbeddingDistillTrainer(SurgeryTrainer):
+    """A :class:`~surgery.training.SurgeryTrainer` whose loss is the embedding objective against ``teacher``.
+
+    Batches need no labels. ``compute_loss`` returns outputs with ``sentence_embedding`` (and
+    ``logits`` None, so trainers that count accuracy on logits skip it).
+
+    Example:
+        >>> import copy, datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.training import scratch_dir, training_arguments
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 6, 7, 3]]})
+        >>> with scratch_dir() as tmp:
+        ...     trainer = EmbeddingDistillTrainer(
+        ...         model=model, args=training_arguments(tmp, epochs=1, batch_size=2), train_dataset=rows,
+        ...         data_collator=PaddingCollator(None), teacher=copy.deepcopy(model),
+        ...         sentence_config=SentenceConfig(normalize=True))
+        ...     _ = trainer.train()
+        >>> trainer.stats.steps
+        1
+    """
+
+    def __init__(self, *args: Any, teacher: nn.Module, sentence_config: SentenceConfig,
+                 embedding: EmbeddingDistillConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, teacher=teacher, **kwargs)
+        self.sentence_config = sentence_config
+        self.embedding = embedding or EmbeddingDistillConfig()
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        if not self.dropout and model.training:
+            for m in model.modules():  # the base class's switch, which its compute_loss would apply
+                if isinstance(m, nn.Dropout):
+                    m.eval()
+        features = {k: v for k, v in inputs.items() if k != "labels"}  # labels, if any, are not used
+        cfg = self.embedding
+        hidden = cfg.hidden_weight > 0
+        extra = {"output_hidden_states": True} if hidden else {}
+        student, s_out = embed_batch(model, features, self.sentence_config, **extra)
+        teacher_model = self._teacher_on(student.device)
+        with torch.no_grad():
+            target, t_out = embed_batch(teacher_model, features, self.sentence_config, **extra)
+        kd = embedding_loss(student, target, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
+        loss = kd
+        if hidden:
+            layer_map = cfg.layer_map or {i: i for i in range(len(s_out.hidden_states) - 1)}
+            loss = loss + cfg.hidden_weight * hidden_state_loss(s_out.hidden_states, t_out.hidden_states, layer_map,
+                                                                features.get("attention_mask"))
+        if model.training:
+            self.stats.steps += 1
+            self.stats.loss_sum += float(loss.detach())
+            self.stats.kd_sum += float(kd.detach())
+        outputs = {"sentence_embedding": student, "logits": None}
+        return (loss, outputs) if return_outputs else loss
+
+
+def require_text_data(data: Any, who: str) -> TextData:
+    """``data`` as unlabelled :class:`TextData` with a pooling config, or a one-line DataError."""
+    if not isinstance(data, TextData):
+        got = "no data" if data is None else type(data).__name__
+        raise DataError(f"{who} with the embedding objective needs unlabelled texts (surgery.embedding.TextData, "
+                        f"e.g. --data corpus.txt); got {got}")
+    return data
+
+
+def sentence_config_of(data: TextData) -> SentenceConfig:
+    """The pooling the objective uses: the data's, else masked mean without normalisation."""
+    return data.sentence_config or SentenceConfig()
+
+
+def embedding_trainer(model: nn.Module, teacher: nn.Module, data: TextData, args: Any, *,
+                      embedding: EmbeddingDistillConfig | None = None,
+                      trainer_class: type[EmbeddingDistillTrainer] = EmbeddingDistillTrainer,
+                      **kwargs: Any) -> EmbeddingDistillTrainer:
+    """A trainer of the embedding objective on ``data``'s training texts (``trainer_class`` may add terms).
+
+    Dropout is off unless ``dropout=True`` is passed: the targets are the teacher's deterministic
+    embeddings, and with dropout on, a student that already matches its teacher sees a training
+    loss ~100× its evaluation loss (measured on the tiny test models) and learns to chase noise.
+    """
+    kwargs.setdefault("dropout", False)
+    return trainer_class(model=model, args=args, train_dataset=train_columns(data),
+                         data_collator=PaddingCollator(data.tokenizer), teacher=teacher,
+                         sentence_config=sentence_config_of(data), embedding=embedding, **kwargs)
+
+
+def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, config: RecoveryConfig, *,
+                       progress: ProgressCallback | None = None) -> RecoveryResult:
+    """Recovery after surgery with the embedding objective: distil ``teacher``'s sentence embeddings into ``model``.
+
+    ``config.hidden_weight`` switches on the token-level hidden-state MSE (mapped through any
+    ``layer-drop`` steps, as in :func:`surgery.training.recover`); ``temperature`` and ``alpha``
+    (logit settings) are unused. Accuracies stay None: there are no labels.
+
+    Example:
+        >>> import copy
+        >>> from transformers import BertTokenizer
+        >>> from surgery.embedding.texts import load_text_data
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> tok = BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b"])})
+        >>> data = load_text_data([f"a b {'a ' * i}" for i in range(8)], tok, batch_size=2)
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> recover_embeddings(model, copy.deepcopy(model), data, RecoveryConfig(epochs=1, batch_size=2)).steps
+        2
+    """
+    emit = progress or no_progress
+    start = time.perf_counter()
+    layer_map = None
+    if config.hidden_weight > 0:
+        layer_map = config.layer_map or default_layer_map(adapter_for(model).num_layers,
+                                                          adapter_for(teacher).num_layers,
+                                                          steps_of(model)[len(steps_of(teacher)):])
+    embedding = EmbeddingDistillConfig(hidden_weight=config.hidden_weight, layer_map=layer_map)
+    history = EpochHistory(EpochStats(), emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)),
+                           label="recovery")
+    steps = 0
+    if config.epochs > 0:
+        with scratch_dir("surgery-recover-") as tmp:
+            trainer = embedding_trainer(model, teacher, data, recovery_arguments(tmp, config), embedding=embedding)
+            history.stats = trainer.stats
+            trainer.add_callback(history)
+            steps = int(trainer.train().global_step)
+            model.eval()
+    return RecoveryResult(epochs=config.epochs, steps=steps, seconds=time.perf_counter() - start,
+                          layer_map=layer_map, history=history.history)

@@ -1,0 +1,117 @@
+"""sentence-transformers interop: a ``SentenceTransformer`` that encodes with a surgered model.
+
+Stock ``sentence_transformers.models.Transformer`` loads weights with ``AutoModel.from_pretrained``,
+which cannot rebuild uneven heads, pruned FFNs or Expert Attention layers (it would warn about
+missing keys and initialise them at random). :class:`SurgeryTransformer` is the stock module with
+one change: its model comes from surgery's loader (manifest replay + strict weights), or is the
+in-memory model passed to :func:`to_sentence_transformer`. Tokenization, batching, pooling and
+normalisation are sentence-transformers' own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from surgery.embedding.evaluate import EXTRA_HINT, encoder_of
+from surgery.embedding.pooling import SentenceConfig, read_sentence_config
+from surgery.errors import ConfigError, ModelLoadError
+from surgery.manifest import source_dir_of
+
+_PRELOADED = "surgery_model"  # the model_kwargs key that hands an in-memory model to the module
+
+
+def _require_sentence_transformers() -> Any:
+    try:
+        import sentence_transformers
+    except ImportError:
+        raise ConfigError(f"sentence-transformers interop needs the package; install it with {EXTRA_HINT}") from None
+    return sentence_transformers
+
+
+def _modules() -> Any:
+    """sentence-transformers' module classes (their home moved in version 6; ``models`` is the 5.x name)."""
+    try:
+        from sentence_transformers.sentence_transformer import modules
+    except ImportError:
+        from sentence_transformers import models as modules
+    return modules
+
+
+def _module_class() -> type:
+    Transformer = _modules().Transformer
+
+    class SurgeryTransformer(Transformer):
+        """sentence-transformers' ``Transformer`` module whose model is loaded by surgery."""
+
+        def _load_model(self, model_name_or_path: str, transformer_task: str, config: Any, backend: str,
+                        is_peft_model: bool, **model_kwargs: Any) -> Any:
+            preloaded = model_kwargs.pop(_PRELOADED, None)
+            if preloaded is not None:
+                return preloaded
+            import surgery
+
+            return encoder_of(surgery.from_pretrained(model_name_or_path))
+
+    return SurgeryTransformer
+
+
+def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
+                            tokenizer_dir: str | os.PathLike[str] | None = None,
+                            sentence_config: SentenceConfig | None = None, device: str = "cpu") -> Any:
+    """A ``SentenceTransformer`` that encodes with ``model_or_dir`` (a surgered model or its saved directory).
+
+    The pooling and normalisation are read from the directory (``modules.json`` and
+    ``1_Pooling/config.json``, or surgery's ``sentence_embedding.json``); for an in-memory model, from
+    the directory it was loaded from, unless ``sentence_config`` is given. The tokenizer comes from
+    the same directory, or ``tokenizer_dir``.
+
+    Example:
+        >>> import tempfile
+        >>> from transformers import BertTokenizer
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> import surgery
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> _ = surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))  # uneven heads
+        >>> d = surgery.save_pretrained(model, Path(tempfile.mkdtemp()) / "m", tokenizer=BertTokenizer(
+        ...     vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"])}))
+        >>> st = to_sentence_transformer(d, sentence_config=SentenceConfig(modes=("mean",), normalize=True))
+        >>> st.encode(["a a", "a"]).shape
+        (2, 32)
+    """
+    _require_sentence_transformers()
+    from sentence_transformers import SentenceTransformer
+
+    Normalize, Pooling = _modules().Normalize, _modules().Pooling
+
+    import surgery
+    from surgery.assets import resolve_model_path
+
+    if isinstance(model_or_dir, nn.Module):
+        model = model_or_dir
+        source = source_dir_of(model)
+        where = Path(tokenizer_dir or source or "")
+        if not str(where) or not where.is_dir():
+            raise ModelLoadError("to_sentence_transformer: the model was not loaded from a directory; pass "
+                                 "tokenizer_dir= (a directory with its config and tokenizer) and sentence_config=")
+    else:
+        where = Path(tokenizer_dir) if tokenizer_dir else resolve_model_path(model_or_dir)
+        model = surgery.from_pretrained(resolve_model_path(model_or_dir))
+    config = sentence_config or read_sentence_config(where)
+    if config is None and source_dir_of(model):
+        config = read_sentence_config(source_dir_of(model))  # type: ignore[arg-type]
+    if config is None:
+        raise ModelLoadError(f"{where} holds no sentence-transformers pooling config (modules.json or "
+                             "sentence_embedding.json); pass sentence_config=SentenceConfig(...)")
+    encoder = encoder_of(model)
+    first = _module_class()(str(where), model_kwargs={_PRELOADED: encoder},
+                            max_seq_length=config.max_seq_length, do_lower_case=config.do_lower_case)
+    modes = config.modes[0] if len(config.modes) == 1 else tuple(config.modes)
+    modules: list[nn.Module] = [first, Pooling(encoder.config.hidden_size, pooling_mode=modes)]
+    if config.normalize:
+        modules.append(Normalize())
+    return SentenceTransformer(modules=modules, device=device)

@@ -1,0 +1,142 @@
+"""The embedding objective on tiny models of every family: importance, recovery, SHRP, CLI, interop."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import surgery
+from surgery.cli.app import app
+from surgery.embedding import SentenceConfig, embed_texts, load_text_data
+from surgery.embedding.distill import EmbeddingDistillConfig, embedding_loss, recover_embeddings
+from surgery.embedding.pooling import SURGERY_FILE, read_sentence_config
+from surgery.strategies.head_prune import HeadPruningStrategy
+from surgery.strategies.layer_drop import LayerDropStrategy
+from surgery.strategies.shrp import ShrpStrategy
+from surgery.testing import FAMILIES, TinySpec, tiny_model
+from surgery.training import RecoveryConfig
+from tests.test_embedding import WORDS, st_dir, tokenizer
+
+TEXTS = [" ".join(WORDS[(i * 7 + j * 13) % len(WORDS)] for j in range(2 + i % 7)) for i in range(48)]
+runner = CliRunner(env={"COLUMNS": "200"})
+
+
+def text_data(batch_size: int = 8):
+    data = load_text_data(TEXTS, tokenizer(), batch_size=batch_size)
+    data.sentence_config = SentenceConfig(normalize=True)
+    return data
+
+
+def test_embedding_loss_is_mse_plus_one_minus_cosine() -> None:
+    s, t = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]])
+    expected = ((1.0 + 4.0) / 2) + 1.0  # MSE over the two coordinates, plus 1 - cos(90°)
+    assert float(embedding_loss(s, t)) == pytest.approx(expected)
+    assert float(embedding_loss(s, t, mse_weight=0.5, cosine_weight=0.0)) == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pruned_student_recovers_its_teachers_embeddings(family: str) -> None:
+    data = text_data()
+    teacher = tiny_model(TinySpec(family, layers=2))
+    # A student far from its teacher (another seed), so the distance is well above Adam's step noise;
+    # label-free importance (embedding sensitivity) picks its heads, then recovery on unlabelled text.
+    student = tiny_model(TinySpec(family, layers=2, seed=1))
+    surgery.convert(student, HeadPruningStrategy(ratio=0.5, importance="gradient", max_batches=2), data=data)
+    config = data.sentence_config
+    target = embed_texts(teacher, data.tokenizer, TEXTS, config)
+
+    def distance() -> float:
+        return float(embedding_loss(embed_texts(student, data.tokenizer, TEXTS, config), target))
+
+    before = distance()
+    result = recover_embeddings(student, teacher, data, RecoveryConfig(epochs=3, learning_rate=1e-3, batch_size=8))
+    assert result.steps == 3 * 3 and result.history[-1]["loss"] is not None
+    assert distance() < 0.8 * before, family
+
+
+def test_layer_drop_recovery_matches_hidden_states_through_the_drop() -> None:
+    data = text_data()
+    teacher = tiny_model(TinySpec("bert", layers=4))
+    student = copy.deepcopy(teacher)
+    report = surgery.convert(student, LayerDropStrategy(count=2), data=data,
+                             recovery=RecoveryConfig(epochs=1, hidden_weight=1.0, batch_size=8))
+    recovery = report.checks[0].recovery
+    assert recovery is not None and recovery["layer_map"] == {"0": 0, "1": 2}  # kept layers 0, 2 of the teacher
+    assert EmbeddingDistillConfig(hidden_weight=1.0).mse_weight == 1.0
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_shrp_distils_embeddings_and_reloads(tmp_path: Path, family: str) -> None:
+    data = text_data(batch_size=16)
+    model = tiny_model(TinySpec(family, layers=2))
+    report = surgery.convert(model, ShrpStrategy(num_layers=1, extra_epochs=1, bench=False), data=data)
+    assert report.metrics["objective"] == "embedding" and report.metrics["router_input"] == "mean"
+    assert [s["strategy"] for s in report.plan["steps"]] == ["expert-attention", "top1-prune"]
+    assert 0.0 <= report.metrics["embedding_pruned"]["recall_at_k"] <= 1.0
+    cls = ShrpStrategy(num_layers=1, extra_epochs=0, bench=False, router_input="cls")
+    assert surgery.convert(tiny_model(TinySpec(family, layers=2)), cls, data=data).metrics["router_input"] == "cls"
+    out = surgery.save_pretrained(model, tmp_path / "m")
+    expected = embed_texts(model, data.tokenizer, TEXTS, data.sentence_config)
+    torch.testing.assert_close(embed_texts(surgery.from_pretrained(out), data.tokenizer, TEXTS,
+                                           data.sentence_config), expected)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None, reason="needs sentence-transformers")
+def test_cli_detects_the_embedding_objective_and_saves_an_encodable_model(tmp_path: Path) -> None:
+    from surgery.embedding.interop import to_sentence_transformer
+
+    source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["apply", str(source), "-s", "shrp", "--set", "num_layers=1", "--set",
+                                 "extra_epochs=0", "--set", "bench=false", "--data", str(corpus), "-o", str(out),
+                                 "--report", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert "objective: embedding" in result.stderr and "unlabelled texts" in result.stderr
+    metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    assert set(metrics["embedding"]) >= {"mean_cosine", "recall_at_k"}
+    assert (out / SURGERY_FILE).is_file() and read_sentence_config(out).normalize
+    model = surgery.from_pretrained(out)
+    expected = embed_texts(model, tokenizer(), TEXTS[:5], read_sentence_config(out))
+    encoded = torch.tensor(to_sentence_transformer(out).encode(TEXTS[:5]))
+    torch.testing.assert_close(encoded, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cli_objective_override_and_task_default(tmp_path: Path) -> None:
+    source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
+    rows = tmp_path / "rows.csv"
+    rows.write_text("text,label\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(TEXTS)))
+    args = ["apply", str(source), "-s", "head-prune", "--set", "ratio=0.25", "--data", str(rows), "--dry-run"]
+    task = runner.invoke(app, [*args, "--set", "objective=task"])
+    assert task.exit_code == 0 and "objective: task (--set objective=task)" in task.stderr
+    auto = runner.invoke(app, args)
+    assert auto.exit_code == 0 and "objective: embedding" in auto.stderr, auto.output
+    bad = runner.invoke(app, [*args, "--set", "objective=both"])
+    assert bad.exit_code == 2 and "objective='both'" in bad.stderr
+    plain = tmp_path / "plain"
+    tiny_model(TinySpec("bert")).save_pretrained(plain)
+    tokenizer().save_pretrained(plain)
+    result = runner.invoke(app, ["apply", str(plain), "-s", "head-prune", "--set", "ratio=0.25", "--data", str(rows),
+                                 "--dry-run"])
+    assert result.exit_code == 0 and "objective: task (not a sentence-transformers directory" in result.stderr
+
+
+def test_auto_detection_keeps_the_task_objective_for_classifier_only_strategies(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from surgery.cli.embedding import choose_objective
+    from surgery.strategies.doe import DoEStrategy
+
+    source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
+    config = AutoConfig.from_pretrained(source)
+    assert choose_objective(source, config, None, ShrpStrategy).name == "embedding"
+    doe = choose_objective(source, config, None, DoEStrategy)
+    assert doe.name == "task" and "doe trains a classifier only" in doe.reason
+    assert choose_objective(source, config, "embedding", DoEStrategy).name == "embedding"  # asked for explicitly
