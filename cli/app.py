@@ -43,6 +43,7 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.cli.plot import plot_command
 from surgery.errors import ConfigError, SurgeryError
 from surgery.strategy import validation_message
 
@@ -143,6 +144,7 @@ app = typer.Typer(
 
 
 app.add_typer(experts_app, name="experts")
+app.command("plot")(plot_command)
 
 
 @app.callback()

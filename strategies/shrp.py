@@ -591,7 +591,7 @@ class ShrpStrategy(PipelineStrategy):
 
 
 def finetune_after_cut(model: nn.Module, task: TaskData, config: ShrpConfig) -> None:
-    """Recovery after the Top-1 cut: ``config.recover_epochs`` of plain cross-entropy fine-tuning (HF Trainer).
+    """Recovery after the Top-1 cut: ``config.recover_epochs`` of plain cross-entropy fine-tuning.
 
     Example:
         >>> import datasets
@@ -600,12 +600,27 @@ def finetune_after_cut(model: nn.Module, task: TaskData, config: ShrpConfig) -> 
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
         >>> finetune_after_cut(model, TaskData(rows, rows, ["a", "b", "c"]), ShrpConfig(recover_epochs=1))
     """
+    finetune(model, task, epochs=config.recover_epochs,
+             learning_rate=config.recover_learning_rate or config.learning_rate, seed=config.seed,
+             batch_size=config.batch_size)
+
+
+def finetune(model: nn.Module, task: TaskData, *, epochs: float, learning_rate: float, seed: int = 0,
+             batch_size: int = 32) -> None:
+    """Plain cross-entropy fine-tuning of a sequence classifier on the HF Trainer (linear decay, no checkpoints).
+
+    Example:
+        >>> import datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> finetune(model, TaskData(rows, rows, ["a", "b", "c"]), epochs=1, learning_rate=1e-3)
+    """
+    config = ShrpConfig(learning_rate=learning_rate, seed=seed, batch_size=batch_size)
     columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels") if c in task.train.column_names]
-    with tempfile.TemporaryDirectory(prefix="shrp-recover-") as tmp:
-        args = training_arguments(config, config.recover_epochs, tmp,
-                                  learning_rate=config.recover_learning_rate or config.learning_rate)
-        trainer = Trainer(model=model, args=args, train_dataset=task.train.select_columns(columns),
-                          data_collator=_Collate(task.tokenizer))
+    with tempfile.TemporaryDirectory(prefix="surgery-finetune-") as tmp:
+        trainer = Trainer(model=model, args=training_arguments(config, epochs, tmp),
+                          train_dataset=task.train.select_columns(columns), data_collator=_Collate(task.tokenizer))
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     model.eval()
