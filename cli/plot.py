@@ -60,7 +60,8 @@ def pareto_points(data: dict[str, Any]) -> list[dict[str, Any]]:
 def usage_panels(data: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
     """Per-layer expert usage to draw: ``{phase: {layer: counts}}`` (stage-1 training usage and the cut's)."""
     if "suite" in data:
-        return {k: dict(v) for k, v in data["suite"].get("usage", {}).items()}
+        # A list of [phase, usage] pairs: JSON objects may be re-sorted, the phases have an order.
+        return {phase: dict(usage) for phase, usage in data["suite"].get("usage", [])}
     metrics = data.get("metrics") or {}
     panels: dict[str, dict[str, list[int]]] = {}
     stage1 = [h for h in metrics.get("history", []) if h.get("stage") == 1 and h.get("usage")]
@@ -128,12 +129,14 @@ def write_usage(panels: dict[str, dict[str, list[int]]], path: Path) -> Path:
             if counts:
                 total = sum(counts) or 1
                 ax.bar(range(len(counts)), [100.0 * n / total for n in counts], color="tab:blue")
+                ax.set_xticks(range(0, len(counts), max(1, len(counts) // 6)))
             ax.set_title(f"layer {layer}", fontsize=8)
             ax.set_xlabel("expert", fontsize=7)
             ax.tick_params(labelsize=6)
             if c == 0:
-                ax.set_ylabel(f"{phase}\n% of sequences", fontsize=7)
-    fig.tight_layout()
+                ax.set_ylabel("% of sequences", fontsize=7)
+                ax.annotate(phase, xy=(0.0, 1.22), xycoords="axes fraction", fontsize=8, fontweight="bold")
+    fig.tight_layout(h_pad=2.5)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

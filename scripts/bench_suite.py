@@ -265,18 +265,16 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
         })
     pareto = [{"label": c["method"], "group": c["task"], "speedup": c["speedup"], "retained": c["retained"][0],
                "retained_std": c["retained"][1]} for c in table if c["speedup"] is not None and c["retained"]]
-    usage: dict[str, dict[str, list[int]]] = {}
+    usage: list[tuple[str, dict[str, list[int]]]] = []   # ordered phases (a JSON object could be re-sorted)
     shrp = [r for r in runs if r["method"] == "shrp-3/6"]
     if shrp:
         first = min(shrp, key=lambda r: (r["seed"], r["task"]))
-        stage1 = [h for h in first["shrp"].get("history", []) if h.get("stage") == 1 and h.get("usage")]
         label = f"{first['task']} seed {first['seed']}"
-        if stage1:
-            usage[f"{label}: training, end of stage 1"] = stage1[-1]["usage"]
-        stage2 = [h for h in first["shrp"].get("history", []) if h.get("stage") == 2 and h.get("usage")]
-        if stage2:
-            usage[f"{label}: training, last epoch"] = stage2[-1]["usage"]
-        usage[f"{label}: at the cut (dev)"] = first["shrp"]["usage"]
+        for stage, phase in ((1, "training, end of stage 1"), (2, "training, last epoch")):
+            seen = [h for h in first["shrp"].get("history", []) if h.get("stage") == stage and h.get("usage")]
+            if seen:
+                usage.append((f"{label}: {phase}", seen[-1]["usage"]))
+        usage.append((f"{label}: at the cut (dev)", first["shrp"]["usage"]))
     return {"table": table, "pareto": pareto, "usage": usage}
 
 
@@ -287,7 +285,7 @@ def step_render(args: argparse.Namespace, results: dict[str, Any]) -> None:
         write_pareto(results["suite"]["pareto"], args.out.with_name("suite_pareto.png"),
                      title="suite: accuracy retained vs measured speedup (mean over seeds)")
     if results["suite"]["usage"]:
-        write_usage(results["suite"]["usage"], args.out.with_name("suite_usage.png"))
+        write_usage(dict(results["suite"]["usage"]), args.out.with_name("suite_usage.png"))
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_results.py")], check=True)
 
 
