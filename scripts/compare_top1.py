@@ -45,12 +45,12 @@ MODEL = "minilm-l6"
 # The README's recipe (issue 8 used it on the 5-class task where the cut lost 17 points).
 RECIPE: dict[str, Any] = dict(num_layers=3, finetune_epochs=1, learning_rate=1e-4, bench=False)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "today": {},
+    "today": {"expert_dropping": "off"},
     "drop": {"expert_dropping": "halve"},
-    "entropy": {"concentration_weight": 0.5},
+    "entropy": {"expert_dropping": "off", "concentration_weight": 0.5},
     "drop+entropy": {"expert_dropping": "halve", "concentration_weight": 0.5},
 }
-RECOVER: dict[str, Any] = {"recover_epochs": 1.0}
+RECOVER: dict[str, Any] = {"expert_dropping": "off", "recover_epochs": 1.0}
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -78,9 +78,12 @@ class ShrpConfig(StrategyConfig):
     extra_epochs: int = Field(default=2, ge=0, description="epochs after the last conversion (stage 2)")
     balance_weight: float = Field(default=0.1, ge=0.0, description="λ of the load-balance loss in stage 1")
     keep: int = Field(default=1, ge=1, description="experts kept per layer by Top-1 pruning")
+    # "halve" makes the cut exact by construction (docs/shrp.md#safe-top-1-pruning); provisional until the
+    # multi-task comparison (docs/results.md, scripts/compare_top1.py) has all its runs.
     expert_dropping: ExpertDropping = Field(
-        default="off", description="stage 2: 'halve' masks out the less-used half of each layer's experts step by step "
-                                   "(running usage) until `keep` remain, so the cut changes nothing")
+        default="halve", description="stage 2: 'halve' masks out the less-used half of each layer's experts step by "
+                                     "step (running usage) until `keep` remain, so the cut changes nothing; 'off': "
+                                     "the cut takes the most-used experts after training (needs extra_epochs >= 1)")
     dropping_end: float = Field(default=0.5, gt=0.0, le=1.0,
                                 description="fraction of stage 2 after which only `keep` experts per layer are left")
     concentration_weight: float = Field(default=0.0, ge=0.0,
@@ -110,8 +113,9 @@ class ShrpConfig(StrategyConfig):
 
     @model_validator(mode="after")
     def _stage2_needs_epochs(self) -> ShrpConfig:
-        if self.extra_epochs == 0 and (self.expert_dropping != "off" or self.concentration_weight > 0):
-            raise ValueError("expert_dropping and concentration_weight act in stage 2; set extra_epochs >= 1")
+        # Expert dropping is on by default; with no stage 2 it has nowhere to run and the cut is taken as before.
+        if self.extra_epochs == 0 and self.concentration_weight > 0:
+            raise ValueError("concentration_weight acts in stage 2; set extra_epochs >= 1")
         return self
 
 
