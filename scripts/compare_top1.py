@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--max-dev", type=int, default=150)
     parser.add_argument("--max-test", type=int, default=300)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--summary", action="store_true", help="print the table from the JSON and exit")
+    parser.add_argument("--summary", action="store_true", help="summarise the JSON (stored in it), print, exit")
     args = parser.parse_args()
     results = load(args.out)
     if not args.summary:
@@ -207,8 +207,8 @@ def main() -> None:
         for seed in args.seeds:
             for task in args.tasks:
                 run_pair(task, seed, args.variants, args, results)
-        results["summary"] = summary(results)
-        save(args.out, results)
+    results["summary"] = summary(results)
+    save(args.out, results)
     print_summary(results)
 
 
