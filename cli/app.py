@@ -54,6 +54,7 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.cli.plot import plot_command
 from surgery.errors import ConfigError, SurgeryError
 
 EXIT_BAD_INPUT = 2
@@ -219,6 +220,7 @@ app = typer.Typer(
 
 app.add_typer(experts_app, name="experts")
 app.command("export")(export_command)
+app.command("plot")(plot_command)
 
 
 @app.callback()

@@ -299,6 +299,75 @@ def _profile_line(entry: dict[str, Any], method: str) -> str | None:
             f"other is {other(cut) / cut['total_ms']:.0%} of the surgery's time. Top operators: {top}.")
 
 
+def _ms(cell: list[float] | None, digits: int = 1) -> str:
+    return "-" if cell is None else f"{cell[0]:.{digits}f} ± {cell[1]:.{digits}f}"
+
+
+TOP1_VARIANTS = ("today", "today+recover", "entropy", "drop", "drop+entropy")
+
+
+def render_top1(data: dict[str, Any]) -> str:
+    """The Top-1 mechanism comparison (scripts/compare_top1.py): per task and variant, mean ± std over seeds."""
+    cells = data.get("summary", {})
+    runs = list(data["runs"].values())
+    sizes = sorted({(r["task"], r["data"]["train_size"], r["data"]["dev_size"], r["data"]["test_size"]) for r in runs})
+    lines = [
+        "Raw numbers: [`results/top1_mechanisms.json`](results/top1_mechanisms.json), from "
+        "`scripts/compare_top1.py`. MiniLM-L6, the README recipe (`num_layers=3`, `finetune_epochs=1`, lr 1e-4, "
+        "`extra_epochs=2`); stages 0-1 are trained once per (task, seed) and every variant runs stage 2 (and after) "
+        "from a copy of that model. Splits (seeded, stratified; train/dev/test): "
+        + "; ".join(f"{t} {a}/{b}/{c}" for t, a, b, c in sizes)
+        + ". The cut's usage calibration reads dev; accuracies below are on test, in points, mean ± std over "
+        "the seeds listed. *cut loss*: routed model before the cut minus the model after it (positive = lost); "
+        "*final vs today's routed*: the routed model of `today` (same task and seed) minus what the variant hands "
+        "back (after recovery for `today+recover`).",
+        "",
+        "| task | variant | seeds | test accuracy (final) | routed before the cut | cut loss | worst cut loss "
+        "| final vs today's routed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    order = {v: i for i, v in enumerate(TOP1_VARIANTS)}
+    for cell in sorted(cells.values(), key=lambda c: (c["task"], order.get(c["variant"], 99))):
+        lines.append(f"| {cell['task']} | {cell['variant']} | {','.join(map(str, cell['seeds']))} | "
+                     f"{_ms(cell['test_final'])} | {_ms(cell['test_routed'])} | {_ms(cell['cut_loss'])} | "
+                     f"{cell['cut_loss_max']:.1f} | {_ms(cell['loss_vs_today_routed'])} |")
+    by_variant: dict[str, list[float]] = {}
+    for cell in cells.values():
+        by_variant.setdefault(cell["variant"], []).append(cell["cut_loss"][0])
+    lines += ["", "Mean cut loss over tasks: " + "; ".join(
+        f"`{v}` {sum(x) / len(x):.2f}" for v, x in sorted(by_variant.items(), key=lambda kv: order.get(kv[0], 99)))
+        + " points."]
+    return "\n".join(lines)
+
+
+def render_suite(data: dict[str, Any]) -> str:
+    """The multi-task, multi-seed suite (scripts/bench_suite.py)."""
+    if "suite" not in data:
+        return "Not summarised yet: run `python scripts/bench_suite.py --steps render`."
+    suite = data["suite"]
+    bench = data.get("bench")
+    lines = [
+        "Raw numbers: [`results/suite.json`](results/suite.json), from `scripts/bench_suite.py`; plots "
+        "[`results/suite_pareto.png`](results/suite_pareto.png) and [`results/suite_usage.png`]"
+        "(results/suite_usage.png). Test accuracy in points, mean ± std over the seeds listed; *retained*: "
+        "test accuracy as % of the fine-tuned model of the same task and seed. Speedup: measured side by side "
+        "against the fine-tuned model"
+        + (f" (models of {bench['task']} seed {bench['seed']}; {_settings(bench['report'])})" if bench else
+           " (not measured yet)") + ".",
+        "",
+        "| task | method | seeds | test accuracy | retained % | dev cut loss (SHRP) | params w/o emb. | speedup "
+        "| FLOP bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in suite["table"]:
+        sp = "-" if c["speedup"] is None else f"{c['speedup']:.2f}x"
+        fb = "-" if c["flop_bound_speedup"] is None else f"{c['flop_bound_speedup']:.2f}x"
+        lines.append(f"| {c['task']} | {c['method']} | {','.join(map(str, c['seeds']))} | {_ms(c['test'])} | "
+                     f"{_ms(c['retained'])} | {_ms(c['cut_loss_dev'])} | {_m(c['params_without_embeddings'])} | "
+                     f"{sp} | {fb} |")
+    return "\n".join(lines)
+
+
 def replace_section(page: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     block = f"{begin}\n{body}\n{end}"
@@ -363,7 +432,8 @@ def main() -> None:
     parser.add_argument("--demo", type=Path, help="the out/ directory of a `bash scripts/demo.sh` run to record")
     args = parser.parse_args()
     page = PAGE.read_text()
-    for name, render in (("shrp", render_shrp), ("doe", render_doe), ("families", render_families)):
+    for name, render in (("shrp", render_shrp), ("doe", render_doe), ("families", render_families),
+                         ("top1_mechanisms", render_top1), ("suite", render_suite)):
         path = ROOT / "docs" / "results" / f"{name}.json"
         if path.exists():
             page = replace_section(page, name, render(json.loads(path.read_text())))

@@ -125,6 +125,9 @@ class ExpertAttentionLayer(nn.Module):
         self.register_buffer("head_index", torch.arange(num_experts), persistent=False)
         # Argmax choices per expert since conversion; saved with the model (usage-based pruning).
         self.register_buffer("usage", torch.zeros(num_experts, dtype=torch.long))
+        # Experts the router may still pick (progressive expert dropping masks the others out while
+        # training goes on). Training state only: a reload has every recorded expert allowed.
+        self.register_buffer("allowed", torch.ones(num_experts, dtype=torch.bool), persistent=False)
         self.track_usage = True
         self.last_probs: torch.Tensor | None = None
         self.last_choice: torch.Tensor | None = None
@@ -159,6 +162,19 @@ class ExpertAttentionLayer(nn.Module):
             init_from_layer(self, self._adapter, self.bypass)
         self.active = True
 
+    @torch.no_grad()
+    def restrict_experts(self, allowed: list[int]) -> None:
+        """Let the router pick only experts ``allowed`` from now on (the others keep their weights).
+
+        Progressive expert dropping calls this while training continues; ``top1-prune`` later removes
+        the masked experts physically, and since they can never be picked that changes no output.
+        """
+        if not allowed:
+            raise PlanError("restrict_experts: keep at least one expert")
+        check_indices(allowed, self.num_experts, "restrict_experts: experts")
+        self.allowed.zero_()
+        self.allowed[torch.as_tensor(allowed, dtype=torch.long, device=self.allowed.device)] = True
+
     def release_bypass(self) -> None:
         """Drop the original layer for good (end of training): the layer is now exactly what a reload builds."""
         self.bypass = None
@@ -176,6 +192,8 @@ class ExpertAttentionLayer(nn.Module):
             self.last_probs = self.last_choice = None
         else:
             logits = self.router(self._pool(x, call))
+            if not bool(self.allowed.all()):
+                logits = logits.masked_fill(~self.allowed, float("-inf"))
             probs = logits.float().softmax(-1)
             self.last_probs = probs
             if self.top_k == 1:
@@ -187,7 +205,7 @@ class ExpertAttentionLayer(nn.Module):
                 elif self.router_grad == "switch":
                     e = e * p_sel
             else:
-                top_p, top_i = probs.topk(min(self.top_k, self.num_experts), dim=-1)
+                top_p, top_i = probs.topk(min(self.top_k, int(self.allowed.sum())), dim=-1)
                 weights = (top_p / top_p.sum(-1, keepdim=True)).to(x.dtype)
                 choice = top_i[:, 0]
                 e = sum(weights[:, j, None, None] * self.expander(self._expert(inp, top_i[:, j], call))
@@ -415,11 +433,39 @@ def balance_loss(model: nn.Module, eps: float = BALANCE_EPS) -> torch.Tensor | N
         >>> balance_loss(nn.Linear(2, 2)) is None
         True
     """
-    losses = []
-    for module in model.modules():
-        if isinstance(module, ExpertAttentionLayer) and module.active and module.last_probs is not None:
-            losses.append(symmetric_kl_to_uniform(module.last_probs.mean(0), eps))
+    losses = [symmetric_kl_to_uniform(p.mean(0), eps) for p in _router_probs(model)]
     return torch.stack(losses).mean() if losses else None
+
+
+def _router_probs(model: nn.Module) -> list[torch.Tensor]:
+    """The router softmax ``[B, N]`` of every routed, active layer in the last forward pass."""
+    return [m.last_probs for m in model.modules()
+            if isinstance(m, ExpertAttentionLayer) and m.active and m.last_probs is not None]
+
+
+def concentration_loss(model: nn.Module, eps: float = BALANCE_EPS) -> torch.Tensor | None:
+    """Entropy of the batch-mean router distribution, averaged over routed, active layers.
+
+    ``H(p̄) = -Σ_i p̄_i log(p̄_i + eps)``: adding it to the loss (stage 2 of ``shrp``) pushes each
+    layer to send the whole batch to one expert, so that Top-1 pruning keeps the path every input
+    takes. It is the opposite pressure to :func:`balance_loss`. ``None`` if no routed layer ran.
+
+    Example:
+        >>> concentration_loss(nn.Linear(2, 2)) is None
+        True
+    """
+    losses = [entropy(p.mean(0), eps) for p in _router_probs(model)]
+    return torch.stack(losses).mean() if losses else None
+
+
+def entropy(p: torch.Tensor, eps: float = BALANCE_EPS) -> torch.Tensor:
+    """``-Σ p log(p + eps)`` of a distribution ``p`` (natural log).
+
+    Example:
+        >>> round(float(entropy(torch.full((4,), 0.25))), 4)  # log 4
+        1.3863
+    """
+    return -(p * (p + eps).log()).sum()
 
 
 def symmetric_kl_to_uniform(p: torch.Tensor, eps: float = BALANCE_EPS) -> torch.Tensor:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 
@@ -51,11 +51,15 @@ from surgery.strategies.expert_attention import (
     RouterGrad,
     RouterInput,
     balance_loss,
+    concentration_loss,
     expert_layers,
 )
 from surgery.strategies.top1_prune import Top1PruningStrategy
 from surgery.strategy import Data, StrategyConfig
-from surgery.training import SurgeryTrainer, accuracy
+from surgery.training import RecoveryConfig, SurgeryTrainer, accuracy, fit, recover, scratch_dir
+from surgery.training import training_arguments as trainer_arguments
+
+ExpertDropping = Literal["off", "halve"]
 
 
 class ShrpConfig(StrategyConfig):
@@ -76,6 +80,22 @@ class ShrpConfig(StrategyConfig):
     extra_epochs: int = Field(default=2, ge=0, description="epochs after the last conversion (stage 2)")
     balance_weight: float = Field(default=0.1, ge=0.0, description="λ of the load-balance loss in stage 1")
     keep: int = Field(default=1, ge=1, description="experts kept per layer by Top-1 pruning")
+    # "halve" makes the cut exact by construction (docs/shrp.md#safe-top-1-pruning); provisional until the
+    # multi-task comparison (docs/results.md, scripts/compare_top1.py) has all its runs.
+    expert_dropping: ExpertDropping = Field(
+        default="halve", description="stage 2: 'halve' masks out the less-used half of each layer's experts step by "
+                                     "step (running usage) until `keep` remain, so the cut changes nothing; 'off': "
+                                     "the cut takes the most-used experts after training (needs extra_epochs >= 1)")
+    dropping_end: float = Field(default=0.5, gt=0.0, le=1.0,
+                                description="fraction of stage 2 after which only `keep` experts per layer are left")
+    concentration_weight: float = Field(default=0.0, ge=0.0,
+                                        description="stage 2: weight of the entropy of the batch-mean router "
+                                                    "distribution (pushes each layer onto one expert)")
+    recover_epochs: int = Field(default=0, ge=0,
+                                description="epochs of distillation recovery after the Top-1 cut (teacher: the "
+                                            "routed model just before the cut)")
+    recover_learning_rate: float | None = Field(default=None, gt=0.0,
+                                                description="learning rate of the recovery (default: learning_rate)")
     router_input: RouterInput = "cls"
     router_grad: RouterGrad = "straight-through"
     top_k: int = Field(default=1, ge=1)
@@ -93,6 +113,13 @@ class ShrpConfig(StrategyConfig):
     bench_batch_size: int = Field(default=32, ge=1)
     bench_seq_len: int = Field(default=64, ge=1)
     bench_repeats: int = Field(default=5, ge=1)
+
+    @model_validator(mode="after")
+    def _stage2_needs_epochs(self) -> ShrpConfig:
+        # Expert dropping is on by default; with no stage 2 it has nowhere to run and the cut is taken as before.
+        if self.extra_epochs == 0 and self.concentration_weight > 0:
+            raise ValueError("concentration_weight acts in stage 2; set extra_epochs >= 1")
+        return self
 
 
 def require_task_data(data: Data | None, who: str) -> TaskData:
@@ -114,6 +141,7 @@ class ShrpTrainingState:
     """What :class:`ShrpTrainer` and :class:`ProgressiveConversion` share during training."""
 
     balance_weight: float = 0.0
+    concentration_weight: float = 0.0
     loss_sum: float = 0.0
     balance_sum: float = 0.0
     correct: int = 0
@@ -155,6 +183,9 @@ class ShrpTrainer(SurgeryTrainer):
             aux = balance_loss(model)
             if aux is not None and state.balance_weight > 0:
                 loss = loss + state.balance_weight * aux.to(loss.dtype)
+            conc = concentration_loss(model) if state.concentration_weight > 0 else None
+            if conc is not None:
+                loss = loss + state.concentration_weight * conc.to(loss.dtype)
             state.steps += 1
             state.loss_sum += float(loss.detach())
             state.balance_sum += float(aux.detach()) if aux is not None else 0.0
@@ -182,8 +213,11 @@ class ProgressiveConversion(TrainerCallback):
     layers as bypasses (:meth:`ExpertAttentionLayer.attach_bypass`, or :func:`prepare_progressive`).
     The first ``delay`` epochs fine-tune the original model (stage 0); then epoch ``e`` (0-based)
     activates ``order[: e - delay + 1]``; the balance loss is on during the ``len(order)``
-    conversion epochs (stage 1) and off afterwards (stage 2). At the end of training the bypasses are
-    released, so the model is exactly what a reload of its manifest builds.
+    conversion epochs (stage 1) and off afterwards (stage 2), where ``concentration_weight`` (if
+    any) applies instead. ``stop_after=E`` ends training after epoch ``E`` (the ``shrp`` pipeline
+    runs stage 2 as a second Trainer run); ``first_epoch`` numbers the epochs of such a later run.
+    At the end of training the bypasses are released, so the model is exactly what a reload of its
+    manifest builds.
 
     Example:
         >>> cb = ProgressiveConversion({}, order=[], state=ShrpTrainingState())
@@ -193,9 +227,11 @@ class ProgressiveConversion(TrainerCallback):
 
     def __init__(self, layers: dict[int, ExpertAttentionLayer], order: list[int], state: ShrpTrainingState, *,
                  balance_weight: float = 0.1, reinit: bool = True, eval_loader: Any = None,
-                 emit: Callable[..., None] | None = None, total_epochs: int | None = None, delay: int = 0) -> None:
+                 emit: Callable[..., None] | None = None, total_epochs: int | None = None, delay: int = 0,
+                 concentration_weight: float = 0.0, first_epoch: int = 0, stop_after: int | None = None) -> None:
         self.layers, self.order, self.state = layers, list(order), state
-        self.delay = delay
+        self.delay, self.first_epoch, self.stop_after = delay, first_epoch, stop_after
+        self.concentration_weight = concentration_weight
         self.balance_weight, self.reinit, self.eval_loader = balance_weight, reinit, eval_loader
         self.emit = emit or (lambda *a, **k: None)
         self.total_epochs = total_epochs
@@ -208,12 +244,13 @@ class ProgressiveConversion(TrainerCallback):
         self.total_epochs = self.total_epochs or int(args.num_train_epochs)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.epoch = round(state.epoch or 0)
+        self.epoch = self.first_epoch + round(state.epoch or 0)
         for i in self.order[: max(0, self.epoch - self.delay + 1)]:
             layer = self.layers[i]
             if not layer.active:
                 layer.activate(reinit_from_bypass=self.reinit)
         self.state.balance_weight = self.balance_weight if self.stage == 1 else 0.0
+        self.state.concentration_weight = self.concentration_weight if self.stage == 2 else 0.0
         self.state.reset_epoch()
 
     @property
@@ -249,12 +286,103 @@ class ProgressiveConversion(TrainerCallback):
         self.state.history.append(info)
         if args.process_index == 0:
             self.emit(self._task(), self.steps_per_epoch or self.state.steps, self.steps_per_epoch, **info)
+        if self.stop_after is not None and self.epoch + 1 >= self.stop_after:
+            control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         for layer in self.layers.values():
             if not layer.active:  # training ended before this layer's epoch: convert it anyway
                 layer.activate(reinit_from_bypass=self.reinit)
             layer.release_bypass()
+
+
+def halving_sizes(num_experts: int, keep: int = 1) -> list[int]:
+    """Experts left after each step of progressive dropping: halve (rounding up) down to ``keep``.
+
+    Example:
+        >>> halving_sizes(12)
+        [6, 3, 2, 1]
+    """
+    sizes, n = [], num_experts
+    while n > keep:
+        n = max(keep, -(-n // 2))
+        sizes.append(n)
+    return sizes
+
+
+class ProgressiveExpertDropping(TrainerCallback):
+    """Stage 2's progressive expert dropping as a ``TrainerCallback``.
+
+    Each routed layer loses the less-used half of its remaining experts at evenly spaced steps over
+    the first ``end`` fraction of training, until ``keep`` are left; usage is the router's argmax
+    counts on the training batches since the previous drop (ties: higher mean router probability).
+    Dropped experts are masked out of the router (:meth:`ExpertAttentionLayer.restrict_experts`),
+    so the surviving expert is trained on every input for the rest of the run, and the Top-1 cut
+    that follows removes only experts the model can no longer pick: the pruned model is the model
+    that was trained last. ``events`` records every drop.
+
+    Example:
+        >>> cb = ProgressiveExpertDropping({}, end=0.5)
+        >>> cb.events
+        []
+    """
+
+    def __init__(self, layers: dict[int, ExpertAttentionLayer], *, end: float = 0.5, keep: int = 1) -> None:
+        self.layers, self.end, self.keep = layers, end, keep
+        self.counts: dict[int, torch.Tensor] = {}
+        self.mass: dict[int, torch.Tensor] = {}
+        self.schedule: dict[int, int] = {}   # global step -> how many drops are done after it
+        self.events: list[dict[str, Any]] = []
+        self._hooks: list[Any] = []
+        self._done = 0
+
+    def _count(self, index: int) -> Callable[..., None]:
+        def hook(module: ExpertAttentionLayer, args: Any, output: Any) -> None:
+            if module.training and module.last_choice is not None:
+                self.counts[index] += torch.bincount(module.last_choice.cpu(), minlength=module.num_experts)
+                self.mass[index] += module.last_probs.detach().float().sum(0).cpu()
+        return hook
+
+    def _reset_window(self) -> None:
+        for i, layer in self.layers.items():
+            self.counts[i] = torch.zeros(layer.num_experts, dtype=torch.long)
+            self.mass[i] = torch.zeros(layer.num_experts)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._reset_window()
+        self._hooks = [layer.register_forward_hook(self._count(i)) for i, layer in self.layers.items()]
+        drops = max((len(halving_sizes(int(layer.allowed.sum()), self.keep)) for layer in self.layers.values()),
+                    default=0)
+        total = max(1, int(state.max_steps))
+        self.schedule = {max(1, round(total * self.end * (k + 1) / drops)): k + 1 for k in range(drops)}
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        target = self.schedule.get(int(state.global_step))
+        while target is not None and self._done < target:
+            self.drop(int(state.global_step))
+
+    def drop(self, step: int) -> None:
+        """One halving step on every layer that still has more than ``keep`` experts."""
+        self._done += 1
+        for i, layer in self.layers.items():
+            allowed = [int(e) for e in torch.nonzero(layer.allowed).flatten()]
+            if len(allowed) <= self.keep:
+                continue
+            n = max(self.keep, -(-len(allowed) // 2))
+            counts, mass = self.counts[i], self.mass[i]
+            ranked = sorted(allowed, key=lambda e: (-int(counts[e]), -float(mass[e]), e))[:n]
+            layer.restrict_experts(sorted(ranked))
+            self.events.append({"step": step, "layer": i, "kept": sorted(ranked),
+                                "window_usage": [int(counts[e]) for e in allowed], "from": allowed})
+        self._reset_window()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Training stopped before the schedule ended: finish dropping so the cut still changes nothing.
+        while any(int(layer.allowed.sum()) > self.keep for layer in self.layers.values()):
+            self.drop(int(state.global_step))
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
 
 def prepare_progressive(model: nn.Module, originals: dict[int, nn.Module]) -> dict[int, ExpertAttentionLayer]:
@@ -335,31 +463,21 @@ class ShrpStrategy(PipelineStrategy):
             raise DataError(f"{self.name}: the model has {num_labels} labels but the data has {task.num_labels} "
                             f"({task.label_names[:5]}); load the model with num_labels={task.num_labels}")
         cfg = self.config
-        adapter = adapter_for(model)
-        order = self.conversion_order(adapter.num_layers)
         eval_loader = task.loader("eval", batch_size=cfg.batch_size)
         reference = copy.deepcopy(model) if cfg.bench else None
         start = time.perf_counter()
         self.metrics["data"] = dict(task.info, split_seed=task.split_seed, labels=task.label_names)
-        self.metrics["layers"] = order
         self.metrics["accuracy_input"] = accuracy(model, eval_loader)
-
-        originals = {i: adapter.layers()[i] for i in order}
-        session.step(ExpertAttentionStrategy(
-            layers=order, router_input=cfg.router_input, router_grad=cfg.router_grad, top_k=cfg.top_k,
-            expander=cfg.expander, expander_init=cfg.expander_init, seed=cfg.seed))
-        layers = prepare_progressive(model, originals)
-        history = self.train(model, task, layers, order, eval_loader)
+        layers = self.convert_layers(model, session)
+        history = self.train(model, task, layers, self.metrics["layers"], eval_loader)
+        history += self.train_stage2(model, task, layers, eval_loader)
         self.metrics["history"] = history
         self.metrics["train_seconds"] = time.perf_counter() - start
-
-        # Usage analysis on validation data; the counts are also persisted in the layers' buffers.
-        for _, layer in expert_layers(model):
-            layer.usage.zero_()
-        self.metrics["accuracy_moe"] = accuracy(model, eval_loader, progress=lambda c, n: self.emit("evaluate", c, n))
-        prune = session.step(Top1PruningStrategy(keep=cfg.keep), data=eval_loader)
-        self.metrics["usage"] = prune.metrics.get("usage")
-        self.metrics["accuracy_pruned"] = accuracy(model, eval_loader)
+        teacher = copy.deepcopy(model).eval() if cfg.recover_epochs > 0 else None
+        self.cut(model, session, eval_loader)
+        if teacher is not None:
+            finetune_after_cut(model, teacher, task, cfg)
+            self.metrics["accuracy_recovered"] = accuracy(model, eval_loader)
         if reference is not None:
             from surgery.bench import bench_models
 
@@ -367,26 +485,121 @@ class ShrpStrategy(PipelineStrategy):
                                   seq_len=cfg.bench_seq_len, repeats=cfg.bench_repeats, warmup=1)
             self.metrics["bench"] = report.model_dump(mode="json")
 
+    def convert_layers(self, model: nn.Module, session: PipelineSession) -> dict[int, ExpertAttentionLayer]:
+        """Record ``expert-attention`` on the target layers, each bypassed by its original until its epoch."""
+        cfg = self.config
+        adapter = adapter_for(model)
+        order = self.conversion_order(adapter.num_layers)
+        self.metrics["layers"] = order
+        originals = {i: adapter.layers()[i] for i in order}
+        session.step(ExpertAttentionStrategy(
+            layers=order, router_input=cfg.router_input, router_grad=cfg.router_grad, top_k=cfg.top_k,
+            expander=cfg.expander, expander_init=cfg.expander_init, seed=cfg.seed))
+        return prepare_progressive(model, originals)
+
+    def cut(self, model: nn.Module, session: PipelineSession, eval_loader: Any) -> None:
+        """Usage analysis on the evaluation data, then the recorded ``top1-prune`` step, with accuracy around it."""
+        # The counts are also persisted in the layers' buffers.
+        for _, layer in expert_layers(model):
+            layer.usage.zero_()
+        self.metrics["accuracy_moe"] = accuracy(model, eval_loader, progress=lambda c, n: self.emit("evaluate", c, n))
+        prune = session.step(Top1PruningStrategy(keep=self.config.keep), data=eval_loader)
+        self.metrics["usage"] = prune.metrics.get("usage")
+        self.metrics["coverage"] = prune.metrics.get("coverage")
+        self.metrics["accuracy_pruned"] = accuracy(model, eval_loader)
+
+    def _trainer(self, model: nn.Module, task: TaskData, args: TrainingArguments, callbacks: list[TrainerCallback],
+                 state: ShrpTrainingState) -> ShrpTrainer:
+        columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels")
+                   if c in task.train.column_names]
+        trainer = ShrpTrainer(model=model, args=args, train_dataset=task.train.select_columns(columns),
+                              data_collator=PaddingCollator(task.tokenizer), callbacks=callbacks, shrp_state=state)
+        # Progress reaches the caller through surgery's events; the Trainer's printer would also
+        # write its raw log dicts to stdout.
+        trainer.remove_callback(PrinterCallback)
+        return trainer
+
+    def total_epochs(self, num_converted: int) -> int:
+        """Epochs of stages 0, 1 and 2 together."""
+        return self.config.finetune_epochs + num_converted + self.config.extra_epochs
+
     def train(self, model: nn.Module, task: TaskData, layers: dict[int, ExpertAttentionLayer], order: list[int],
               eval_loader: Any) -> list[dict[str, Any]]:
-        """Progressive training on the HF Trainer; returns per-epoch figures."""
+        """Stages 0 and 1 (stage 2 too when it has no epochs) on the HF Trainer; returns per-epoch figures.
+
+        The learning rate decays linearly over all three stages; stage 2 is a second Trainer run
+        (:meth:`train_stage2`) that continues the same schedule, so stage-2 variants can start from
+        one stage-1 model.
+        """
         cfg = self.config
         state = ShrpTrainingState()
-        epochs = cfg.finetune_epochs + len(order) + cfg.extra_epochs
+        epochs = self.total_epochs(len(order))
+        stop = cfg.finetune_epochs + len(order) if cfg.extra_epochs else None
         callback = ProgressiveConversion(layers, order, state, balance_weight=cfg.balance_weight,
-                                         delay=cfg.finetune_epochs,
+                                         delay=cfg.finetune_epochs, stop_after=stop,
                                          reinit=cfg.reinit_on_activate,
                                          eval_loader=eval_loader if cfg.eval_each_epoch else None,
                                          emit=self.emit, total_epochs=epochs)
-        columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels")
-                   if c in task.train.column_names]
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
-            trainer = ShrpTrainer(model=model, args=training_arguments(cfg, epochs, tmp),
-                                  train_dataset=task.train.select_columns(columns),
-                                  data_collator=PaddingCollator(task.tokenizer), callbacks=[callback], shrp_state=state)
-            # Progress reaches the caller through surgery's events; the Trainer's printer would also
-            # write its raw log dicts to stdout.
-            trainer.remove_callback(PrinterCallback)
-            trainer.train()
+            self._trainer(model, task, training_arguments(cfg, epochs, tmp), [callback], state).train()
         model.eval()
         return state.history
+
+    def train_stage2(self, model: nn.Module, task: TaskData, layers: dict[int, ExpertAttentionLayer],
+                     eval_loader: Any) -> list[dict[str, Any]]:
+        """Stage 2 (``extra_epochs``): no balance loss; concentration pressure and expert dropping if set."""
+        cfg = self.config
+        if cfg.extra_epochs == 0:
+            return []
+        state = ShrpTrainingState()
+        done = self.total_epochs(len(layers)) - cfg.extra_epochs
+        callbacks: list[TrainerCallback] = [ProgressiveConversion(
+            layers, list(layers), state, delay=cfg.finetune_epochs, first_epoch=done,
+            concentration_weight=cfg.concentration_weight,
+            eval_loader=eval_loader if cfg.eval_each_epoch else None, emit=self.emit,
+            total_epochs=self.total_epochs(len(layers)))]
+        dropping = None
+        if cfg.expert_dropping == "halve":
+            dropping = ProgressiveExpertDropping(layers, end=cfg.dropping_end, keep=cfg.keep)
+            callbacks.append(dropping)
+        # The rate where the one-run linear schedule would be at the start of stage 2, decaying to 0.
+        lr = cfg.learning_rate * cfg.extra_epochs / self.total_epochs(len(layers))
+        with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
+            args = training_arguments(cfg, cfg.extra_epochs, tmp, learning_rate=lr, warmup_steps=0)
+            self._trainer(model, task, args, callbacks, state).train()
+        model.eval()
+        if dropping is not None:
+            self.metrics["expert_drops"] = dropping.events
+        return state.history
+
+
+def finetune_after_cut(model: nn.Module, teacher: nn.Module, task: TaskData, config: ShrpConfig) -> None:
+    """Recovery after the Top-1 cut: ``config.recover_epochs`` of distillation from ``teacher`` (the routed model).
+
+    Example:
+        >>> import copy, datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> finetune_after_cut(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b", "c"]),
+        ...                    ShrpConfig(recover_epochs=1))
+    """
+    recover(model, teacher, task, RecoveryConfig(
+        epochs=config.recover_epochs, learning_rate=config.recover_learning_rate or config.learning_rate,
+        batch_size=config.batch_size, seed=config.seed))
+
+
+def finetune(model: nn.Module, task: TaskData, *, epochs: int, learning_rate: float, seed: int = 0,
+             batch_size: int = 32) -> None:
+    """Plain cross-entropy fine-tuning of a sequence classifier on the HF Trainer (linear decay, no checkpoints).
+
+    Example:
+        >>> import datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> finetune(model, TaskData(rows, rows, ["a", "b", "c"]), epochs=1, learning_rate=1e-3)
+    """
+    with scratch_dir("surgery-finetune-") as tmp:
+        fit(model, task, trainer_arguments(tmp, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                                           seed=seed))

@@ -153,6 +153,9 @@ def keep_experts_(layer: ExpertAttentionLayer, kept: list[int]) -> None:
     layer.qkv_bias = nn.Parameter(layer.qkv_bias.index_select(0, idx).clone(), requires_grad=grad)
     layer.head_index = layer.head_index.index_select(0, idx)
     layer.usage = layer.usage.index_select(0, idx)
+    layer.allowed = layer.allowed.index_select(0, idx)
+    if not bool(layer.allowed.any()):  # a replayed plan kept only masked experts: let the router use them
+        layer.allowed.fill_(True)
     if len(kept) == 1:
         layer.router = None
         layer.last_probs = layer.last_choice = None

@@ -1,0 +1,322 @@
+"""The evaluation suite of issue 8: methods x tasks x seeds on MiniLM-L6, with measured speed.
+
+Steps (named; each resumes from what is on disk):
+
+* ``train``: for every (task, seed, method) not yet in the results, run the method on the task's
+  seeded train split (choices on dev), evaluate on dev and test, save the model under ``--work``;
+  results merge into ``docs/results/suite.json`` after each run;
+* ``bench``: load the saved models of one (task, seed) and measure them side by side against the
+  fine-tuned baseline in this one process (interleaved rounds): the measured speedup of each method;
+* ``render``: summary (mean ± std over seeds), ``docs/results/suite_pareto.png``,
+  ``docs/results/suite_usage.png`` and the suite section of ``docs/results.md``.
+
+Methods are pluggable: a function ``(ctx) -> (model, extra)`` registered with :func:`method`;
+``needs`` names the methods whose results or saved models it starts from. Run from the repository
+root, one heavy job at a time::
+
+    nohup nice -n 5 python scripts/bench_suite.py --steps train bench render > logs/suite.log 2>&1 &
+    python scripts/bench_suite.py --steps render          # tables and plots from the JSON only
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoTokenizer
+
+import surgery
+from surgery.assets import resolve_model_path
+from surgery.bench import bench_models
+from surgery.cli.plot import write_pareto, write_usage
+from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
+from surgery.strategies.shrp import accuracy, finetune
+from surgery.tasks import SuiteTask, load_task
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results" / "suite.json"
+MODEL = "minilm-l6"
+SHRP_RECIPE: dict[str, Any] = dict(finetune_epochs=1, learning_rate=1e-4, bench=False)
+
+
+@dataclass
+class Context:
+    """What a method sees: the task, the seed, earlier methods' rows and saved models, the settings."""
+
+    task: SuiteTask
+    seed: int
+    args: argparse.Namespace
+    rows: dict[str, dict[str, Any]]
+    work: Path
+
+    def model_dir(self, method_name: str) -> Path:
+        return self.work / self.task.name / str(self.seed) / method_name.replace("/", "of")
+
+    def load(self, method_name: str) -> nn.Module:
+        return surgery.from_pretrained(self.model_dir(method_name), model_class="AutoModelForSequenceClassification")
+
+    def pretrained(self) -> nn.Module:
+        torch.manual_seed(self.seed)  # the new classifier head
+        return surgery.from_pretrained(MODEL, model_class="AutoModelForSequenceClassification",
+                                       num_labels=self.task.data.num_labels)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    run: Callable[[Context], tuple[nn.Module, dict[str, Any]]]
+    needs: tuple[str, ...] = ()
+    description: str = ""
+
+
+METHODS: dict[str, Method] = {}
+
+
+def method(name: str, *, needs: tuple[str, ...] = (), description: str = "") -> Callable[..., Any]:
+    """Register a suite method under ``name``."""
+    def register(fn: Callable[[Context], tuple[nn.Module, dict[str, Any]]]) -> Callable[..., Any]:
+        METHODS[name] = Method(name, fn, needs, description)
+        return fn
+    return register
+
+
+@method("finetuned", description="MiniLM-L6 fine-tuned (the reference of every ratio)")
+def run_finetuned(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
+    model = ctx.pretrained()
+    finetune(model, ctx.task.data, epochs=ctx.args.baseline_epochs, learning_rate=ctx.args.lr, seed=ctx.seed)
+    return model, {"epochs": ctx.args.baseline_epochs}
+
+
+def shrp_method(converted: int) -> Callable[[Context], tuple[nn.Module, dict[str, Any]]]:
+    def run(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
+        model = ctx.pretrained()
+        strategy = ShrpStrategy(**SHRP_RECIPE, num_layers=converted, seed=ctx.seed)
+        report = surgery.convert(model, strategy, data=ctx.task.data)
+        keep = ("layers", "accuracy_moe", "accuracy_pruned", "accuracy_recovered", "usage", "coverage",
+                "expert_drops", "history", "train_seconds")
+        return model, {"config": strategy.config.model_dump(mode="json"),
+                       "shrp": {k: report.metrics[k] for k in keep if k in report.metrics}}
+    return run
+
+
+for _k in (3, 5):
+    method(f"shrp-{_k}/6", description=f"SHRP, top {_k} of 6 layers single-head (default recipe, from pretrained)")(
+        shrp_method(_k))
+
+
+def matched_ratio(model: nn.Module, target: int) -> float:
+    """The fraction of heads and of FFN neurons (the same for both) that leaves ``target`` parameters
+    without embeddings: bisection on magnitude-pruned copies, so it counts what the strategies remove."""
+    def remaining(r: float) -> int:
+        trial = copy.deepcopy(model)
+        if r > 0:
+            surgery.convert(trial, HeadPruningStrategy(ratio=r, importance="magnitude"))
+            surgery.convert(trial, FFNPruningStrategy(ratio=r, importance="magnitude"))
+        return surgery.count_params(trial).without_embeddings
+
+    lo, hi = 0.0, 0.95
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if remaining(mid) > target else (lo, mid)
+    return hi
+
+
+def pruned_at(converted: int, recover: Callable[[nn.Module, Context], dict[str, Any]]
+              ) -> Callable[[Context], tuple[nn.Module, dict[str, Any]]]:
+    """Head+FFN pruning of the fine-tuned model to SHRP-K's size, then ``recover``."""
+    def run(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
+        target = ctx.rows[f"shrp-{converted}/6"]["params"]["without_embeddings"]
+        model = ctx.load("finetuned")
+        ratio = matched_ratio(model, target)
+        # Gradient importance (Michel et al.) on the training split; heads first, on the unpruned FFN.
+        surgery.convert(model, HeadPruningStrategy(ratio=ratio, importance="gradient"), data=ctx.task.data)
+        surgery.convert(model, FFNPruningStrategy(ratio=ratio, importance="gradient"), data=ctx.task.data)
+        before = {"dev": accuracy(model, ctx.task.data.loader("eval")),
+                  "test": accuracy(model, ctx.task.test_data().loader("eval"))}
+        return model, {"ratio": ratio, "target_without_embeddings": target, "before_recovery": before,
+                       **recover(model, ctx)}
+    return run
+
+
+def recover_finetune(model: nn.Module, ctx: Context) -> dict[str, Any]:
+    finetune(model, ctx.task.data, epochs=ctx.args.recovery_epochs, learning_rate=ctx.args.lr, seed=ctx.seed)
+    return {"recovery": "fine-tune", "recovery_epochs": ctx.args.recovery_epochs}
+
+
+for _k in (3, 5):
+    method(f"head+ffn-ft@shrp-{_k}/6", needs=("finetuned", f"shrp-{_k}/6"),
+           description=f"heads and FFN neurons pruned to SHRP-{_k}/6's size, fine-tuned to recover")(
+        pruned_at(_k, recover_finetune))
+
+
+# -- bookkeeping -------------------------------------------------------------------------------
+def load_results(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {"runs": {}}
+
+
+def save_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def run_key(task: str, seed: int, name: str) -> str:
+    return f"{task}|{seed}|{name}"
+
+
+def ordered(names: list[str]) -> list[str]:
+    """``names`` with every method after the methods it needs (which are added if missing)."""
+    out: list[str] = []
+
+    def visit(name: str) -> None:
+        if name not in METHODS:
+            raise SystemExit(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+        for dep in METHODS[name].needs:
+            visit(dep)
+        if name not in out:
+            out.append(name)
+    for name in names:
+        visit(name)
+    return out
+
+
+def step_train(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
+    for seed in args.seeds:
+        for task_name in args.tasks:
+            names = ordered(args.methods)
+            if all(run_key(task_name, seed, n) in results["runs"] for n in names):
+                continue
+            task = load_task(task_name, tokenizer, seed=seed, max_train=args.max_train, max_dev=args.max_dev,
+                             max_test=args.max_test)
+            rows = {n: results["runs"][run_key(task_name, seed, n)] for n in names
+                    if run_key(task_name, seed, n) in results["runs"]}
+            ctx = Context(task, seed, args, rows, args.work)
+            for name in names:
+                if name in rows:
+                    continue
+                start = time.perf_counter()
+                model, extra = METHODS[name].run(ctx)
+                row = {"task": task_name, "seed": seed, "method": name, "data": task.data.info,
+                       "dev": accuracy(model, task.data.loader("eval")),
+                       "test": accuracy(model, task.test_data().loader("eval")),
+                       "params": surgery.count_params(model).model_dump(),
+                       "seconds": time.perf_counter() - start, **extra}
+                surgery.save_pretrained(model, ctx.model_dir(name), overwrite=True)
+                rows[name] = results["runs"][run_key(task_name, seed, name)] = row
+                save_results(args.out, results)
+                print(f"[{task_name} seed {seed}] {name}: dev {row['dev']:.4f} test {row['test']:.4f} "
+                      f"({row['seconds']:.0f}s)", flush=True)
+
+
+def step_bench(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    task, seed = args.bench_on or (args.tasks[0], str(args.seeds[0]))
+    base = args.work / task / seed
+    names = [n for n in ordered(args.methods) if (base / n.replace("/", "of") / "surgery.json").exists()]
+    if "finetuned" not in names:
+        raise SystemExit(f"bench: no saved fine-tuned model under {base}; run the train step first")
+    models = {n: surgery.from_pretrained(base / n.replace("/", "of"), model_class="AutoModelForSequenceClassification")
+              for n in names}
+    report = bench_models(models, batch_size=32, seq_len=args.max_length, repeats=args.bench_repeats, warmup=2,
+                          threads=args.threads)
+    results["bench"] = {"task": task, "seed": int(seed), "report": report.model_dump(mode="json")}
+    save_results(args.out, results)
+    for c in report.comparisons:
+        print(f"bench {c.name}: {c.speedup:.2f}x (paired {c.paired_speedup:.2f}x, FLOP bound "
+              f"{c.flop_bound_speedup:.2f}x)", flush=True)
+
+
+def mean_std(values: list[float]) -> list[float]:
+    return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    """Per (task, method): test accuracy and accuracy retained (% of the fine-tuned model, same seed)."""
+    runs = results["runs"].values()
+    ref = {(r["task"], r["seed"]): r["test"] for r in runs if r["method"] == "finetuned"}
+    comps = {c["name"]: c for c in results.get("bench", {}).get("report", {}).get("comparisons", [])}
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        cells.setdefault((r["task"], r["method"]), []).append(r)
+    table = []
+    for (task, name), rows in sorted(cells.items()):
+        retained = [100 * r["test"] / ref[(task, r["seed"])] for r in rows if (task, r["seed"]) in ref]
+        cut = [100 * (r["shrp"]["accuracy_moe"] - r["shrp"]["accuracy_pruned"]) for r in rows if "shrp" in r]
+        comp = comps.get(name)
+        table.append({
+            "task": task, "method": name, "seeds": sorted(r["seed"] for r in rows),
+            "test": mean_std([100 * r["test"] for r in rows]), "retained": mean_std(retained) if retained else None,
+            "cut_loss_dev": mean_std(cut) if cut else None, "cut_loss_dev_max": max(cut) if cut else None,
+            "params_without_embeddings": rows[0]["params"]["without_embeddings"],
+            "speedup": comp["speedup"] if comp else (1.0 if name == "finetuned" else None),
+            "flop_bound_speedup": comp["flop_bound_speedup"] if comp else (1.0 if name == "finetuned" else None),
+        })
+    pareto = [{"label": c["method"], "group": c["task"], "speedup": c["speedup"], "retained": c["retained"][0],
+               "retained_std": c["retained"][1]} for c in table if c["speedup"] is not None and c["retained"]]
+    usage: list[tuple[str, dict[str, list[int]]]] = []   # ordered phases (a JSON object could be re-sorted)
+    shrp = [r for r in runs if r["method"] == "shrp-3/6"]
+    if shrp:
+        first = min(shrp, key=lambda r: (r["seed"], r["task"]))
+        label = f"{first['task']} seed {first['seed']}"
+        for stage, phase in ((1, "training, end of stage 1"), (2, "training, last epoch")):
+            seen = [h for h in first["shrp"].get("history", []) if h.get("stage") == stage and h.get("usage")]
+            if seen:
+                usage.append((f"{label}: {phase}", seen[-1]["usage"]))
+        usage.append((f"{label}: at the cut (dev)", first["shrp"]["usage"]))
+    return {"table": table, "pareto": pareto, "usage": usage}
+
+
+def step_render(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    results["suite"] = summarise(results)
+    save_results(args.out, results)
+    if results["suite"]["pareto"]:
+        write_pareto(results["suite"]["pareto"], args.out.with_name("suite_pareto.png"),
+                     title="suite: accuracy retained vs measured speedup (mean over seeds)")
+    if results["suite"]["usage"]:
+        write_usage(dict(results["suite"]["usage"]), args.out.with_name("suite_usage.png"))
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_results.py")], check=True)
+
+
+STEPS = {"train": step_train, "bench": step_bench, "render": step_render}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", nargs="+", default=["train", "bench", "render"], choices=list(STEPS))
+    parser.add_argument("--tasks", nargs="+", default=["rt-sentiment", "rt-fresh-rotten-plot", "debate-speaker"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--max-train", type=int, default=500)
+    parser.add_argument("--max-dev", type=int, default=150)
+    parser.add_argument("--max-test", type=int, default=300)
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--baseline-epochs", type=int, default=3)
+    parser.add_argument("--recovery-epochs", type=float, default=2.0)
+    parser.add_argument("--bench-on", nargs=2, metavar=("TASK", "SEED"), help="the (task, seed) whose models are "
+                        "benchmarked (default: the first of each)")
+    parser.add_argument("--bench-repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work", type=Path, default=ROOT / "logs" / "suite_work")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    results = load_results(args.out)
+    for step in args.steps:
+        print(f"== step {step}", flush=True)
+        STEPS[step](args, results)
+
+
+if __name__ == "__main__":
+    main()
