@@ -137,6 +137,7 @@ def test_recover_distils_the_teacher_into_a_layer_dropped_student() -> None:
     assert after < 0.5 * before  # the student moved towards the teacher
     assert result.accuracy_after == pytest.approx(accuracy(student, task.loader("eval")))
     assert [s.strategy for s in surgery.inspect(student).steps] == ["layer-drop"]  # weights only changed
+    assert all(p.requires_grad for p in teacher.parameters())  # the caller's teacher can seed the next student
 
 
 def test_recover_needs_labelled_task_data_and_a_matching_teacher() -> None:

@@ -90,9 +90,9 @@ class SurgeryTrainer(Trainer):
         self.model_accepts_loss_kwargs = False
         self.teacher = teacher
         if teacher is not None:
+            # Frozen by running it in eval mode under no_grad; its requires_grad flags are the caller's
+            # (a teacher is often copied again to make the next student, which must stay trainable).
             teacher.eval()
-            for p in teacher.parameters():
-                p.requires_grad_(False)
         self.distill = distill or DistillConfig()
         self.task = task
         self.dropout = dropout
