@@ -445,8 +445,9 @@ def bench_command(
     console = stderr()
     waiting = f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds"
     if runtimes or int8 or data is not None:  # across runtimes (surgery.deploy): exports, then the same bench
-        from surgery.deploy.bench import bench_runtimes
+        from surgery.deploy.bench import bench_runtimes, check_runtimes
 
+        check_runtimes(runtimes or ["torch"])
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
                                 max_length=max_length) if data is not None else None
         if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for

@@ -50,7 +50,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "entropy": {"expert_dropping": "off", "concentration_weight": 0.5},
     "drop+entropy": {"expert_dropping": "halve", "concentration_weight": 0.5},
 }
-RECOVER: dict[str, Any] = {"expert_dropping": "off", "recover_epochs": 1.0}
+RECOVER: dict[str, Any] = {"expert_dropping": "off", "recover_epochs": 1}
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -59,6 +59,21 @@ def runtime_label(name: str, runtime: str, int8: bool = False) -> str:
     return f"{name} [{runtime}{' int8' if int8 else ''}]"
 
 
+def check_runtimes(runtimes: Sequence[str]) -> None:
+    """Refuse an empty list or a runtime name this module cannot run, in one line.
+
+    Example:
+        >>> check_runtimes(["torch", "onnxruntime"])
+        >>> check_runtimes(["tensorrt"])
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ConfigError: bench: runtime 'tensorrt' is not one of torch, onnxruntime
+    """
+    unknown = [r for r in runtimes if r not in RUNTIMES]
+    if unknown or not runtimes:
+        raise ConfigError(f"bench: runtime {unknown[0] if unknown else '(none)'!r} is not one of {', '.join(RUNTIMES)}")
+
+
 def runtime_variants(
     name: str,
     model: nn.Module,
@@ -78,9 +93,7 @@ def runtime_variants(
         >>> list(runtime_variants("tiny", tiny_model(TinySpec("bert")), Path(tempfile.mkdtemp())))
         ['tiny [torch]']
     """
-    unknown = [r for r in runtimes if r not in RUNTIMES]
-    if unknown or not runtimes:
-        raise ConfigError(f"bench: runtime {unknown[0] if unknown else '(none)'!r} is not one of {', '.join(RUNTIMES)}")
+    check_runtimes(runtimes)
     variants: dict[str, nn.Module] = {}
     fp32_graph = None
     target, output, task = export_target(model)
