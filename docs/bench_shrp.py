@@ -128,7 +128,8 @@ def main() -> None:
         print(f"== {stage}", flush=True)
         if kind == "baseline":
             model = surgery.from_pretrained(
-                "minilm-l6", model_class="AutoModelForSequenceClassification", num_labels=task.num_labels
+                "minilm-l6", model_class="AutoModelForSequenceClassification", num_labels=task.num_labels,
+                allow_new_head=True,
             )
             seconds = finetune(model, task, args.epochs, args.lr, args.seed, 32)
             touched.add("baseline")

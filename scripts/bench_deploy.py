@@ -73,7 +73,8 @@ def build_standin(out: Path) -> Path:
     source = resolve_model_path("minilm-l6")
     tokenizer = AutoTokenizer.from_pretrained(source)
     torch.manual_seed(0)
-    model = surgery.from_pretrained(source, model_class=AutoModelForSequenceClassification, num_labels=2)
+    model = surgery.from_pretrained(source, model_class=AutoModelForSequenceClassification, allow_new_head=True,
+                                     num_labels=2)
     surgery.convert(model, ExpertAttentionStrategy(layers=[3, 4, 5]))
     batch = tokenizer(["a quiet film", "terrible", "an uneven but often funny comedy"], padding=True,
                       return_tensors="pt")

@@ -50,7 +50,7 @@ def log(*parts: Any) -> None:
 
 def finetune(task: TaskData, epochs: int, lr: float, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = surgery.from_pretrained("minilm-l6", model_class="AutoModelForSequenceClassification",
+    model = surgery.from_pretrained("minilm-l6", model_class="AutoModelForSequenceClassification", allow_new_head=True,
                                     num_labels=task.num_labels)
     with scratch_dir() as tmp:
         fit(model, task, training_arguments(tmp, epochs=epochs, batch_size=32, learning_rate=lr, weight_decay=0.01,

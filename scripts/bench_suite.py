@@ -68,7 +68,7 @@ class Context:
 
     def pretrained(self) -> nn.Module:
         torch.manual_seed(self.seed)  # the new classifier head
-        return surgery.from_pretrained(MODEL, model_class="AutoModelForSequenceClassification",
+        return surgery.from_pretrained(MODEL, model_class="AutoModelForSequenceClassification", allow_new_head=True,
                                        num_labels=self.task.data.num_labels)
 
 

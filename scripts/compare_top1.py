@@ -82,7 +82,7 @@ def run_pair(task_name: str, seed: int, variants: list[str], args: argparse.Name
     dev = task.data.loader("eval")
     test = task.test_data().loader("eval")
     torch.manual_seed(seed)
-    model = surgery.from_pretrained(MODEL, model_class="AutoModelForSequenceClassification",
+    model = surgery.from_pretrained(MODEL, model_class="AutoModelForSequenceClassification", allow_new_head=True,
                                     num_labels=task.data.num_labels)
     start = time.perf_counter()
     base = ShrpStrategy(**RECIPE, seed=seed)

@@ -128,6 +128,9 @@ class ExpertAttentionLayer(nn.Module):
         # Experts the router may still pick (progressive expert dropping masks the others out while
         # training goes on). Training state only: a reload has every recorded expert allowed.
         self.register_buffer("allowed", torch.ones(num_experts, dtype=torch.bool), persistent=False)
+        # Its count as a Python int: forward branches on it without reading a tensor, which keeps the
+        # layer traceable by torch.export (ONNX export) and avoids a device sync per step.
+        self.num_allowed = num_experts
         self.track_usage = True
         self.last_probs: torch.Tensor | None = None
         self.last_choice: torch.Tensor | None = None
@@ -174,6 +177,7 @@ class ExpertAttentionLayer(nn.Module):
         check_indices(allowed, self.num_experts, "restrict_experts: experts")
         self.allowed.zero_()
         self.allowed[torch.as_tensor(allowed, dtype=torch.long, device=self.allowed.device)] = True
+        self.num_allowed = int(self.allowed.sum())
 
     def release_bypass(self) -> None:
         """Drop the original layer for good (end of training): the layer is now exactly what a reload builds."""
@@ -192,7 +196,7 @@ class ExpertAttentionLayer(nn.Module):
             self.last_probs = self.last_choice = None
         else:
             logits = self.router(self._pool(x, call))
-            if not bool(self.allowed.all()):
+            if self.num_allowed < self.num_experts:
                 logits = logits.masked_fill(~self.allowed, float("-inf"))
             probs = logits.float().softmax(-1)
             self.last_probs = probs
@@ -205,7 +209,7 @@ class ExpertAttentionLayer(nn.Module):
                 elif self.router_grad == "switch":
                     e = e * p_sel
             else:
-                top_p, top_i = probs.topk(min(self.top_k, int(self.allowed.sum())), dim=-1)
+                top_p, top_i = probs.topk(min(self.top_k, self.num_allowed), dim=-1)
                 weights = (top_p / top_p.sum(-1, keepdim=True)).to(x.dtype)
                 choice = top_i[:, 0]
                 e = sum(weights[:, j, None, None] * self.expander(self._expert(inp, top_i[:, j], call))

@@ -156,6 +156,7 @@ def keep_experts_(layer: ExpertAttentionLayer, kept: list[int]) -> None:
     layer.allowed = layer.allowed.index_select(0, idx)
     if not bool(layer.allowed.any()):  # a replayed plan kept only masked experts: let the router use them
         layer.allowed.fill_(True)
+    layer.num_allowed = int(layer.allowed.sum())
     if len(kept) == 1:
         layer.router = None
         layer.last_probs = layer.last_choice = None
