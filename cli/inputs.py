@@ -18,7 +18,6 @@ import yaml
 import surgery
 from surgery.atomic import check_separate
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
-from surgery.heads import loaded_class_name
 from surgery.manifest import MANIFEST_NAME
 from surgery.registry import adapter_class_for
 from surgery.untrusted import refuse_custom_code
@@ -212,6 +211,8 @@ def recorded_class(path: Path, config: PretrainedConfig) -> tuple[str | None, bo
         except (OSError, ValueError, AttributeError):
             name = None  # from_pretrained reports the damaged manifest with its own message
         return (str(name) if name else None), True
+    from surgery.heads import loaded_class_name  # imports torch: not at module level (--help)
+
     return loaded_class_name(path, config), False  # the class whose head the weights really hold
 
 

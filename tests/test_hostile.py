@@ -45,7 +45,8 @@ def run_cli(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[st
 
 
 def one_error_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
+    # `note:` lines are progress (e.g. which objective was chosen); the failure itself must be one line.
+    lines = [line for line in stderr.strip().splitlines() if not line.startswith("note: ")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr, stderr
     return lines[0]
 
