@@ -328,6 +328,12 @@ class ExpertAttentionConfig(StrategyConfig):
     # "output" measured better than "random" in SHRP on MiniLM-L6 + Rotten Tomatoes (docs/results.md#shrp).
     expander_init: ExpanderInit = Field(default="output", description="from the heads' output-projection slices "
                                         "(mean), or random")
+    # The Expander ends in a LayerNorm, so at γ=1 every token gets a unit-variance update, about three
+    # times the whole residual update of a MiniLM-L6 layer (std 0.3 on inputs of std 0.6): it swamps the
+    # layer input, and the converted model's embeddings start nearly orthogonal to the original's
+    # (mean cosine 0.04 with 3 of 6 layers converted, 0.37 at γ=0.1; docs/results/embed.md).
+    expander_gain: float = Field(default=1.0, ge=0.0, description="initial γ of the Expander's LayerNorm (the "
+                                 "scale of what each token's update starts at; the paper's 1)")
     seed: int = Field(default=0, description="seed of the random expander/router initialisation")
 
     @field_validator("layers")
@@ -416,6 +422,9 @@ def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAtte
     if columns is not None:  # experts of a head-pruned layer read their own heads' shared-bias columns
         layer.head_index = torch.as_tensor(columns, dtype=torch.long, device=layer.head_index.device)
     init_from_layer(layer, adapter, original, heads=list(range(num_experts)), expander_init=config.expander_init)
+    if layer.expander.inner is None:  # the linear Expander's closing LayerNorm sets the update's scale
+        with torch.no_grad():
+            layer.expander.norm.weight.fill_(config.expander_gain)
     return layer
 
 

@@ -101,6 +101,8 @@ class ShrpConfig(StrategyConfig):
     top_k: int = Field(default=1, ge=1)
     expander: ExpanderKind = "linear"
     expander_init: ExpanderInit = "output"
+    expander_gain: float = Field(default=1.0, ge=0.0, description="initial γ of the Expander's LayerNorm "
+                                 "(expert-attention's option; the embedding objective defaults to 0.1)")
     reinit_on_activate: bool = Field(default=True,
                                      description="initialise experts from the layer's fine-tuned heads at its epoch")
     learning_rate: float = Field(default=5e-5, gt=0.0)
@@ -494,7 +496,7 @@ class ShrpStrategy(PipelineStrategy):
         originals = {i: adapter.layers()[i] for i in order}
         session.step(ExpertAttentionStrategy(
             layers=order, router_input=cfg.router_input, router_grad=cfg.router_grad, top_k=cfg.top_k,
-            expander=cfg.expander, expander_init=cfg.expander_init, seed=cfg.seed))
+            expander=cfg.expander, expander_init=cfg.expander_init, expander_gain=cfg.expander_gain, seed=cfg.seed))
         return prepare_progressive(model, originals)
 
     def cut(self, model: nn.Module, session: PipelineSession, eval_loader: Any) -> None:

@@ -14,13 +14,16 @@ from typer.testing import CliRunner
 import surgery
 from surgery.cli.app import app
 from surgery.embedding import SentenceConfig, embed_texts, load_text_data
-from surgery.embedding.distill import EmbeddingDistillConfig, embedding_loss, recover_embeddings
+from surgery.embedding.distill import EmbeddingDistillConfig, embedding_loss, embedding_trainer, recover_embeddings
+from surgery.embedding.evaluate import mean_cosine
 from surgery.embedding.pooling import SURGERY_FILE, read_sentence_config
+from surgery.embedding.shrp import EMBEDDING_EXPANDER_GAIN
+from surgery.strategies.expert_attention import ExpertAttentionStrategy
 from surgery.strategies.head_prune import HeadPruningStrategy
 from surgery.strategies.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import ShrpStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_model
-from surgery.training import RecoveryConfig
+from surgery.training import RecoveryConfig, scratch_dir, training_arguments
 from tests.test_embedding import WORDS, st_dir, tokenizer
 
 TEXTS = [" ".join(WORDS[(i * 7 + j * 13) % len(WORDS)] for j in range(2 + i % 7)) for i in range(48)]
@@ -85,6 +88,50 @@ def test_shrp_distils_embeddings_and_reloads(tmp_path: Path, family: str) -> Non
     expected = embed_texts(model, data.tokenizer, TEXTS, data.sentence_config)
     torch.testing.assert_close(embed_texts(surgery.from_pretrained(out), data.tokenizer, TEXTS,
                                            data.sentence_config), expected)
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet", "deberta-v2"])
+def test_embedding_shrp_starts_close_to_its_teacher(family: str) -> None:
+    # Regression: the Expander's LayerNorm started at the paper's γ=1, so every converted layer added a
+    # unit-variance update that swamped its input; real MiniLM-L6 with 3 converted layers started at
+    # mean cosine 0.04 to its teacher and stayed near 0.08 after training. Here γ=1 gives 0.58-0.73.
+    data = text_data(batch_size=16)
+    teacher = tiny_model(TinySpec(family, layers=2))
+    model = copy.deepcopy(teacher)
+    report = surgery.convert(model, ShrpStrategy(num_layers=1, extra_epochs=0, bench=False), data=data)
+    assert report.metrics["expander_gain"] == EMBEDDING_EXPANDER_GAIN
+    assert report.metrics["embedding_converted"]["mean_cosine"] >= 0.9, report.metrics["embedding_converted"]
+    config = data.sentence_config
+    target = embed_texts(teacher, data.tokenizer, TEXTS, config)
+
+    def converted_cosine(gain: float) -> float:
+        student = copy.deepcopy(teacher)
+        surgery.convert(student, ExpertAttentionStrategy(layers=[1], router_input="mean", expander_gain=gain))
+        return mean_cosine(embed_texts(student, data.tokenizer, TEXTS, config), target)
+
+    assert converted_cosine(EMBEDDING_EXPANDER_GAIN) >= 0.9 > converted_cosine(1.0) + 0.1
+    explicit = ShrpStrategy(num_layers=1, extra_epochs=0, bench=False, expander_gain=1.0)
+    assert surgery.convert(copy.deepcopy(teacher), explicit, data=data).metrics["expander_gain"] == 1.0
+
+
+def test_dropout_off_means_every_dropout_off() -> None:
+    # Regression: "dropout off" put nn.Dropout modules in eval mode, but attention reads its dropout
+    # probability from its own training flag (HF attention, Expert Attention), so attention dropout
+    # stayed on and a student identical to its teacher saw a nonzero loss.
+    data = text_data()
+    teacher = tiny_model(TinySpec("bert", layers=2), attention_probs_dropout_prob=0.5)
+    student = copy.deepcopy(teacher)
+    surgery.convert(student, ExpertAttentionStrategy(layers=[1]))
+    surgery.convert(teacher, ExpertAttentionStrategy(layers=[1]))
+    student.load_state_dict(teacher.state_dict())
+    for p in student.parameters():
+        p.requires_grad_(True)
+    with scratch_dir() as tmp:
+        trainer = embedding_trainer(student, teacher, data, training_arguments(tmp, epochs=1, batch_size=8,
+                                                                               learning_rate=1e-9))
+        trainer.train()
+    assert trainer.stats.steps > 0 and trainer.stats.loss_sum / trainer.stats.steps < 1e-9, trainer.stats.loss_sum
+    assert [m.p for m in student.modules() if isinstance(m, torch.nn.Dropout)].count(0.5) > 0  # restored
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None, reason="needs sentence-transformers")

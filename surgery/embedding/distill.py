@@ -107,10 +107,11 @@ class EmbeddingDistillTrainer(SurgeryTrainer):
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        if not self.dropout and model.training:
-            for m in model.modules():  # the base class's switch, which its compute_loss would apply
-                if isinstance(m, nn.Dropout):
-                    m.eval()
+        with self.dropout_context(model):
+            return self.distill_loss(model, inputs, return_outputs)
+
+    def distill_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False) -> Any:
+        """The embedding objective (plus the optional hidden-state MSE) of one batch."""
         features = {k: v for k, v in inputs.items() if k != "labels"}  # labels, if any, are not used
         cfg = self.embedding
         hidden = cfg.hidden_weight > 0

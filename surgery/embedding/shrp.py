@@ -12,8 +12,11 @@ while converting), usage analysis, ``top1-prune``. What changes:
   reasoned, not yet measured: ``scripts/bench_embed.py --variants shrp-3-mean shrp-3-cls`` measures
   it, and its run here did not finish (docs/embeddings.md). An explicit ``router_input`` wins;
 * usage for Top-1 is counted on training texts, so the held-out texts stay unseen by every choice
-  and only report: mean cosine and recall@10 against the teacher after the MoE stage and after the
-  cut.
+  and only report: mean cosine and recall@10 against the teacher right after conversion (before any
+  training), after the MoE stage and after the cut;
+* the Expander's LayerNorm starts at γ = :data:`EMBEDDING_EXPANDER_GAIN` instead of the paper's 1,
+  so the experts' update does not swamp the layer input (measured; see the constant). An explicit
+  ``expander_gain`` wins.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ if TYPE_CHECKING:
 
 # Router input of the embedding objective unless the config names one (reasoned; see the module docstring).
 EMBEDDING_ROUTER_INPUT: RouterInput = "mean"
+# Initial γ of the Expander's LayerNorm unless the config names one. At the paper's 1 the experts'
+# unit-variance update swamps the layer input (std 0.6 in MiniLM-L6, whose layers change it by 0.3):
+# 3 converted layers of MiniLM-L6 start at mean cosine 0.04 to the teacher, and a few hundred steps of
+# embedding distillation cannot shrink γ back (Adam moves it ~lr per step). At 0.1 they start at 0.37.
+EMBEDDING_EXPANDER_GAIN = 0.1
 CALIBRATION_BATCHES = 16  # training batches whose routing decides Top-1 (held-out texts stay unseen)
 EVAL_TEXTS = 2000  # held-out texts of the in-pipeline report (recall@10 needs a corpus this size)
 
@@ -60,6 +68,12 @@ def router_input_for(strategy: ShrpStrategy) -> RouterInput:
     """The config's ``router_input`` if the user set it, else the embedding objective's default."""
     cfg = strategy.config
     return cfg.router_input if "router_input" in cfg.model_fields_set else EMBEDDING_ROUTER_INPUT
+
+
+def expander_gain_for(strategy: ShrpStrategy) -> float:
+    """The config's ``expander_gain`` if the user set it, else the embedding objective's default."""
+    cfg = strategy.config
+    return cfg.expander_gain if "expander_gain" in cfg.model_fields_set else EMBEDDING_EXPANDER_GAIN
 
 
 def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, session: PipelineSession) -> None:
@@ -82,14 +96,24 @@ def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, sess
     held_out = text.eval_texts[:EVAL_TEXTS]
     cache = TeacherCache(teacher, text.tokenizer, sentence, max_length=text.info.get("max_length"))
     router = router_input_for(strategy)
+    gain = expander_gain_for(strategy)
     start = time.perf_counter()
-    strategy.metrics.update(objective="embedding", pooling=sentence.describe(), router_input=router, layers=order,
-                            data=dict(text.info, split_seed=text.split_seed))
+    strategy.metrics.update(objective="embedding", pooling=sentence.describe(), router_input=router,
+                            expander_gain=gain, layers=order, data=dict(text.info, split_seed=text.split_seed))
+
+    def report() -> dict[str, Any]:
+        k = min(10, len(held_out) - 1)
+        return evaluate_embeddings(model, cache, text.tokenizer, held_out, sentence, k=k,
+                                   max_length=text.info.get("max_length")).model_dump(mode="json")
 
     originals = {i: adapter.layers()[i] for i in order}
     session.step(ExpertAttentionStrategy(
         layers=order, router_input=router, router_grad=cfg.router_grad, top_k=cfg.top_k,
-        expander=cfg.expander, expander_init=cfg.expander_init, seed=cfg.seed))
+        expander=cfg.expander, expander_init=cfg.expander_init, expander_gain=gain, seed=cfg.seed))
+    # Every layer converted, before any training: where distillation starts from.
+    strategy.metrics["embedding_converted"] = report()
+    for _, layer in expert_layers(model):
+        layer.usage.zero_()
     layers = prepare_progressive(model, originals)
     state = ShrpTrainingState()
     epochs = cfg.finetune_epochs + len(order) + cfg.extra_epochs
@@ -104,11 +128,6 @@ def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, sess
     model.eval()
     strategy.metrics["history"] = state.history
     strategy.metrics["train_seconds"] = time.perf_counter() - start
-
-    def report() -> dict[str, Any]:
-        k = min(10, len(held_out) - 1)
-        return evaluate_embeddings(model, cache, text.tokenizer, held_out, sentence, k=k,
-                                   max_length=text.info.get("max_length")).model_dump(mode="json")
 
     for _, layer in expert_layers(model):
         layer.usage.zero_()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +52,32 @@ class EpochStats:
         self.steps = self.correct = self.seen = 0
 
 
+@contextmanager
+def dropout_disabled(model: nn.Module) -> Iterator[None]:
+    """Every ``nn.Dropout`` of ``model`` at p=0 inside the block (restored after), whatever its mode.
+
+    Switching the dropout modules to eval mode is not enough: attention implementations read the
+    probability as ``dropout.p if self.training`` from their *own* mode (Hugging Face's attention
+    classes, the Expert Attention layer), so attention-probability dropout would stay on.
+
+    Example:
+        >>> drop = nn.Dropout(0.5).train()
+        >>> with dropout_disabled(drop):
+        ...     bool((drop(torch.ones(8)) == 1).all())
+        True
+        >>> drop.p
+        0.5
+    """
+    saved = [(m, m.p) for m in model.modules() if isinstance(m, nn.Dropout)]
+    try:
+        for m, _ in saved:
+            m.p = 0.0
+        yield
+    finally:
+        for m, p in saved:
+            m.p = p
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DDP/DataParallel wrapper (or the model itself)."""
     return getattr(model, "module", model)
@@ -64,8 +90,8 @@ class SurgeryTrainer(Trainer):
         teacher: the frozen model before surgery (same task head); None trains on labels only.
         distill: temperature, KL weight ``alpha``, hidden-state weight and layer map.
         task: turns batches into class logits (DoE's MLM prompts); default ``outputs.logits``.
-        dropout: False keeps every dropout module in eval mode while training (prompt tuning of a
-            frozen encoder is steadier without it).
+        dropout: False switches every dropout off while training, attention-probability dropout
+            included (prompt tuning of a frozen encoder is steadier without it).
 
     Example:
         >>> import copy, datasets
@@ -104,12 +130,17 @@ class SurgeryTrainer(Trainer):
             self.teacher.to(device)
         return self.teacher
 
+    def dropout_context(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Where the student's forward runs: every dropout off unless ``dropout`` (see :func:`dropout_disabled`)."""
+        return nullcontext() if self.dropout else dropout_disabled(model)
+
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        if not self.dropout and model.training:
-            for m in model.modules():
-                if isinstance(m, nn.Dropout):
-                    m.eval()
+        with self.dropout_context(model):
+            return self.task_loss(model, inputs, return_outputs)
+
+    def task_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False) -> Any:
+        """The task cross-entropy (plus distillation, given a teacher) of one batch."""
         batch = self.task.prepare(inputs) if self.task is not None else dict(inputs)
         labels = batch.get("labels")
         features = {k: v for k, v in batch.items() if k != "labels"}
