@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Group, RenderableType
@@ -28,8 +28,10 @@ from surgery.assets import resolve_model_path
 from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
 from surgery.cli.options import EvalData, LabelColumn, MaxLength, Overwrite, TextColumn, TextPairColumn
-from surgery.deploy.export import TASKS, ExportReport
-from surgery.deploy.runtime import require_onnx
+from surgery.deploy.names import TASKS
+
+if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must not
+    from surgery.deploy.export import ExportReport
 
 
 def export_view(report: ExportReport, out: Path) -> RenderableType:
@@ -94,6 +96,7 @@ def export_command(
     """Export a model to ONNX with a parity check (optionally int8 / optimized); it then needs only onnxruntime."""
     import surgery
     from surgery.deploy import export_onnx
+    from surgery.deploy.runtime import require_onnx
 
     require_onnx()  # before anything is loaded: a missing extra is one line
     source = resolve_model_path(model_dir)

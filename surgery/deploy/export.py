@@ -32,15 +32,13 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from surgery.deploy.names import INFO_NAME, ONNX_NAME, TASKS
 from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, quantize_int8, quiet_loggers, require_onnx
 from surgery.errors import ConfigError, SurgeryError
 from surgery.io import atomic_directory
 from surgery.manifest import steps_of
 
-ONNX_NAME = "model.onnx"
-INFO_NAME = "surgery-onnx.json"
 Task = Literal["auto", "base", "seq-cls", "mlm"]
-TASKS: tuple[str, ...] = ("auto", "base", "seq-cls", "mlm")
 _TASK_CLASS_SUFFIX = {"seq-cls": "ForSequenceClassification", "mlm": "ForMaskedLM"}
 #: Sentences of varied length for the parity batch when a tokenizer is given (padding included).
 SAMPLE_TEXTS = (
