@@ -56,7 +56,7 @@ from surgery.strategies.expert_attention import (
 )
 from surgery.strategies.top1_prune import Top1PruningStrategy
 from surgery.strategy import Data, StrategyConfig
-from surgery.training import RecoveryConfig, SurgeryTrainer, accuracy, fit, recover, scratch_dir
+from surgery.training import EpochStats, RecoveryConfig, SurgeryTrainer, accuracy, fit, recover, scratch_dir
 from surgery.training import training_arguments as trainer_arguments
 
 ExpertDropping = Literal["off", "halve"]
@@ -139,22 +139,22 @@ def require_task_data(data: Data | None, who: str) -> TaskData:
 
 # -- Trainer integration -----------------------------------------------------------------------
 @dataclass
-class ShrpTrainingState:
-    """What :class:`ShrpTrainer` and :class:`ProgressiveConversion` share during training."""
+class ShrpTrainingState(EpochStats):
+    """What :class:`ShrpTrainer` and :class:`ProgressiveConversion` share during training.
+
+    The running loss/accuracy counters are :class:`surgery.training.EpochStats`'; SHRP adds the
+    balance loss, the router usage and the per-epoch history.
+    """
 
     balance_weight: float = 0.0
     concentration_weight: float = 0.0
-    loss_sum: float = 0.0
     balance_sum: float = 0.0
-    correct: int = 0
-    seen: int = 0
-    steps: int = 0
     usage: dict[int, list[int]] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def reset_epoch(self) -> None:
-        self.loss_sum = self.balance_sum = 0.0
-        self.correct = self.seen = self.steps = 0
+        self.reset()
+        self.balance_sum = 0.0
         self.usage = {}
 
 
