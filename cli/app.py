@@ -362,10 +362,8 @@ def apply_command(
         note(loaded.note)
 
     if target is None:  # --dry-run
-        plan = surgery.plan(loaded.model, chosen, data=task_data)
-        step = {"strategy": chosen.name, "plan_version": chosen.plan_version,
-                "config": json.loads(chosen.config.model_dump_json()), "plan": plan}
-        typer.echo(json.dumps(step, indent=2))
+        # A strategy's preview is the step as it will be recorded; a pipeline's is its schedule, marked so.
+        typer.echo(json.dumps(surgery.preview(loaded.model, chosen, data=task_data), indent=2))
         return
 
     teacher = teacher_copy(loaded.model) if objective.is_embedding and task_data is not None else None

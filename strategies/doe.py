@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
-from surgery.errors import DataError
+from surgery.api import convert
 from surgery.importance import model_device
-from surgery.pipeline import PipelineSession, PipelineStrategy
+from surgery.pipeline import Pipeline, PipelineSession
 from surgery.progress import ProgressCallback
 from surgery.search import binary_search_grid, pruning_grid
 from surgery.strategies.module_prune import ModulePruningStrategy, lowest_module_units, module_scores
@@ -77,7 +77,7 @@ class DoEConfig(StrategyConfig):
     seed: int = 0
 
 
-class DoEStrategy(PipelineStrategy):
+class DoEStrategy(Pipeline):
     """Decomposition of Experts: prompt tuning, attribution, binary search with condensation.
 
     ``data`` must be a :class:`surgery.data.TaskData` with an evaluation split (the CLI passes
@@ -92,6 +92,7 @@ class DoEStrategy(PipelineStrategy):
     name = "doe"
     config_class = DoEConfig
     config: DoEConfig
+    requires = "task-data"
 
     def __init__(self, config: Any = None, /, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
@@ -112,12 +113,17 @@ class DoEStrategy(PipelineStrategy):
                          label_names=getattr(data, "label_names", None), template=self.config.template,
                          verbalizer=self.config.verbalizer, task_name=self.config.task_name)
 
-    def tune(self, model: nn.Module, task: PromptTask, data: Any, epochs: int, label: str) -> list[dict[str, float]]:
-        """Prompt-tune ``model`` in place (prompt, + head in classifier mode); keeps the best epoch."""
+    def tune(self, model: nn.Module, task: PromptTask, data: Any, epochs: int, label: str,
+             emit: Callable[..., None] | None = None) -> list[dict[str, float]]:
+        """Prompt-tune ``model`` in place (prompt, + head in classifier mode); keeps the best epoch.
+
+        ``emit(task, completed, total, **info)`` receives one progress event per epoch.
+        """
         groups = trainable(model, task, lr=self.config.lr, head_lr=self.config.head_lr)
 
         def on_epoch(epoch: int, loss: float, acc: float | None) -> None:
-            self.emit(label, epoch, epochs, loss=round(loss, 4), accuracy=None if acc is None else round(acc, 2))
+            if emit is not None:
+                emit(label, epoch, epochs, loss=round(loss, 4), accuracy=None if acc is None else round(acc, 2))
 
         history = train(model, task, data, groups, epochs=epochs, batch_size=self.config.batch_size,
                         seed=self.config.seed, eval_data=data.loader("eval", batch_size=64), on_epoch=on_epoch)
@@ -145,14 +151,11 @@ class DoEStrategy(PipelineStrategy):
 
     # -- the pipeline -----------------------------------------------------------------------
     def run(self, model: nn.Module, data: Data | None, session: PipelineSession) -> None:
-        if data is None or not hasattr(data, "loader") or getattr(data, "eval", None) is None:
-            raise DataError("doe needs labelled training data with an evaluation split (surgery.data.TaskData; "
-                            "the CLI builds it from --data and --eval-data or a held-out fraction)")
         task = self.task_for(model, data)
         torch.manual_seed(self.config.seed)
         if prompt_of(model) is None:
             session.step(SoftPromptStrategy(length=self.config.prompt_length, seed=self.config.seed))
-        history = self.tune(model, task, data, self.config.epochs, "prompt-tuning")
+        history = self.tune(model, task, data, self.config.epochs, "prompt-tuning", session.emit)
         eval_loader = data.loader("eval", batch_size=64)
         full_acc = evaluate(model, task, eval_loader)
         # Exactly what tuning trained: the prompt and, in classifier mode, the head as the adapter
@@ -160,9 +163,9 @@ class DoEStrategy(PipelineStrategy):
         self.tuned = {n: p.detach().clone() for n, p in model.named_parameters() if "surgery_prompt" in n}
         if task.mode == "classifier":
             self.tuned.update(head_state(model))
-        self.emit("attribution", 0, 1)
+        session.emit("attribution", 0, 1)
         scores = self.scores(model, task, data)
-        self.emit("attribution", 1, 1)
+        session.emit("attribution", 1, 1)
         # Only the latest accepted probe is kept: accepted values only grow during the search.
         kept: dict[float, tuple[nn.Module, dict[str, dict[str, list[int]]], float]] = {}
         probes = [0]
@@ -170,11 +173,11 @@ class DoEStrategy(PipelineStrategy):
         def accept(p: float) -> tuple[bool, dict[str, Any]]:
             candidate, remove = self.localized(model, scores, p)
             if self.config.condensation:
-                self.tune(candidate, task, data, self.config.condense_epochs, f"condensation p={p:.2f}")
+                self.tune(candidate, task, data, self.config.condense_epochs, f"condensation p={p:.2f}", session.emit)
             acc = evaluate(candidate, task, eval_loader)
             ok = full_acc - acc <= self.config.margin
             probes[0] += 1
-            self.emit("search", probes[0], self.config.max_probes, p=p, accuracy=round(acc, 2), accepted=ok)
+            session.emit("search", probes[0], self.config.max_probes, p=p, accuracy=round(acc, 2), accepted=ok)
             if ok:
                 kept.clear()
                 kept[p] = (candidate, remove, acc)
@@ -198,7 +201,7 @@ class DoEStrategy(PipelineStrategy):
                                             with_head=task.mode == "classifier",
                                             meta={"mode": task.mode, "module_set": self.config.module_set,
                                                   "pruning_rate": best, "accuracy": accuracy})
-        self.metrics.update({
+        session.metrics.update({
             "mode": task.mode,
             "prompt_history": history,
             "full_accuracy": full_acc,
@@ -218,8 +221,6 @@ def build_runtime(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig 
     ``tasks`` maps a task name to its :class:`surgery.data.TaskData`. The full ``model`` is not
     changed; returns the runtime and each task's DoE metrics.
     """
-    from surgery.api import convert
-
     runtime = UnplugRuntime(model)
     metrics: dict[str, dict[str, Any]] = {}
     for name, data in tasks.items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -61,8 +61,8 @@ class FFNPruningStrategy(UnitPruningStrategy):
     def keep_units(self, adapter: EncoderAdapter, layer: int, keep: list[int]) -> None:
         adapter.keep_neurons(layer, keep)
 
-    def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None
-               ) -> dict[int, torch.Tensor]:
+    def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None,
+               metrics: dict[str, Any]) -> dict[int, torch.Tensor]:
         kind = self.config.importance
         layers = [i for i in layers if adapter.layer(i).ffn is not None]
         if kind == "random":

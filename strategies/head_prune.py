@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -72,8 +72,8 @@ class HeadPruningStrategy(UnitPruningStrategy):
                     "head (or convert the layer with a strategy that replaces attention)"
                 )
 
-    def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None
-               ) -> dict[int, torch.Tensor]:
+    def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None,
+               metrics: dict[str, Any]) -> dict[int, torch.Tensor]:
         kind = self.config.importance
         if kind == "auto":
             kind = "gradient" if data is not None else "magnitude"
@@ -92,5 +92,5 @@ class HeadPruningStrategy(UnitPruningStrategy):
                 v_norm = v.detach().view(att.num_heads, -1).norm(dim=1)
                 o_norm = att.output.weight.detach().view(att.output.out_features, att.num_heads, -1)
                 raw[i] = (v_norm * o_norm.transpose(0, 1).reshape(att.num_heads, -1).norm(dim=1)).float()
-        self.metrics["importance_kind"] = kind
+        metrics["importance_kind"] = kind
         return normalise_per_layer(raw)

@@ -42,7 +42,7 @@ from surgery.anatomy import adapter_for
 from surgery.data import PaddingCollator, TaskData
 from surgery.errors import ConfigError, DataError
 from surgery.ops import check_indices
-from surgery.pipeline import PipelineSession, PipelineStrategy
+from surgery.pipeline import Pipeline, PipelineSession
 from surgery.strategies.expert_attention import (
     ExpanderInit,
     ExpanderKind,
@@ -122,19 +122,6 @@ class ShrpConfig(StrategyConfig):
         if self.extra_epochs == 0 and self.concentration_weight > 0:
             raise ValueError("concentration_weight acts in stage 2; set extra_epochs >= 1")
         return self
-
-
-def require_task_data(data: Data | None, who: str) -> TaskData:
-    """``data`` as labelled TaskData with train and eval splits, or a one-line DataError."""
-    if not isinstance(data, TaskData):
-        got = "no data" if data is None else type(data).__name__
-        raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
-                        f"--data train.csv [--eval-data dev.csv]); got {got}")
-    if "labels" not in data.train.column_names:
-        raise DataError(f"{who}: the training data has no labels; name the label column with --label-column")
-    if data.eval is None:
-        raise DataError(f"{who}: needs evaluation data for usage analysis; pass --eval-data or an eval fraction")
-    return data
 
 
 # -- Trainer integration -----------------------------------------------------------------------
@@ -418,7 +405,7 @@ def training_arguments(config: ShrpConfig, epochs: int, output_dir: str, **overr
 
 
 # -- the pipeline ------------------------------------------------------------------------------
-class ShrpStrategy(PipelineStrategy):
+class ShrpStrategy(Pipeline):
     """SHRP end to end: convert, train progressively, analyse usage, prune to the Top-1 expert.
 
     ``data`` must be :class:`~surgery.data.TaskData` (train and eval splits with labels); the model
@@ -432,6 +419,8 @@ class ShrpStrategy(PipelineStrategy):
     name = "shrp"
     config_class = ShrpConfig
     config: ShrpConfig
+    requires = "task-data"
+    objectives = ("task", "embedding")
 
     def conversion_order(self, num_layers: int) -> list[int]:
         """The target layers in conversion order."""
@@ -447,19 +436,20 @@ class ShrpStrategy(PipelineStrategy):
         top_down = list(range(num_layers - 1, num_layers - 1 - n, -1))
         return top_down if self.config.order == "top-down" else list(range(n))
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> dict[str, Any]:
+    def steps(self, model: nn.Module, data: Any = None) -> list[str]:
+        return ["expert-attention", "top1-prune"]
+
+    def schedule(self, model: nn.Module, data: Any = None) -> dict[str, Any]:
         order = self.conversion_order(adapter_for(model).num_layers)
-        epochs = self.config.finetune_epochs + len(order) + self.config.extra_epochs
-        return {"pipeline": self.name, "config": self.config.model_dump(mode="json"),
-                "steps": ["expert-attention", "train", "usage analysis", "top1-prune"],
-                "layers": order, "epochs": epochs}
+        return {"layers": order, "epochs": self.total_epochs(len(order)),
+                "between": "progressive training (stages 0-2), then usage analysis on the evaluation data"}
 
     def run(self, model: nn.Module, data: Data | None, session: PipelineSession) -> None:
         if getattr(data, "objective", "task") == "embedding":  # unlabelled texts: distil sentence embeddings
             from surgery.embedding.shrp import run_embedding_shrp
 
             return run_embedding_shrp(self, model, data, session)
-        task = require_task_data(data, self.name)
+        task: TaskData = data  # checked against `requires` by convert
         num_labels = int(getattr(model.config, "num_labels", 0))
         if num_labels != task.num_labels:
             raise DataError(f"{self.name}: the model has {num_labels} labels but the data has {task.num_labels} "
@@ -468,31 +458,31 @@ class ShrpStrategy(PipelineStrategy):
         eval_loader = task.loader("eval", batch_size=cfg.batch_size)
         reference = copy.deepcopy(model) if cfg.bench else None
         start = time.perf_counter()
-        self.metrics["data"] = dict(task.info, split_seed=task.split_seed, labels=task.label_names)
-        self.metrics["accuracy_input"] = accuracy(model, eval_loader)
+        session.metrics["data"] = dict(task.info, split_seed=task.split_seed, labels=task.label_names)
+        session.metrics["accuracy_input"] = accuracy(model, eval_loader)
         layers = self.convert_layers(model, session)
-        history = self.train(model, task, layers, self.metrics["layers"], eval_loader)
-        history += self.train_stage2(model, task, layers, eval_loader)
-        self.metrics["history"] = history
-        self.metrics["train_seconds"] = time.perf_counter() - start
+        history = self.train(model, session, task, layers, session.metrics["layers"], eval_loader)
+        history += self.train_stage2(model, session, task, layers, eval_loader)
+        session.metrics["history"] = history
+        session.metrics["train_seconds"] = time.perf_counter() - start
         teacher = copy.deepcopy(model).eval() if cfg.recover_epochs > 0 else None
         self.cut(model, session, eval_loader)
         if teacher is not None:
             finetune_after_cut(model, teacher, task, cfg)
-            self.metrics["accuracy_recovered"] = accuracy(model, eval_loader)
+            session.metrics["accuracy_recovered"] = accuracy(model, eval_loader)
         if reference is not None:
             from surgery.bench import bench_models
 
             report = bench_models({"input": reference, "shrp": model}, batch_size=cfg.bench_batch_size,
                                   seq_len=cfg.bench_seq_len, repeats=cfg.bench_repeats, warmup=1)
-            self.metrics["bench"] = report.model_dump(mode="json")
+            session.metrics["bench"] = report.model_dump(mode="json")
 
     def convert_layers(self, model: nn.Module, session: PipelineSession) -> dict[int, ExpertAttentionLayer]:
         """Record ``expert-attention`` on the target layers, each bypassed by its original until its epoch."""
         cfg = self.config
         adapter = adapter_for(model)
         order = self.conversion_order(adapter.num_layers)
-        self.metrics["layers"] = order
+        session.metrics["layers"] = order
         originals = {i: adapter.layers()[i] for i in order}
         session.step(ExpertAttentionStrategy(
             layers=order, router_input=cfg.router_input, router_grad=cfg.router_grad, top_k=cfg.top_k,
@@ -504,11 +494,12 @@ class ShrpStrategy(PipelineStrategy):
         # The counts are also persisted in the layers' buffers.
         for _, layer in expert_layers(model):
             layer.usage.zero_()
-        self.metrics["accuracy_moe"] = accuracy(model, eval_loader, progress=lambda c, n: self.emit("evaluate", c, n))
+        metrics = session.metrics
+        metrics["accuracy_moe"] = accuracy(model, eval_loader, progress=lambda c, n: session.emit("evaluate", c, n))
         prune = session.step(Top1PruningStrategy(keep=self.config.keep), data=eval_loader)
-        self.metrics["usage"] = prune.metrics.get("usage")
-        self.metrics["coverage"] = prune.metrics.get("coverage")
-        self.metrics["accuracy_pruned"] = accuracy(model, eval_loader)
+        metrics["usage"] = prune.metrics.get("usage")
+        metrics["coverage"] = prune.metrics.get("coverage")
+        metrics["accuracy_pruned"] = accuracy(model, eval_loader)
 
     def _trainer(self, model: nn.Module, task: TaskData, args: TrainingArguments, callbacks: list[TrainerCallback],
                  state: ShrpTrainingState) -> ShrpTrainer:
@@ -525,8 +516,8 @@ class ShrpStrategy(PipelineStrategy):
         """Epochs of stages 0, 1 and 2 together."""
         return self.config.finetune_epochs + num_converted + self.config.extra_epochs
 
-    def train(self, model: nn.Module, task: TaskData, layers: dict[int, ExpertAttentionLayer], order: list[int],
-              eval_loader: Any) -> list[dict[str, Any]]:
+    def train(self, model: nn.Module, session: PipelineSession, task: TaskData,
+              layers: dict[int, ExpertAttentionLayer], order: list[int], eval_loader: Any) -> list[dict[str, Any]]:
         """Stages 0 and 1 (stage 2 too when it has no epochs) on the HF Trainer; returns per-epoch figures.
 
         The learning rate decays linearly over all three stages; stage 2 is a second Trainer run
@@ -541,14 +532,14 @@ class ShrpStrategy(PipelineStrategy):
                                          delay=cfg.finetune_epochs, stop_after=stop,
                                          reinit=cfg.reinit_on_activate,
                                          eval_loader=eval_loader if cfg.eval_each_epoch else None,
-                                         emit=self.emit, total_epochs=epochs)
+                                         emit=session.emit, total_epochs=epochs)
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
             self._trainer(model, task, training_arguments(cfg, epochs, tmp), [callback], state).train()
         model.eval()
         return state.history
 
-    def train_stage2(self, model: nn.Module, task: TaskData, layers: dict[int, ExpertAttentionLayer],
-                     eval_loader: Any) -> list[dict[str, Any]]:
+    def train_stage2(self, model: nn.Module, session: PipelineSession, task: TaskData,
+                     layers: dict[int, ExpertAttentionLayer], eval_loader: Any) -> list[dict[str, Any]]:
         """Stage 2 (``extra_epochs``): no balance loss; concentration pressure and expert dropping if set."""
         cfg = self.config
         if cfg.extra_epochs == 0:
@@ -558,7 +549,7 @@ class ShrpStrategy(PipelineStrategy):
         callbacks: list[TrainerCallback] = [ProgressiveConversion(
             layers, list(layers), state, delay=cfg.finetune_epochs, first_epoch=done,
             concentration_weight=cfg.concentration_weight,
-            eval_loader=eval_loader if cfg.eval_each_epoch else None, emit=self.emit,
+            eval_loader=eval_loader if cfg.eval_each_epoch else None, emit=session.emit,
             total_epochs=self.total_epochs(len(layers)))]
         dropping = None
         if cfg.expert_dropping == "halve":
@@ -571,7 +562,7 @@ class ShrpStrategy(PipelineStrategy):
             self._trainer(model, task, args, callbacks, state).train()
         model.eval()
         if dropping is not None:
-            self.metrics["expert_drops"] = dropping.events
+            session.metrics["expert_drops"] = dropping.events
         return state.history
 
 

@@ -18,6 +18,7 @@ from torch import nn
 from surgery.errors import DataError, PlanError
 from surgery.ops import check_indices
 from surgery.report import LayerChange
+from surgery.run import RunContext
 from surgery.strategies.expert_attention import ExpertAttentionLayer, expert_layers
 from surgery.strategy import Data, Plan, Strategy, StrategyConfig
 
@@ -96,15 +97,17 @@ class Top1PruningStrategy(Strategy):
 
     name = "top1-prune"
     config_class = Top1PruningConfig
+    requires = "batches"  # calibration; without data the usage counted during training is used
     config: Top1PruningConfig
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
+        context = context or RunContext()
         layers = {i: m for i, m in expert_layers(model) if m.routed}
         if not layers:
             raise PlanError(f"{self.name}: the model has no routed Expert Attention layer; run expert-attention first")
         if data is not None:
             usage = count_usage(model, data, max_batches=self.config.max_batches, who=self.name,
-                                progress=lambda t, c, n: self.emit(t, c, n))
+                                progress=lambda t, c, n: context.emit(t, c, n))
             source = "calibration"
         else:
             usage = {i: m.usage.tolist() for i, m in layers.items()}
@@ -118,11 +121,11 @@ class Top1PruningStrategy(Strategy):
             # Most used first; ties go to the lower expert index, so the plan is deterministic.
             ranked = sorted(range(len(counts)), key=lambda e: (-counts[e], e))[:k]
             keep[str(i)] = sorted(ranked)
-        self.metrics["usage"] = {str(i): u for i, u in usage.items()}
-        self.metrics["usage_source"] = source
-        self.metrics["kept"] = keep
+        context.metrics["usage"] = {str(i): u for i, u in usage.items()}
+        context.metrics["usage_source"] = source
+        context.metrics["kept"] = keep
         total = {str(i): sum(u) for i, u in usage.items()}
-        self.metrics["coverage"] = {i: (sum(usage[int(i)][e] for e in keep[i]) / total[i] if total[i] else None)
+        context.metrics["coverage"] = {i: (sum(usage[int(i)][e] for e in keep[i]) / total[i] if total[i] else None)
                                     for i in keep}
         return {"keep": keep, "usage": {str(i): u for i, u in usage.items()}}
 

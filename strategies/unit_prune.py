@@ -18,6 +18,7 @@ from surgery.anatomy import EncoderAdapter, adapter_for
 from surgery.errors import ConfigError
 from surgery.ops import check_indices, complement
 from surgery.report import LayerChange
+from surgery.run import RunContext
 from surgery.selection import lowest_units, parse_layer_map
 from surgery.strategy import Data, Plan, Strategy, StrategyConfig
 
@@ -57,16 +58,17 @@ class UnitPruningStrategy(Strategy):
         """Physically keep only ``keep`` in layer ``layer``."""
 
     @abstractmethod
-    def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None
-               ) -> dict[int, torch.Tensor]:
-        """Importance of every unit of ``layers`` (higher = keep)."""
+    def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None,
+               metrics: dict[str, Any]) -> dict[int, torch.Tensor]:
+        """Importance of every unit of ``layers`` (higher = keep); figures worth reporting go to ``metrics``."""
 
     def target_layers(self, adapter: EncoderAdapter) -> list[int]:
         layers = self.config.layers if self.config.layers is not None else range(adapter.num_layers)
         checked = check_indices(list(layers), adapter.num_layers, f"{self.name}: layers")
         return [i for i in checked if adapter.layer(i).attention is not None or self.unit != "heads"]
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
+        metrics = (context or RunContext()).metrics
         adapter = adapter_for(model)
         explicit = getattr(self.config, self.config.explicit_field)
         if explicit is not None:
@@ -76,10 +78,10 @@ class UnitPruningStrategy(Strategy):
         # A layer whose units are all gone already (an FFN of width 0) has nothing left to rank.
         layers = [i for i in self.target_layers(adapter) if self.units_in(adapter, i) > 0]
         with torch.no_grad() if data is None else torch.enable_grad():
-            scores = self.scores(model, adapter, layers, data)
+            scores = self.scores(model, adapter, layers, data, metrics)
         removal = lowest_units(scores, float(self.config.ratio), scope=self.config.scope,
                                min_keep=self.config.min_keep)
-        self.metrics["importance"] = {str(k): [round(float(x), 6) for x in v] for k, v in scores.items()}
+        metrics["importance"] = {str(k): [round(float(x), 6) for x in v] for k, v in scores.items()}
         return {self.unit: {str(k): v for k, v in sorted(removal.items()) if v}}
 
     def _validate(self, adapter: EncoderAdapter, removal: dict[int, list[int]]) -> None:

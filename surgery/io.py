@@ -42,6 +42,7 @@ from surgery.manifest import (
     steps_of,
 )
 from surgery.registry import get_strategy
+from surgery.strategy import Strategy
 from surgery.untrusted import check_safetensors_dir, refuse_custom_code, require_safetensors, safetensors_shapes
 
 __all__ = ["WEIGHTS_NAME", "atomic_directory", "build_manifest", "from_pretrained", "resolve_model_class",
@@ -188,6 +189,11 @@ def _replay(model: nn.Module, steps: list[ManifestStep], where: Path) -> None:
                 f"{where / MANIFEST_NAME}: step {number} used strategy {name!r}, which is not installed; "
                 "install the package that provides it"
             ) from None
+        if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+            raise ModelLoadError(
+                f"{where / MANIFEST_NAME}: step {number} names {name!r}, a pipeline, not a replayable step; a saved "
+                "model records its pipeline's steps instead; the manifest was edited or is damaged, re-save the model"
+            )
         if step.plan_version > cls.plan_version:
             raise ModelLoadError(
                 f"{where / MANIFEST_NAME}: step {number} ({name}) has plan_version {step.plan_version}, "

@@ -25,7 +25,7 @@ from surgery.errors import StrategyNotFoundError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from surgery.anatomy.base import EncoderAdapter
-    from surgery.strategy import Strategy
+    from surgery.strategy import Method
 
 STRATEGY_GROUP = "surgery.strategies"
 ENCODER_GROUP = "surgery.encoders"
@@ -100,7 +100,7 @@ def _all(group: str) -> dict[str, PluginInfo]:
 
 
 # -- strategies --------------------------------------------------------------------------
-def register_strategy(cls: type[Strategy], *, source: str = "<runtime>") -> type[Strategy]:
+def register_strategy(cls: type[Method], *, source: str = "<runtime>") -> type[Method]:
     """Register a strategy class in-process under ``cls.name``. Usable as a decorator.
 
     Example:
@@ -183,7 +183,7 @@ def strategy_names() -> list[str]:
     return sorted(names | set(_runtime[STRATEGY_GROUP]))
 
 
-def get_strategy(name: str) -> type[Strategy]:
+def get_strategy(name: str) -> type[Method]:
     """The strategy class registered as ``name``.
 
     Raises:

@@ -48,10 +48,10 @@ def test_progressive_dropping_leaves_one_expert_and_the_cut_changes_nothing(tmp_
                             bench=False, eval_each_epoch=False)
     session = PipelineSession(model)
     layers = strategy.convert_layers(model, session)
-    strategy.train(model, task, layers, [1, 0], task.loader("eval"))
-    strategy.train_stage2(model, task, layers, task.loader("eval"))
+    strategy.train(model, session, task, layers, [1, 0], task.loader("eval"))
+    strategy.train_stage2(model, session, task, layers, task.loader("eval"))
     # Every layer went 4 -> 2 -> 1 experts while training, each drop keeping experts it had allowed.
-    drops = strategy.metrics["expert_drops"]
+    drops = session.metrics["expert_drops"]
     for i in (0, 1):
         mine = [d for d in drops if d["layer"] == i]
         assert [len(d["kept"]) for d in mine] == [2, 1]
@@ -66,7 +66,7 @@ def test_progressive_dropping_leaves_one_expert_and_the_cut_changes_nothing(tmp_
         assert layer.num_experts == 1 and layer.router is None
     # The pruned model is the model that was trained last: same outputs for every input.
     torch.testing.assert_close(main_output(model, inputs), before)
-    assert strategy.metrics["accuracy_pruned"] == strategy.metrics["accuracy_moe"]
+    assert session.metrics["accuracy_pruned"] == session.metrics["accuracy_moe"]
     out = surgery.save_pretrained(model, tmp_path / "m")
     torch.testing.assert_close(main_output(surgery.from_pretrained(out), inputs), before)
 

@@ -77,7 +77,7 @@ def expander_gain_for(strategy: ShrpStrategy) -> float:
 
 
 def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, session: PipelineSession) -> None:
-    """Run SHRP on ``model`` with the embedding objective; figures go to ``strategy.metrics``."""
+    """Run SHRP on ``model`` with the embedding objective; figures go to ``session.metrics``."""
     from surgery.strategies.shrp import (
         ProgressiveConversion,
         ShrpTrainingState,
@@ -98,7 +98,7 @@ def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, sess
     router = router_input_for(strategy)
     gain = expander_gain_for(strategy)
     start = time.perf_counter()
-    strategy.metrics.update(objective="embedding", pooling=sentence.describe(), router_input=router,
+    session.metrics.update(objective="embedding", pooling=sentence.describe(), router_input=router,
                             expander_gain=gain, layers=order, data=dict(text.info, split_seed=text.split_seed))
 
     def report() -> dict[str, Any]:
@@ -111,7 +111,7 @@ def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, sess
         layers=order, router_input=router, router_grad=cfg.router_grad, top_k=cfg.top_k,
         expander=cfg.expander, expander_init=cfg.expander_init, expander_gain=gain, seed=cfg.seed))
     # Every layer converted, before any training: where distillation starts from.
-    strategy.metrics["embedding_converted"] = report()
+    session.metrics["embedding_converted"] = report()
     for _, layer in expert_layers(model):
         layer.usage.zero_()
     layers = prepare_progressive(model, originals)
@@ -119,26 +119,26 @@ def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, sess
     epochs = cfg.finetune_epochs + len(order) + cfg.extra_epochs
     callback = ProgressiveConversion(layers, order, state, balance_weight=cfg.balance_weight,
                                      delay=cfg.finetune_epochs, reinit=cfg.reinit_on_activate, eval_loader=None,
-                                     emit=strategy.emit, total_epochs=epochs)
+                                     emit=session.emit, total_epochs=epochs)
     with scratch_dir("shrp-embed-") as tmp:
         trainer = embedding_trainer(model, teacher, text, training_arguments(cfg, epochs, tmp),
                                     trainer_class=shrp_embedding_trainer_class(), callbacks=[callback],
                                     shrp_state=state)
         trainer.train()
     model.eval()
-    strategy.metrics["history"] = state.history
-    strategy.metrics["train_seconds"] = time.perf_counter() - start
+    session.metrics["history"] = state.history
+    session.metrics["train_seconds"] = time.perf_counter() - start
 
     for _, layer in expert_layers(model):
         layer.usage.zero_()
-    strategy.metrics["embedding_moe"] = report()
+    session.metrics["embedding_moe"] = report()
     calibration = text.loader("train", batch_size=cfg.batch_size)
     prune = session.step(Top1PruningStrategy(keep=cfg.keep, max_batches=CALIBRATION_BATCHES), data=calibration)
-    strategy.metrics["usage"] = prune.metrics.get("usage")
-    strategy.metrics["embedding_pruned"] = report()
+    session.metrics["usage"] = prune.metrics.get("usage")
+    session.metrics["embedding_pruned"] = report()
     if cfg.bench:
         from surgery.bench import bench_models
 
         bench = bench_models({"input": teacher, "shrp": model}, batch_size=cfg.bench_batch_size,
                              seq_len=cfg.bench_seq_len, repeats=cfg.bench_repeats, warmup=1)
-        strategy.metrics["bench"] = bench.model_dump(mode="json")
+        session.metrics["bench"] = bench.model_dump(mode="json")
