@@ -30,8 +30,8 @@ from surgery.errors import (
 if TYPE_CHECKING:
     from surgery.anatomy import adapter_for
     from surgery.api import apply_plan, convert, count_params, inspect, plan, preview
-    from surgery.pipeline import Pipeline, PipelineSession
     from surgery.io import from_pretrained, save_pretrained
+    from surgery.pipeline import Pipeline, PipelineSession
     from surgery.registry import get_strategy, register_adapter, register_strategy
     from surgery.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
     from surgery.run import RunContext
