@@ -12,8 +12,10 @@ Design notes:
   in a step; only whole layers that are bypassed produce unused parameters (see ``shrp``).
 * The forward value of the routed layer is exactly ``E_sel`` (no probability weighting). The
   router learns through a straight-through gate ``E * (1 + p - p.detach())`` by default.
-* Family specifics (how the encoder calls a layer, masks, per-head position terms) come from the
-  anatomy adapter's ``parse_layer_call``/``layer_result``, never from module names here.
+* Family specifics (how the encoder calls a layer, masks, per-head position terms, the return
+  value) come from the family's :class:`~surgery.anatomy.calling.CallingConvention`, never from
+  module names here. The layer keeps only its plain functions: it holds no adapter and no model, so
+  a converted layer and the model it sits in do not reference each other.
 * A layer can carry a *bypass*: the original layer, run instead of the experts until the layer is
   activated (progressive conversion). The bypass is training state only: it never enters the state
   dict, so saving always writes the converted layer that the manifest rebuilds.
@@ -21,7 +23,9 @@ Design notes:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, is_dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -29,8 +33,8 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import nn
 
-from surgery.anatomy import EncoderAdapter, adapter_for
-from surgery.anatomy.base import LayerCall
+from surgery.anatomy import AttentionParts, EncoderAdapter, adapter_for
+from surgery.anatomy.calling import CallingConvention, LayerCall, Projection
 from surgery.errors import PlanError
 from surgery.ops import check_indices, head_rows
 from surgery.report import LayerChange
@@ -89,40 +93,41 @@ class ExpertAttentionLayer(nn.Module):
 
     def __init__(
         self,
-        adapter: EncoderAdapter,
+        convention: CallingConvention,
         *,
         hidden: int,
         num_experts: int,
         head_dim: int,
-        scale: float,
         routed: bool = True,
         router_input: RouterInput = "cls",
         router_grad: RouterGrad = "straight-through",
         top_k: int = 1,
         expander: ExpanderKind = "linear",
         expander_inner: int | None = None,
-        eps: float = 1e-12,
-        dropout: float = 0.0,
-        input_norm: bool = False,
-        output_norm: bool = True,
     ) -> None:
         super().__init__()
-        # The adapter is kept as a plain attribute (not a submodule): it interprets the encoder's call.
-        object.__setattr__(self, "_adapter", adapter)
-        self.hidden, self.head_dim, self.scale = hidden, head_dim, scale
+        # How the encoder calls the layer this one replaces, and what it expects back: the family's
+        # plain functions (no adapter, no model), so the layer holds no reference to its model.
+        self.parse_call: Callable[[tuple[Any, ...], dict[str, Any]], LayerCall] = convention.parse
+        self.shape_result: Callable[[torch.Tensor, LayerCall], Any] = convention.result
+        eps = float(getattr(convention.output_norm or convention.input_norm, "eps", 1e-12) or 1e-12)
+        self.hidden, self.head_dim, self.scale = hidden, head_dim, convention.scale
         self.router_input, self.router_grad, self.top_k = router_input, router_grad, top_k
         self.qkv_weight = nn.Parameter(torch.empty(num_experts, 3 * head_dim, hidden))
         self.qkv_bias = nn.Parameter(torch.zeros(num_experts, 3 * head_dim))
         self.router = nn.Linear(hidden, num_experts) if routed else None
         self.expander = Expander(head_dim, hidden, kind=expander, inner=expander_inner, eps=eps)
-        self.input_norm = nn.LayerNorm(hidden, eps=eps) if input_norm else None
+        self.input_norm = nn.LayerNorm(hidden, eps=eps) if convention.input_norm is not None else None
         # Post-LN families (BERT ...): Y = LayerNorm(E + X), as in the paper. Pre-LN families keep
         # their form: the input is normed before the experts and Y = X + E.
-        self.output_norm = nn.LayerNorm(hidden, eps=eps) if output_norm else None
-        self.dropout = nn.Dropout(dropout)
+        self.output_norm = nn.LayerNorm(hidden, eps=eps) if convention.output_norm is not None else None
+        self.dropout = nn.Dropout(convention.dropout)
         # Which original head each expert came from (rebuilt by the plans, so not persisted); it
-        # selects the per-head position term of families such as MPNet.
-        self.register_buffer("head_index", torch.arange(num_experts), persistent=False)
+        # selects the per-head position term of families such as MPNet (after head pruning, the
+        # kept heads' columns of the shared table).
+        columns = convention.head_bias_columns
+        self.register_buffer("head_index", torch.arange(num_experts) if columns is None else
+                             torch.as_tensor(columns, dtype=torch.long), persistent=False)
         # Argmax choices per expert since conversion; saved with the model (usage-based pruning).
         self.register_buffer("usage", torch.zeros(num_experts, dtype=torch.long))
         # Experts the router may still pick (progressive expert dropping masks the others out while
@@ -136,6 +141,11 @@ class ExpertAttentionLayer(nn.Module):
         self.last_choice: torch.Tensor | None = None
         self.bypass: nn.Module | None = None
         self.active = True
+        # Where the experts' heads and norms sit inside the layer this one replaced (submodule paths,
+        # set by build_layer): re-initialising from a bypass reads them there, without an adapter.
+        self.source: HeadSource | None = None
+        for name, value in convention.attributes.items():  # what the encoder reads from its layers
+            setattr(self, name, value)
         self._register_state_dict_hook(_drop_bypass_keys)
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -162,7 +172,10 @@ class ExpertAttentionLayer(nn.Module):
     def activate(self, reinit_from_bypass: bool = True) -> None:
         """Switch from the bypass to the experts, re-initialising them from the bypass's current heads."""
         if self.bypass is not None and reinit_from_bypass:
-            init_from_layer(self, self._adapter, self.bypass)
+            if self.source is None:
+                raise PlanError("activate: this layer does not know where its heads came from (it was not made by "
+                                "build_layer); pass reinit_from_bypass=False")
+            init_from_layer(self, self.source.found_in(self.bypass))
         self.active = True
 
     @torch.no_grad()
@@ -188,7 +201,7 @@ class ExpertAttentionLayer(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.bypass is not None and not self.active:
             return self.bypass(*args, **kwargs)
-        call = self._adapter.parse_layer_call(args, kwargs)
+        call = self.parse_call(args, kwargs)
         x = call.hidden
         inp = self.input_norm(x) if self.input_norm is not None else x
         if self.router is None:
@@ -220,7 +233,7 @@ class ExpertAttentionLayer(nn.Module):
         out = self.dropout(e) + x
         if self.output_norm is not None:
             out = self.output_norm(out)
-        return self._adapter.layer_result(out, call)
+        return self.shape_result(out, call)
 
     def _pool(self, x: torch.Tensor, call: LayerCall) -> torch.Tensor:
         if self.router_input == "cls":
@@ -251,9 +264,9 @@ class ExpertAttentionLayer(nn.Module):
             hb = call.head_bias
             per_head = hb[torch.arange(b, device=x.device) if hb.shape[0] == b else 0, heads][:, None]
             bias = per_head if bias is None else bias + per_head
-        scores_fn = call.extra.get("head_scores")
-        if scores_fn is not None:  # family-specific position scores from the expert's own projections
-            extra_scores = scores_fn(q, k, weight, w_bias)
+        if call.head_scores is not None:  # family-specific position scores from the expert's own projections
+            extra_scores = call.head_scores(q, k, self._projection(weight, w_bias, 0),
+                                            self._projection(weight, w_bias, 1))
             bias = extra_scores if bias is None else bias + extra_scores
         if bias is not None:
             bias = bias.to(q.dtype)
@@ -261,9 +274,24 @@ class ExpertAttentionLayer(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=self.scale)
         return out[:, 0]
 
+    def _projection(self, weight: torch.Tensor, bias: torch.Tensor, part: int) -> Projection:
+        """Each sequence's expert projection ``part`` (0 query, 1 key, 2 value) of its stacked ``[B, 3*dh, d]`` rows."""
+        rows = slice(part * self.head_dim, (part + 1) * self.head_dim)
+        return partial(project_rows, weight=weight[:, rows], bias=bias[:, rows])
+
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, head_dim={self.head_dim}, hidden={self.hidden}, "
                 f"routed={self.routed}, router_input={self.router_input}, top_k={self.top_k}")
+
+
+def project_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Rows ``[R, d]`` through per-sequence projections ``weight [B, dh, d]``, ``bias [B, dh]``: ``[B, R, dh]``.
+
+    Example:
+        >>> project_rows(torch.ones(5, 3), torch.ones(2, 4, 3), torch.zeros(2, 4)).shape
+        torch.Size([2, 5, 4])
+    """
+    return torch.einsum("rd,bhd->brh", rows, weight) + bias[:, None]
 
 
 def _drop_bypass_keys(module: ExpertAttentionLayer, state: dict[str, Any], prefix: str, _meta: Any) -> None:
@@ -271,13 +299,69 @@ def _drop_bypass_keys(module: ExpertAttentionLayer, state: dict[str, Any], prefi
         del state[key]
 
 
+@dataclass(frozen=True)
+class SubmodulePath:
+    """A submodule of a layer, named by its dotted path in it (``""``: the layer itself)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class HeadSource:
+    """What experts are initialised from: a layer's attention parts and its input and closing norms.
+
+    :meth:`within` turns it into paths inside the layer (an Expert Attention layer keeps that form, which
+    holds no module), and :meth:`found_in` turns those back into the modules of a layer of the same shape.
+
+    Example:
+        >>> from surgery.anatomy import adapter_for
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> original = model.encoder.layer[0]
+        >>> source = HeadSource(adapter_for(model).attention_parts(original), output_norm=original.output.LayerNorm)
+        >>> paths = source.within(original)
+        >>> paths.output_norm, paths.found_in(original).attention.query is original.attention.self.query
+        (SubmodulePath(path='output.LayerNorm'), True)
+    """
+
+    attention: AttentionParts
+    input_norm: nn.Module | None = None
+    output_norm: nn.Module | None = None
+
+    def within(self, layer: nn.Module) -> HeadSource:
+        """This source with every module replaced by its :class:`SubmodulePath` inside ``layer``."""
+        names = {id(m): name for name, m in layer.named_modules()}
+
+        def path(module: nn.Module) -> SubmodulePath:
+            if id(module) not in names:
+                raise PlanError(f"{type(module).__name__} is not inside {type(layer).__name__}; experts are "
+                                "initialised from the layer they replace only")
+            return SubmodulePath(names[id(module)])
+
+        return _map_parts(self, nn.Module, path)
+
+    def found_in(self, layer: nn.Module) -> HeadSource:
+        """This source (in paths, from :meth:`within`) with the paths resolved to ``layer``'s submodules."""
+        return _map_parts(self, SubmodulePath, lambda p: layer.get_submodule(p.path))
+
+
+def _map_parts(value: Any, kind: type, swap: Callable[[Any], Any]) -> Any:
+    """``value`` with every ``kind`` in it (through dataclass fields and tuples) replaced by ``swap(it)``."""
+    if isinstance(value, kind):
+        return swap(value)
+    if isinstance(value, tuple):
+        return tuple(_map_parts(v, kind, swap) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return replace(value, **{f.name: _map_parts(getattr(value, f.name), kind, swap)
+                                 for f in fields(value) if f.init})
+    return value
+
+
 @torch.no_grad()
-def init_from_layer(layer: ExpertAttentionLayer, adapter: EncoderAdapter, original: nn.Module,
-                    heads: list[int] | None = None, expander_init: ExpanderInit | None = None) -> None:
-    """Copy the pretrained heads (Q/K/V rows and bias) and the closing norm of ``original`` into ``layer``."""
-    attention = adapter.attention_parts(original)
-    if attention is None:
-        raise PlanError(f"{type(original).__name__} has no standard attention to initialise experts from")
+def init_from_layer(layer: ExpertAttentionLayer, source: HeadSource, heads: list[int] | None = None,
+                    expander_init: ExpanderInit | None = None) -> None:
+    """Copy the pretrained heads (Q/K/V rows and bias) and the norms of ``source`` into ``layer``."""
+    attention = source.attention
     # Expert e starts as the original's current head e (head_index may instead hold shared-bias columns).
     heads = heads if heads is not None else list(range(layer.num_experts))
     hd, width = attention.head_dim, attention.num_heads * attention.head_dim
@@ -294,8 +378,7 @@ def init_from_layer(layer: ExpertAttentionLayer, adapter: EncoderAdapter, origin
                 layer.qkv_bias[e, j * hd:(j + 1) * hd].copy_(lin.bias.index_select(0, idx))
             else:
                 layer.qkv_bias[e, j * hd:(j + 1) * hd].zero_()
-    for mine, theirs in ((layer.output_norm, adapter.output_norm(original)),
-                         (layer.input_norm, adapter.input_norm(original))):
+    for mine, theirs in ((layer.output_norm, source.output_norm), (layer.input_norm, source.input_norm)):
         if mine is not None and theirs is not None:
             mine.weight.copy_(theirs.weight)
             if getattr(theirs, "bias", None) is not None:
@@ -396,18 +479,15 @@ def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAtte
                 gen: torch.Generator) -> ExpertAttentionLayer:
     """An Expert Attention layer for ``original``, initialised from its heads (``gen`` seeds the new parts)."""
     attention = adapter.attention_parts(original)
-    norm = adapter.output_norm(original)
-    hd = attention.head_dim
+    if attention is None:
+        raise PlanError(f"{type(original).__name__} has no standard attention to initialise experts from")
+    convention = adapter.calling_convention(original)
     ffn = adapter.ffn_parts(original)
     ref = attention.output.weight
     layer = ExpertAttentionLayer(
-        adapter, hidden=adapter.hidden_size, num_experts=num_experts, head_dim=hd,
-        scale=adapter.attention_scale(original, hd), router_input=config.router_input,
-        router_grad=config.router_grad, top_k=config.top_k, expander=config.expander,
-        expander_inner=config.expander_inner or (ffn.width if ffn is not None else None),
-        eps=float(getattr(norm or adapter.input_norm(original), "eps", 1e-12) or 1e-12),
-        dropout=adapter.hidden_dropout(),
-        input_norm=adapter.input_norm(original) is not None, output_norm=norm is not None,
+        convention, hidden=adapter.hidden_size, num_experts=num_experts, head_dim=attention.head_dim,
+        router_input=config.router_input, router_grad=config.router_grad, top_k=config.top_k,
+        expander=config.expander, expander_inner=config.expander_inner or (ffn.width if ffn is not None else None),
     ).to(device=ref.device, dtype=ref.dtype)
     std = float(getattr(adapter.config, "initializer_range", 0.02))
     with torch.no_grad():
@@ -416,12 +496,9 @@ def build_layer(adapter: EncoderAdapter, original: nn.Module, config: ExpertAtte
             if lin.bias is not None:
                 lin.bias.zero_()
     layer.train(original.training)  # a new module starts in training mode; follow the model's mode
-    for name, value in adapter.layer_attributes(original).items():
-        setattr(layer, name, value)
-    columns = adapter.head_bias_columns(attention.module)
-    if columns is not None:  # experts of a head-pruned layer read their own heads' shared-bias columns
-        layer.head_index = torch.as_tensor(columns, dtype=torch.long, device=layer.head_index.device)
-    init_from_layer(layer, adapter, original, heads=list(range(num_experts)), expander_init=config.expander_init)
+    source = HeadSource(attention, input_norm=convention.input_norm, output_norm=convention.output_norm)
+    layer.source = source.within(original)
+    init_from_layer(layer, source, heads=list(range(num_experts)), expander_init=config.expander_init)
     if layer.expander.inner is None:  # the linear Expander's closing LayerNorm sets the update's scale
         with torch.no_grad():
             layer.expander.norm.weight.fill_(config.expander_gain)

@@ -34,13 +34,14 @@ class SkipLayer(nn.Module):
 
     def __init__(self, adapter: EncoderAdapter, original: nn.Module) -> None:
         super().__init__()
-        self.adapter = adapter
-        for name, value in adapter.layer_attributes(original).items():
+        convention = adapter.calling_convention(original)
+        self.parse_call, self.shape_result = convention.parse, convention.result
+        for name, value in convention.attributes.items():
             setattr(self, name, value)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        call = self.adapter.parse_layer_call(args, kwargs)
-        return self.adapter.layer_result(call.hidden, call)
+        call = self.parse_call(args, kwargs)
+        return self.shape_result(call.hidden, call)
 
 
 def skipping_reference(model: nn.Module, drop: list[int]) -> nn.Module:

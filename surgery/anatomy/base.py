@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
+from surgery.anatomy.calling import CallingConvention, hidden_only, parse_call
 from surgery.errors import PlanError
 from surgery.ops import head_rows, keep_linear_inputs_, keep_linear_outputs_
 
@@ -242,96 +242,36 @@ class EncoderAdapter:
                 return int(getattr(module, attr))
         raise AttributeError(f"{type(module).__name__} has none of {self.head_count_attrs}")
 
-    # -- whole-layer replacement (Expert Attention) ------------------------------------------
-    # A strategy that replaces a whole encoder layer must take the encoder's call exactly as the
-    # family makes it and hand back what the encoder expects. These hooks say how; the defaults
-    # fit the BERT layout (``layer(hidden, attention_mask, ...) -> tensor``), families override.
+    # -- whole-layer replacement ---------------------------------------------------------------
+    def calling_convention(self, layer: nn.Module) -> CallingConvention:
+        """How the encoder calls ``layer``, for a module that stands in for the whole layer.
 
-    def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
-        """The family-neutral view of one call of a layer: hidden states, mask, position terms."""
-        hidden = args[0] if args else kwargs["hidden_states"]
-        mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
-        return LayerCall(hidden=hidden, attention_bias=additive_mask(mask, hidden.dtype))
+        The default fits the BERT layout (post-LN, ``layer(hidden, attention_mask, ...) -> tensor``,
+        scores scaled by ``1/sqrt(head_dim)``); families override it and replace what differs.
 
-    def layer_result(self, hidden: torch.Tensor, call: LayerCall) -> Any:
-        """What the encoder expects a layer to return, given the new hidden states."""
-        return hidden
-
-    def output_norm(self, layer: nn.Module) -> nn.Module | None:
-        """The norm that closes the layer (post-LN); a replacement's output norm starts from it."""
-        return self.norms(layer).get("ffn")
-
-    def input_norm(self, layer: nn.Module) -> nn.Module | None:
-        """The norm applied to the layer input before attention (pre-LN families), else None."""
-        return None
-
-    def attention_scale(self, layer: nn.Module, head_dim: int) -> float:
-        """The factor on ``q·k`` scores (``1/sqrt(head_dim)`` unless the family scales differently)."""
-        return head_dim**-0.5
-
-    def hidden_dropout(self) -> float:
-        """The dropout probability on sublayer outputs."""
-        for attr in ("hidden_dropout_prob", "dropout", "mlp_dropout"):
-            value = getattr(self.config, attr, None)
-            if isinstance(value, (int, float)):
-                return float(value)
-        return 0.0
-
-    def head_bias_columns(self, attention: nn.Module) -> list[int] | None:
-        """Columns of a shared per-head position term used by this attention's current heads.
-
-        None means "one column per current head, in order". MPNet overrides it: after head pruning
-        a layer's heads map to a subset of the shared relative-bias table.
+        Example:
+            >>> from surgery.anatomy import adapter_for
+            >>> from surgery.testing import TinySpec, tiny_model
+            >>> model = tiny_model(TinySpec("bert", head_dim=16))
+            >>> adapter_for(model).calling_convention(model.encoder.layer[0]).scale
+            0.25
         """
-        return None
-
-    def layer_attributes(self, layer: nn.Module) -> dict[str, Any]:
-        """Plain attributes the encoder reads from its layers (e.g. ModernBERT's ``attention_type``)."""
-        return {}
-
-
-@dataclass
-class LayerCall:
-    """One call of an encoder layer, in family-neutral terms.
-
-    ``attention_bias`` is additive and broadcastable to ``[batch, 1, seq, seq]``; ``head_bias``
-    is a per-head additive position term ``[batch or 1, heads, seq, seq]`` (MPNet's relative
-    bias); ``rotary`` applies a family's rotary embedding to per-head ``q, k`` of shape
-    ``[batch, 1, seq, head_dim]``; ``head_scores`` adds per-head position scores computed from an
-    expert's own projections (DeBERTa's disentangled terms): ``extra["head_scores"](q, k, weight, bias)``
-    with the experts' stacked ``[B, 3*head_dim, d]`` Q/K/V weights and ``[B, 3*head_dim]`` biases,
-    returning an additive ``[B, 1, S, S]`` term. ``extra`` keeps anything the family's
-    :meth:`EncoderAdapter.layer_result` needs.
-    """
-
-    hidden: torch.Tensor
-    attention_bias: torch.Tensor | None = None
-    head_bias: torch.Tensor | None = None
-    rotary: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def key_mask(self) -> torch.Tensor | None:
-        """``[batch, seq]`` bool, True where a token can be attended to by some query."""
-        if self.attention_bias is None:
-            return None
-        bias = self.attention_bias
-        real = bias[:, 0] > torch.finfo(bias.dtype).min / 2
-        return real.any(dim=-2) if real.dim() == 3 else real
+        attention = self.attention_parts(layer)
+        head_dim = attention.head_dim if attention is not None else self.head_dim()
+        return CallingConvention(parse=parse_call, result=hidden_only, scale=head_dim**-0.5,
+                                 dropout=sublayer_dropout(self.config), output_norm=self.norms(layer).get("ffn"))
 
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Turn an encoder's attention mask (bool, 0/1 ``[B, S]`` or additive 4-D) into an additive 4-D bias.
+def sublayer_dropout(config: Any) -> float:
+    """The dropout probability on sublayer outputs, under the first name a family's config uses for it.
 
     Example:
-        >>> additive_mask(torch.tensor([[1, 0]]), torch.float32).shape
-        torch.Size([1, 1, 1, 2])
+        >>> from transformers import DistilBertConfig
+        >>> sublayer_dropout(DistilBertConfig(dropout=0.2))
+        0.2
     """
-    if mask is None:
-        return None
-    neg = torch.finfo(dtype).min
-    if mask.dim() == 2:  # [B, S] with 1 = keep (DistilBERT-style padding masks)
-        mask = mask[:, None, None, :].bool()
-    if not mask.is_floating_point():  # bool or 0/1 integers (DeBERTa): 1 = keep
-        mask = mask.bool()
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, neg)
-    return mask.to(dtype)
+    for attr in ("hidden_dropout_prob", "dropout", "mlp_dropout"):
+        value = getattr(config, attr, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
