@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from surgery.strategies.doe import DoEConfig, DoEStrategy, build_runtime
+from surgery.strategies.doe import DoEConfig, DoEResult, DoEStrategy, build_runtime, run_doe
 from surgery.strategies.expert_attention import ExpertAttentionConfig, ExpertAttentionLayer, ExpertAttentionStrategy
 from surgery.strategies.ffn_prune import FFNPruningConfig, FFNPruningStrategy
 from surgery.strategies.head_prune import HeadPruningConfig, HeadPruningStrategy
@@ -15,6 +15,7 @@ from surgery.strategies.unplug import TaskExpert, UnplugRuntime
 
 __all__ = [
     "DoEConfig",
+    "DoEResult",
     "DoEStrategy",
     "ExpertAttentionConfig",
     "ExpertAttentionLayer",
@@ -37,4 +38,5 @@ __all__ = [
     "Top1PruningStrategy",
     "UnplugRuntime",
     "build_runtime",
+    "run_doe",
 ]

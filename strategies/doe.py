@@ -11,8 +11,10 @@
 4. ``zero-recovery-prune`` step with the accepted units on the model itself; the condensed prompt
    (and head) of the accepted probe are copied in. Reloading replays steps 1 and 4.
 
-The task expert (removed units, prompt, head) is in ``strategy.expert`` afterwards, ready for an
-:class:`~surgery.strategies.unplug.UnplugRuntime`; :func:`build_runtime` does that for several tasks.
+:func:`run_doe` runs it and hands the results back as data, a :class:`DoEResult`: the report (its
+metrics), the task expert (removed units, prompt, head) ready for an
+:class:`~surgery.strategies.unplug.UnplugRuntime`, and the prompt-tuned full model's prompt (and head).
+:func:`build_runtime` does that for several tasks.
 """
 
 from __future__ import annotations
@@ -20,16 +22,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
 from surgery.api import convert
+from surgery.errors import ConfigError, DataError
 from surgery.importance import model_device
 from surgery.pipeline import Pipeline, PipelineSession
 from surgery.progress import ProgressCallback
+from surgery.report import SurgeryReport
 from surgery.search import binary_search_grid, pruning_grid
 from surgery.strategies.module_prune import ModulePruningStrategy, lowest_module_units, module_scores
 from surgery.strategies.prompt_tuning import (
@@ -45,6 +50,9 @@ from surgery.strategies.prompt_tuning import (
 from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
 from surgery.strategies.unplug import TaskExpert, UnplugRuntime
 from surgery.strategy import Data, StrategyConfig
+
+if TYPE_CHECKING:  # surgery.training imports transformers' Trainer, which doe itself never needs
+    from surgery.training import RecoveryConfig
 
 
 class DoEConfig(StrategyConfig):
@@ -93,19 +101,6 @@ class DoEStrategy(Pipeline):
     config_class = DoEConfig
     config: DoEConfig
     requires = "task-data"
-
-    def __init__(self, config: Any = None, /, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
-        self.expert: TaskExpert | None = None
-        #: Prompt and head of the prompt-tuned *full* model (before the search), for comparisons.
-        self.tuned: dict[str, torch.Tensor] = {}
-
-    def restore_tuned(self, model: nn.Module) -> None:
-        """Copy the prompt-tuned full model's prompt (and head) into ``model`` (same structure, not pruned)."""
-        own = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, value in self.tuned.items():
-                own[name].copy_(value)
 
     # -- pieces, public so benchmarks can run the paper's ablations with the same code ------
     def task_for(self, model: nn.Module, data: Any) -> PromptTask:
@@ -160,9 +155,9 @@ class DoEStrategy(Pipeline):
         full_acc = evaluate(model, task, eval_loader)
         # Exactly what tuning trained: the prompt and, in classifier mode, the head as the adapter
         # defines it (a BERT pooler included, which lives inside the base model).
-        self.tuned = {n: p.detach().clone() for n, p in model.named_parameters() if "surgery_prompt" in n}
+        tuned = {n: p.detach().clone() for n, p in model.named_parameters() if "surgery_prompt" in n}
         if task.mode == "classifier":
-            self.tuned.update(head_state(model))
+            tuned.update(head_state(model))
         session.emit("attribution", 0, 1)
         scores = self.scores(model, task, data)
         session.emit("attribution", 1, 1)
@@ -197,10 +192,12 @@ class DoEStrategy(Pipeline):
                         own[name].copy_(p)
         total = sum(len(s) for s in scores.values())
         removed = sum(len(v) for m in remove.values() for v in m.values())
-        self.expert = TaskExpert.from_model(self.config.task_name or "task", model, remove,
-                                            with_head=task.mode == "classifier",
-                                            meta={"mode": task.mode, "module_set": self.config.module_set,
-                                                  "pruning_rate": best, "accuracy": accuracy})
+        # In-memory results for the caller (run_doe): the run's artefacts, handed back in the report.
+        session.context.artefacts["tuned"] = tuned
+        session.context.artefacts["expert"] = TaskExpert.from_model(
+            self.config.task_name or "task", model, remove, with_head=task.mode == "classifier",
+            meta={"mode": task.mode, "module_set": self.config.module_set, "pruning_rate": best,
+                  "accuracy": accuracy})
         session.metrics.update({
             "mode": task.mode,
             "prompt_history": history,
@@ -214,29 +211,112 @@ class DoEStrategy(Pipeline):
         })
 
 
+@dataclass
+class DoEResult:
+    """What one ``doe`` run hands back, as data: its report, its task expert and the prompt-tuned full model.
+
+    ``report.metrics`` holds the figures (``full_accuracy``, ``accuracy``, ``pruning_rate`` ...);
+    ``expert`` (removed units, condensed prompt, head) plugs into an
+    :class:`~surgery.strategies.unplug.UnplugRuntime`; ``tuned`` is the prompt (and, in classifier
+    mode, the head) of the prompt-tuned *full* model before the search, for comparisons. See
+    :func:`run_doe` for an example.
+    """
+
+    report: SurgeryReport
+    expert: TaskExpert
+    tuned: dict[str, torch.Tensor]
+
+    def restore_tuned(self, model: nn.Module) -> None:
+        """Copy the prompt-tuned full model's prompt (and head) into ``model`` (same structure, not pruned)."""
+        own = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in self.tuned.items():
+                own[name].copy_(value)
+
+
+def run_doe(model: nn.Module, data: Data, config: DoEConfig | Mapping[str, Any] | None = None, *,
+            name: str | None = None, progress: ProgressCallback | None = None,
+            recovery: RecoveryConfig | None = None) -> DoEResult:
+    """Run ``doe`` on ``model`` in place (``surgery.convert``) and return its results as a :class:`DoEResult`.
+
+    The expert is named ``name`` (default: the ``task_name`` setting, else ``"task"``) and records the
+    data's label names in its metadata.
+
+    Example:
+        >>> import datasets
+        >>> from surgery.data import TaskData
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5 + i % 2, 3] for i in range(8)],
+        ...                                    "labels": [i % 2 for i in range(8)]})
+        >>> data = TaskData(train=rows, eval=rows, label_names=["neg", "pos"], batch_size=8)
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"), num_labels=2)
+        >>> result = run_doe(model, data, {"epochs": 1, "prompt_length": 4, "max_probes": 1}, name="toy")
+        >>> result.expert.name, result.expert.meta["labels"], result.expert.prompt.shape[0]
+        ('toy', ['neg', 'pos'], 4)
+        >>> sorted(result.report.metrics)[:3]
+        ['accuracy', 'full_accuracy', 'mode']
+    """
+    report = convert(model, DoEStrategy(config), data=data, progress=progress, recovery=recovery)
+    artefacts = report.artefacts
+    expert: TaskExpert = artefacts["expert"]
+    if name is not None:
+        expert.name = name
+    labels = getattr(data, "label_names", None)
+    if labels is not None:
+        expert.meta["labels"] = list(labels)
+    return DoEResult(report=report, expert=expert, tuned=artefacts["tuned"])
+
+
+def runtime_config(config: DoEConfig | Mapping[str, Any] | None = None) -> DoEConfig:
+    """The ``doe`` settings every task of a runtime shares; ``task_name`` is refused (each task is named by its key).
+
+    Example:
+        >>> runtime_config({"epochs": 2}).epochs
+        2
+        >>> runtime_config({"task_name": "sst2"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ConfigError: task_name: each task is named by its --task NAME=FILE ...
+    """
+    parsed = config if isinstance(config, DoEConfig) else DoEStrategy.parse_config(dict(config or {}))
+    if parsed.task_name is not None:
+        raise ConfigError("task_name: each task is named by its --task NAME=FILE (in Python, its key in "
+                          "build_runtime's tasks); remove the setting")
+    return parsed
+
+
+def check_tasks(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig) -> None:
+    """Refuse tasks that one runtime cannot hold: in classifier mode every expert's head has the model's shape."""
+    if not tasks:
+        return
+    first = next(iter(tasks.values()))
+    if DoEStrategy(config).task_for(model, first).mode != "classifier":
+        return
+    counts = {name: getattr(data, "num_labels", None) for name, data in tasks.items()}
+    if len(set(counts.values())) > 1:
+        raise DataError(f"tasks have different numbers of labels {counts}; in classifier mode every expert's "
+                        "head has the full model's shape, so build one runtime per label count")
+
+
 def build_runtime(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig | Mapping[str, Any] | None = None,
                   progress: ProgressCallback | None = None) -> tuple[UnplugRuntime, dict[str, dict[str, Any]]]:
     """Multi-task DoE: run ``doe`` per task on copies of ``model``; one runtime holds every expert.
 
-    ``tasks`` maps a task name to its :class:`surgery.data.TaskData`. The full ``model`` is not
-    changed; returns the runtime and each task's DoE metrics.
+    ``tasks`` maps a task name to its :class:`surgery.data.TaskData`; each name is also that task's
+    ``task_name`` (its MLM template preset). The full ``model`` is not changed; returns the runtime
+    and each task's DoE metrics. The settings and tasks are checked before any training
+    (:func:`runtime_config`, :func:`check_tasks`).
     """
+    shared = runtime_config(config)
+    check_tasks(model, tasks, shared)
     runtime = UnplugRuntime(model)
     metrics: dict[str, dict[str, Any]] = {}
     for name, data in tasks.items():
-        values = dict(config.model_dump() if isinstance(config, DoEConfig) else (config or {}))
-        values["task_name"] = values.get("task_name") or name
-        strategy = DoEStrategy(values)
-        copy_ = copy.deepcopy(model)
         # Each task's work shows under its own name ("sst2: prompt-tuning"), not merged into one bar.
-        report = convert(copy_, strategy, data=data, progress=None if progress is None else _prefixed(progress, name))
-        assert strategy.expert is not None
-        strategy.expert.name = name
-        labels = getattr(data, "label_names", None)
-        if labels is not None:
-            strategy.expert.meta["labels"] = list(labels)
-        runtime.add(strategy.expert)
-        metrics[name] = report.metrics
+        result = run_doe(copy.deepcopy(model), data, shared.model_copy(update={"task_name": name}), name=name,
+                         progress=None if progress is None else _prefixed(progress, name))
+        runtime.add(result.expert)
+        metrics[name] = result.report.metrics
     return runtime, metrics
 
 

@@ -56,7 +56,16 @@ from surgery.strategies.expert_attention import (
 )
 from surgery.strategies.top1_prune import Top1PruningStrategy
 from surgery.strategy import Data, StrategyConfig
-from surgery.training import EpochStats, RecoveryConfig, SurgeryTrainer, accuracy, fit, recover, scratch_dir
+from surgery.training import (
+    EpochStats,
+    RecoveryConfig,
+    SurgeryTrainer,
+    accuracy,
+    fit,
+    recover,
+    scratch_dir,
+    train_columns,
+)
 from surgery.training import training_arguments as trainer_arguments
 
 ExpertDropping = Literal["off", "halve"]
@@ -503,9 +512,7 @@ class ShrpStrategy(Pipeline):
 
     def _trainer(self, model: nn.Module, task: TaskData, args: TrainingArguments, callbacks: list[TrainerCallback],
                  state: ShrpTrainingState) -> ShrpTrainer:
-        columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels")
-                   if c in task.train.column_names]
-        trainer = ShrpTrainer(model=model, args=args, train_dataset=task.train.select_columns(columns),
+        trainer = ShrpTrainer(model=model, args=args, train_dataset=train_columns(task),
                               data_collator=PaddingCollator(task.tokenizer), callbacks=callbacks, shrp_state=state)
         # Progress reaches the caller through surgery's events; the Trainer's printer would also
         # write its raw log dicts to stdout.

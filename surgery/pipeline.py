@@ -139,6 +139,7 @@ class Pipeline(Method):
             metrics=to_jsonable(session.merged_metrics()),
             seconds=time.perf_counter() - start,
             checks=[check for r in session.reports for check in r.checks],
+            artefacts=context.artefacts,
         )
 
 

@@ -1,9 +1,10 @@
 """Plugin discovery through entry points.
 
-Strategies live in the entry-point group ``surgery.strategies`` and anatomy adapters in
-``surgery.encoders``. The built-ins are registered in this package's own ``pyproject.toml`` and are
-loaded through exactly the same path as third-party plugins. ``register_strategy`` and
-``register_adapter`` add classes in-process (for notebooks and tests).
+Strategies live in the entry-point group ``surgery.strategies``, anatomy adapters in
+``surgery.encoders`` and command-line commands in ``surgery.commands`` (functions that add commands
+to the ``surgery`` typer app, see :mod:`surgery.cli.plugins`). The built-ins are registered in this
+package's own ``pyproject.toml`` and are loaded through exactly the same path as third-party plugins.
+``register_strategy`` and ``register_adapter`` add classes in-process (for notebooks and tests).
 
 Set ``SURGERY_PLUGINS`` to a comma-separated list of distribution names to restrict which
 installed packages may contribute plugins (the built-ins of ``encoder-surgery`` always load);
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 STRATEGY_GROUP = "surgery.strategies"
 ENCODER_GROUP = "surgery.encoders"
+COMMAND_GROUP = "surgery.commands"
 BUILTIN_DISTRIBUTION = "encoder-surgery"
 
 
@@ -42,7 +44,7 @@ class PluginInfo:
     summary: str
 
 
-_runtime: dict[str, dict[str, PluginInfo]] = {STRATEGY_GROUP: {}, ENCODER_GROUP: {}}
+_runtime: dict[str, dict[str, PluginInfo]] = {STRATEGY_GROUP: {}, ENCODER_GROUP: {}, COMMAND_GROUP: {}}
 _cache: dict[str, dict[str, PluginInfo]] = {}
 
 
@@ -198,6 +200,19 @@ def get_strategy(name: str) -> type[Method]:
             f"it (it registers under the entry-point group {STRATEGY_GROUP!r})"
         )
     return found[name].obj
+
+
+# -- command-line commands ---------------------------------------------------------------
+def commands() -> dict[str, PluginInfo]:
+    """Every command plugin by entry-point name; ``obj`` is its function that adds commands to the typer app.
+
+    A plugin whose module fails to import is skipped with a RuntimeWarning naming the entry point.
+
+    Example:
+        >>> commands()["experts"].source
+        'encoder-surgery'
+    """
+    return dict(sorted(_all(COMMAND_GROUP).items()))
 
 
 # -- encoder adapters --------------------------------------------------------------------

@@ -133,7 +133,7 @@ def apply_step(model: nn.Module, strategy: Strategy, plan: Plan, context: RunCon
                         "plan": plan})
     return SurgeryReport(strategy=strategy.name, config=config, plan=plan, changes=changes, params_before=before,
                          params_after=count_params(model), metrics=to_jsonable(context.metrics),
-                         seconds=time.perf_counter() - start)
+                         seconds=time.perf_counter() - start, artefacts=context.artefacts)
 
 
 def perform_step(model: nn.Module, strategy: Strategy, data: Data | None, context: RunContext, *,

@@ -11,8 +11,8 @@ Stages (each saves its models, so a later call resumes; results accumulate in ``
   with the baseline in this one process; writes ``docs/results/shrp.json``.
 
 Example:
-    nohup python docs/bench_shrp.py --stages baseline shrp:3 shrp:5 prune:3 prune:5 bench > shrp.log &
-    python docs/bench_shrp.py --stages prune:3 --recovery-epochs matched  # baselines trained as long as SHRP-3
+    nohup python scripts/bench_shrp.py --stages baseline shrp:3 shrp:5 prune:3 prune:5 bench > logs/shrp.log &
+    python scripts/bench_shrp.py --stages prune:3 --recovery-epochs matched  # baselines trained as long as SHRP-3
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from surgery.data import TaskData, load_task_data
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
 from surgery.training import accuracy, fit, scratch_dir, training_arguments
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def finetune(model: torch.nn.Module, task: TaskData, epochs: int, lr: float, seed: int, batch: int) -> float:
@@ -48,7 +48,8 @@ def finetune(model: torch.nn.Module, task: TaskData, epochs: int, lr: float, see
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", nargs="+", required=True)
-    parser.add_argument("--work", default="/work/notes/shrp_bench")
+    parser.add_argument("--work", default=str(ROOT / "logs" / "shrp_bench"),
+                        help="saved models and results.json of every stage (default: the repository's logs/shrp_bench)")
     parser.add_argument("--max-train", type=int, default=2400, help="seeded training subset (CPU budget)")
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=3, help="baseline fine-tuning epochs")
@@ -76,7 +77,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(ROOT / "results" / "shrp.json"))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "shrp.json"))
     parser.add_argument(
         "--variants",
         nargs="+",
