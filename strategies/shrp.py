@@ -57,6 +57,7 @@ from surgery.strategies.expert_attention import (
 from surgery.strategies.top1_prune import Top1PruningStrategy
 from surgery.strategy import Data, StrategyConfig
 from surgery.training import (
+    DistillConfig,
     EpochStats,
     RecoveryConfig,
     SurgeryTrainer,
@@ -103,6 +104,12 @@ class ShrpConfig(StrategyConfig):
     recover_epochs: int = Field(default=0, ge=0,
                                 description="epochs of distillation recovery after the Top-1 cut (teacher: the "
                                             "routed model just before the cut)")
+    distill_alpha: float = Field(default=0.5, ge=0.0, le=1.0,
+                                 description="stages 1-2: weight of the logit distillation (T²·KL) from the model as "
+                                             "it was when conversion began; 1 - alpha weights the labels' CE (0: off)")
+    distill_temperature: float = Field(default=2.0, gt=0.0, description="temperature of that distillation")
+    distill_hidden_weight: float = Field(default=0.0, ge=0.0,
+                                         description="weight of the per-layer hidden-state MSE to the same teacher")
     recover_learning_rate: float | None = Field(default=None, gt=0.0,
                                                 description="learning rate of the recovery (default: learning_rate)")
     router_input: RouterInput = "cls"
@@ -144,6 +151,8 @@ class ShrpTrainingState(EpochStats):
 
     balance_weight: float = 0.0
     concentration_weight: float = 0.0
+    #: Distillation's teacher once conversion has begun (:class:`TeacherSnapshot` sets it).
+    teacher: nn.Module | None = None
     balance_sum: float = 0.0
     usage: dict[int, list[int]] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -174,9 +183,11 @@ class ShrpTrainer(SurgeryTrainer):
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
+        state = self.shrp_state
+        if self.teacher is None and state.teacher is not None:
+            self.teacher = state.teacher.eval()
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
                                              num_items_in_batch=num_items_in_batch)
-        state = self.shrp_state
         if model.training:
             aux = balance_loss(model)
             if aux is not None and state.balance_weight > 0:
@@ -292,6 +303,27 @@ class ProgressiveConversion(TrainerCallback):
             if not layer.active:  # training ended before this layer's epoch: convert it anyway
                 layer.activate(reinit_from_bypass=self.reinit)
             layer.release_bypass()
+
+
+class TeacherSnapshot(TrainerCallback):
+    """Distillation's teacher for SHRP: a frozen copy of the model taken when conversion begins.
+
+    With stage 0 (``finetune_epochs``) the copy is taken after it, so the teacher is the fine-tuned
+    model and never a fresh head; without stage 0 it is the input model. The copy is put in the
+    shared :class:`ShrpTrainingState`, where :class:`ShrpTrainer` picks it up.
+
+    Example:
+        >>> TeacherSnapshot(ShrpTrainingState(), at_epoch=1).at_epoch
+        1
+    """
+
+    def __init__(self, state: ShrpTrainingState, *, at_epoch: int) -> None:
+        self.state, self.at_epoch = state, at_epoch
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.state.teacher is None and round(state.epoch or 0) >= self.at_epoch:
+            # Bypassed layers still run their original, so the copy computes the unconverted model.
+            self.state.teacher = copy.deepcopy(_unwrap(kwargs["model"])).eval()
 
 
 def halving_sizes(num_experts: int, keep: int = 1) -> list[int]:
@@ -472,6 +504,7 @@ class ShrpStrategy(Pipeline):
         layers = self.convert_layers(model, session)
         history = self.train(model, session, task, layers, session.metrics["layers"], eval_loader)
         history += self.train_stage2(model, session, task, layers, eval_loader)
+        session.context.artefacts.pop("teacher", None)  # training's copy; not a result of the run
         session.metrics["history"] = history
         session.metrics["train_seconds"] = time.perf_counter() - start
         teacher = copy.deepcopy(model).eval() if cfg.recover_epochs > 0 else None
@@ -512,8 +545,12 @@ class ShrpStrategy(Pipeline):
 
     def _trainer(self, model: nn.Module, task: TaskData, args: TrainingArguments, callbacks: list[TrainerCallback],
                  state: ShrpTrainingState) -> ShrpTrainer:
+        cfg = self.config
+        distill = DistillConfig(alpha=cfg.distill_alpha, temperature=cfg.distill_temperature,
+                                hidden_weight=cfg.distill_hidden_weight)
         trainer = ShrpTrainer(model=model, args=args, train_dataset=train_columns(task),
-                              data_collator=PaddingCollator(task.tokenizer), callbacks=callbacks, shrp_state=state)
+                              data_collator=PaddingCollator(task.tokenizer), callbacks=callbacks, shrp_state=state,
+                              distill=distill)
         # Progress reaches the caller through surgery's events; the Trainer's printer would also
         # write its raw log dicts to stdout.
         trainer.remove_callback(PrinterCallback)
@@ -540,9 +577,14 @@ class ShrpStrategy(Pipeline):
                                          reinit=cfg.reinit_on_activate,
                                          eval_loader=eval_loader if cfg.eval_each_epoch else None,
                                          emit=session.emit, total_epochs=epochs)
+        callbacks: list[TrainerCallback] = [callback]
+        if cfg.distill_alpha > 0 or cfg.distill_hidden_weight > 0:
+            # Before the conversion callback in the list: the copy is taken before a layer switches over.
+            callbacks.insert(0, TeacherSnapshot(state, at_epoch=cfg.finetune_epochs))
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
-            self._trainer(model, task, training_arguments(cfg, epochs, tmp), [callback], state).train()
+            self._trainer(model, task, training_arguments(cfg, epochs, tmp), callbacks, state).train()
         model.eval()
+        session.context.artefacts["teacher"] = state.teacher
         return state.history
 
     def train_stage2(self, model: nn.Module, session: PipelineSession, task: TaskData,
@@ -551,7 +593,7 @@ class ShrpStrategy(Pipeline):
         cfg = self.config
         if cfg.extra_epochs == 0:
             return []
-        state = ShrpTrainingState()
+        state = ShrpTrainingState(teacher=session.context.artefacts.get("teacher"))
         done = self.total_epochs(len(layers)) - cfg.extra_epochs
         callbacks: list[TrainerCallback] = [ProgressiveConversion(
             layers, list(layers), state, delay=cfg.finetune_epochs, first_epoch=done,

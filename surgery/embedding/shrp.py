@@ -31,10 +31,10 @@ from surgery.anatomy import adapter_for
 from surgery.embedding.distill import (
     EmbeddingDistillTrainer,
     embedding_trainer,
-    require_text_data,
     sentence_config_of,
 )
 from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
+from surgery.embedding.texts import require_text_data
 from surgery.pipeline import PipelineSession
 from surgery.strategies.expert_attention import ExpertAttentionStrategy, RouterInput, expert_layers
 from surgery.strategies.top1_prune import Top1PruningStrategy
