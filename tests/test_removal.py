@@ -24,7 +24,7 @@ import surgery
 from surgery.anatomy import adapter_for
 from surgery.anatomy.removal import GROUPS, MODULE_GROUPS, Undo, commit_reversibly, layer_cuts, restore, units_of
 from surgery.ops import head_rows
-from surgery.registry import get_strategy
+from surgery.registry import get_strategy, strategy_catalog
 from surgery.strategies import (
     FFNPruningStrategy,
     ModulePruningStrategy,
@@ -173,6 +173,8 @@ def test_ffn_prune_attribution_and_zero_recovery_ffn_are_one_cut(family, data, r
 def test_zero_recovery_prune_keeps_its_old_names() -> None:
     assert get_strategy("zero-recovery-prune") is ZeroRecoveryPruningStrategy is ModulePruningStrategy
     assert ZeroRecoveryPruningStrategy.name == "zero-recovery-prune"
+    # Read without importing the module, whether the installed entry point names the old or the new class.
+    assert strategy_catalog()["zero-recovery-prune"].summary.startswith("Prune a module set with zero-recovery")
     with pytest.raises(surgery.ConfigError, match="exactly one of 'remove' \\(explicit units\\) or 'ratio'"):
         ZeroRecoveryPruningStrategy(remove={0: {"neurons": [1]}}, ratio=0.5)
     assert ZeroRecoveryPruningConfig(ratio=0.5).module_set == "ffn"
