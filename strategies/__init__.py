@@ -7,7 +7,12 @@ from surgery.strategies.expert_attention import ExpertAttentionConfig, ExpertAtt
 from surgery.strategies.ffn_prune import FFNPruningConfig, FFNPruningStrategy
 from surgery.strategies.head_prune import HeadPruningConfig, HeadPruningStrategy
 from surgery.strategies.layer_drop import LayerDropConfig, LayerDropStrategy
-from surgery.strategies.module_prune import ModulePruningConfig, ModulePruningStrategy
+from surgery.strategies.module_prune import (
+    ModulePruningConfig,
+    ModulePruningStrategy,
+    ZeroRecoveryPruningConfig,
+    ZeroRecoveryPruningStrategy,
+)
 from surgery.strategies.shrp import ShrpConfig, ShrpStrategy, ShrpTrainer
 from surgery.strategies.soft_prompt import SoftPromptConfig, SoftPromptStrategy
 from surgery.strategies.top1_prune import Top1PruningConfig, Top1PruningStrategy
@@ -37,6 +42,8 @@ __all__ = [
     "Top1PruningConfig",
     "Top1PruningStrategy",
     "UnplugRuntime",
+    "ZeroRecoveryPruningConfig",
+    "ZeroRecoveryPruningStrategy",
     "build_runtime",
     "run_doe",
 ]

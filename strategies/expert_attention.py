@@ -35,6 +35,7 @@ from torch import nn
 
 from surgery.anatomy import AttentionParts, EncoderAdapter, adapter_for
 from surgery.anatomy.calling import CallingConvention, LayerCall, Projection
+from surgery.anatomy.parts import QKV
 from surgery.errors import PlanError
 from surgery.ops import check_indices, head_rows
 from surgery.report import LayerChange
@@ -364,15 +365,11 @@ def init_from_layer(layer: ExpertAttentionLayer, source: HeadSource, heads: list
     attention = source.attention
     # Expert e starts as the original's current head e (head_index may instead hold shared-bias columns).
     heads = heads if heads is not None else list(range(layer.num_experts))
-    hd, width = attention.head_dim, attention.num_heads * attention.head_dim
-    if attention.qkv is not None:
-        parts = [(attention.qkv, part * width) for part in range(3)]
-    else:
-        parts = [(attention.query, 0), (attention.key, 0), (attention.value, 0)]
+    hd = attention.head_dim
     for e, h in enumerate(heads):
-        rows = head_rows([h], hd)
-        for j, (lin, offset) in enumerate(parts):
-            idx = torch.as_tensor([offset + r for r in rows], device=lin.weight.device)
+        for j, part in enumerate(QKV):
+            lin, rows = attention.rows_of_part(part, head_rows([h], hd))
+            idx = torch.as_tensor(rows, device=lin.weight.device)
             layer.qkv_weight[e, j * hd:(j + 1) * hd].copy_(lin.weight.index_select(0, idx))
             if lin.bias is not None:
                 layer.qkv_bias[e, j * hd:(j + 1) * hd].copy_(lin.bias.index_select(0, idx))

@@ -1,4 +1,9 @@
-"""``ffn-prune``: remove FFN intermediate neurons physically."""
+"""``ffn-prune``: remove FFN intermediate neurons physically.
+
+This is the one name of the FFN-neuron cut. ``zero-recovery-prune`` with module set ``ffn`` makes
+the same cut (the removal engine's ``neurons`` group) and scores neurons with the same
+:func:`neuron_scores`; it remains for DoE's plans (see :mod:`surgery.strategies.module_prune`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,15 @@ from torch import nn
 
 from surgery.anatomy import EncoderAdapter
 from surgery.errors import ConfigError
-from surgery.importance import gold_logit_objective, linear_input_scores, objective_for
+from surgery.importance import (
+    Forward,
+    Objective,
+    ScoreKind,
+    TokenMask,
+    gold_logit_objective,
+    linear_input_scores,
+    objective_for,
+)
 from surgery.strategies.unit_prune import UnitPruningConfig, UnitPruningStrategy
 from surgery.strategy import Data
 
@@ -72,12 +85,34 @@ class FFNPruningStrategy(UnitPruningStrategy):
             out = {}
             for i in layers:
                 ffn = adapter.layer(i).ffn
-                up = ffn.up.weight.detach().view(2 if ffn.gated else 1, ffn.width, -1)
+                up = ffn.up.weight.detach().view(ffn.halves, ffn.width, -1)  # a GeGLU neuron owns a row per half
                 out[i] = (up.norm(dim=-1).prod(0) * ffn.down.weight.detach().norm(dim=0)).float()
             return out
         if data is None:
             raise ConfigError(f"ffn-prune importance={kind!r} needs data; pass data or use 'magnitude'")
         objective = gold_logit_objective if kind == "attribution" else objective_for(data)
-        downs = {i: adapter.layer(i).ffn.down for i in layers}
-        return linear_input_scores(model, downs, data, kind=kind, objective=objective,
-                                   max_batches=self.config.max_batches)
+        return neuron_scores(model, adapter, layers, data, kind=kind, objective=objective,
+                             max_batches=self.config.max_batches)
+
+
+def neuron_scores(model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data, *, kind: ScoreKind,
+                  objective: Objective, max_batches: int | None, forward: Forward | None = None,
+                  token_mask: TokenMask | None = None) -> dict[int, torch.Tensor]:
+    """Data-driven importance of every FFN neuron of ``layers``, keyed by layer; higher = keep.
+
+    Read on the input of the down-projection (DoE's h); ``kind`` is ``activation``, ``gradient``
+    or ``attribution`` (:func:`surgery.importance.linear_input_scores`). ``ffn-prune`` and
+    ``zero-recovery-prune`` both score neurons here.
+
+    Example:
+        >>> from surgery.anatomy import adapter_for
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> model = tiny_model(TinySpec("bert", layers=2, ffn=37))
+        >>> scores = neuron_scores(model, adapter_for(model), [1], [tiny_inputs(TinySpec("bert"))],
+        ...                        kind="activation", objective=gold_logit_objective, max_batches=1)
+        >>> list(scores), scores[1].shape
+        ([1], torch.Size([37]))
+    """
+    downs = {i: adapter.layer(i).require_ffn().down for i in layers}
+    return linear_input_scores(model, downs, data, kind=kind, objective=objective, max_batches=max_batches,
+                               forward=forward, token_mask=token_mask)

@@ -88,8 +88,8 @@ class HeadPruningStrategy(UnitPruningStrategy):
             raw = {}
             for i in layers:
                 att = adapter.layer(i).attention
-                v = att.value.weight if att.value is not None else att.qkv.weight[2 * att.num_heads * att.head_dim:]
-                v_norm = v.detach().view(att.num_heads, -1).norm(dim=1)
+                value, rows = att.rows_of_part("v", range(att.width))
+                v_norm = value.weight.detach()[rows].view(att.num_heads, -1).norm(dim=1)
                 o_norm = att.output.weight.detach().view(att.output.out_features, att.num_heads, -1)
                 raw[i] = (v_norm * o_norm.transpose(0, 1).reshape(att.num_heads, -1).norm(dim=1)).float()
         metrics["importance_kind"] = kind

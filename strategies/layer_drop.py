@@ -18,21 +18,22 @@ LayerDropStrategy(count=3), data=task, recovery=RecoveryConfig(epochs=1))``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.errors import PlanError
 from surgery.ops import check_indices, count_parameters
 from surgery.report import LayerChange
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.strategies.unit_prune import OneSourceConfig
+from surgery.strategy import Data, Plan, Strategy
 
 Rule = Literal["every-other", "keep-ends", "top", "bottom"]
 
 
-class LayerDropConfig(StrategyConfig):
+class LayerDropConfig(OneSourceConfig):
     """Settings of ``layer-drop``: explicit ``layers`` or a ``count`` with a ``rule``.
 
     Example:
@@ -45,11 +46,10 @@ class LayerDropConfig(StrategyConfig):
     rule: Rule = Field(default="every-other", description="which layers a count drops: every-other, keep-ends, "
                                                           "top or bottom")
 
-    @model_validator(mode="after")
-    def _one_source(self) -> LayerDropConfig:
-        if (self.layers is None) == (self.count is None):
-            raise ValueError("give exactly one of 'layers' (explicit) or 'count' (with 'rule')")
-        return self
+    explicit_field: ClassVar[str] = "layers"
+    derived_field: ClassVar[str] = "count"
+    explicit_hint: ClassVar[str] = "explicit"
+    derived_hint: ClassVar[str] = " (with 'rule')"
 
 
 def layers_to_drop(num_layers: int, count: int, rule: Rule) -> list[int]:

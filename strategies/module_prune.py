@@ -1,36 +1,49 @@
-"""``zero-recovery-prune``: structured pruning of the paper's module sets (DoE §4.5, §5.4, App. A).
+"""``zero-recovery-prune``: structured pruning of DoE's module sets (DoE §4.5, §5.4, App. A).
 
-Units per layer, by group:
+Canonical names: the strategy is ``zero-recovery-prune`` (:class:`ZeroRecoveryPruningStrategy`,
+:class:`ZeroRecoveryPruningConfig`; ``ModulePruningStrategy``/``ModulePruningConfig`` are the old
+names of the same classes). Its unit groups per layer are those of the removal engine
+(:mod:`surgery.anatomy.removal`):
 
-* ``neurons``: FFN intermediate neurons, removed physically (``adapter.keep_neurons``: up rows,
-  down columns, both GeGLU halves), so layers end up with uneven widths;
-* ``qk``: output dimensions of the query and key projections, pruned *together* (the attention
-  score is a sum over these dimensions, so a dimension is only removed from both);
+* ``neurons``: FFN intermediate neurons, removed physically: the very cut of ``ffn-prune``, by the
+  same engine and, for data-driven importance, the same scorer (:func:`~surgery.strategies.ffn_prune.neuron_scores`).
+  Module set ``ffn`` is therefore ``ffn-prune`` with attribution importance ranked globally; it stays
+  here because DoE plans (and models saved from them) record it in this form;
+* ``qk``: output dimensions of the query and key projections, pruned *together*;
 * ``v``: output dimensions of the value projection;
 * ``o``: output dimensions of the attention output projection (they feed the residual stream).
 
-For ``qk``, ``v`` and ``o`` the Linear is replaced by a :class:`~surgery.ops.ZeroRecoveryLinear`: it
-computes only the kept outputs and scatters them into zeros of full width, so the head reshape
-and the residual addition see the shapes they expect (exactly like masking those rows). Module
-sets: ``ffn`` = neurons; ``attention`` = qk, v, o; ``dense`` = o, neurons; ``all`` = all four.
+``qk``, ``v`` and ``o`` are zero-recovered (:class:`~surgery.ops.ZeroRecoveryLinear`): only the kept
+outputs are computed and scattered into zeros of full width, exactly like masking. Module sets:
+``ffn`` = neurons; ``attention`` = qk, v, o; ``dense`` = o, neurons; ``all`` = all four.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 
 from surgery.anatomy import EncoderAdapter, adapter_for
-from surgery.errors import ConfigError, PlanError
-from surgery.importance import gold_logit_objective, linear_input_scores, loss_objective
-from surgery.ops import ZeroRecoveryLinear, check_indices, complement, replace_module
+from surgery.anatomy.removal import GROUP_PARTS, MODULE_GROUPS, units_of
+from surgery.errors import ConfigError
+from surgery.importance import (
+    Forward,
+    Objective,
+    TokenMask,
+    gold_logit_objective,
+    linear_input_scores,
+    loss_objective,
+)
+from surgery.ops import check_indices
 from surgery.report import LayerChange
 from surgery.selection import lowest_units
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.strategies.ffn_prune import neuron_scores
+from surgery.strategies.unit_prune import OneSourceConfig
+from surgery.strategy import Data, Plan, Strategy
 
 ModuleSet = Literal["ffn", "attention", "dense", "all"]
 Group = Literal["qk", "v", "o", "neurons"]
@@ -43,26 +56,15 @@ MODULE_SETS: dict[str, tuple[str, ...]] = {
 ImportanceKind = Literal["attribution", "activation", "gradient", "random"]
 
 
-def _proj(attention: Any, part: str) -> tuple[nn.Module, int]:
-    """The Linear computing ``part`` ("q", "k", "v") and the row offset of that part in it."""
-    if attention.qkv is not None:
-        width = attention.num_heads * attention.head_dim
-        return attention.qkv, {"q": 0, "k": 1, "v": 2}[part] * width
-    return {"q": attention.query, "k": attention.key, "v": attention.value}[part], 0
-
-
 def group_width(adapter: EncoderAdapter, layer: int, group: str) -> int:
-    """Number of units of ``group`` in ``layer``."""
-    parts = adapter.layer(layer)
-    if group == "neurons":
-        if parts.ffn is None:
-            raise PlanError(f"layer {layer} has no standard FFN to prune")
-        return parts.ffn.width
-    if parts.attention is None:
-        raise PlanError(f"layer {layer} has no standard attention to prune")
-    if group == "o":
-        return parts.attention.output.out_features
-    return parts.attention.num_heads * parts.attention.head_dim
+    """Number of units of ``group`` in ``layer``.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> group_width(adapter_for(tiny_model(TinySpec("bert", ffn=37))), 0, "neurons")
+        37
+    """
+    return units_of(adapter.layer(layer), group)
 
 
 def module_scores(
@@ -71,17 +73,18 @@ def module_scores(
     data: Data | None,
     *,
     kind: ImportanceKind = "attribution",
-    objective: Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor] = gold_logit_objective,
+    objective: Objective = gold_logit_objective,
     max_batches: int | None = None,
     seed: int = 0,
-    forward: Callable[[nn.Module, Mapping[str, torch.Tensor]], Any] | None = None,
-    token_mask: Callable[[Mapping[str, torch.Tensor]], torch.Tensor | None] | None = None,
+    forward: Forward | None = None,
+    token_mask: TokenMask | None = None,
 ) -> dict[tuple[int, str], torch.Tensor]:
     """Importance of every unit of ``module_set``, keyed by ``(layer, group)``; higher = keep.
 
-    FFN neurons are scored on the input of the down-projection (DoE's h), the other groups on
-    the output of their projection; ``qk`` adds the query and key scores of each dimension.
-    All linears are scored in one pass over ``data`` (one backward per batch).
+    FFN neurons are scored on the input of the down-projection (DoE's h) by ffn-prune's
+    :func:`~surgery.strategies.ffn_prune.neuron_scores`, the other groups on the output of their
+    projection (a fused projection once; each part reads its rows); ``qk`` adds the query and key
+    scores of each dimension. One backward per batch and pass.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -100,39 +103,33 @@ def module_scores(
                 for i in range(adapter.num_layers) for g in groups}
     if data is None:
         raise ConfigError(f"importance {kind!r} needs data; pass training batches or use 'random'")
-    inputs: dict[Any, nn.Module] = {}
+    neuron_layers = list(range(adapter.num_layers)) if "neurons" in groups else []
+    # Each projection is scored once on its output rows; a part's scores are its rows (row maps).
     outputs: dict[Any, nn.Module] = {}
     for i in range(adapter.num_layers):
         parts = adapter.layer(i)
         for g in groups:
             if g == "neurons":
-                inputs[(i, g)] = parts.ffn.down
-            elif parts.attention is None:
-                raise PlanError(f"layer {i} has no standard attention to prune")
-            elif g == "o":
-                outputs[(i, "o")] = parts.attention.output
-            elif parts.attention.qkv is not None:
-                outputs[(i, "qkv")] = parts.attention.qkv
-            else:
-                for p in ("q", "k") if g == "qk" else ("v",):
-                    outputs[(i, p)] = _proj(parts.attention, p)[0]
+                continue
+            attention = parts.require_attention()
+            linears = [attention.output] if g == "o" else [attention.projection_of(p)[0] for p in GROUP_PARTS[g]]
+            for linear in linears:
+                outputs.setdefault((i, id(linear)), linear)
     data = list(data)  # two passes below must see the same batches
     common = dict(kind=kind, objective=objective, max_batches=max_batches, forward=forward, token_mask=token_mask)
-    raw: dict[Any, torch.Tensor] = {}
-    if inputs:
-        raw.update(linear_input_scores(model, inputs, data, **common))
-    if outputs:
-        raw.update(linear_input_scores(model, outputs, data, side="output", **common))
+    neurons = neuron_scores(model, adapter, neuron_layers, data, **common) if neuron_layers else {}
+    raw = linear_input_scores(model, outputs, data, side="output", **common) if outputs else {}
     scores: dict[tuple[int, str], torch.Tensor] = {}
     for i in range(adapter.num_layers):
+        attention = adapter.layer(i).attention
         for g in groups:
-            if g in ("neurons", "o"):
-                scores[(i, g)] = raw[(i, g)]
-            elif (i, "qkv") in raw:
-                q, k, v = raw[(i, "qkv")].chunk(3)
-                scores[(i, g)] = q + k if g == "qk" else v
-            else:
-                scores[(i, g)] = raw[(i, "q")] + raw[(i, "k")] if g == "qk" else raw[(i, "v")]
+            if g == "neurons":
+                scores[(i, g)] = neurons[i]
+            elif g == "o":
+                scores[(i, g)] = raw[(i, id(attention.output))]
+            else:  # qk adds the query and key scores of each dimension
+                rows_of = [attention.rows_of_part(p, range(attention.width)) for p in GROUP_PARTS[g]]
+                scores[(i, g)] = sum(raw[(i, id(linear))][rows] for linear, rows in rows_of)
     return scores
 
 
@@ -153,53 +150,20 @@ def lowest_module_units(scores: Mapping[tuple[int, str], torch.Tensor], ratio: f
     return plan
 
 
-def _zero_recover(layer_module: nn.Module, linear: nn.Module, kept: list[int]) -> None:
-    if isinstance(linear, ZeroRecoveryLinear):
-        raise PlanError("a projection is already zero-recovered; prune each module set once, on the full model")
-    if len(kept) == linear.out_features:
-        return  # keep-all stays a plain Linear: exactly the identity
-    replace_module(layer_module, linear, ZeroRecoveryLinear.from_linear(linear, kept))
-
-
 def prune_layer_groups(adapter: EncoderAdapter, layer: int, removal: Mapping[str, list[int]]) -> list[LayerChange]:
-    """Carry out one layer's removal map (group -> unit indices) in place."""
-    changes = []
-    parts = adapter.layer(layer)
-    for group in ("qk", "v", "o", "neurons"):
-        if group not in removal:
-            continue
-        width = group_width(adapter, layer, group)
-        remove = check_indices(removal[group], width, f"zero-recovery-prune: {group} of layer {layer}")
-        kept = complement(remove, width)
-        if group == "neurons":
-            adapter.keep_neurons(layer, kept)
-        elif group == "o":
-            _zero_recover(parts.module, parts.attention.output, kept)
-        elif parts.attention.qkv is not None:
-            # One fused Linear: collect the kept rows of every pruned part, then replace it once.
-            continue
-        else:
-            for p in ("q", "k") if group == "qk" else ("v",):
-                _zero_recover(parts.module, _proj(parts.attention, p)[0], kept)
-        changes.append(LayerChange(layer=layer, component=group, before=width, after=len(kept)))
-    if parts.attention is not None and parts.attention.qkv is not None and ({"qk", "v"} & set(removal)):
-        width = group_width(adapter, layer, "qk")
-        rows: list[int] = []
-        for part in ("q", "k", "v"):
-            group = "v" if part == "v" else "qk"
-            kept = complement(check_indices(removal.get(group, []), width, f"{group} of layer {layer}"), width)
-            rows += [_proj(parts.attention, part)[1] + j for j in kept]
-            if part != "k" and group in removal:
-                changes.append(LayerChange(layer=layer, component=group, before=width, after=len(kept)))
-        _zero_recover(parts.module, parts.attention.qkv, rows)
-    return changes
+    """Carry out one layer's removal map (group -> unit indices) in place, through the removal engine."""
+    removal = {g: removal[g] for g in MODULE_GROUPS if g in removal}
+    widths = {g: group_width(adapter, layer, g) for g in removal}
+    adapter.remove_units(layer, removal, who="zero-recovery-prune")
+    return [LayerChange(layer=layer, component=g, before=widths[g], after=widths[g] - len(set(removal[g])))
+            for g in removal]
 
 
-class ModulePruningConfig(StrategyConfig):
+class ZeroRecoveryPruningConfig(OneSourceConfig):
     """Settings of ``zero-recovery-prune``.
 
     Example:
-        >>> ModulePruningConfig(module_set="attention", ratio=0.3).importance
+        >>> ZeroRecoveryPruningConfig(module_set="attention", ratio=0.3).importance
         'attribution'
     """
 
@@ -213,29 +177,26 @@ class ModulePruningConfig(StrategyConfig):
     min_keep: int = Field(default=1, ge=0, description="units that always stay in every group of every layer")
     seed: int = 0
 
-    @model_validator(mode="after")
-    def _one_source(self) -> ModulePruningConfig:
-        if (self.remove is None) == (self.ratio is None):
-            raise ValueError("give exactly one of 'remove' (explicit units) or 'ratio'")
-        return self
+    explicit_field: ClassVar[str] = "remove"
 
 
-class ModulePruningStrategy(Strategy):
+class ZeroRecoveryPruningStrategy(Strategy):
     """Prune a module set with zero-recovery (FFN neurons physically, attention rows zero-recovered).
 
     Example:
         >>> import surgery
         >>> from surgery.testing import TinySpec, tiny_model
         >>> model = tiny_model(TinySpec("bert"))
-        >>> _ = surgery.convert(model, ModulePruningStrategy(module_set="all", ratio=0.5, importance="random"))
+        >>> _ = surgery.convert(model, ZeroRecoveryPruningStrategy(module_set="all", ratio=0.5, importance="random"))
         >>> type(model.encoder.layer[0].attention.output.dense).__name__
         'ZeroRecoveryLinear'
     """
 
     name = "zero-recovery-prune"
     trained_after = True  # in DoE the condensed prompt of the accepted probe is copied in next
-    config_class = ModulePruningConfig
-    config: ModulePruningConfig
+    requires = "batches"  # importance scores read batches (explicit 'remove' needs none)
+    config_class = ZeroRecoveryPruningConfig
+    config: ZeroRecoveryPruningConfig
 
     def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
         adapter = adapter_for(model)
@@ -266,3 +227,8 @@ class ModulePruningStrategy(Strategy):
             check_indices([int(layer)], adapter.num_layers, "zero-recovery-prune: layers")
             changes += prune_layer_groups(adapter, int(layer), remove[layer])
         return changes
+
+
+#: The old names of the same classes (module_prune.py is the module's old name too); kept so existing imports work.
+ModulePruningConfig = ZeroRecoveryPruningConfig
+ModulePruningStrategy = ZeroRecoveryPruningStrategy

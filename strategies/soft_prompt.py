@@ -139,15 +139,6 @@ def install_prompt(model: nn.Module, prompt: SoftPrompt) -> SoftPrompt:
     return prompt
 
 
-def remove_prompt(model: nn.Module) -> SoftPrompt | None:
-    """Take the soft prompt out again (the hooks stay but do nothing without a prompt)."""
-    base = base_of(model)
-    prompt = getattr(base, PROMPT_ATTR, None)
-    if prompt is not None:
-        delattr(base, PROMPT_ATTR)
-    return prompt
-
-
 class SoftPromptConfig(StrategyConfig):
     """Settings of ``soft-prompt``.
 

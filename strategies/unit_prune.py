@@ -23,7 +23,40 @@ from surgery.selection import lowest_units, parse_layer_map
 from surgery.strategy import Data, Plan, Strategy, StrategyConfig
 
 
-class UnitPruningConfig(StrategyConfig):
+class OneSourceConfig(StrategyConfig):
+    """Settings whose units come from exactly one of two fields: an explicit one, or one they are derived from.
+
+    Subclasses name the fields (``explicit_field``, ``derived_field``) and how the message describes
+    them; the validator is the same for every pruning strategy.
+
+    Example:
+        >>> class Cfg(OneSourceConfig):
+        ...     units: list[int] | None = None
+        ...     ratio: float | None = None
+        ...     explicit_field: ClassVar[str] = "units"
+        >>> Cfg(ratio=0.5).ratio
+        0.5
+        >>> try:
+        ...     Cfg(units=[1], ratio=0.5)
+        ... except ValueError as err:
+        ...     print(err.errors()[0]["msg"])
+        Value error, give exactly one of 'units' (explicit units) or 'ratio'
+    """
+
+    explicit_field: ClassVar[str] = ""
+    derived_field: ClassVar[str] = "ratio"
+    explicit_hint: ClassVar[str] = "explicit units"
+    derived_hint: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> OneSourceConfig:
+        if (getattr(self, self.explicit_field) is None) == (getattr(self, self.derived_field) is None):
+            raise ValueError(f"give exactly one of '{self.explicit_field}' ({self.explicit_hint}) or "
+                             f"'{self.derived_field}'{self.derived_hint}")
+        return self
+
+
+class UnitPruningConfig(OneSourceConfig):
     """Settings shared by ``head-prune`` and ``ffn-prune``."""
 
     ratio: float | None = Field(default=None, ge=0.0, le=1.0, description="fraction of units to remove")
@@ -33,20 +66,12 @@ class UnitPruningConfig(StrategyConfig):
     seed: int = Field(default=0, description="seed for random importance")
     min_keep: int = Field(default=1, ge=0, description="units that always stay in every layer")
 
-    explicit_field: ClassVar[str] = ""
-
-    @model_validator(mode="after")
-    def _one_source(self) -> UnitPruningConfig:
-        explicit = getattr(self, self.explicit_field, None)
-        if (explicit is None) == (self.ratio is None):
-            raise ValueError(f"give exactly one of '{self.explicit_field}' (explicit units) or 'ratio'")
-        return self
-
 
 class UnitPruningStrategy(Strategy):
     """Base of strategies that remove whole units from layers; subclasses name the unit."""
 
     unit: ClassVar[str] = ""  # plan key and LayerChange component, e.g. "heads"
+    requires = "batches"  # data-driven importance reads batches; explicit units and magnitude need none
     config: Any
 
     @abstractmethod

@@ -2,8 +2,9 @@
 
 A :class:`TaskExpert` is what a task needs on top of the full model: the units it removes per
 layer (module-set groups as in ``zero-recovery-prune``), its soft prompt, and in classifier mode
-its head. ``with runtime.use("sst2"):`` swaps physically smaller layers in (sliced copies of the
-FFN Linears; zero-recovered copies of attention projections), installs the prompt and head, and on
+its head. ``with runtime.use("sst2"):`` commits the expert's removal map reversibly, through the
+same removal engine as permanent pruning (:mod:`surgery.anatomy.removal`: sliced copies of the FFN
+Linears, zero-recovered copies of attention projections), installs the prompt and head, and on
 exit puts the *original module and parameter objects* back, even if the body raised: the state
 dict and outputs after a use are bit-identical to before.
 
@@ -27,10 +28,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from surgery.anatomy import adapter_for
+from surgery.anatomy.removal import MODULE_GROUPS, Undo, commit_reversibly, layer_cuts, restore
 from surgery.errors import ConfigError, ModelLoadError
 from surgery.io import from_pretrained, save_pretrained
-from surgery.ops import ZeroRecoveryLinear, check_indices, complement, replace_module, sliced_linear
-from surgery.strategies.module_prune import _proj, group_width
+from surgery.ops import check_indices, owner_of
+from surgery.strategies.module_prune import group_width
 from surgery.strategies.prompt_tuning import head_state
 from surgery.strategies.soft_prompt import PROMPT_ATTR, SoftPrompt, base_of, install_prompt
 
@@ -73,11 +75,6 @@ class TaskExpert:
         )
 
 
-def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    path, _, attr = name.rpartition(".")
-    return (model.get_submodule(path) if path else model), attr
-
-
 class UnplugRuntime:
     """Serve several task experts from one full model.
 
@@ -107,48 +104,21 @@ class UnplugRuntime:
         for layer, groups in expert.remove.items():
             check_indices([layer], adapter.num_layers, f"expert {expert.name}: layers")
             for group, units in groups.items():
+                if group not in MODULE_GROUPS:
+                    raise ConfigError(f"expert {expert.name}: group {group!r} of layer {layer} cannot be unplugged; "
+                                      f"use {', '.join(MODULE_GROUPS)}")
                 check_indices(units, group_width(adapter, layer, group), f"expert {expert.name}: {group} of {layer}")
         self.experts[expert.name] = expert
 
     # -- switching -------------------------------------------------------------------------
-    def _plug(self, expert: TaskExpert) -> list[tuple[nn.Module, str, Any]]:
+    def _plug(self, expert: TaskExpert) -> Undo:
         """Swap the expert in; return undo records (owner, attribute, original object)."""
-        undo: list[tuple[nn.Module, str, Any]] = []
+        undo: Undo = []
         adapter = adapter_for(self.model)
-
-        def swap(root: nn.Module, old: nn.Module, new: nn.Module) -> None:
-            path = replace_module(root, old, new)
-            owner, attr = _owner(root, path)
-            undo.append((owner, attr, old))
-
         try:
             for layer, groups in sorted(expert.remove.items()):
                 parts = adapter.layer(layer)
-                if groups.get("neurons"):
-                    ffn = parts.ffn
-                    keep = complement(groups["neurons"], ffn.width)
-                    rows = keep + [ffn.width + j for j in keep] if ffn.gated else keep
-                    up, down = ffn.up, ffn.down
-                    swap(parts.module, up, sliced_linear(up, outputs=rows))
-                    swap(parts.module, down, sliced_linear(down, inputs=keep))
-                att = parts.attention
-                if att is not None and att.qkv is not None and ({"qk", "v"} & set(groups)):
-                    width = group_width(adapter, layer, "qk")
-                    rows = []
-                    for part in ("q", "k", "v"):
-                        g = "v" if part == "v" else "qk"
-                        rows += [_proj(att, part)[1] + j for j in complement(groups.get(g, []), width)]
-                    swap(parts.module, att.qkv, ZeroRecoveryLinear.from_linear(att.qkv, rows))
-                elif att is not None:
-                    for group, parts_of in (("qk", ("q", "k")), ("v", ("v",))):
-                        if groups.get(group):
-                            keep = complement(groups[group], group_width(adapter, layer, group))
-                            for p in parts_of:
-                                lin = _proj(att, p)[0]
-                                swap(parts.module, lin, ZeroRecoveryLinear.from_linear(lin, keep))
-                if att is not None and groups.get("o"):
-                    keep = complement(groups["o"], att.output.out_features)
-                    swap(parts.module, att.output, ZeroRecoveryLinear.from_linear(att.output, keep))
+                commit_reversibly(parts.module, layer_cuts(parts, groups, f"expert {expert.name}"), undo)
             base = base_of(self.model)
             if expert.prompt is not None:
                 old_prompt = getattr(base, PROMPT_ATTR, None)
@@ -159,23 +129,14 @@ class UnplugRuntime:
                 install_prompt(self.model, prompt)
                 undo.append((base, PROMPT_ATTR, old_prompt))
             for name, tensor in expert.head.items():
-                owner, attr = _owner(self.model, name)
+                owner, attr = owner_of(self.model, name)
                 old = getattr(owner, attr)
                 setattr(owner, attr, nn.Parameter(tensor.to(old.device, old.dtype), requires_grad=False))
                 undo.append((owner, attr, old))
         except Exception:
-            self._unplug(undo)
+            restore(undo)
             raise
         return undo
-
-    @staticmethod
-    def _unplug(undo: list[tuple[nn.Module, str, Any]]) -> None:
-        for owner, attr, original in reversed(undo):
-            if original is None:
-                if hasattr(owner, attr):
-                    delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
 
     @contextmanager
     def use(self, name: str) -> Iterator[nn.Module]:
@@ -189,7 +150,7 @@ class UnplugRuntime:
         try:
             yield self.model
         finally:
-            self._unplug(undo)
+            restore(undo)
             self.active = None
 
     def switch_latency(self, name: str, repeats: int = 20) -> dict[str, float]:
@@ -199,7 +160,7 @@ class UnplugRuntime:
             t0 = time.perf_counter()
             undo = self._plug(self.experts[name])
             t1 = time.perf_counter()
-            self._unplug(undo)
+            restore(undo)
             t2 = time.perf_counter()
             plug.append(t1 - t0)
             unplug.append(t2 - t1)

@@ -146,8 +146,13 @@ def _static_summary(value: str) -> str | None:
         tree = ast.parse(source.read_text())
     except (ImportError, ValueError, StopIteration, OSError, SyntaxError):
         return None
+    # A kept old name (``Old = New`` at module level) reads the class it names: installed metadata
+    # may still point at the old name until the package is reinstalled.
+    aliases = {target.id: node.value.id for node in tree.body if isinstance(node, ast.Assign)
+               and isinstance(node.value, ast.Name) for target in node.targets if isinstance(target, ast.Name)}
+    name = aliases.get(attr.strip(), attr.strip())
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == attr.strip():
+        if isinstance(node, ast.ClassDef) and node.name == name:
             doc = (ast.get_docstring(node) or "").strip()
             return doc.splitlines()[0] if doc else ""
     return None

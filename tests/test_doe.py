@@ -18,12 +18,19 @@ from surgery.data import TaskData
 from surgery.importance import gold_logit_objective
 from surgery.ops import ZeroRecoveryLinear
 from surgery.strategies.doe import DoEStrategy, run_doe
-from surgery.strategies.module_prune import ModulePruningStrategy, _proj, module_scores
+from surgery.strategies.module_prune import ModulePruningStrategy, module_scores
 from surgery.strategies.prompt_tuning import evaluate
 from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 SETS = st.sampled_from(["ffn", "attention", "dense", "all"])
+
+
+def _proj(attention, part):
+    """The Linear computing ``part`` and the row offset of that part in it (written out: the reference)."""
+    if attention.qkv is not None:
+        return attention.qkv, {"q": 0, "k": 1, "v": 2}[part] * attention.num_heads * attention.head_dim
+    return {"q": attention.query, "k": attention.key, "v": attention.value}[part], 0
 
 
 def masked(model, remove):
