@@ -139,7 +139,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List a runtime's task experts and measure how long plugging each in and restoring takes."""
-    from surgery.strategies.unplug import EXPERTS_DIR, UnplugRuntime
+    from surgery.strategies.doe.unplug import EXPERTS_DIR, UnplugRuntime
 
     read_model_config(resolve_model_path(str(runtime_dir)))
     runtime = UnplugRuntime.load(runtime_dir)

@@ -35,9 +35,9 @@ from surgery.assets import DATASETS, resolve_model_path
 from surgery.bench import bench_models
 from surgery.data import load_task_data
 from surgery.strategies.doe import DoEResult, DoEStrategy, run_doe
-from surgery.strategies.prompt_tuning import evaluate, train, trainable
-from surgery.strategies.soft_prompt import SoftPromptStrategy
-from surgery.strategies.unplug import UnplugRuntime
+from surgery.strategies.doe.prompt_tuning import evaluate, train, trainable
+from surgery.strategies.doe.soft_prompt import SoftPromptStrategy
+from surgery.strategies.doe.unplug import UnplugRuntime
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -41,10 +41,10 @@ from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
 from surgery.cli.plot import write_pareto, write_usage
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
-from surgery.strategies.layer_drop import LayerDropStrategy
-from surgery.strategies.shrp import accuracy, finetune
+from surgery.strategies.pruning.layers import LayerDropStrategy
+from surgery.strategies.shrp import finetune
 from surgery.tasks import SuiteTask, load_task
-from surgery.training import RecoveryConfig, recover
+from surgery.training import RecoveryConfig, accuracy, recover
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "suite.json"

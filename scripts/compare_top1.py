@@ -35,8 +35,8 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.assets import resolve_model_path
 from surgery.pipeline import PipelineSession
-from surgery.strategies.expert_attention import expert_layers
 from surgery.strategies.shrp import ShrpStrategy, accuracy, finetune_after_cut
+from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.tasks import load_task
 
 ROOT = Path(__file__).resolve().parent.parent

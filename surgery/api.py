@@ -48,7 +48,7 @@ def plan(model: nn.Module, strategy: Method, *, data: Data | None = None) -> Pla
 
     Example:
         >>> from transformers import BertConfig, BertModel
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
         ...                  num_attention_heads=4, intermediate_size=37)
         >>> plan(BertModel(cfg), HeadPruningStrategy(heads={0: [1]}))["heads"]
@@ -120,7 +120,7 @@ def convert(
 
     Example:
         >>> from transformers import BertConfig, BertModel
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
         ...                  num_attention_heads=4, intermediate_size=37)
         >>> model = BertModel(cfg)

@@ -252,7 +252,7 @@ def from_pretrained(
         >>> import tempfile
         >>> from transformers import BertConfig, BertModel
         >>> from surgery import convert
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
         ...                  num_attention_heads=4, intermediate_size=37)
         >>> model = BertModel(cfg)

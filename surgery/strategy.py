@@ -81,7 +81,7 @@ class Method(ABC):
     :meth:`check_data` (called once by ``convert``) enforces it with a one-line error.
 
     Example:
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> HeadPruningStrategy(heads={0: [1]}).config.heads
         {0: [1]}
     """
@@ -159,7 +159,7 @@ class Strategy(Method):
     (:class:`~surgery.run.RunContext`) to report progress and metrics.
 
     Example:
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> HeadPruningStrategy(heads={0: [1]}).config.heads
         {0: [1]}
     """

@@ -18,9 +18,9 @@ from surgery.data import TaskData
 from surgery.importance import gold_logit_objective
 from surgery.ops import ZeroRecoveryLinear
 from surgery.strategies.doe import DoEStrategy, run_doe
-from surgery.strategies.module_prune import ModulePruningStrategy, module_scores
-from surgery.strategies.prompt_tuning import evaluate
-from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
+from surgery.strategies.doe.prompt_tuning import evaluate
+from surgery.strategies.doe.soft_prompt import SoftPromptStrategy, prompt_of
+from surgery.strategies.doe.zero_recovery import ModulePruningStrategy, module_scores
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 SETS = st.sampled_from(["ffn", "attention", "dense", "all"])
@@ -221,7 +221,7 @@ def test_cli_experts_build_and_show_two_tasks(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from surgery.cli.app import app
-    from surgery.strategies.unplug import UnplugRuntime
+    from surgery.strategies.doe.unplug import UnplugRuntime
 
     model_dir, words = _cli_workspace(tmp_path)
     a = _write_task(tmp_path / "a.csv", words, ["neg", "pos"], seed=0)

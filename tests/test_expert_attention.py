@@ -18,7 +18,7 @@ import surgery
 from surgery.anatomy import EncoderAdapter, adapter_for
 from surgery.errors import PlanError
 from surgery.strategies import ExpertAttentionStrategy, HeadPruningStrategy
-from surgery.strategies.expert_attention import (
+from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionLayer,
     balance_loss,
     expert_layers,
@@ -59,7 +59,7 @@ def _assert_experts_reproduce_heads(spec: TinySpec, model: torch.nn.Module, head
     with torch.no_grad():
         model(**inputs)
     gen = torch.Generator().manual_seed(0)
-    from surgery.strategies.expert_attention import ExpertAttentionConfig, build_layer
+    from surgery.strategies.shrp.expert_attention import ExpertAttentionConfig, build_layer
 
     layer = build_layer(adapter, original, ExpertAttentionConfig(), heads, gen).eval()
     call = layer.parse_call(seen["args"], seen["kwargs"])

@@ -15,13 +15,13 @@ from surgery.data import TaskData
 from surgery.errors import ConfigError
 from surgery.pipeline import PipelineSession
 from surgery.strategies import ShrpStrategy
-from surgery.strategies.expert_attention import (
+from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
+from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionStrategy,
     concentration_loss,
     entropy,
     expert_layers,
 )
-from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
 

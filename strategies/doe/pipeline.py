@@ -13,7 +13,7 @@
 
 :func:`run_doe` runs it and hands the results back as data, a :class:`DoEResult`: the report (its
 metrics), the task expert (removed units, prompt, head) ready for an
-:class:`~surgery.strategies.unplug.UnplugRuntime`, and the prompt-tuned full model's prompt (and head).
+:class:`~surgery.strategies.doe.unplug.UnplugRuntime`, and the prompt-tuned full model's prompt (and head).
 :func:`build_runtime` does that for several tasks.
 """
 
@@ -36,8 +36,7 @@ from surgery.pipeline import Pipeline, PipelineSession
 from surgery.progress import ProgressCallback
 from surgery.report import SurgeryReport
 from surgery.search import binary_search_grid, pruning_grid
-from surgery.strategies.module_prune import ModulePruningStrategy, lowest_module_units, module_scores
-from surgery.strategies.prompt_tuning import (
+from surgery.strategies.doe.prompt_tuning import (
     PromptTask,
     evaluate,
     head_state,
@@ -47,8 +46,9 @@ from surgery.strategies.prompt_tuning import (
     trainable,
     with_prompt_mask,
 )
-from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
-from surgery.strategies.unplug import TaskExpert, UnplugRuntime
+from surgery.strategies.doe.soft_prompt import SoftPromptStrategy, prompt_of
+from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
+from surgery.strategies.doe.zero_recovery import ModulePruningStrategy, lowest_module_units, module_scores
 from surgery.strategy import Data, StrategyConfig
 
 if TYPE_CHECKING:  # surgery.training imports transformers' Trainer, which doe itself never needs
@@ -217,7 +217,7 @@ class DoEResult:
 
     ``report.metrics`` holds the figures (``full_accuracy``, ``accuracy``, ``pruning_rate`` ...);
     ``expert`` (removed units, condensed prompt, head) plugs into an
-    :class:`~surgery.strategies.unplug.UnplugRuntime`; ``tuned`` is the prompt (and, in classifier
+    :class:`~surgery.strategies.doe.unplug.UnplugRuntime`; ``tuned`` is the prompt (and, in classifier
     mode, the head) of the prompt-tuned *full* model before the search, for comparisons. See
     :func:`run_doe` for an example.
     """

@@ -27,7 +27,7 @@ from surgery.anatomy import adapter_for
 from surgery.errors import PlanError
 from surgery.ops import check_indices, count_parameters
 from surgery.report import LayerChange
-from surgery.strategies.unit_prune import OneSourceConfig
+from surgery.strategies.pruning.units import OneSourceConfig
 from surgery.strategy import Data, Plan, Strategy
 
 Rule = Literal["every-other", "keep-ends", "top", "bottom"]

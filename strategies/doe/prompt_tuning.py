@@ -24,7 +24,7 @@ from surgery.data import TaskData
 from surgery.errors import ConfigError, DataError
 from surgery.heads import new_head_keys
 from surgery.importance import batches_on
-from surgery.strategies.soft_prompt import prompt_of
+from surgery.strategies.doe.soft_prompt import prompt_of
 from surgery.training import EpochHistory, EpochStats, accuracy, fit, scratch_dir, training_arguments
 
 Mode = Literal["mlm", "classifier"]

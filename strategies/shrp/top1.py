@@ -19,7 +19,7 @@ from surgery.errors import DataError, PlanError
 from surgery.ops import check_indices
 from surgery.report import LayerChange
 from surgery.run import RunContext
-from surgery.strategies.expert_attention import ExpertAttentionLayer, expert_layers
+from surgery.strategies.shrp.expert_attention import ExpertAttentionLayer, expert_layers
 from surgery.strategy import Data, Plan, Strategy, StrategyConfig
 
 

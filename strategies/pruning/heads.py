@@ -12,7 +12,7 @@ from surgery.anatomy import EncoderAdapter
 from surgery.errors import ConfigError, PlanError
 from surgery.importance import linear_input_scores, objective_for
 from surgery.selection import normalise_per_layer
-from surgery.strategies.unit_prune import UnitPruningConfig, UnitPruningStrategy
+from surgery.strategies.pruning.units import UnitPruningConfig, UnitPruningStrategy
 from surgery.strategy import Data
 
 

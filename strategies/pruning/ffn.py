@@ -2,7 +2,7 @@
 
 This is the one name of the FFN-neuron cut. ``zero-recovery-prune`` with module set ``ffn`` makes
 the same cut (the removal engine's ``neurons`` group) and scores neurons with the same
-:func:`neuron_scores`; it remains for DoE's plans (see :mod:`surgery.strategies.module_prune`).
+:func:`neuron_scores`; it remains for DoE's plans (see :mod:`surgery.strategies.doe.zero_recovery`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from surgery.importance import (
     linear_input_scores,
     objective_for,
 )
-from surgery.strategies.unit_prune import UnitPruningConfig, UnitPruningStrategy
+from surgery.strategies.pruning.units import UnitPruningConfig, UnitPruningStrategy
 from surgery.strategy import Data
 
 

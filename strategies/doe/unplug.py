@@ -32,9 +32,9 @@ from surgery.anatomy.removal import MODULE_GROUPS, Undo, commit_reversibly, laye
 from surgery.errors import ConfigError, ModelLoadError
 from surgery.io import from_pretrained, save_pretrained
 from surgery.ops import check_indices, owner_of
-from surgery.strategies.module_prune import group_width
-from surgery.strategies.prompt_tuning import head_state
-from surgery.strategies.soft_prompt import PROMPT_ATTR, SoftPrompt, base_of, install_prompt
+from surgery.strategies.doe.prompt_tuning import head_state
+from surgery.strategies.doe.soft_prompt import PROMPT_ATTR, SoftPrompt, base_of, install_prompt
+from surgery.strategies.doe.zero_recovery import group_width
 
 EXPERTS_DIR = "experts"
 

@@ -6,7 +6,7 @@ names of the same classes). Its unit groups per layer are those of the removal e
 (:mod:`surgery.anatomy.removal`):
 
 * ``neurons``: FFN intermediate neurons, removed physically: the very cut of ``ffn-prune``, by the
-  same engine and, for data-driven importance, the same scorer (:func:`~surgery.strategies.ffn_prune.neuron_scores`).
+  same engine and, for data-driven importance, the same scorer (:func:`~surgery.strategies.pruning.ffn.neuron_scores`).
   Module set ``ffn`` is therefore ``ffn-prune`` with attribution importance ranked globally; it stays
   here because DoE plans (and models saved from them) record it in this form;
 * ``qk``: output dimensions of the query and key projections, pruned *together*;
@@ -41,8 +41,8 @@ from surgery.importance import (
 from surgery.ops import check_indices
 from surgery.report import LayerChange
 from surgery.selection import lowest_units
-from surgery.strategies.ffn_prune import neuron_scores
-from surgery.strategies.unit_prune import OneSourceConfig
+from surgery.strategies.pruning.ffn import neuron_scores
+from surgery.strategies.pruning.units import OneSourceConfig
 from surgery.strategy import Data, Plan, Strategy
 
 ModuleSet = Literal["ffn", "attention", "dense", "all"]
@@ -82,7 +82,7 @@ def module_scores(
     """Importance of every unit of ``module_set``, keyed by ``(layer, group)``; higher = keep.
 
     FFN neurons are scored on the input of the down-projection (DoE's h) by ffn-prune's
-    :func:`~surgery.strategies.ffn_prune.neuron_scores`, the other groups on the output of their
+    :func:`~surgery.strategies.pruning.ffn.neuron_scores`, the other groups on the output of their
     projection (a fused projection once; each part reads its rows); ``qk`` adds the query and key
     scores of each dimension. One backward per batch and pass.
 

@@ -36,12 +36,19 @@ from surgery.embedding.distill import (
 from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
 from surgery.embedding.texts import require_text_data
 from surgery.pipeline import PipelineSession
-from surgery.strategies.expert_attention import ExpertAttentionStrategy, RouterInput, expert_layers
-from surgery.strategies.top1_prune import Top1PruningStrategy
+from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy, RouterInput, expert_layers
+from surgery.strategies.shrp.top1 import Top1PruningStrategy
+from surgery.strategies.shrp.training import (
+    ProgressiveConversion,
+    ShrpTrainer,
+    ShrpTrainingState,
+    prepare_progressive,
+    training_arguments,
+)
 from surgery.training import scratch_dir
 
 if TYPE_CHECKING:
-    from surgery.strategies.shrp import ShrpStrategy
+    from surgery.strategies.shrp.pipeline import ShrpStrategy
 
 # Router input of the embedding objective unless the config names one (reasoned; see the module docstring).
 EMBEDDING_ROUTER_INPUT: RouterInput = "mean"
@@ -56,8 +63,6 @@ EVAL_TEXTS = 2000  # held-out texts of the in-pipeline report (recall@10 needs a
 
 def shrp_embedding_trainer_class() -> type[EmbeddingDistillTrainer]:
     """SHRP's trainer (balance loss, usage counts) over the embedding trainer (the loss), by inheritance."""
-    from surgery.strategies.shrp import ShrpTrainer
-
     class ShrpEmbeddingTrainer(ShrpTrainer, EmbeddingDistillTrainer):  # type: ignore[misc]
         """ShrpTrainer.compute_loss adds the balance loss to EmbeddingDistillTrainer.compute_loss."""
 
@@ -78,13 +83,6 @@ def expander_gain_for(strategy: ShrpStrategy) -> float:
 
 def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, session: PipelineSession) -> None:
     """Run SHRP on ``model`` with the embedding objective; figures go to ``session.metrics``."""
-    from surgery.strategies.shrp import (
-        ProgressiveConversion,
-        ShrpTrainingState,
-        prepare_progressive,
-        training_arguments,
-    )
-
     text = require_text_data(data, strategy.name)
     cfg = strategy.config
     sentence = sentence_config_of(text)
