@@ -121,16 +121,16 @@ class Method(ABC):
         need = self.data_need()
         if need == "none" or (data is None and need == "batches"):  # batches are optional (a default is used)
             return data
+        if need == "batches":  # any iterable of model inputs: TaskData, unlabelled TextData, a DataLoader
+            if data is None or isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
+                raise DataError(f"{self.name}: data must be TaskData or an iterable of model-input batches, got "
+                                f"{describe(data)}")
+            return data
         objective = getattr(data, "objective", "task")
         if objective != "task":
             if objective not in self.objectives:
                 raise DataError(f"{self.name} cannot train with the {objective} objective; supported: "
                                 f"{', '.join(self.objectives)}")
-            return data
-        if need == "batches":
-            if data is None or isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
-                raise DataError(f"{self.name}: data must be TaskData or an iterable of model-input batches, got "
-                                f"{describe(data)}")
             return data
         if not all(hasattr(data, a) for a in ("train", "eval", "label_names")):
             raise DataError(f"{self.name} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
