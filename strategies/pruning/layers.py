@@ -88,6 +88,7 @@ class LayerDropStrategy(Strategy):
     """
 
     name = "layer-drop"
+    objectives = ("task", "embedding")  # recovery distils embeddings on unlabelled texts
     config_class = LayerDropConfig
     config: LayerDropConfig
 

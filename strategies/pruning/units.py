@@ -72,6 +72,7 @@ class UnitPruningStrategy(Strategy):
 
     unit: ClassVar[str] = ""  # plan key and LayerChange component, e.g. "heads"
     requires = "batches"  # data-driven importance reads batches; explicit units and magnitude need none
+    objectives = ("task", "embedding")  # importance and recovery have a label-free embedding objective
     config: Any
 
     @abstractmethod
