@@ -137,10 +137,14 @@ def strategies() -> dict[str, PluginInfo]:
 def _static_summary(value: str) -> str | None:
     """The first docstring line of ``module:Class`` read from its source file, without importing the module."""
     module, _, attr = value.partition(":")
-    parent, _, leaf = module.rpartition(".")
+    parts = module.split(".")
+    leaf = parts[-1]
+    # find_spec of a dotted name runs every parent package's __init__ (which may import torch), so
+    # look up at most the first two levels and walk the folders below them.
+    base, rest = ".".join(parts[:2] if len(parts) > 2 else parts[:-1]), parts[2:-1]
     try:
-        spec = importlib.util.find_spec(parent) if parent else None
-        roots = list(spec.submodule_search_locations or []) if spec else []
+        spec = importlib.util.find_spec(base) if base else None
+        roots = [Path(r).joinpath(*rest) for r in (spec.submodule_search_locations or [])] if spec else []
         files = [Path(r) / f"{leaf}.py" for r in roots] + [Path(r) / leaf / "__init__.py" for r in roots]
         source = next(f for f in files if f.is_file())
         tree = ast.parse(source.read_text())
