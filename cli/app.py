@@ -1,4 +1,7 @@
-"""The ``surgery`` command: ``strategies``, ``inspect``, ``apply``, ``bench`` and ``experts`` (in experts.py).
+"""The ``surgery`` command: ``strategies``, ``inspect``, ``apply``, ``bench``, ``export``, ``plot``, plugin commands.
+
+Commands of one method, such as ``experts`` (experts.py), register through the entry-point group
+``surgery.commands`` (:mod:`surgery.cli.plugins`), as a third-party package's commands do.
 
 Bad input (every :class:`surgery.errors.SurgeryError`, pydantic validation errors, bad command-line
 parameters, missing or unreadable files) prints one line ``error: ...`` to stderr and exits with
@@ -33,17 +36,9 @@ import surgery
 from surgery import registry
 from surgery.assets import resolve_model_path
 from surgery.cli import render
-from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
-from surgery.cli.experts import experts_app
+from surgery.cli.console import CliState, note, stderr, stdout
 from surgery.cli.export import bench_batches, export_command
-from surgery.cli.inputs import (
-    check_output_dir,
-    check_writable_file,
-    load_model,
-    load_tokenizer,
-    read_model_config,
-    strategy_settings,
-)
+from surgery.cli.inputs import check_writable_file, model_paths, read_model_config, strategy_settings
 from surgery.cli.options import (
     BatchSize,
     LabelColumn,
@@ -55,6 +50,7 @@ from surgery.cli.options import (
     TextPairColumn,
 )
 from surgery.cli.plot import plot_command
+from surgery.cli.plugins import add_plugin_commands
 from surgery.errors import ConfigError, SurgeryError
 
 EXIT_BAD_INPUT = 2
@@ -184,6 +180,8 @@ class SurgeryGroup(typer.core.TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         state = CliState(debug="--debug" in argv)  # known even when parsing fails before the callback
         extra.setdefault("obj", state)
+        for problem in PLUGIN_PROBLEMS:
+            typer.echo(f"warning: {problem}", err=True)
         try:
             with _signals_interrupt(), _quiet_libraries(state.debug):
                 result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
@@ -218,7 +216,6 @@ app = typer.Typer(
 )
 
 
-app.add_typer(experts_app, name="experts")
 app.command("export")(export_command)
 app.command("plot")(plot_command)
 
@@ -310,8 +307,7 @@ def apply_command(
     """Run a strategy on a model and save the result (or, with --dry-run, only print its plan)."""
     # Cheap checks first: paths, then the strategy and its settings (which import torch), then the
     # model's config; a typo fails in a second, before any loading, and nothing is written.
-    source = resolve_model_path(model_dir)
-    target = None if dry_run else check_output_dir(source, _require_out(out), overwrite=overwrite)
+    source, target = model_paths(model_dir, None if dry_run else _require_out(out), overwrite=overwrite)
     report_file = check_writable_file(report_file, "--report")
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
@@ -319,63 +315,32 @@ def apply_command(
     settings = strategy_settings(config, sets or [])
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None)
     # Imported here, not at the top: they import transformers, which `surgery --help` must not pay for.
-    from surgery.cli.embedding import (
-        choose_objective,
-        evaluate_against,
-        load_embedding_data,
-        pop_objective,
-        teacher_copy,
-    )
+    from surgery.cli.embedding import evaluate_against, pop_objective, teacher_copy
+    from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
     from surgery.embedding.pooling import write_sentence_config
 
     requested_objective = pop_objective(settings)
-    import torch
-
     chosen = strategy_class(settings)
-    model_config = read_model_config(source)
-    objective = choose_objective(source, model_config, requested_objective, strategy_class)
-
-    torch.manual_seed(seed)
-    tokenizer = load_tokenizer(source, required_by="--data" if data is not None else None)
-    task_data = None
-    if data is not None and objective.is_embedding:
-        with quiet_datasets(ctx.ensure_object(CliState).debug):
-            task_data = load_embedding_data(data, tokenizer, objective, eval_data=eval_data, text_column=text_column,
-                                            max_length=max_length, seed=seed, max_train=max_train,
-                                            batch_size=batch_size)
-    elif data is not None:
-        from surgery.data import load_task_data
-
-        with quiet_datasets(ctx.ensure_object(CliState).debug):
-            task_data = load_task_data(
-                data, tokenizer, eval_data=eval_data, text_column=text_column, text_pair_column=text_pair_column,
-                label_column=label_column, max_length=max_length, seed=seed, max_train=max_train,
-                batch_size=batch_size,
-            )
-    loaded = load_model(source, model_config, None if objective.is_embedding else task_data,
-                        allow_pickle=ctx.ensure_object(CliState).allow_pickle)
-    note(objective.note())  # noted, like the data, only once the inputs are known to fit together
-    if task_data is not None:
-        labels = f"labels {', '.join(task_data.label_names[:8])}" if task_data.label_names else "unlabelled texts"
-        note(f"data: {task_data.info['train_size']:,} train / {task_data.info['eval_size']:,} eval examples, {labels}")
-    if loaded.note:
-        note(loaded.note)
+    inputs = prepare_inputs(ctx.ensure_object(CliState), source,
+                            {} if data is None else {"data": DataFiles(data, eval_data)},
+                            DataOptions.from_command(ctx), required_by="--data", strategy=strategy_class,
+                            requested_objective=requested_objective)
+    task_data = inputs.data.get("data")
 
     if target is None:  # --dry-run
-        plan = surgery.plan(loaded.model, chosen, data=task_data)
-        step = {"strategy": chosen.name, "plan_version": chosen.plan_version,
-                "config": json.loads(chosen.config.model_dump_json()), "plan": plan}
-        typer.echo(json.dumps(step, indent=2))
+        # A strategy's preview is the step as it will be recorded; a pipeline's is its schedule, marked so.
+        typer.echo(json.dumps(surgery.preview(inputs.model, chosen, data=task_data), indent=2))
         return
 
-    teacher = teacher_copy(loaded.model) if objective.is_embedding and task_data is not None else None
+    teacher = teacher_copy(inputs.model) if inputs.is_embedding and task_data is not None else None
     with render.ProgressDisplay(stderr()) as progress:
-        report = surgery.convert(loaded.model, chosen, data=task_data, progress=progress, recovery=recovery)
+        report = surgery.convert(inputs.model, chosen, data=task_data, progress=progress, recovery=recovery)
     if teacher is not None:
         with stderr().status("embedding evaluation against the input model (held-out texts)"):
-            report.metrics["embedding"] = evaluate_against(teacher, loaded.model, task_data, tokenizer, max_length)
-    sentence = objective.sentence
-    saved = surgery.save_pretrained(loaded.model, target, tokenizer=tokenizer, overwrite=overwrite,
+            report.metrics["embedding"] = evaluate_against(teacher, inputs.model, task_data, inputs.tokenizer,
+                                                           max_length)
+    sentence = inputs.objective.sentence if inputs.objective is not None else None
+    saved = surgery.save_pretrained(inputs.model, target, tokenizer=inputs.tokenizer, overwrite=overwrite,
                                     extra=(lambda d: write_sentence_config(sentence, d)) if sentence else None)
     if report_file is not None:
         report_file.parent.mkdir(parents=True, exist_ok=True)
@@ -464,6 +429,11 @@ def bench_command(
     if json_file is not None:
         report.write_json(json_file)
     stdout().print(render.bench_view(report))
+
+
+# Last, so that a plugin cannot take the name of a built-in command: the commands of every installed
+# package (surgery's own `experts` included) from the entry-point group surgery.commands.
+PLUGIN_PROBLEMS = add_plugin_commands(app)
 
 
 def main() -> None:

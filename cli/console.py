@@ -52,8 +52,8 @@ def stderr() -> Console:
 
 
 def note(message: str) -> None:
-    """Print ``note: message`` to stderr."""
-    stderr().print(Text.assemble(("note: ", "bold blue"), message))
+    """Print ``note: message`` to stderr, on one line whatever the width (a note is grep-able progress)."""
+    stderr().print(Text.assemble(("note: ", "bold blue"), message), soft_wrap=True)
 
 
 @contextmanager

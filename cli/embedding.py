@@ -22,9 +22,6 @@ ObjectiveName = Literal["embedding", "task"]
 OBJECTIVES: tuple[str, ...] = ("embedding", "task")
 # Built-in strategies that train or score with the embedding objective on unlabelled texts. A plugin
 # strategy opts in with a class attribute ``objectives = ("task", "embedding")``.
-EMBEDDING_STRATEGIES = frozenset({"shrp", "head-prune", "ffn-prune", "layer-drop"})
-
-
 def supports_embedding(strategy: type) -> bool:
     """Whether ``strategy`` (a strategy class) can work with the embedding objective.
 
@@ -34,8 +31,7 @@ def supports_embedding(strategy: type) -> bool:
         >>> supports_embedding(ShrpStrategy), supports_embedding(DoEStrategy)
         (True, False)
     """
-    declared = getattr(strategy, "objectives", None)
-    return "embedding" in declared if declared is not None else getattr(strategy, "name", "") in EMBEDDING_STRATEGIES
+    return "embedding" in getattr(strategy, "objectives", ("task",))
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from rich.text import Text
 
 from surgery.assets import resolve_model_path
 from surgery.cli import render
-from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
-from surgery.cli.inputs import check_output_dir, load_model, load_tokenizer, read_model_config, strategy_settings
+from surgery.cli.console import CliState, stderr, stdout
+from surgery.cli.inputs import model_paths, read_model_config, strategy_settings
 from surgery.cli.options import (
     BatchSize,
     LabelColumn,
@@ -38,7 +38,7 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
-from surgery.errors import ConfigError, DataError
+from surgery.errors import ConfigError
 
 experts_app = typer.Typer(
     help="Unplug-and-play task experts (DoE): one full model, one small expert per task.",
@@ -46,6 +46,9 @@ experts_app = typer.Typer(
 )
 
 TASK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+#: The figures of doe's report metrics that the table shows per task (``full_accuracy``: the prompt-tuned
+#: full model's accuracy before the search).
+DOE_FIGURES = ("mode", "full_accuracy", "accuracy", "pruning_rate", "units_removed", "units_total")
 
 
 def parse_tasks(items: Sequence[str], flag: str) -> dict[str, str]:
@@ -94,58 +97,32 @@ def build_command(
                                                      "to this file.")] = None,
 ) -> None:
     """Run doe once per task on one model and save the full model once plus a small expert per task."""
-    import torch
-
-    from surgery.data import load_task_data
-    from surgery.strategies.doe import DoEConfig, DoEStrategy, build_runtime
-
     tasks = parse_tasks(task, "--task")
     evals = parse_tasks(eval_task or [], "--eval-task")
     unknown = sorted(set(evals) - set(tasks))
     if unknown:
         raise ConfigError(f"--eval-task: {unknown} name no --task; known tasks: {sorted(tasks)}")
     settings = strategy_settings(config, sets or [])
-    if "task_name" in settings:
-        raise ConfigError("task_name: each task is named by its --task NAME=FILE; remove the setting")
-    doe_config = DoEConfig.model_validate(settings)
-    source = resolve_model_path(model_dir)
-    target = check_output_dir(source, out, overwrite=overwrite)
-    model_config = read_model_config(source)
+    # Imported here, not at the top: they import torch and transformers, which `surgery --help` must not pay for.
+    from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
+    from surgery.strategies.doe import build_runtime, check_tasks, runtime_config
 
-    torch.manual_seed(seed)
-    tokenizer = load_tokenizer(source, required_by="--task")
-    data = {}
-    with quiet_datasets(ctx.ensure_object(CliState).debug):
-        for name, path in tasks.items():
-            data[name] = load_task_data(
-                path, tokenizer, eval_data=evals.get(name), text_column=text_column,
-                text_pair_column=text_pair_column, label_column=label_column, max_length=max_length, seed=seed,
-                max_train=max_train, batch_size=batch_size,
-            )
-    first = next(iter(data.values()))
-    loaded = load_model(source, model_config, first)
-    if DoEStrategy(doe_config).task_for(loaded.model, first).mode == "classifier":
-        counts = {name: d.num_labels for name, d in data.items()}
-        if len(set(counts.values())) > 1:
-            raise DataError(f"tasks have different numbers of labels {counts}; in classifier mode every expert's "
-                            "head has the full model's shape, so build one runtime per label count")
-    for name, d in data.items():
-        note(f"task {name}: {d.info['train_size']:,} train / {d.info['eval_size']:,} eval examples, labels "
-             f"{', '.join(d.label_names[:8])}")
-    if loaded.note:
-        note(loaded.note)
-
+    doe_config = runtime_config(settings)  # doe's own checks of the shared settings, before anything is loaded
+    source, target = model_paths(model_dir, out, overwrite=overwrite)
+    inputs = prepare_inputs(ctx.ensure_object(CliState), source,
+                            {name: DataFiles(path, evals.get(name)) for name, path in tasks.items()},
+                            DataOptions.from_command(ctx), required_by="--task", data_label="task {name}",
+                            check=lambda model, data: check_tasks(model, data, doe_config))
     with render.ProgressDisplay(stderr()) as progress:
-        runtime, metrics = build_runtime(loaded.model, data, doe_config, progress=progress)
-    saved = runtime.save(target, tokenizer=tokenizer, overwrite=overwrite)
+        runtime, metrics = build_runtime(inputs.model, inputs.data, doe_config, progress=progress)
+    saved = runtime.save(target, tokenizer=inputs.tokenizer, overwrite=overwrite)
     rows = {}
     for name, m in metrics.items():
+        data = inputs.data[name]
         rows[name] = {
-            "labels": data[name].label_names, "train_size": data[name].info["train_size"],
-            "eval_size": data[name].info["eval_size"], "mode": m.get("mode"),
-            "prompt_tuned_accuracy": m.get("full_accuracy"), "accuracy": m.get("accuracy"),
-            "pruning_rate": m.get("pruning_rate"), "units_removed": m.get("units_removed"),
-            "units_total": m.get("units_total"), **runtime.switch_latency(name),
+            "labels": data.label_names, "train_size": data.info["train_size"], "eval_size": data.info["eval_size"],
+            # doe's own figures, under doe's own names
+            **{key: m.get(key) for key in DOE_FIGURES}, **runtime.switch_latency(name),
             "expert_bytes": sum(p.stat().st_size for p in (saved / "experts").glob(f"{name}.*")),
         }
     if report_file is not None:
@@ -162,7 +139,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List a runtime's task experts and measure how long plugging each in and restoring takes."""
-    from surgery.strategies.unplug import EXPERTS_DIR, UnplugRuntime
+    from surgery.strategies.doe.unplug import EXPERTS_DIR, UnplugRuntime
 
     read_model_config(resolve_model_path(str(runtime_dir)))
     runtime = UnplugRuntime.load(runtime_dir)
@@ -185,7 +162,7 @@ def show_command(
 
 def tasks_table(title: str, rows: dict[str, dict[str, Any]]) -> Table:
     """One row per task expert; the columns are the figures the rows have, in a fixed order."""
-    order = ["labels", "mode", "module_set", "train_size", "eval_size", "prompt_tuned_accuracy", "accuracy",
+    order = ["labels", "mode", "module_set", "train_size", "eval_size", "full_accuracy", "accuracy",
              "pruning_rate", "units_removed", "units_total", "prompt_tokens", "plug_ms", "restore_ms",
              "expert_bytes"]
     present = [c for c in order if any(r.get(c) is not None for r in rows.values())]
@@ -197,3 +174,15 @@ def tasks_table(title: str, rows: dict[str, dict[str, Any]]) -> Table:
     for name, row in rows.items():
         table.add_row(Text(name), *(Text(render.format_value(row.get(c), limit=40)) for c in present))
     return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``surgery experts`` to the command line: the target of the ``surgery.commands`` entry point ``experts``.
+
+    Example:
+        >>> app = typer.Typer()
+        >>> register(app)
+        >>> [group.name for group in app.registered_groups]
+        ['experts']
+    """
+    app.add_typer(experts_app, name="experts")

@@ -105,12 +105,10 @@ def export_command(
     tokenizer = load_tokenizer(source, required_by="--data" if data is not None else None)
     batches = None
     if data is not None:
-        from surgery.data import load_task_data
+        from surgery.cli.prepare import DataFiles, DataOptions, load_task
 
         with quiet_datasets(ctx.ensure_object(CliState).debug):
-            task_data = load_task_data(data, tokenizer, eval_data=eval_data, text_column=text_column,
-                                       text_pair_column=text_pair_column, label_column=label_column,
-                                       max_length=max_length)
+            task_data = load_task(DataFiles(data, eval_data), tokenizer, DataOptions.from_command(ctx))
         batches = task_data.loader("eval")
     model = surgery.from_pretrained(source)
     with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
@@ -123,7 +121,7 @@ def export_command(
 def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_column: str, label_column: str,
                   max_length: int) -> object:
     """The held-out split of ``data`` as labelled batches, tokenized with the first model's tokenizer that exists."""
-    from surgery.data import load_task_data
+    from surgery.cli.prepare import DataFiles, DataOptions, load_task
     from surgery.errors import ModelLoadError
 
     sources = [resolve_model_path(p) for p in paths]
@@ -131,6 +129,7 @@ def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_colum
     if source is None:
         raise ModelLoadError(f"--data needs a tokenizer, but none of {', '.join(paths)} has tokenizer files")
     with quiet_datasets(ctx.ensure_object(CliState).debug):
-        task_data = load_task_data(data, load_tokenizer(source), text_column=text_column, label_column=label_column,
-                                   max_length=max_length)
+        # Not DataOptions.from_command: bench's --batch-size is the benchmark's, not the data loader's.
+        options = DataOptions(text_column=text_column, label_column=label_column, max_length=max_length)
+        task_data = load_task(DataFiles(data), load_tokenizer(source), options)
     return task_data.loader("eval")

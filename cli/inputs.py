@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import surgery
+from surgery.assets import resolve_model_path
 from surgery.atomic import check_separate
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.manifest import MANIFEST_NAME
@@ -131,6 +132,23 @@ def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
         raise OutputPathError(f"--out {target} exists and is not empty; pass --overwrite to replace it, or choose "
                               "a new directory")
     return target
+
+
+def model_paths(model_dir: str, out: str | Path | None, *, overwrite: bool) -> tuple[Path, Path | None]:
+    """The model directory (or embedded name) resolved, and ``--out`` checked against it (None: no output).
+
+    Example:
+        >>> import tempfile
+        >>> src = Path(tempfile.mkdtemp()).resolve()
+        >>> _ = (src / "config.json").write_text("{}")
+        >>> model_paths(str(src), None, overwrite=False) == (src, None)
+        True
+        >>> out = Path(tempfile.mkdtemp()).resolve() / "out"
+        >>> model_paths(str(src), out, overwrite=False)[1] == out
+        True
+    """
+    source = resolve_model_path(model_dir)
+    return source, None if out is None else check_output_dir(source, out, overwrite=overwrite)
 
 
 def check_writable_file(path: Path | None, flag: str) -> Path | None:

@@ -23,6 +23,7 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,15 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from surgery.assets import DATASETS, resolve_model_path
 from surgery.bench import bench_models
 from surgery.data import load_task_data
-from surgery.strategies.doe import DoEStrategy
-from surgery.strategies.prompt_tuning import evaluate, train, trainable
-from surgery.strategies.soft_prompt import SoftPromptStrategy
-from surgery.strategies.unplug import UnplugRuntime
+from surgery.strategies.doe import DoEResult, DoEStrategy, run_doe
+from surgery.strategies.doe.prompt_tuning import evaluate, train, trainable
+from surgery.strategies.doe.soft_prompt import SoftPromptStrategy
+from surgery.strategies.doe.unplug import UnplugRuntime
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's flags."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train", type=int, default=1200)
     ap.add_argument("--eval", type=int, default=400)
     ap.add_argument("--epochs", type=int, default=3)
@@ -49,52 +51,63 @@ def main() -> None:
     ap.add_argument("--head-lr", type=float, default=1e-2, help="classifier head (and pooler) learning rate")
     ap.add_argument("--ft-epochs", type=int, default=2, help="full fine-tuning baseline epochs")
     ap.add_argument("--ft-lr", type=float, default=1e-4)
-    ap.add_argument(
-        "--fig-condense-epochs",
-        type=int,
-        default=1,
-        help="prompt re-tuning epochs per Figure 5/6 candidate (0: compare the rankings as cut)",
-    )
+    ap.add_argument("--fig-condense-epochs", type=int, default=1,
+                    help="prompt re-tuning epochs per Figure 5/6 candidate (0: compare the rankings as cut)")
     ap.add_argument("--task2-train", type=int, default=600, help="review-vs-plot training subset")
-    ap.add_argument(
-        "--figures-only",
-        action="store_true",
-        help="re-run only Table 4 and Figures 5 and 6 into the existing --out (same data flags); the prompt-tuned "
-        "full model is re-tuned with the same seed and its accuracy recorded beside the first one",
-    )
-    ap.add_argument(
-        "--sections",
-        nargs="+",
-        default=["table4", "figures"],
-        choices=["table4", "figures", "instances"],
-        help="with --figures-only: what to re-run ('instances': Figure 5's attribution with more "
-        "instances, see --attribution-instances)",
-    )
-    ap.add_argument(
-        "--attribution-instances",
-        nargs="+",
-        type=int,
-        default=[200],
-        help="instance counts for the 'instances' section (the paper and our default use 20)",
-    )
-    args = ap.parse_args()
+    ap.add_argument("--figures-only", action="store_true",
+                    help="re-run only Table 4 and Figures 5 and 6 into the existing --out (same data flags); the "
+                    "prompt-tuned full model is re-tuned with the same seed and its accuracy recorded beside the "
+                    "first one")
+    ap.add_argument("--sections", nargs="+", default=["table4", "figures"], choices=["table4", "figures", "instances"],
+                    help="with --figures-only: what to re-run ('instances': Figure 5's attribution with more "
+                    "instances, see --attribution-instances)")
+    ap.add_argument("--attribution-instances", nargs="+", type=int, default=[200],
+                    help="instance counts for the 'instances' section (the paper and our default use 20)")
+    return ap.parse_args(argv)
+
+
+@dataclass
+class Run:
+    """One benchmark run: its flags, data, the results so far (rewritten to ``--out`` by :meth:`save`)."""
+
+    args: argparse.Namespace
+    path: Path
+    tok: Any
+    data: Any
+    config: dict[str, Any]
+    results: dict[str, Any] = field(default_factory=lambda: {"status": "running"})
+    started: float = field(default_factory=time.time)
+
+    def save(self) -> None:
+        self.results["elapsed_s"] = round(time.time() - self.started, 1)
+        Path(self.args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.args.out).write_text(json.dumps(self.results, indent=2) + "\n")
+
+    def log(self, *msg: Any) -> None:
+        print(f"[{time.time() - self.started:7.1f}s]", *msg, flush=True)
+
+    def progress(self, e: Any) -> None:
+        self.log(e.task, e.completed, e.total, e.info)
+
+    def fresh(self) -> torch.nn.Module:
+        """The untouched model with a new, seeded 2-label head."""
+        torch.manual_seed(0)
+        return AutoModelForSequenceClassification.from_pretrained(self.path, num_labels=2).eval()
+
+
+def setup(args: argparse.Namespace) -> Run:
+    """Threads, seed, the model's tokenizer, the seeded Rotten Tomatoes subsets and the shared doe settings."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started = time.time()
-    results: dict[str, Any] = {"status": "running"}
-
-    def save() -> None:
-        results["elapsed_s"] = round(time.time() - started, 1)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-
-    def log(*msg: Any) -> None:
-        print(f"[{time.time() - started:7.1f}s]", *msg, flush=True)
-
     path = resolve_model_path("minilm-l6")
     tok = AutoTokenizer.from_pretrained(path)
     data = load_task_data("rotten-tomatoes", tok, max_length=64, seed=0, max_train=args.train, max_eval=args.eval)
-    results["setup"] = {
+    config = dict(
+        epochs=args.epochs, condense_epochs=1, batch_size=32, lr=3e-2, head_lr=args.head_lr, task_name="sentiment"
+    )
+    run = Run(args, path, tok, data, config, started=started)
+    run.results["setup"] = {
         "model": "minilm-l6 (all-MiniLM-L6-v2, BertForSequenceClassification, new 2-label head)",
         "data": "rotten-tomatoes",
         "split": data.info,
@@ -110,50 +123,48 @@ def main() -> None:
         "fig_condense_epochs": args.fig_condense_epochs,
         "task2_train": args.task2_train,
     }
-    config = dict(
-        epochs=args.epochs, condense_epochs=1, batch_size=32, lr=3e-2, head_lr=args.head_lr, task_name="sentiment"
-    )
+    return run
 
-    def fresh() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=2).eval()
 
-    if args.figures_only:
-        import surgery
+def figures_only(run: Run) -> None:
+    """--figures-only: re-tune the full model with the same seed, then re-run the chosen sections into --out."""
+    import surgery
 
-        previous = json.loads(Path(args.out).read_text())
-        if previous.get("setup", {}).get("split") != data.info:
-            raise SystemExit(f"{args.out}: its split differs from these data flags; pass the --train/--eval it used")
-        results = previous
-        results["setup"]["fig_condense_epochs"] = args.fig_condense_epochs
-        strat = DoEStrategy(**config)
-        full = fresh()
-        task = strat.task_for(full, data)
-        torch.manual_seed(0)
-        surgery.convert(full, SoftPromptStrategy(length=20, seed=0))
-        strat.tune(full, task, data, args.epochs, "prompt-tuning")
-        results["figures_rerun"] = {
-            "prompt_tuned_accuracy": evaluate(full, task, data.loader("eval", batch_size=64)),
-            "fig_condense_epochs": args.fig_condense_epochs,
-            # the main run's duration, kept across repeated --figures-only runs (save() rewrites elapsed_s)
-            "first_run_elapsed_s": previous.get("figures_rerun", {}).get(
-                "first_run_elapsed_s", previous.get("elapsed_s")
-            ),
-            "why": "the first run rebuilt its prompt-tuned reference without the tuned pooler (its "
-            "reference_copy_accuracy), so Table 4 and Figures 5/6 are measured again from a correctly tuned model",
-        }
-        log("figures-only: prompt-tuned", results["figures_rerun"])
-        if "table4" in args.sections:
-            table4(results, strat, full, task, data, log, save)
-        if "figures" in args.sections:
-            figures(results, strat, config, full, task, data, args, log, save)
-        if "instances" in args.sections:
-            attribution_instances(results, config, full, task, data, args, log, save)
-        return
+    args, data = run.args, run.data
+    previous = json.loads(Path(args.out).read_text())
+    if previous.get("setup", {}).get("split") != data.info:
+        raise SystemExit(f"{args.out}: its split differs from these data flags; pass the --train/--eval it used")
+    run.results = previous
+    run.results["setup"]["fig_condense_epochs"] = args.fig_condense_epochs
+    strat = DoEStrategy(**run.config)
+    full = run.fresh()
+    task = strat.task_for(full, data)
+    torch.manual_seed(0)
+    surgery.convert(full, SoftPromptStrategy(length=20, seed=0))
+    strat.tune(full, task, data, args.epochs, "prompt-tuning")
+    run.results["figures_rerun"] = {
+        "prompt_tuned_accuracy": evaluate(full, task, data.loader("eval", batch_size=64)),
+        "fig_condense_epochs": args.fig_condense_epochs,
+        # the main run's duration, kept across repeated --figures-only runs (save() rewrites elapsed_s)
+        "first_run_elapsed_s": previous.get("figures_rerun", {}).get(
+            "first_run_elapsed_s", previous.get("elapsed_s")
+        ),
+        "why": "the first run rebuilt its prompt-tuned reference without the tuned pooler (its "
+        "reference_copy_accuracy), so Table 4 and Figures 5/6 are measured again from a correctly tuned model",
+    }
+    run.log("figures-only: prompt-tuned", run.results["figures_rerun"])
+    if "table4" in args.sections:
+        table4(run.results, strat, full, task, data, run.log, run.save)
+    if "figures" in args.sections:
+        figures(run.results, strat, run.config, full, task, data, args, run.log, run.save)
+    if "instances" in args.sections:
+        attribution_instances(run.results, run.config, full, task, data, args, run.log, run.save)
 
-    # 1. fine-tuning baseline
-    ft = fresh()
-    strat = DoEStrategy(**config)
+
+def fine_tuning(run: Run, strat: DoEStrategy) -> tuple[torch.nn.Module, Any]:
+    """Section 1a: the fine-tuning baseline (all weights); returns the model and the prompt task."""
+    args, data = run.args, run.data
+    ft = run.fresh()
     task = strat.task_for(ft, data)
     t0 = time.time()
     hist = train(
@@ -164,29 +175,31 @@ def main() -> None:
         epochs=args.ft_epochs,
         eval_data=data.loader("eval", batch_size=64),
     )
-    results["fine_tuning"] = {
+    run.results["fine_tuning"] = {
         "epochs": args.ft_epochs,
         "lr": args.ft_lr,
         "history": hist,
         "accuracy": evaluate(ft, task, data.loader("eval", batch_size=64)),
         "seconds": round(time.time() - t0, 1),
     }
-    log("fine-tuning", results["fine_tuning"]["accuracy"])
-    save()
+    run.log("fine-tuning", run.results["fine_tuning"]["accuracy"])
+    run.save()
+    return ft, task
 
-    # 2. prompt tuning + DoE (the pipeline, with the prompt-tuned full model kept aside)
+
+def prompt_tuning_and_doe(run: Run, task: Any) -> tuple[torch.nn.Module, torch.nn.Module, DoEResult]:
+    """Section 1b: prompt tuning + DoE (the pipeline), and the prompt-tuned full model rebuilt beside it.
+
+    Returns the DoE model, the prompt-tuned full model and the run's result (its expert included).
+    """
     import surgery
 
-    doe_model = fresh()
-
-    def progress(e: Any) -> None:
-        log(e.task, e.completed, e.total, e.info)
-
+    doe_model = run.fresh()
     t0 = time.time()
-    report = surgery.convert(doe_model, strat, data=data, progress=progress)
-    m = report.metrics
-    results["prompt_tuning"] = {"accuracy": m["full_accuracy"], "history": m["prompt_history"]}
-    results["doe"] = {
+    result = run_doe(doe_model, run.data, run.config, progress=run.progress)
+    m = result.report.metrics
+    run.results["prompt_tuning"] = {"accuracy": m["full_accuracy"], "history": m["prompt_history"]}
+    run.results["doe"] = {
         "accuracy": m["accuracy"],
         "pruning_rate": m["pruning_rate"],
         "search": m["search"],
@@ -194,34 +207,28 @@ def main() -> None:
         "units_total": m["units_total"],
         "seconds": round(time.time() - t0, 1),
     }
-    log("doe", results["doe"]["accuracy"], results["doe"]["pruning_rate"])
-    save()
+    run.log("doe", run.results["doe"]["accuracy"], run.results["doe"]["pruning_rate"])
+    run.save()
     # Rebuild the prompt-tuned full model: same steps minus pruning, prompt/head of the full run.
-    full = fresh()
+    full = run.fresh()
     surgery.convert(full, SoftPromptStrategy(length=20))
-    strat.restore_tuned(full)
-    results["prompt_tuning"]["reference_copy_accuracy"] = evaluate(full, task, data.loader("eval", batch_size=64))
-    sentiment_expert = strat.expert
-    save()
+    result.restore_tuned(full)
+    run.results["prompt_tuning"]["reference_copy_accuracy"] = evaluate(
+        full, task, run.data.loader("eval", batch_size=64))
+    run.save()
+    return doe_model, full, result
 
-    bench = bench_models(
-        {"prompt-tuned": full, "doe": doe_model, "fine-tuned": ft},
-        batch_size=32,
-        seq_len=64,
-        repeats=10,
-        warmup=2,
-        threads=args.threads,
-    )
-    results["speed"] = bench.model_dump(mode="json")
-    log("speed", [(c.name, round(c.speedup, 3), round(c.flop_bound_speedup, 3)) for c in bench.comparisons])
-    save()
 
-    # 3. Table 4: no condensation at DoE's rate
-    table4(results, strat, full, task, data, log, save)
+def speed(run: Run, models: dict[str, torch.nn.Module]) -> None:
+    """Section 1c: CPU speed of the prompt-tuned, DoE and fine-tuned models side by side."""
+    bench = bench_models(models, batch_size=32, seq_len=64, repeats=10, warmup=2, threads=run.args.threads)
+    run.results["speed"] = bench.model_dump(mode="json")
+    run.log("speed", [(c.name, round(c.speedup, 3), round(c.flop_bound_speedup, 3)) for c in bench.comparisons])
+    run.save()
 
-    figures(results, strat, config, full, task, data, args, log, save)
 
-    # 6. two task experts in one runtime: sentiment + review-vs-plot
+def review_vs_plot_data(run: Run) -> Any:
+    """The second task: review vs plot synopsis from the same corpus, balanced, as task data."""
     raw = datasets.load_dataset("csv", data_files=str(DATASETS["rotten-tomatoes"].locate()), split="train")
     raw = raw.filter(lambda r: bool(r["text"]))
     plots = raw.filter(lambda r: r["category"] == "plot")
@@ -232,15 +239,19 @@ def main() -> None:
     table = table.select_columns(["text", "label"])
     tmp = Path(tempfile.mkdtemp())
     table.to_csv(str(tmp / "review_vs_plot.csv"), index=False)
-    data2 = load_task_data(
-        str(tmp / "review_vs_plot.csv"), tok, max_length=64, seed=0, max_train=args.task2_train, max_eval=200
+    return load_task_data(
+        str(tmp / "review_vs_plot.csv"), run.tok, max_length=64, seed=0, max_train=run.args.task2_train, max_eval=200
     )
-    st2 = DoEStrategy(**{**config, "epochs": 2, "task_name": "review-vs-plot"})
-    second = fresh()
-    r2 = surgery.convert(second, st2, data=data2, progress=progress)
-    plain = fresh()
-    sentiment_expert.name, st2.expert.name = "sentiment", "review-vs-plot"
-    runtime = UnplugRuntime(plain, [sentiment_expert, st2.expert])
+
+
+def two_task_runtime(run: Run, task: Any, sentiment: DoEResult) -> None:
+    """Section 6: two task experts (sentiment, review-vs-plot) in one UnplugRuntime on an untouched model."""
+    data, data2 = run.data, review_vs_plot_data(run)
+    second = run.fresh()
+    r2 = run_doe(second, data2, {**run.config, "epochs": 2, "task_name": "review-vs-plot"}, progress=run.progress)
+    plain = run.fresh()
+    sentiment.expert.name, r2.expert.name = "sentiment", "review-vs-plot"
+    runtime = UnplugRuntime(plain, [sentiment.expert, r2.expert])
     before_state = {k: v.clone() for k, v in plain.state_dict().items()}
     probe = {k: v[:8] for k, v in next(iter(data.loader("eval", batch_size=8))).items() if k != "labels"}
     with torch.inference_mode():
@@ -254,15 +265,15 @@ def main() -> None:
     identical = all(torch.equal(before_state[k], v) for k, v in plain.state_dict().items()) and torch.equal(
         before_out, after_out
     )
-    out_dir = tmp / "runtime"
+    out_dir = Path(tempfile.mkdtemp()) / "runtime"
     runtime.save(out_dir)
     loaded = UnplugRuntime.load(out_dir)
     with loaded.use("review-vs-plot") as model:
         reloaded_acc = evaluate(model, task, data2.loader("eval", batch_size=64))
     sizes = {p.name: p.stat().st_size for p in (out_dir / "experts").iterdir()}
-    results["unplug_two_tasks"] = {
+    run.results["unplug_two_tasks"] = {
         "review_vs_plot_split": data2.info,
-        "review_vs_plot_doe": {k: r2.metrics[k] for k in ("full_accuracy", "accuracy", "pruning_rate")},
+        "review_vs_plot_doe": {k: r2.report.metrics[k] for k in ("full_accuracy", "accuracy", "pruning_rate")},
         "runtime_accuracy": accs,
         "reloaded_review_vs_plot_accuracy": reloaded_acc,
         "restore_bit_identical": identical,
@@ -270,9 +281,23 @@ def main() -> None:
         "full_model_bytes": (out_dir / "model.safetensors").stat().st_size,
         "expert_file_bytes": sizes,
     }
-    log("unplug", results["unplug_two_tasks"])
-    results["status"] = "complete"
-    save()
+    run.log("unplug", run.results["unplug_two_tasks"])
+
+
+def main() -> None:
+    run = setup(parse_args())
+    if run.args.figures_only:
+        figures_only(run)
+        return
+    strat = DoEStrategy(**run.config)
+    ft, task = fine_tuning(run, strat)  # 1. fine-tuning baseline
+    doe_model, full, sentiment = prompt_tuning_and_doe(run, task)  # 2. prompt tuning + DoE
+    speed(run, {"prompt-tuned": full, "doe": doe_model, "fine-tuned": ft})
+    table4(run.results, strat, full, task, run.data, run.log, run.save)  # 3. Table 4: no condensation at DoE's rate
+    figures(run.results, strat, run.config, full, task, run.data, run.args, run.log, run.save)
+    two_task_runtime(run, task, sentiment)  # 6. two task experts in one runtime: sentiment + review-vs-plot
+    run.results["status"] = "complete"
+    run.save()
 
 
 def table4(

@@ -39,9 +39,9 @@ from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data,
 from surgery.embedding import shrp as embedding_shrp
 from surgery.embedding.distill import recover_embeddings
 from surgery.embedding.suite import corpus_texts, probe_suite
-from surgery.strategies.ffn_prune import FFNPruningStrategy
-from surgery.strategies.head_prune import HeadPruningStrategy
-from surgery.strategies.layer_drop import LayerDropStrategy
+from surgery.strategies.pruning.ffn import FFNPruningStrategy
+from surgery.strategies.pruning.heads import HeadPruningStrategy
+from surgery.strategies.pruning.layers import LayerDropStrategy
 from surgery.strategies.shrp import ShrpStrategy
 from surgery.training import RecoveryConfig
 

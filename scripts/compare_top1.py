@@ -35,8 +35,8 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.assets import resolve_model_path
 from surgery.pipeline import PipelineSession
-from surgery.strategies.expert_attention import expert_layers
 from surgery.strategies.shrp import ShrpStrategy, accuracy, finetune_after_cut
+from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.tasks import load_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +86,9 @@ def run_pair(task_name: str, seed: int, variants: list[str], args: argparse.Name
                                     num_labels=task.data.num_labels)
     start = time.perf_counter()
     base = ShrpStrategy(**RECIPE, seed=seed)
-    layers = base.convert_layers(model, PipelineSession(model))
-    history = base.train(model, task.data, layers, base.metrics["layers"], dev)
+    session = PipelineSession(model)
+    layers = base.convert_layers(model, session)
+    history = base.train(model, session, task.data, layers, session.metrics["layers"], dev)
     stage1 = {"history": history, "dev": accuracy(model, dev), "test": accuracy(model, test),
               "seconds": time.perf_counter() - start}
     print(f"[{task_name} seed {seed}] stage 0-1 done in {stage1['seconds']:.0f}s: routed dev {stage1['dev']:.4f}",
@@ -108,11 +109,12 @@ def run_variant(stage1_model: torch.nn.Module, task: Any, dev: Any, test: Any, v
     # Stage-2 variants skip per-epoch evaluation (CPU time); their dev/test figures are measured below.
     strategy = ShrpStrategy(**RECIPE, **VARIANTS[variant], seed=seed, eval_each_epoch=False)
     layers = {i: layer for i, layer in expert_layers(model) if layer.routed}
-    history = strategy.train_stage2(model, task.data, layers, dev)
+    session = PipelineSession(model)
+    history = strategy.train_stage2(model, session, task.data, layers, dev)
     routed_test = accuracy(model, test)
     routed = copy.deepcopy(model).eval()  # the teacher of the recovery variant
-    strategy.cut(model, PipelineSession(model), dev)
-    m = strategy.metrics
+    strategy.cut(model, session, dev)
+    m = session.metrics
     row = {"task": task.name, "seed": seed, "variant": variant, "config": {**RECIPE, **VARIANTS[variant]},
            "data": task.data.info, "stage1": stage1, "history": history,
            "dev": {"routed": m["accuracy_moe"], "pruned": m["accuracy_pruned"]},

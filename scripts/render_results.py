@@ -54,7 +54,7 @@ def render_shrp(data: dict[str, Any]) -> str:
     base = data["baseline"]
     models, comps = _bench_rows(data["bench"]) if "bench" in data else ({}, {})
     lines = [
-        f"Raw numbers: [`results/shrp.json`](results/shrp.json), from `docs/bench_shrp.py`. Setup: MiniLM-L6 "
+        f"Raw numbers: [`results/shrp.json`](results/shrp.json), from `scripts/bench_shrp.py`. Setup: MiniLM-L6 "
         f"fine-tuned on a seeded training subset of {setup['train_size']} Rotten Tomatoes snippets (stratified "
         f"split, seed {setup['split_seed']}, evaluation on all {setup['eval_size']} held-out snippets), max length "
         f"{setup['max_length']}, lr {setup['lr']}, baseline {setup['baseline_epochs']} epochs. SHRP starts from the "

@@ -29,17 +29,21 @@ from surgery.errors import (
 
 if TYPE_CHECKING:
     from surgery.anatomy import adapter_for
-    from surgery.api import apply_plan, convert, count_params, inspect, plan
+    from surgery.api import apply_plan, convert, count_params, inspect, plan, preview
     from surgery.io import from_pretrained, save_pretrained
+    from surgery.pipeline import Pipeline, PipelineSession
     from surgery.registry import get_strategy, register_adapter, register_strategy
     from surgery.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
-    from surgery.strategy import Plan, Strategy, StrategyConfig
+    from surgery.run import RunContext
+    from surgery.strategy import Method, Plan, Strategy, StrategyConfig
 
 # Imported on first use, so that `import surgery` (and with it `surgery --help` and every input
 # error of the command line) does not pay for torch and transformers.
 _LAZY = {
     "adapter_for": "surgery.anatomy", "apply_plan": "surgery.api", "convert": "surgery.api",
     "count_params": "surgery.api", "inspect": "surgery.api", "plan": "surgery.api",
+    "preview": "surgery.api", "Pipeline": "surgery.pipeline", "PipelineSession": "surgery.pipeline",
+    "RunContext": "surgery.run", "Method": "surgery.strategy",
     "from_pretrained": "surgery.io", "save_pretrained": "surgery.io", "get_strategy": "surgery.registry",
     "register_adapter": "surgery.registry", "register_strategy": "surgery.registry",
     "LayerChange": "surgery.report", "ModelAnatomy": "surgery.report", "ParamCount": "surgery.report",
@@ -57,12 +61,16 @@ __all__ = [
     "ConfigError",
     "DataError",
     "LayerChange",
+    "Method",
     "ModelAnatomy",
     "ModelLoadError",
     "OutputPathError",
     "ParamCount",
+    "Pipeline",
+    "PipelineSession",
     "Plan",
     "PlanError",
+    "RunContext",
     "Strategy",
     "StrategyConfig",
     "StrategyNotFoundError",
@@ -77,6 +85,7 @@ __all__ = [
     "get_strategy",
     "inspect",
     "plan",
+    "preview",
     "register_adapter",
     "register_strategy",
     "save_pretrained",

@@ -2,44 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import time
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.errors import ConfigError, PlanError
-from surgery.manifest import record_step, steps_of, to_jsonable
+from surgery.manifest import steps_of
 from surgery.ops import count_parameters
-from surgery.pipeline import PipelineSession, PipelineStrategy
 from surgery.progress import ProgressCallback, no_progress
 from surgery.report import LayerAnatomy, ModelAnatomy, ParamCount, StepSummary, SurgeryReport
-from surgery.strategy import Data, Plan, Strategy
+from surgery.run import RunContext, apply_step, count_params, plan_step
+from surgery.strategy import Data, Method, Plan, Strategy
+
+__all__ = ["apply_plan", "check_arguments", "convert", "count_params", "inspect", "plan", "preview"]
 
 if TYPE_CHECKING:
     from surgery.training import RecoveryConfig
-
-
-def count_params(model: nn.Module) -> ParamCount:
-    """Parameters of ``model`` with and without embeddings (every ``nn.Embedding`` counts as one).
-
-    Example:
-        >>> from transformers import BertConfig, BertModel
-        >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
-        ...                  num_attention_heads=4, intermediate_size=37)
-        >>> p = count_params(BertModel(cfg))
-        >>> p.total > p.without_embeddings
-        True
-    """
-    total = count_parameters(model)
-    seen: set[int] = set()
-    emb = 0
-    for module in model.modules():
-        if isinstance(module, nn.Embedding) and id(module.weight) not in seen:
-            seen.add(id(module.weight))
-            emb += module.weight.numel()
-    return ParamCount(total=total, without_embeddings=total - emb)
 
 
 def check_arguments(model: Any, strategy: Any, what: str) -> None:
@@ -57,19 +36,19 @@ def check_arguments(model: Any, strategy: Any, what: str) -> None:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{what}: model must be a torch nn.Module (a transformers encoder), got "
                           f"{type(model).__name__}")
-    if not isinstance(strategy, Strategy):
+    if not isinstance(strategy, Method):
         shown = f"the {type(strategy).__name__} {strategy!r:.40}" if isinstance(strategy, str) else \
             type(strategy).__name__
         raise ConfigError(f"{what}: strategy must be a Strategy object, got {shown}; build one by name with "
                           "surgery.get_strategy('head-prune')(ratio=0.5), or import its class")
 
 
-def plan(model: nn.Module, strategy: Strategy, *, data: Data | None = None) -> Plan:
+def plan(model: nn.Module, strategy: Method, *, data: Data | None = None) -> Plan:
     """Ask ``strategy`` for its plan on ``model`` without changing the model (a dry run).
 
     Example:
         >>> from transformers import BertConfig, BertModel
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
         ...                  num_attention_heads=4, intermediate_size=37)
         >>> plan(BertModel(cfg), HeadPruningStrategy(heads={0: [1]}))["heads"]
@@ -77,11 +56,30 @@ def plan(model: nn.Module, strategy: Strategy, *, data: Data | None = None) -> P
     """
     check_arguments(model, strategy, "plan")
     adapter_for(model)  # fail early, with the supported families, on an unknown model
-    result = strategy.plan(model, data)
-    try:
-        return to_jsonable(result)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"strategy {strategy.name!r} produced a plan that is not JSON: {exc}") from None
+    if not isinstance(strategy, Strategy):
+        # A pipeline decides its steps' plans while it trains; its schedule is what can be shown.
+        return strategy.preview(model, data)
+    return plan_step(model, strategy, data, RunContext())
+
+
+def preview(model: nn.Module, strategy: Method, *, data: Data | None = None) -> dict[str, Any]:
+    """What ``convert`` would do, as JSON, without changing the model (``surgery apply --dry-run``).
+
+    A strategy's preview is the step exactly as the manifest would record it; a pipeline's is its
+    schedule, marked as not replayable.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.strategies import HeadPruningStrategy, ShrpStrategy
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> preview(model, HeadPruningStrategy(heads={0: [1]}))["plan"]
+        {'heads': {'0': [1]}}
+        >>> preview(model, ShrpStrategy(num_layers=1))["steps"]
+        ['expert-attention', 'top1-prune']
+    """
+    check_arguments(model, strategy, "preview")
+    adapter_for(model)
+    return strategy.preview(model, data)
 
 
 def apply_plan(
@@ -92,36 +90,15 @@ def apply_plan(
     This is the same path ``convert`` and reloading take.
     """
     check_arguments(model, strategy, "apply_plan")
-    if not isinstance(plan, dict):
-        raise PlanError(f"apply_plan: plan must be a mapping (from surgery.plan or a JSON file), got "
-                        f"{type(plan).__name__}")
-    start = time.perf_counter()
-    before = params_before or count_params(model)
-    try:
-        plan = to_jsonable(plan)
-    except (TypeError, ValueError) as exc:
-        raise PlanError(f"apply_plan: the plan is not JSON-serialisable: {exc}") from None
-    changes = strategy.apply(model, plan)
-    config = json.loads(strategy.config.model_dump_json())
-    record_step(
-        model,
-        {"strategy": strategy.name, "plan_version": strategy.plan_version, "config": config, "plan": plan},
-    )
-    return SurgeryReport(
-        strategy=strategy.name,
-        config=config,
-        plan=plan,
-        changes=changes,
-        params_before=before,
-        params_after=count_params(model),
-        metrics=to_jsonable(strategy.metrics),
-        seconds=time.perf_counter() - start,
-    )
+    if not isinstance(strategy, Strategy):
+        raise PlanError(f"{strategy.name} is a pipeline: its steps are recorded as separate strategies and replayed "
+                        "one by one; there is no plan to apply for the pipeline itself")
+    return apply_step(model, strategy, plan, RunContext(), params_before=params_before)
 
 
 def convert(
     model: nn.Module,
-    strategy: Strategy,
+    strategy: Method,
     *,
     data: Data | None = None,
     progress: ProgressCallback | None = None,
@@ -143,7 +120,7 @@ def convert(
 
     Example:
         >>> from transformers import BertConfig, BertModel
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
         ...                  num_attention_heads=4, intermediate_size=37)
         >>> model = BertModel(cfg)
@@ -152,50 +129,10 @@ def convert(
         [2]
     """
     check_arguments(model, strategy, "convert")
-    start = time.perf_counter()
-    strategy.progress = progress or no_progress
-    before = count_params(model)
-    if isinstance(strategy, PipelineStrategy):
-        return _run_pipeline(model, strategy, data, progress, before, start, recovery)
-
-    def run() -> SurgeryReport:
-        return apply_plan(model, strategy, plan(model, strategy, data=data), params_before=before)
-
-    if recovery is None:
-        report = run()
-    else:
-        from surgery.guard import guarded_step
-        from surgery.training import require_labelled
-
-        report, _ = guarded_step(model, strategy, run, index=0, data=require_labelled(data, "recovery"),
-                                 recovery=recovery, in_pipeline=False, progress=progress)
-    report.seconds = time.perf_counter() - start
-    return report
-
-
-def _run_pipeline(
-    model: nn.Module,
-    strategy: PipelineStrategy,
-    data: Data | None,
-    progress: ProgressCallback | None,
-    before: ParamCount,
-    start: float,
-    recovery: RecoveryConfig | None = None,
-) -> SurgeryReport:
     adapter_for(model)
-    session = PipelineSession(model, progress, task=data, recovery=recovery)
-    strategy.run(model, data, session)
-    return SurgeryReport(
-        strategy=strategy.name,
-        config=json.loads(strategy.config.model_dump_json()),
-        plan={"steps": [{"strategy": r.strategy, "plan": r.plan} for r in session.reports]},
-        changes=[change for r in session.reports for change in r.changes],
-        params_before=before,
-        params_after=count_params(model),
-        metrics=to_jsonable(strategy.merged_metrics(session)),
-        seconds=time.perf_counter() - start,
-        checks=[check for r in session.reports for check in r.checks],
-    )
+    context = RunContext(progress or no_progress)
+    # Polymorphic: a strategy plans, applies and records one step; a pipeline runs its steps and trains.
+    return strategy.perform(model, data, context, recovery=recovery)
 
 
 def _layer_anatomy(adapter: Any, index: int) -> LayerAnatomy:

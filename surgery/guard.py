@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from surgery.data import TaskData
 from surgery.progress import ProgressCallback
 from surgery.report import StepCheck, SurgeryReport
-from surgery.strategy import Strategy
 from surgery.training import RecoveryConfig, accuracy, recover
+
+if TYPE_CHECKING:
+    from surgery.strategy import Strategy
 
 
 def measurable(model: nn.Module, data: Any) -> bool:

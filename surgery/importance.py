@@ -25,6 +25,9 @@ from surgery.errors import DataError
 
 ScoreKind = Literal["activation", "gradient", "attribution", "gate"]
 Objective = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
+#: How to run the model on a batch (default ``model(**batch)``), and which tokens to average over.
+Forward = Callable[[nn.Module, Mapping[str, torch.Tensor]], Any]
+TokenMask = Callable[[Mapping[str, torch.Tensor]], torch.Tensor | None]
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -81,9 +84,9 @@ def linear_input_scores(
     group_size: int = 1,
     objective: Objective = loss_objective,
     max_batches: int | None = None,
-    forward: Callable[[nn.Module, Mapping[str, torch.Tensor]], Any] | None = None,
+    forward: Forward | None = None,
     side: Literal["input", "output"] = "input",
-    token_mask: Callable[[Mapping[str, torch.Tensor]], torch.Tensor | None] | None = None,
+    token_mask: TokenMask | None = None,
 ) -> dict[Any, torch.Tensor]:
     """Score the input features of each Linear in ``linears`` (keyed by layer) over ``data``.
 

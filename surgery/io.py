@@ -42,6 +42,7 @@ from surgery.manifest import (
     steps_of,
 )
 from surgery.registry import get_strategy
+from surgery.strategy import Strategy
 from surgery.untrusted import check_safetensors_dir, refuse_custom_code, require_safetensors, safetensors_shapes
 
 __all__ = ["WEIGHTS_NAME", "atomic_directory", "build_manifest", "from_pretrained", "resolve_model_class",
@@ -188,6 +189,11 @@ def _replay(model: nn.Module, steps: list[ManifestStep], where: Path) -> None:
                 f"{where / MANIFEST_NAME}: step {number} used strategy {name!r}, which is not installed; "
                 "install the package that provides it"
             ) from None
+        if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+            raise ModelLoadError(
+                f"{where / MANIFEST_NAME}: step {number} names {name!r}, a pipeline, not a replayable step; a saved "
+                "model records its pipeline's steps instead; the manifest was edited or is damaged, re-save the model"
+            )
         if step.plan_version > cls.plan_version:
             raise ModelLoadError(
                 f"{where / MANIFEST_NAME}: step {number} ({name}) has plan_version {step.plan_version}, "
@@ -246,7 +252,7 @@ def from_pretrained(
         >>> import tempfile
         >>> from transformers import BertConfig, BertModel
         >>> from surgery import convert
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
         ...                  num_attention_heads=4, intermediate_size=37)
         >>> model = BertModel(cfg)

@@ -86,20 +86,6 @@ def keep_linear_inputs_(linear: nn.Linear, keep: Sequence[int]) -> nn.Linear:
     return linear
 
 
-def keep_embedding_columns_(embedding: nn.Embedding, keep: Sequence[int]) -> nn.Embedding:
-    """Keep only the embedding columns in ``keep`` (e.g. one column per attention head), in place.
-
-    Example:
-        >>> emb = nn.Embedding(32, 4)
-        >>> keep_embedding_columns_(emb, [0, 3]).weight.shape
-        torch.Size([32, 2])
-    """
-    keep = check_indices(keep, embedding.embedding_dim, "embedding columns")
-    embedding.weight = nn.Parameter(_index(embedding.weight, 1, keep), requires_grad=embedding.weight.requires_grad)
-    embedding.embedding_dim = len(keep)
-    return embedding
-
-
 def count_parameters(module: nn.Module) -> int:
     """Number of distinct parameters (shared tensors, e.g. tied embeddings, counted once).
 
@@ -189,6 +175,19 @@ def replace_module(root: nn.Module, old: nn.Module, new: nn.Module) -> str:
                 setattr(parent, child_name, new)
                 return f"{name}.{child_name}" if name else child_name
     raise PlanError(f"module {type(old).__name__} is not inside {type(root).__name__}; cannot replace it")
+
+
+def owner_of(root: nn.Module, path: str) -> tuple[nn.Module, str]:
+    """The module holding the attribute at dotted ``path`` inside ``root``, and that attribute's name.
+
+    Example:
+        >>> root = nn.Sequential(nn.Sequential(nn.Linear(2, 2)))
+        >>> owner, attr = owner_of(root, "0.0.weight")
+        >>> owner is root[0][0], attr
+        (True, 'weight')
+    """
+    parent, _, attr = path.rpartition(".")
+    return (root.get_submodule(parent) if parent else root), attr
 
 
 def sliced_linear(linear: nn.Linear, outputs: Sequence[int] | None = None,

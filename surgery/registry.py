@@ -1,9 +1,10 @@
 """Plugin discovery through entry points.
 
-Strategies live in the entry-point group ``surgery.strategies`` and anatomy adapters in
-``surgery.encoders``. The built-ins are registered in this package's own ``pyproject.toml`` and are
-loaded through exactly the same path as third-party plugins. ``register_strategy`` and
-``register_adapter`` add classes in-process (for notebooks and tests).
+Strategies live in the entry-point group ``surgery.strategies``, anatomy adapters in
+``surgery.encoders`` and command-line commands in ``surgery.commands`` (functions that add commands
+to the ``surgery`` typer app, see :mod:`surgery.cli.plugins`). The built-ins are registered in this
+package's own ``pyproject.toml`` and are loaded through exactly the same path as third-party plugins.
+``register_strategy`` and ``register_adapter`` add classes in-process (for notebooks and tests).
 
 Set ``SURGERY_PLUGINS`` to a comma-separated list of distribution names to restrict which
 installed packages may contribute plugins (the built-ins of ``encoder-surgery`` always load);
@@ -25,10 +26,11 @@ from surgery.errors import StrategyNotFoundError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from surgery.anatomy.base import EncoderAdapter
-    from surgery.strategy import Strategy
+    from surgery.strategy import Method
 
 STRATEGY_GROUP = "surgery.strategies"
 ENCODER_GROUP = "surgery.encoders"
+COMMAND_GROUP = "surgery.commands"
 BUILTIN_DISTRIBUTION = "encoder-surgery"
 
 
@@ -42,7 +44,7 @@ class PluginInfo:
     summary: str
 
 
-_runtime: dict[str, dict[str, PluginInfo]] = {STRATEGY_GROUP: {}, ENCODER_GROUP: {}}
+_runtime: dict[str, dict[str, PluginInfo]] = {STRATEGY_GROUP: {}, ENCODER_GROUP: {}, COMMAND_GROUP: {}}
 _cache: dict[str, dict[str, PluginInfo]] = {}
 
 
@@ -100,7 +102,7 @@ def _all(group: str) -> dict[str, PluginInfo]:
 
 
 # -- strategies --------------------------------------------------------------------------
-def register_strategy(cls: type[Strategy], *, source: str = "<runtime>") -> type[Strategy]:
+def register_strategy(cls: type[Method], *, source: str = "<runtime>") -> type[Method]:
     """Register a strategy class in-process under ``cls.name``. Usable as a decorator.
 
     Example:
@@ -135,17 +137,26 @@ def strategies() -> dict[str, PluginInfo]:
 def _static_summary(value: str) -> str | None:
     """The first docstring line of ``module:Class`` read from its source file, without importing the module."""
     module, _, attr = value.partition(":")
-    parent, _, leaf = module.rpartition(".")
+    parts = module.split(".")
+    leaf = parts[-1]
+    # find_spec of a dotted name runs every parent package's __init__ (which may import torch), so
+    # look up at most the first two levels and walk the folders below them.
+    base, rest = ".".join(parts[:2] if len(parts) > 2 else parts[:-1]), parts[2:-1]
     try:
-        spec = importlib.util.find_spec(parent) if parent else None
-        roots = list(spec.submodule_search_locations or []) if spec else []
+        spec = importlib.util.find_spec(base) if base else None
+        roots = [Path(r).joinpath(*rest) for r in (spec.submodule_search_locations or [])] if spec else []
         files = [Path(r) / f"{leaf}.py" for r in roots] + [Path(r) / leaf / "__init__.py" for r in roots]
         source = next(f for f in files if f.is_file())
         tree = ast.parse(source.read_text())
     except (ImportError, ValueError, StopIteration, OSError, SyntaxError):
         return None
+    # A kept old name (``Old = New`` at module level) reads the class it names: installed metadata
+    # may still point at the old name until the package is reinstalled.
+    aliases = {target.id: node.value.id for node in tree.body if isinstance(node, ast.Assign)
+               and isinstance(node.value, ast.Name) for target in node.targets if isinstance(target, ast.Name)}
+    name = aliases.get(attr.strip(), attr.strip())
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == attr.strip():
+        if isinstance(node, ast.ClassDef) and node.name == name:
             doc = (ast.get_docstring(node) or "").strip()
             return doc.splitlines()[0] if doc else ""
     return None
@@ -183,7 +194,7 @@ def strategy_names() -> list[str]:
     return sorted(names | set(_runtime[STRATEGY_GROUP]))
 
 
-def get_strategy(name: str) -> type[Strategy]:
+def get_strategy(name: str) -> type[Method]:
     """The strategy class registered as ``name``.
 
     Raises:
@@ -198,6 +209,19 @@ def get_strategy(name: str) -> type[Strategy]:
             f"it (it registers under the entry-point group {STRATEGY_GROUP!r})"
         )
     return found[name].obj
+
+
+# -- command-line commands ---------------------------------------------------------------
+def commands() -> dict[str, PluginInfo]:
+    """Every command plugin by entry-point name; ``obj`` is its function that adds commands to the typer app.
+
+    A plugin whose module fails to import is skipped with a RuntimeWarning naming the entry point.
+
+    Example:
+        >>> commands()["experts"].source
+        'encoder-surgery'
+    """
+    return dict(sorted(_all(COMMAND_GROUP).items()))
 
 
 # -- encoder adapters --------------------------------------------------------------------

@@ -66,6 +66,9 @@ class SurgeryReport(BaseModel):
     seconds: float = 0.0
     #: The guard's per-step accuracy checks (empty when nothing was measured).
     checks: list[StepCheck] = Field(default_factory=list)
+    #: In-memory results of the run that are not figures (DoE's task expert, a tuned prompt): the run
+    #: context's artefacts. Never serialised (``--report`` files hold figures only).
+    artefacts: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 
     @property
     def warnings(self) -> list[str]:

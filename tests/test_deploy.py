@@ -28,7 +28,7 @@ from surgery.strategies import (
     SoftPromptStrategy,
     Top1PruningStrategy,
 )
-from surgery.strategies.unplug import TaskExpert, UnplugRuntime
+from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 
 TOLERANCE = 1e-4

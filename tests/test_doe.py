@@ -17,13 +17,20 @@ from surgery.anatomy import adapter_for
 from surgery.data import TaskData
 from surgery.importance import gold_logit_objective
 from surgery.ops import ZeroRecoveryLinear
-from surgery.strategies.doe import DoEStrategy
-from surgery.strategies.module_prune import ModulePruningStrategy, _proj, module_scores
-from surgery.strategies.prompt_tuning import evaluate
-from surgery.strategies.soft_prompt import SoftPromptStrategy, prompt_of
+from surgery.strategies.doe import DoEStrategy, run_doe
+from surgery.strategies.doe.prompt_tuning import evaluate
+from surgery.strategies.doe.soft_prompt import SoftPromptStrategy, prompt_of
+from surgery.strategies.doe.zero_recovery import ModulePruningStrategy, module_scores
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 SETS = st.sampled_from(["ffn", "attention", "dense", "all"])
+
+
+def _proj(attention, part):
+    """The Linear computing ``part`` and the row offset of that part in it (written out: the reference)."""
+    if attention.qkv is not None:
+        return attention.qkv, {"q": 0, "k": 1, "v": 2}[part] * attention.num_heads * attention.head_dim
+    return {"q": attention.query, "k": attention.key, "v": attention.value}[part], 0
 
 
 def masked(model, remove):
@@ -146,8 +153,9 @@ def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
     model = tiny_model(spec, num_labels=2)
     strategy = DoEStrategy(epochs=1, condense_epochs=1, batch_size=16, lr=5e-2, head_lr=1e-2, margin=100.0)
     events = []
-    report = surgery.convert(model, strategy, data=toy_data(), progress=events.append)
-    metrics = report.metrics
+    # run_doe is surgery.convert plus the results that are not figures (the expert, the tuned prompt).
+    result = run_doe(model, toy_data(), strategy.config, progress=events.append)
+    metrics = result.report.metrics
     assert metrics["pruning_rate"] == 1.0  # margin 100 accepts every probe: the search must climb to 1
     assert [p["p"] for p in metrics["search"]["probes"]] == [0.5, 0.75, 0.9, 0.95, 1.0]
     assert {e.task for e in events} >= {"prompt-tuning", "attribution", "search"}
@@ -158,15 +166,15 @@ def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
     x = tiny_inputs(spec)
     again = surgery.from_pretrained(surgery.save_pretrained(model, tmp_path / "m"))
     assert torch.allclose(main_output(again, x), main_output(model, x), atol=1e-6)
-    assert strategy.expert is not None and strategy.expert.prompt.shape[0] == 20
-    # The prompt-tuned full model (before the search) can be rebuilt from what the strategy kept.
+    assert result.expert is not None and result.expert.prompt.shape[0] == 20
+    # The prompt-tuned full model (before the search) can be rebuilt from what the run handed back.
     full = tiny_model(spec, num_labels=2)
     surgery.convert(full, SoftPromptStrategy(length=20))
-    strategy.restore_tuned(full)
+    result.restore_tuned(full)
     data = toy_data()
     assert evaluate(full, strategy.task_for(full, data), data.loader("eval", batch_size=64)) == pytest.approx(
         metrics["full_accuracy"])
-    assert set(adapter_for(full).task_head_parameters()) <= set(strategy.tuned)  # a BERT pooler included
+    assert set(adapter_for(full).task_head_parameters()) <= set(result.tuned)  # a BERT pooler included
 
 
 def _cli_workspace(tmp_path: Path) -> tuple[Path, list[str]]:
@@ -213,7 +221,7 @@ def test_cli_experts_build_and_show_two_tasks(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from surgery.cli.app import app
-    from surgery.strategies.unplug import UnplugRuntime
+    from surgery.strategies.doe.unplug import UnplugRuntime
 
     model_dir, words = _cli_workspace(tmp_path)
     a = _write_task(tmp_path / "a.csv", words, ["neg", "pos"], seed=0)

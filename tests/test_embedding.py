@@ -22,7 +22,7 @@ from surgery.embedding import (
 )
 from surgery.embedding.pooling import write_sentence_config
 from surgery.errors import DataError, ModelLoadError
-from surgery.strategies.head_prune import HeadPruningStrategy
+from surgery.strategies.pruning.heads import HeadPruningStrategy
 from surgery.testing import VOCAB, TinySpec, tiny_model
 
 needs_st = pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,

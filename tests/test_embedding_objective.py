@@ -17,11 +17,11 @@ from surgery.embedding import SentenceConfig, embed_texts, load_text_data
 from surgery.embedding.distill import EmbeddingDistillConfig, embedding_loss, embedding_trainer, recover_embeddings
 from surgery.embedding.evaluate import mean_cosine
 from surgery.embedding.pooling import SURGERY_FILE, read_sentence_config
-from surgery.embedding.shrp import EMBEDDING_EXPANDER_GAIN
-from surgery.strategies.expert_attention import ExpertAttentionStrategy
-from surgery.strategies.head_prune import HeadPruningStrategy
-from surgery.strategies.layer_drop import LayerDropStrategy
+from surgery.strategies.pruning.heads import HeadPruningStrategy
+from surgery.strategies.pruning.layers import LayerDropStrategy
 from surgery.strategies.shrp import ShrpStrategy
+from surgery.strategies.shrp.embedding import EMBEDDING_EXPANDER_GAIN
+from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_model
 from surgery.training import RecoveryConfig, scratch_dir, training_arguments
 from tests.test_embedding import WORDS, st_dir, tokenizer

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import gc
 import math
+import types
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import surgery
-from surgery.anatomy import adapter_for
+from surgery.anatomy import EncoderAdapter, adapter_for
 from surgery.errors import PlanError
 from surgery.strategies import ExpertAttentionStrategy, HeadPruningStrategy
-from surgery.strategies.expert_attention import (
+from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionLayer,
     balance_loss,
     expert_layers,
@@ -55,10 +59,10 @@ def _assert_experts_reproduce_heads(spec: TinySpec, model: torch.nn.Module, head
     with torch.no_grad():
         model(**inputs)
     gen = torch.Generator().manual_seed(0)
-    from surgery.strategies.expert_attention import ExpertAttentionConfig, build_layer
+    from surgery.strategies.shrp.expert_attention import ExpertAttentionConfig, build_layer
 
     layer = build_layer(adapter, original, ExpertAttentionConfig(), heads, gen).eval()
-    call = adapter.parse_layer_call(seen["args"], seen["kwargs"])
+    call = layer.parse_call(seen["args"], seen["kwargs"])
     x = layer.input_norm(call.hidden) if layer.input_norm is not None else call.hidden
     real = inputs["attention_mask"].bool()
     for head in range(heads):
@@ -177,6 +181,45 @@ def test_bypass_runs_the_original_and_is_never_saved(tmp_path: object) -> None:
     layer.activate()
     layer.release_bypass()
     torch.testing.assert_close(main_output(surgery.from_pretrained(out), inputs), main_output(model, inputs))
+
+
+def _reachable(root: object) -> Iterator[object]:
+    """Every object ``root`` references, directly or through others: instance state, containers, partials,
+    closures and bound methods, but not classes, modules or a function's globals (shared by everything)."""
+    seen, stack = set(), [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, types.CodeType)):
+            continue
+        seen.add(id(obj))
+        yield obj
+        if isinstance(obj, types.FunctionType):
+            stack += [cell.cell_contents for cell in obj.__closure__ or ()]
+            stack += [*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+        else:
+            stack += gc.get_referents(obj)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_converted_layer_holds_no_reference_to_its_model_or_an_adapter(family: str) -> None:
+    """The layer keeps the family's plain call functions, not the adapter (which holds the root model)."""
+    spec = TinySpec(family, layers=2, task="seq-cls")
+    model = tiny_model(spec)
+    originals = {1: adapter_for(model).layers()[1]}
+    surgery.convert(model, ExpertAttentionStrategy(layers=[0, 1]))
+    from surgery.strategies.shrp import prepare_progressive
+
+    prepare_progressive(model, originals)  # a bypassed layer holds its original layer, and only that
+    with torch.no_grad():
+        model(**tiny_inputs(spec))
+    for _, layer in expert_layers(model):
+        found = list(_reachable(layer))
+        assert not any(obj is model or obj is model.base_model for obj in found)
+        assert not any(isinstance(obj, EncoderAdapter) for obj in found)
+        copy.deepcopy(layer)  # so copying one layer copies that layer, not the model around it
+    (_, bypassed), = [(i, m) for i, m in expert_layers(model) if m.bypass is not None]
+    bypassed.activate()  # re-initialises from the bypass without an adapter
+    bypassed.release_bypass()
 
 
 def test_converting_twice_is_refused() -> None:

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 import surgery
 from surgery.errors import ConfigError, ModelLoadError
 from surgery.heads import HeadWarning, checkpoint_keys, loaded_class_name, new_head_keys, safetensors_keys
-from surgery.strategies.prompt_tuning import make_task
+from surgery.strategies.doe.prompt_tuning import make_task
 from surgery.testing import FAMILIES, Task, TinySpec, tiny_model
 
 

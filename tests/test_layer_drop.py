@@ -23,7 +23,7 @@ from torch import nn
 import surgery
 from surgery.anatomy import EncoderAdapter, adapter_for
 from surgery.strategies import LayerDropStrategy
-from surgery.strategies.layer_drop import layers_to_drop
+from surgery.strategies.pruning.layers import layers_to_drop
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 ATOL = 1e-5
@@ -34,13 +34,14 @@ class SkipLayer(nn.Module):
 
     def __init__(self, adapter: EncoderAdapter, original: nn.Module) -> None:
         super().__init__()
-        self.adapter = adapter
-        for name, value in adapter.layer_attributes(original).items():
+        convention = adapter.calling_convention(original)
+        self.parse_call, self.shape_result = convention.parse, convention.result
+        for name, value in convention.attributes.items():
             setattr(self, name, value)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        call = self.adapter.parse_layer_call(args, kwargs)
-        return self.adapter.layer_result(call.hidden, call)
+        call = self.parse_call(args, kwargs)
+        return self.shape_result(call.hidden, call)
 
 
 def skipping_reference(model: nn.Module, drop: list[int]) -> nn.Module:

@@ -1,4 +1,4 @@
-"""A third-party strategy registered only through an entry point: API, CLI, save/reload, plugin control.
+"""A third-party strategy and command registered only through entry points: API, CLI, save/reload, plugin control.
 
 ``tests/plugin_pkg`` is a complete package (``surgery-ffn-align``). The tests install it without
 network or a build step, the way pip lays out an installed package: the module plus a
@@ -61,7 +61,8 @@ def install_like_pip(site: Path, project: dict, modules: dict[str, Path]) -> Non
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = tmp_path_factory.mktemp("site")
     project = tomllib.loads((PLUGIN_PKG / "pyproject.toml").read_text())["project"]
-    install_like_pip(site, project, {"surgery_ffn_align": PLUGIN_PKG / "surgery_ffn_align"})
+    install_like_pip(site, project, {"surgery_ffn_align": PLUGIN_PKG / "surgery_ffn_align",
+                                     "surgery_ffn_align_cli": PLUGIN_PKG / "surgery_ffn_align_cli.py"})
     return site
 
 
@@ -181,6 +182,71 @@ def test_cli_runner_lists_dry_runs_and_validates(installed: Path, model_dir: Pat
     assert bad.exit_code == 2
     assert bad.stderr.strip().splitlines() == [
         "error: invalid config for strategy 'ffn-align': multiple: Input should be greater than or equal to 1 (got 0)"]
+
+
+def _run_surgery(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"], "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run([*_surgery_command(), *args], capture_output=True, text=True, env=full_env, timeout=300)
+
+
+# What `surgery --help` imported: the commands of every plugin are loaded, so they must stay light.
+HELP_PROBE = """
+import sys
+from typer.testing import CliRunner
+from surgery.cli.app import app
+result = CliRunner().invoke(app, ["--help"])
+heavy = sorted(m for m in ("torch", "transformers", "datasets", "surgery_ffn_align") if m in sys.modules)
+print(result.exit_code, "ffn-align-check" in result.stdout, "experts" in result.stdout, heavy)
+"""
+
+
+def test_plugin_command_is_listed_lazily_and_runs(installed: Path, model_dir: Path) -> None:
+    probe = subprocess.run([sys.executable, "-c", HELP_PROBE], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]})
+    assert probe.stdout.strip().splitlines()[-1] == "0 True True []", (probe.stdout, probe.stderr)
+
+    ran = _run_surgery(["ffn-align-check", str(model_dir), "--multiple", "16"])
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["layer 0: FFN width 37 -> 32", "layer 1: FFN width 37 -> 32"]
+    bad = _run_surgery(["ffn-align-check", str(model_dir.parent / "missing")])
+    assert bad.returncode == 2 and bad.stderr.startswith("error: model directory") and "Traceback" not in bad.stderr
+
+    only_builtins = _run_surgery(["--help"], SURGERY_PLUGINS="")  # surgery's own commands load regardless
+    assert "ffn-align-check" not in only_builtins.stdout and "experts" in only_builtins.stdout
+
+
+@pytest.fixture(scope="module")
+def broken_commands_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three command plugins that each fail differently: on import, while registering, and on a taken name."""
+    site = tmp_path_factory.mktemp("broken_commands")
+    src = site / "src"
+    src.mkdir()
+    (src / "cmd_import.py").write_text("raise ImportError('cmd_import needs the package missing-dependency')\n")
+    (src / "cmd_register.py").write_text("def register(app):\n    raise RuntimeError('no app of mine')\n")
+    (src / "cmd_clash.py").write_text("def register(app):\n    app.command('apply')(lambda: None)\n")
+    entries = {"bad-import": "cmd_import:register", "bad-register": "cmd_register:register",
+               "bad-clash": "cmd_clash:register"}
+    project = {"name": "surgery-broken-commands", "version": "0.0.1", "entry-points": {"surgery.commands": entries}}
+    install_like_pip(site, project, {name: src / f"{name}.py" for name in ("cmd_import", "cmd_register", "cmd_clash")})
+    return site
+
+
+def test_broken_plugin_commands_warn_in_one_line_and_are_skipped(
+        plugin_site: Path, broken_commands_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_sites(monkeypatch, plugin_site, broken_commands_site)
+    try:
+        result = _run_surgery(["--help"])
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        warned = result.stderr.strip().splitlines()
+        assert len(warned) == 3 and all(line.startswith("warning: surgery") for line in warned), warned
+        for name, why in (("bad-import", "missing-dependency"), ("bad-register", "no app of mine"),
+                          ("bad-clash", "'apply' is already used")):
+            assert any(f"'{name}'" in line and why in line for line in warned), (name, warned)
+        assert "ffn-align-check" in result.stdout and "experts" in result.stdout
+        applied = _run_surgery(["apply", "--help"])  # `apply` is still surgery's own
+        assert applied.returncode == 0 and "--strategy" in applied.stdout
+    finally:
+        registry.refresh()
 
 
 def test_broken_plugin_warns_and_is_skipped(plugin_site: Path, broken_site: Path,

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from surgery.anatomy import adapter_for
-from surgery.strategies.module_prune import group_width
-from surgery.strategies.unplug import TaskExpert, UnplugRuntime
+from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
+from surgery.strategies.doe.zero_recovery import group_width
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 
@@ -70,7 +70,7 @@ def test_save_and_reload_runtime(tmp_path) -> None:
 
 def test_runtime_save_is_atomic(tmp_path, monkeypatch) -> None:
     """The experts are written inside the model's atomic save: a failure leaves nothing behind."""
-    import surgery.strategies.unplug as unplug
+    import surgery.strategies.doe.unplug as unplug
 
     spec = TinySpec("bert", task="seq-cls")
     model = tiny_model(spec)

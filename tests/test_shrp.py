@@ -16,7 +16,7 @@ import surgery
 from surgery.data import TaskData
 from surgery.errors import DataError
 from surgery.strategies import ShrpStrategy
-from surgery.strategies.expert_attention import ExpertAttentionLayer
+from surgery.strategies.shrp.expert_attention import ExpertAttentionLayer
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
 WORDS = ["good", "great", "fine", "bad", "awful", "poor", "film", "plot", "the", "a"]

@@ -15,14 +15,15 @@ from surgery.data import TaskData
 from surgery.errors import ConfigError
 from surgery.pipeline import PipelineSession
 from surgery.strategies import ShrpStrategy
-from surgery.strategies.expert_attention import (
+from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
+from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionStrategy,
     concentration_loss,
     entropy,
     expert_layers,
 )
-from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
+from surgery.training import DistillConfig
 
 
 def _task(n: int = 48, seq: int = 8) -> TaskData:
@@ -48,10 +49,10 @@ def test_progressive_dropping_leaves_one_expert_and_the_cut_changes_nothing(tmp_
                             bench=False, eval_each_epoch=False)
     session = PipelineSession(model)
     layers = strategy.convert_layers(model, session)
-    strategy.train(model, task, layers, [1, 0], task.loader("eval"))
-    strategy.train_stage2(model, task, layers, task.loader("eval"))
+    strategy.train(model, session, task, layers, [1, 0], task.loader("eval"))
+    strategy.train_stage2(model, session, task, layers, task.loader("eval"))
     # Every layer went 4 -> 2 -> 1 experts while training, each drop keeping experts it had allowed.
-    drops = strategy.metrics["expert_drops"]
+    drops = session.metrics["expert_drops"]
     for i in (0, 1):
         mine = [d for d in drops if d["layer"] == i]
         assert [len(d["kept"]) for d in mine] == [2, 1]
@@ -66,7 +67,7 @@ def test_progressive_dropping_leaves_one_expert_and_the_cut_changes_nothing(tmp_
         assert layer.num_experts == 1 and layer.router is None
     # The pruned model is the model that was trained last: same outputs for every input.
     torch.testing.assert_close(main_output(model, inputs), before)
-    assert strategy.metrics["accuracy_pruned"] == strategy.metrics["accuracy_moe"]
+    assert session.metrics["accuracy_pruned"] == session.metrics["accuracy_moe"]
     out = surgery.save_pretrained(model, tmp_path / "m")
     torch.testing.assert_close(main_output(surgery.from_pretrained(out), inputs), before)
 
@@ -136,3 +137,29 @@ def test_stage2_mechanisms_need_stage2_epochs() -> None:
     ShrpStrategy(num_layers=1, extra_epochs=0)  # no stage 2: nothing to drop in, the cut is taken as before
     with pytest.raises(ConfigError, match="extra_epochs"):
         ShrpStrategy(num_layers=1, extra_epochs=0, concentration_weight=0.1)
+
+
+def test_distillation_teacher_is_the_model_when_conversion_begins() -> None:
+    spec = TinySpec("bert", task="seq-cls", layers=2)
+    model = tiny_model(spec, num_labels=2)
+    task = _task()
+    strategy = ShrpStrategy(layers=[1], finetune_epochs=1, extra_epochs=1, distill_alpha=0.5, learning_rate=1e-3,
+                            bench=False, eval_each_epoch=False)
+    session = PipelineSession(model)
+    layers = strategy.convert_layers(model, session)
+    strategy.train(model, session, task, layers, [1], task.loader("eval"))
+    teacher = session.context.artefacts["teacher"]
+    # Taken after stage 0 and before layer 1 switched over: it still runs the original layer, so it
+    # differs from the input model (stage 0 trained it) and from the converted student.
+    layer = next(layer for _, layer in expert_layers(teacher))
+    assert not layer.active
+    inputs = tiny_inputs(spec, batch=4)
+    assert not torch.allclose(main_output(teacher, inputs), main_output(model, inputs))
+    losses = {}
+    for alpha in (0.0, 1.0):
+        trainer = ShrpTrainer(model=model, args=training_arguments(strategy.config, 1, "/tmp/unused"),
+                              shrp_state=ShrpTrainingState(teacher=teacher),
+                              distill=DistillConfig(alpha=alpha))
+        batch = next(iter(task.loader("train")))
+        losses[alpha] = float(trainer.compute_loss(model.train(), dict(batch)).detach())
+    assert losses[0.0] != losses[1.0]  # the teacher's KL replaces the labels' CE at alpha=1

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import surgery
 from surgery.errors import DataError, PlanError
 from surgery.strategies import ExpertAttentionStrategy, Top1PruningStrategy
-from surgery.strategies.expert_attention import expert_layers
+from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 

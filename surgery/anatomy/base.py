@@ -1,79 +1,24 @@
 """The uniform anatomy of an encoder, and the adapter base class every family implements.
 
 An adapter is the only code that knows a family's module names. Everything else in surgery sees an
-encoder as a list of :class:`LayerParts`: attention (q, k, v and o, or a fused qkv), FFN (up, down,
-activation) and norms. Head and neuron removal are implemented once here, on top of those parts;
-an adapter only overrides the hooks where its family keeps extra per-head state.
+encoder as a list of :class:`LayerParts` (:mod:`surgery.anatomy.parts`): attention (q, k, v and o, or
+a fused qkv), FFN (up, down, activation) and norms. Removal is cut once, by
+:mod:`surgery.anatomy.removal` on top of those parts; the adapter adds the family's head bookkeeping,
+and only overrides the hooks where its family keeps extra per-head state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
+from surgery.anatomy.calling import CallingConvention, hidden_only, parse_call
+from surgery.anatomy.parts import AttentionParts, FFNParts, LayerParts
+from surgery.anatomy.removal import commit, layer_cuts
 from surgery.errors import PlanError
-from surgery.ops import head_rows, keep_linear_inputs_, keep_linear_outputs_
-
-
-@dataclass
-class AttentionParts:
-    """One layer's self-attention, seen uniformly.
-
-    ``qkv`` is set instead of ``query``/``key``/``value`` for families that fuse the three
-    projections into one Linear whose rows are laid out ``[q heads | k heads | v heads]``.
-    ``per_head_rows`` lists further projections whose output rows are split per head exactly like
-    the query (DeBERTa-v2's separate position projections when keys are not shared).
-    """
-
-    module: nn.Module
-    output: nn.Linear
-    num_heads: int
-    head_dim: int
-    query: nn.Linear | None = None
-    key: nn.Linear | None = None
-    value: nn.Linear | None = None
-    qkv: nn.Linear | None = None
-    per_head_rows: tuple[nn.Linear, ...] = ()
-
-    @property
-    def projections(self) -> tuple[nn.Linear, ...]:
-        """Every Linear whose output rows are per head (q, k, v or qkv, plus ``per_head_rows``)."""
-        own = (self.qkv,) if self.qkv is not None else (self.query, self.key, self.value)
-        return tuple(p for p in own if p is not None) + self.per_head_rows
-
-
-@dataclass
-class FFNParts:
-    """One layer's feed-forward block.
-
-    With ``gated=True`` (ModernBERT's GeGLU) ``up`` has ``2 * width`` rows: rows ``j`` and
-    ``j + width`` both belong to neuron ``j``.
-    """
-
-    up: nn.Linear
-    down: nn.Linear
-    act: nn.Module | Callable[..., Any]
-    gated: bool = False
-
-    @property
-    def width(self) -> int:
-        """Number of intermediate neurons."""
-        return self.down.in_features
-
-
-@dataclass
-class LayerParts:
-    """One encoder layer: its module, attention, FFN and norms (by role name)."""
-
-    index: int
-    module: nn.Module
-    attention: AttentionParts | None
-    ffn: FFNParts | None
-    norms: dict[str, nn.Module] = field(default_factory=dict)
+from surgery.ops import check_indices, complement
 
 
 class EncoderAdapter:
@@ -176,44 +121,47 @@ class EncoderAdapter:
         return int(self.config.num_attention_heads)
 
     # -- surgery -------------------------------------------------------------------------
+    def remove_units(self, index: int, removal: Mapping[str, Sequence[int]], who: str = "") -> None:
+        """Remove units of layer ``index`` for good: ``removal`` maps a group to the units to remove.
+
+        Groups: ``heads``, ``neurons`` (cut physically), ``qk``, ``v``, ``o`` (zero-recovered); see
+        :mod:`surgery.anatomy.removal`. ``who`` prefixes error messages (a strategy's name).
+
+        Example:
+            >>> from surgery.anatomy import adapter_for
+            >>> from surgery.testing import TinySpec, tiny_model
+            >>> adapter = adapter_for(tiny_model(TinySpec("bert", heads=4, ffn=37)))
+            >>> adapter.remove_units(0, {"heads": [1], "neurons": [0, 5]})
+            >>> adapter.layer(0).attention.num_heads, adapter.layer(0).ffn.width
+            (3, 35)
+        """
+        parts = self.layer(index)
+        commit(parts.module, layer_cuts(parts, removal, who))
+        if "heads" in removal:
+            attention = parts.require_attention()
+            keep = complement(removal["heads"], attention.num_heads)
+            for attr in self.head_count_attrs:
+                if hasattr(attention.module, attr):
+                    setattr(attention.module, attr, len(keep))
+            for attr in self.all_head_size_attrs:
+                if hasattr(attention.module, attr):
+                    setattr(attention.module, attr, len(keep) * attention.head_dim)
+            self.after_heads_kept(index, attention.module, keep)
+
     def keep_heads(self, index: int, keep: Sequence[int]) -> None:
         """Keep only the attention heads ``keep`` of layer ``index`` (indices into its current heads)."""
-        attention = self._attention(index)
-        keep = sorted(set(keep))
-        if not keep:
-            raise PlanError(
-                f"layer {index}: removing all {attention.num_heads} heads is not supported; keep at least one "
-                "head (or convert the layer with a strategy that replaces attention)"
-            )
-        hd = attention.head_dim
-        rows = head_rows(keep, hd)
-        if attention.qkv is not None:
-            width = attention.num_heads * hd
-            keep_linear_outputs_(attention.qkv, [part * width + r for part in range(3) for r in rows])
-            for lin in attention.per_head_rows:
-                keep_linear_outputs_(lin, rows)
-        else:
-            for lin in attention.projections:
-                keep_linear_outputs_(lin, rows)
-        keep_linear_inputs_(attention.output, rows)
-        for attr in self.head_count_attrs:
-            if hasattr(attention.module, attr):
-                setattr(attention.module, attr, len(keep))
-        for attr in self.all_head_size_attrs:
-            if hasattr(attention.module, attr):
-                setattr(attention.module, attr, len(keep) * hd)
-        self.after_heads_kept(index, attention.module, keep)
+        heads = self._attention(index).num_heads
+        keep = check_indices(keep, heads, f"layer {index}: heads to keep")
+        self.remove_units(index, {"heads": complement(keep, heads)})
 
     def after_heads_kept(self, index: int, attention: nn.Module, keep: list[int]) -> None:
         """Hook for families with extra per-head state outside q/k/v/o (MPNet's relative bias)."""
 
     def keep_neurons(self, index: int, keep: Sequence[int]) -> None:
         """Keep only the FFN intermediate neurons ``keep`` of layer ``index``."""
-        ffn = self._ffn(index)
-        keep = sorted(set(keep))
-        rows = keep + [ffn.width + j for j in keep] if ffn.gated else keep
-        keep_linear_outputs_(ffn.up, rows)
-        keep_linear_inputs_(ffn.down, keep)
+        width = self._ffn(index).width
+        keep = check_indices(keep, width, f"layer {index}: neurons to keep")
+        self.remove_units(index, {"neurons": complement(keep, width)})
 
     def head_output_columns(self, index: int, heads: Sequence[int]) -> tuple[nn.Linear, list[int]]:
         """The output projection of layer ``index`` and its input columns fed by ``heads``.
@@ -221,19 +169,13 @@ class EncoderAdapter:
         Zeroing those columns masks the heads exactly; tests use it as the reference for removal.
         """
         attention = self._attention(index)
-        return attention.output, head_rows(sorted(heads), attention.head_dim)
+        return attention.output, attention.columns_of_heads(sorted(heads))
 
     def _attention(self, index: int) -> AttentionParts:
-        parts = self.layer(index).attention
-        if parts is None:
-            raise PlanError(f"layer {index} has no standard attention any more (a strategy replaced it)")
-        return parts
+        return self.layer(index).require_attention()
 
     def _ffn(self, index: int) -> FFNParts:
-        parts = self.layer(index).ffn
-        if parts is None:
-            raise PlanError(f"layer {index} has no standard FFN any more (a strategy replaced it)")
-        return parts
+        return self.layer(index).require_ffn()
 
     def num_heads_of(self, module: nn.Module) -> int:
         """Current head count of an attention module, read from its bookkeeping attribute."""
@@ -242,96 +184,36 @@ class EncoderAdapter:
                 return int(getattr(module, attr))
         raise AttributeError(f"{type(module).__name__} has none of {self.head_count_attrs}")
 
-    # -- whole-layer replacement (Expert Attention) ------------------------------------------
-    # A strategy that replaces a whole encoder layer must take the encoder's call exactly as the
-    # family makes it and hand back what the encoder expects. These hooks say how; the defaults
-    # fit the BERT layout (``layer(hidden, attention_mask, ...) -> tensor``), families override.
+    # -- whole-layer replacement ---------------------------------------------------------------
+    def calling_convention(self, layer: nn.Module) -> CallingConvention:
+        """How the encoder calls ``layer``, for a module that stands in for the whole layer.
 
-    def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
-        """The family-neutral view of one call of a layer: hidden states, mask, position terms."""
-        hidden = args[0] if args else kwargs["hidden_states"]
-        mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
-        return LayerCall(hidden=hidden, attention_bias=additive_mask(mask, hidden.dtype))
+        The default fits the BERT layout (post-LN, ``layer(hidden, attention_mask, ...) -> tensor``,
+        scores scaled by ``1/sqrt(head_dim)``); families override it and replace what differs.
 
-    def layer_result(self, hidden: torch.Tensor, call: LayerCall) -> Any:
-        """What the encoder expects a layer to return, given the new hidden states."""
-        return hidden
-
-    def output_norm(self, layer: nn.Module) -> nn.Module | None:
-        """The norm that closes the layer (post-LN); a replacement's output norm starts from it."""
-        return self.norms(layer).get("ffn")
-
-    def input_norm(self, layer: nn.Module) -> nn.Module | None:
-        """The norm applied to the layer input before attention (pre-LN families), else None."""
-        return None
-
-    def attention_scale(self, layer: nn.Module, head_dim: int) -> float:
-        """The factor on ``q·k`` scores (``1/sqrt(head_dim)`` unless the family scales differently)."""
-        return head_dim**-0.5
-
-    def hidden_dropout(self) -> float:
-        """The dropout probability on sublayer outputs."""
-        for attr in ("hidden_dropout_prob", "dropout", "mlp_dropout"):
-            value = getattr(self.config, attr, None)
-            if isinstance(value, (int, float)):
-                return float(value)
-        return 0.0
-
-    def head_bias_columns(self, attention: nn.Module) -> list[int] | None:
-        """Columns of a shared per-head position term used by this attention's current heads.
-
-        None means "one column per current head, in order". MPNet overrides it: after head pruning
-        a layer's heads map to a subset of the shared relative-bias table.
+        Example:
+            >>> from surgery.anatomy import adapter_for
+            >>> from surgery.testing import TinySpec, tiny_model
+            >>> model = tiny_model(TinySpec("bert", head_dim=16))
+            >>> adapter_for(model).calling_convention(model.encoder.layer[0]).scale
+            0.25
         """
-        return None
-
-    def layer_attributes(self, layer: nn.Module) -> dict[str, Any]:
-        """Plain attributes the encoder reads from its layers (e.g. ModernBERT's ``attention_type``)."""
-        return {}
-
-
-@dataclass
-class LayerCall:
-    """One call of an encoder layer, in family-neutral terms.
-
-    ``attention_bias`` is additive and broadcastable to ``[batch, 1, seq, seq]``; ``head_bias``
-    is a per-head additive position term ``[batch or 1, heads, seq, seq]`` (MPNet's relative
-    bias); ``rotary`` applies a family's rotary embedding to per-head ``q, k`` of shape
-    ``[batch, 1, seq, head_dim]``; ``head_scores`` adds per-head position scores computed from an
-    expert's own projections (DeBERTa's disentangled terms): ``extra["head_scores"](q, k, weight, bias)``
-    with the experts' stacked ``[B, 3*head_dim, d]`` Q/K/V weights and ``[B, 3*head_dim]`` biases,
-    returning an additive ``[B, 1, S, S]`` term. ``extra`` keeps anything the family's
-    :meth:`EncoderAdapter.layer_result` needs.
-    """
-
-    hidden: torch.Tensor
-    attention_bias: torch.Tensor | None = None
-    head_bias: torch.Tensor | None = None
-    rotary: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def key_mask(self) -> torch.Tensor | None:
-        """``[batch, seq]`` bool, True where a token can be attended to by some query."""
-        if self.attention_bias is None:
-            return None
-        bias = self.attention_bias
-        real = bias[:, 0] > torch.finfo(bias.dtype).min / 2
-        return real.any(dim=-2) if real.dim() == 3 else real
+        attention = self.attention_parts(layer)
+        head_dim = attention.head_dim if attention is not None else self.head_dim()
+        return CallingConvention(parse=parse_call, result=hidden_only, scale=head_dim**-0.5,
+                                 dropout=sublayer_dropout(self.config), output_norm=self.norms(layer).get("ffn"))
 
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Turn an encoder's attention mask (bool, 0/1 ``[B, S]`` or additive 4-D) into an additive 4-D bias.
+def sublayer_dropout(config: Any) -> float:
+    """The dropout probability on sublayer outputs, under the first name a family's config uses for it.
 
     Example:
-        >>> additive_mask(torch.tensor([[1, 0]]), torch.float32).shape
-        torch.Size([1, 1, 1, 2])
+        >>> from transformers import DistilBertConfig
+        >>> sublayer_dropout(DistilBertConfig(dropout=0.2))
+        0.2
     """
-    if mask is None:
-        return None
-    neg = torch.finfo(dtype).min
-    if mask.dim() == 2:  # [B, S] with 1 = keep (DistilBERT-style padding masks)
-        mask = mask[:, None, None, :].bool()
-    if not mask.is_floating_point():  # bool or 0/1 integers (DeBERTa): 1 = keep
-        mask = mask.bool()
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, neg)
-    return mask.to(dtype)
+    for attr in ("hidden_dropout_prob", "dropout", "mlp_dropout"):
+        value = getattr(config, attr, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0

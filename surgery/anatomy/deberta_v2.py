@@ -10,14 +10,17 @@ size (``query_layer.size(-1)``), so only ``num_attention_heads``/``all_head_size
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from surgery.anatomy.base import AttentionParts, LayerCall
+from surgery.anatomy.base import AttentionParts
 from surgery.anatomy.bert import BertAdapter
+from surgery.anatomy.calling import CallingConvention, LayerCall, Projection, parse_call
+from surgery.errors import PlanError
 
 
 class DebertaV2Adapter(BertAdapter):
@@ -55,71 +58,93 @@ class DebertaV2Adapter(BertAdapter):
             per_head_rows=per_head,
         )
 
-    # -- whole-layer replacement (Expert Attention) ------------------------------------------
+    # -- whole-layer replacement -------------------------------------------------------------
     # DeBERTa's score is (q·k + c2p + p2c) / sqrt(head_dim * factor). With shared position
     # projections (share_att_key, as DeBERTa-v3 ships) c2p/p2c use the head's own query/key
-    # projections of the relative embeddings, so an expert reproduces them exactly from its own
-    # Q/K weights. Separate position projections (share_att_key=False) are not reproduced.
-    def _scale_factor(self) -> int:
-        types = getattr(self.config, "pos_att_type", None) or []
-        return 1 + int("c2p" in types) + int("p2c" in types) if getattr(self.config, "relative_attention", False) else 1
-
-    def attention_scale(self, layer: nn.Module, head_dim: int) -> float:
-        return (head_dim * self._scale_factor()) ** -0.5
-
-    def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
-        call = super().parse_layer_call(args, kwargs)
-        rel = kwargs.get("rel_embeddings")
-        if getattr(self.config, "relative_attention", False) and rel is not None:
-            if not getattr(self.config, "share_att_key", False):
-                from surgery.errors import PlanError
-
-                raise PlanError("expert attention on DeBERTa-v2 needs share_att_key=True (shared position "
-                                "projections); this model has separate ones")
-            relative_pos = kwargs.get("relative_pos")
-            hidden = call.hidden
-            if relative_pos is None:
-                from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
-
-                relative_pos = build_relative_position(hidden, hidden, bucket_size=self.config.position_buckets,
-                                                       max_position=self._max_relative())
-            span = self.config.position_buckets if self.config.position_buckets > 0 else self._max_relative()
-            call.extra["head_scores"] = partial(
-                _deberta_expert_scores, rel=rel[: 2 * span], relative_pos=relative_pos, span=span,
-                types=tuple(self.config.pos_att_type or ()), scale=1.0)
-        return call
-
-    def _max_relative(self) -> int:
-        value = getattr(self.config, "max_relative_positions", -1)
-        return value if value and value > 0 else self.config.max_position_embeddings
-
-    def layer_result(self, hidden: torch.Tensor, call: LayerCall) -> Any:
-        return (hidden, None)
+    # projections of the relative embeddings, so a replacement head reproduces them exactly from
+    # its own projections. Separate position projections (share_att_key=False) are not reproduced.
+    def calling_convention(self, layer: nn.Module) -> CallingConvention:
+        attention = self.attention_parts(layer)
+        head_dim = attention.head_dim if attention is not None else self.head_dim()
+        cfg = self.config
+        types = tuple(getattr(cfg, "pos_att_type", None) or ())
+        relative = bool(getattr(cfg, "relative_attention", False))
+        max_relative = getattr(cfg, "max_relative_positions", -1)
+        max_relative = max_relative if max_relative and max_relative > 0 else cfg.max_position_embeddings
+        parse = partial(parse_deberta_call, relative=relative, shared=bool(getattr(cfg, "share_att_key", False)),
+                        buckets=cfg.position_buckets, max_relative=max_relative, types=types)
+        return replace(super().calling_convention(layer), parse=parse, result=hidden_and_no_attention,
+                       scale=(head_dim * score_factor(types, relative)) ** -0.5)
 
 
-def _deberta_expert_scores(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
-                           rel: torch.Tensor, relative_pos: torch.Tensor, span: int, types: tuple[str, ...],
-                           scale: float) -> torch.Tensor:
-    """c2p + p2c of one expert per sequence, as ``[B, 1, S, S]``, scaled like the content score.
+def score_factor(types: tuple[str, ...], relative: bool = True) -> int:
+    """How many score terms DeBERTa sums (content, c2p, p2c): the scores are divided by ``sqrt(head_dim * it)``.
 
-    ``q``/``k`` are ``[B, 1, S, dh]``; ``weight``/``bias`` the experts' stacked Q/K/V rows.
+    Example:
+        >>> score_factor(("p2c", "c2p")), score_factor(("c2p",), relative=False)
+        (3, 1)
+    """
+    return 1 + int("c2p" in types) + int("p2c" in types) if relative else 1
+
+
+def parse_deberta_call(args: tuple[Any, ...], kwargs: dict[str, Any], *, relative: bool, shared: bool, buckets: int,
+                       max_relative: int, types: tuple[str, ...]) -> LayerCall:
+    """A DeBERTa-v2 layer call; with relative attention its c2p/p2c terms become the call's ``head_scores``.
+
+    Example:
+        >>> call = parse_deberta_call((torch.zeros(1, 2, 4), None), {}, relative=False, shared=True, buckets=4,
+        ...                           max_relative=8, types=())
+        >>> call.head_scores is None
+        True
+    """
+    call = parse_call(args, kwargs)
+    rel = kwargs.get("rel_embeddings")
+    if relative and rel is not None:
+        if not shared:
+            raise PlanError("replacing a whole DeBERTa-v2 layer needs share_att_key=True (shared position "
+                            "projections); this model has separate ones")
+        relative_pos = kwargs.get("relative_pos")
+        hidden = call.hidden
+        if relative_pos is None:
+            from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
+
+            relative_pos = build_relative_position(hidden, hidden, bucket_size=buckets, max_position=max_relative)
+        span = buckets if buckets > 0 else max_relative
+        call.head_scores = partial(relative_head_scores, rel=rel[: 2 * span], relative_pos=relative_pos, span=span,
+                                   types=types)
+    return call
+
+
+def hidden_and_no_attention(hidden: torch.Tensor, call: LayerCall) -> tuple[torch.Tensor, None]:
+    """What a DeBERTa-v2 layer returns: ``(hidden_states, attention_probs)``, without the probabilities.
+
+    Example:
+        >>> hidden_and_no_attention(torch.zeros(1), LayerCall(hidden=torch.zeros(1)))[1] is None
+        True
+    """
+    return (hidden, None)
+
+
+def relative_head_scores(q: torch.Tensor, k: torch.Tensor, query: Projection, key: Projection, *, rel: torch.Tensor,
+                         relative_pos: torch.Tensor, span: int, types: tuple[str, ...]) -> torch.Tensor:
+    """c2p + p2c of each sequence's head, as ``[B, 1, S, S]``, scaled like the content score.
+
+    ``q``/``k`` are ``[B, 1, S, dh]``; ``query``/``key`` project the relative embeddings ``rel`` with
+    each sequence's head projections (shared position projections, ``share_att_key=True``).
     """
     dh = q.shape[-1]
-    factor = 1 + int("c2p" in types) + int("p2c" in types)
-    inv = (dh * factor) ** -0.5 * scale
+    inv = (dh * score_factor(types)) ** -0.5
     rp = relative_pos.to(device=q.device, dtype=torch.long)
     while rp.dim() > 2:
         rp = rp[0]
     b, s = q.shape[0], q.shape[2]
     score = q.new_zeros(b, s, s)
     if "c2p" in types:
-        pos_key = torch.einsum("rd,bhd->brh", rel, weight[:, dh:2 * dh]) + bias[:, None, dh:2 * dh]
-        c2p = torch.bmm(q[:, 0], pos_key.transpose(1, 2))
+        c2p = torch.bmm(q[:, 0], key(rel).transpose(1, 2))
         idx = torch.clamp(rp + span, 0, 2 * span - 1).expand(b, s, s)
         score = score + torch.gather(c2p, -1, idx) * inv
     if "p2c" in types:
-        pos_query = torch.einsum("rd,bhd->brh", rel, weight[:, :dh]) + bias[:, None, :dh]
-        p2c = torch.bmm(k[:, 0], pos_query.transpose(1, 2))
+        p2c = torch.bmm(k[:, 0], query(rel).transpose(1, 2))
         idx = torch.clamp(-rp + span, 0, 2 * span - 1).expand(b, s, s)
         score = score + torch.gather(p2c, -1, idx).transpose(-1, -2) * inv
     return score[:, None]

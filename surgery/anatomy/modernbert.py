@@ -9,11 +9,13 @@ Layer 0 has no attention norm (``attn_norm`` is ``nn.Identity``); it is still re
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
 
-from surgery.anatomy.base import AttentionParts, EncoderAdapter, FFNParts, LayerCall, additive_mask
+from surgery.anatomy.base import AttentionParts, EncoderAdapter, FFNParts
+from surgery.anatomy.calling import CallingConvention, LayerCall, parse_call
 
 
 class ModernBertAdapter(EncoderAdapter):
@@ -56,32 +58,35 @@ class ModernBertAdapter(EncoderAdapter):
         # The module keeps no head count; the fused projection's rows are 3 * heads * head_dim.
         return module.Wqkv.out_features // (3 * module.head_dim)
 
-    # -- whole-layer replacement (Expert Attention) ------------------------------------------
-    # ModernBERT is pre-LN: the replacement norms its input with the layer's attn_norm and adds
-    # its output to the residual stream (no closing norm). Rotary embeddings are applied to each
-    # expert's q/k exactly as to every head; local layers keep their sliding-window mask, which the
-    # encoder selects by the layer's ``attention_type``.
-    def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
-        hidden = args[0] if args else kwargs["hidden_states"]
-        mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
-        call = LayerCall(hidden=hidden, attention_bias=additive_mask(mask, hidden.dtype))
-        position = args[2] if len(args) > 2 else kwargs.get("position_embeddings")
-        if position is not None:
-            from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
-
-            cos, sin = position
-            call.rotary = lambda q, k: apply_rotary_pos_emb(q, k, cos, sin)
-        return call
-
-    def output_norm(self, layer: nn.Module) -> nn.Module | None:
-        return None
-
-    def input_norm(self, layer: nn.Module) -> nn.Module | None:
+    # -- whole-layer replacement -------------------------------------------------------------
+    # ModernBERT is pre-LN: a replacement norms its input with the layer's attn_norm and adds its
+    # output to the residual stream (no closing norm). Rotary embeddings are applied to each
+    # replacement head's q/k exactly as to every head; local layers keep their sliding-window mask,
+    # which the encoder selects by the layer's ``attention_type``.
+    def calling_convention(self, layer: nn.Module) -> CallingConvention:
         norm = getattr(layer, "attn_norm", None)
-        return None if isinstance(norm, nn.Identity) else norm  # layer 0 norms nothing
+        return replace(
+            super().calling_convention(layer), parse=parse_modernbert_call, output_norm=None,
+            input_norm=None if isinstance(norm, nn.Identity) else norm,  # layer 0 norms nothing
+            attributes={"attention_type": layer.attention_type} if hasattr(layer, "attention_type") else {},
+            dropout=float(getattr(self.config, "mlp_dropout", 0.0) or 0.0))
 
-    def layer_attributes(self, layer: nn.Module) -> dict[str, Any]:
-        return {"attention_type": layer.attention_type} if hasattr(layer, "attention_type") else {}
 
-    def hidden_dropout(self) -> float:
-        return float(getattr(self.config, "mlp_dropout", 0.0) or 0.0)
+def parse_modernbert_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
+    """A ModernBERT layer call ``layer(hidden_states, attention_mask, position_embeddings, ...)``.
+
+    The rotary ``(cos, sin)`` pair becomes the call's ``rotary`` map on per-head ``q, k``.
+
+    Example:
+        >>> import torch
+        >>> parse_modernbert_call((torch.zeros(1, 2, 4), None), {}).rotary is None
+        True
+    """
+    call = parse_call(args, kwargs)
+    position = args[2] if len(args) > 2 else kwargs.get("position_embeddings")
+    if position is not None:
+        from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
+
+        cos, sin = position
+        call.rotary = lambda q, k: apply_rotary_pos_emb(q, k, cos, sin)
+    return call

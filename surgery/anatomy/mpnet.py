@@ -14,13 +14,15 @@ every column (it is ``buckets * heads`` numbers; another layer may still use any
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from surgery.anatomy.base import AttentionParts, LayerCall
+from surgery.anatomy.base import AttentionParts
 from surgery.anatomy.bert import BertAdapter
+from surgery.anatomy.calling import CallingConvention, LayerCall, parse_call
 
 BIAS_HEADS = "bias_heads"
 
@@ -96,16 +98,34 @@ class MPNetAdapter(BertAdapter):
         if slice_position_bias not in attention._forward_pre_hooks.values():
             attention.register_forward_pre_hook(slice_position_bias, with_kwargs=True)
 
-    def head_bias_columns(self, attention: nn.Module) -> list[int] | None:
-        kept = getattr(attention, BIAS_HEADS, None)
-        return kept.tolist() if kept is not None else None
-
     # -- whole-layer replacement: MPNet layers take the shared bias third and return a tuple --
-    def parse_layer_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
-        call = super().parse_layer_call(args, kwargs)
-        # [batch, heads, query, key], one column of the shared table per original head.
-        call.head_bias = args[2] if len(args) > 2 else kwargs.get("position_bias")
-        return call
+    def calling_convention(self, layer: nn.Module) -> CallingConvention:
+        attention = self.attention_parts(layer)
+        # After head pruning the layer's heads map to a subset of the shared relative-bias table.
+        kept = getattr(attention.module, BIAS_HEADS, None) if attention is not None else None
+        return replace(super().calling_convention(layer), parse=parse_mpnet_call, result=hidden_in_tuple,
+                       head_bias_columns=kept.tolist() if kept is not None else None)
 
-    def layer_result(self, hidden: torch.Tensor, call: LayerCall) -> Any:
-        return (hidden,)
+
+def parse_mpnet_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
+    """An MPNet layer call ``layer(hidden_states, attention_mask, position_bias, ...)``.
+
+    ``position_bias`` is ``[batch, heads, query, key]``, one column of the shared table per original head.
+
+    Example:
+        >>> parse_mpnet_call((torch.zeros(1, 2, 4), None, torch.ones(1, 3, 2, 2)), {}).head_bias.shape
+        torch.Size([1, 3, 2, 2])
+    """
+    call = parse_call(args, kwargs)
+    call.head_bias = args[2] if len(args) > 2 else kwargs.get("position_bias")
+    return call
+
+
+def hidden_in_tuple(hidden: torch.Tensor, call: LayerCall) -> tuple[torch.Tensor]:
+    """What an MPNet layer returns: a one-element tuple.
+
+    Example:
+        >>> len(hidden_in_tuple(torch.zeros(1), LayerCall(hidden=torch.zeros(1))))
+        1
+    """
+    return (hidden,)

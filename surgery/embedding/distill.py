@@ -13,7 +13,7 @@ composes with trainers that add terms on top (SHRP's balance loss) by ordinary i
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,6 @@ from surgery.anatomy import adapter_for
 from surgery.data import PaddingCollator
 from surgery.embedding.evaluate import embed_batch
 from surgery.embedding.pooling import SentenceConfig
-from surgery.embedding.texts import TextData
-from surgery.errors import DataError
 from surgery.manifest import steps_of
 from surgery.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.training import (
@@ -40,6 +38,9 @@ from surgery.training import (
     train_columns,
 )
 from surgery.training.recover import recovery_arguments
+
+if TYPE_CHECKING:
+    from surgery.embedding.texts import TextData
 
 
 class EmbeddingDistillConfig(BaseModel):
@@ -132,15 +133,6 @@ class EmbeddingDistillTrainer(SurgeryTrainer):
             self.stats.kd_sum += float(kd.detach())
         outputs = {"sentence_embedding": student, "logits": None}
         return (loss, outputs) if return_outputs else loss
-
-
-def require_text_data(data: Any, who: str) -> TextData:
-    """``data`` as unlabelled :class:`TextData` with a pooling config, or a one-line DataError."""
-    if not isinstance(data, TextData):
-        got = "no data" if data is None else type(data).__name__
-        raise DataError(f"{who} with the embedding objective needs unlabelled texts (surgery.embedding.TextData, "
-                        f"e.g. --data corpus.txt); got {got}")
-    return data
 
 
 def sentence_config_of(data: TextData) -> SentenceConfig:

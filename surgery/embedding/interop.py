@@ -73,7 +73,7 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
         >>> import tempfile
         >>> from transformers import BertTokenizer
         >>> from surgery.testing import TinySpec, tiny_model
-        >>> from surgery.strategies.head_prune import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
         >>> import surgery
         >>> model = tiny_model(TinySpec("bert"))
         >>> _ = surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))  # uneven heads

@@ -186,3 +186,12 @@ def _texts(source: str | os.PathLike[str] | list[str], text_column: str) -> list
 
 def _name(source: str | os.PathLike[str] | list[str] | None) -> str | None:
     return f"<{len(source)} texts>" if isinstance(source, list) else (str(source) if source is not None else None)
+
+
+def require_text_data(data: Any, who: str) -> TextData:
+    """``data`` as unlabelled :class:`TextData` with a pooling config, or a one-line DataError."""
+    if not isinstance(data, TextData):
+        got = "no data" if data is None else type(data).__name__
+        raise DataError(f"{who} with the embedding objective needs unlabelled texts (surgery.embedding.TextData, "
+                        f"e.g. --data corpus.txt); got {got}")
+    return data

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from surgery.data import PaddingCollator, TaskData
+from surgery.data import MODEL_COLUMNS, PaddingCollator, TaskData
 from surgery.training.distill import DistillConfig, distillation_loss, hidden_state_loss
 
 
@@ -254,7 +254,7 @@ def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, le
 
 def train_columns(task: TaskData) -> Any:
     """The training split with only the model-input columns (what the collator pads)."""
-    columns = [c for c in ("input_ids", "attention_mask", "token_type_ids", "labels") if c in task.train.column_names]
+    columns = [c for c in MODEL_COLUMNS if c in task.train.column_names]
     return task.train.select_columns(columns)
 
 

@@ -21,7 +21,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from surgery import LayerChange, PlanError, Strategy, StrategyConfig, adapter_for
+from surgery import LayerChange, PlanError, RunContext, Strategy, StrategyConfig, adapter_for
 from surgery.ops import check_indices, complement
 
 __all__ = ["FFNAlignConfig", "FFNAlignStrategy"]
@@ -53,10 +53,11 @@ class FFNAlignStrategy(Strategy):
     plan_version = 1
     config: FFNAlignConfig
 
-    def plan(self, model: nn.Module, data: Any = None) -> dict[str, Any]:
+    def plan(self, model: nn.Module, data: Any = None, context: RunContext | None = None) -> dict[str, Any]:
         """Choose, per layer, the ``width % multiple`` neurons with the weakest down-projection columns.
 
-        Reads weights only (``data`` is not needed) and never changes the model.
+        Reads weights only (``data`` is not needed) and never changes the model; a figure for the
+        report goes to the run's ``context``.
         """
         adapter = adapter_for(model)
         layers = self.config.layers if self.config.layers is not None else range(adapter.num_layers)
@@ -71,7 +72,8 @@ class FFNAlignStrategy(Strategy):
             # A stable sort breaks ties by index, so the same weights always give the same plan.
             order = torch.sort(strength, stable=True).indices.tolist()
             removal[str(index)] = sorted(order[: ffn.width % multiple])
-        self.metrics["aligned_layers"] = len(removal)
+        if context is not None:
+            context.metrics["aligned_layers"] = len(removal)
         # JSON keys are strings: this is exactly the form apply() receives when a saved model reloads.
         return {"neurons": removal}
 
