@@ -52,11 +52,9 @@ class FFNPruningStrategy(UnitPruningStrategy):
     never reaches the output once its down column is gone, removal equals masking exactly.
 
     Example:
-        >>> from transformers import BertConfig, BertModel
         >>> import surgery
-        >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
-        ...                  num_attention_heads=4, intermediate_size=37)
-        >>> model = BertModel(cfg)
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert"))  # 2 layers, 4 heads, FFN width 37
         >>> _ = surgery.convert(model, FFNPruningStrategy(neurons={0: [0, 1, 2]}))
         >>> [layer.ffn_width for layer in surgery.inspect(model).layers]
         [34, 37]
@@ -67,12 +65,6 @@ class FFNPruningStrategy(UnitPruningStrategy):
     unit = "neurons"
     config: FFNPruningConfig
 
-    def units_in(self, adapter: EncoderAdapter, layer: int) -> int:
-        ffn = adapter.layer(layer).ffn
-        return ffn.width if ffn is not None else 0
-
-    def keep_units(self, adapter: EncoderAdapter, layer: int, keep: list[int]) -> None:
-        adapter.keep_neurons(layer, keep)
 
     def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None,
                metrics: dict[str, Any]) -> dict[int, torch.Tensor]:

@@ -39,11 +39,9 @@ class HeadPruningStrategy(UnitPruningStrategy):
     per layer (L2) before global ranking, and at least one head stays in every layer.
 
     Example:
-        >>> from transformers import BertConfig, BertModel
         >>> import surgery
-        >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
-        ...                  num_attention_heads=4, intermediate_size=37)
-        >>> model = BertModel(cfg)
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert"))  # 2 layers, 4 heads, FFN width 37
         >>> report = surgery.convert(model, HeadPruningStrategy(ratio=0.5, scope="layer"))
         >>> [layer.heads for layer in surgery.inspect(model).layers]
         [2, 2]
@@ -54,12 +52,6 @@ class HeadPruningStrategy(UnitPruningStrategy):
     unit = "heads"
     config: HeadPruningConfig
 
-    def units_in(self, adapter: EncoderAdapter, layer: int) -> int:
-        attention = adapter.layer(layer).attention
-        return attention.num_heads if attention is not None else 0
-
-    def keep_units(self, adapter: EncoderAdapter, layer: int, keep: list[int]) -> None:
-        adapter.keep_heads(layer, keep)
 
     def _validate(self, adapter: EncoderAdapter, removal: dict[int, list[int]]) -> None:
         super()._validate(adapter, removal)

@@ -16,7 +16,7 @@ from torch import nn
 
 from surgery.anatomy import EncoderAdapter, adapter_for
 from surgery.errors import ConfigError
-from surgery.ops import check_indices, complement
+from surgery.ops import check_indices
 from surgery.report import LayerChange
 from surgery.run import RunContext
 from surgery.selection import lowest_units, parse_layer_map
@@ -75,13 +75,9 @@ class UnitPruningStrategy(Strategy):
     objectives = ("task", "embedding")  # importance and recovery have a label-free embedding objective
     config: Any
 
-    @abstractmethod
     def units_in(self, adapter: EncoderAdapter, layer: int) -> int:
         """How many units layer ``layer`` has now."""
-
-    @abstractmethod
-    def keep_units(self, adapter: EncoderAdapter, layer: int, keep: list[int]) -> None:
-        """Physically keep only ``keep`` in layer ``layer``."""
+        return adapter.layer(layer).count(self.unit)
 
     @abstractmethod
     def scores(self, model: nn.Module, adapter: EncoderAdapter, layers: list[int], data: Data | None,
@@ -124,7 +120,7 @@ class UnitPruningStrategy(Strategy):
         changes = []
         for layer, units in sorted(removal.items()):
             before = self.units_in(adapter, layer)
-            self.keep_units(adapter, layer, complement(units, before))
+            adapter.remove_units(layer, {self.unit: units}, self.name)  # the removal engine, head bookkeeping too
             changes.append(LayerChange(layer=layer, component=self.unit, before=before,
                                        after=self.units_in(adapter, layer)))
         return changes

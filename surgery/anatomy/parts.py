@@ -166,6 +166,22 @@ class LayerParts:
     ffn: FFNParts | None
     norms: dict[str, nn.Module] = field(default_factory=dict)
 
+    def count(self, group: str) -> int:
+        """How many ``heads`` or ``neurons`` the layer has now (0 where a strategy replaced the part).
+
+        Example:
+            >>> from surgery.anatomy import adapter_for
+            >>> from surgery.testing import TinySpec, tiny_model
+            >>> parts = adapter_for(tiny_model(TinySpec("bert"))).layer(0)
+            >>> parts.count("heads"), parts.count("neurons")
+            (4, 37)
+        """
+        if group == "heads":
+            return self.attention.num_heads if self.attention is not None else 0
+        if group == "neurons":
+            return self.ffn.width if self.ffn is not None else 0
+        raise ValueError(f"unknown unit group {group!r}; known: heads, neurons")
+
     def require_attention(self) -> AttentionParts:
         """The standard attention, or a PlanError if a strategy has replaced it."""
         if self.attention is None:
