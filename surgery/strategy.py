@@ -27,6 +27,7 @@ from torch import nn
 
 from surgery.errors import ConfigError, DataError
 from surgery.report import LayerChange, SurgeryReport
+from surgery.requirements import describe, require_training_data
 from surgery.run import RunContext, apply_step, perform_step, plan_step
 
 if TYPE_CHECKING:
@@ -66,11 +67,6 @@ def validation_message(prefix: str, exc: ValidationError) -> str:
         shown = "" if err["type"] == "missing" else f" (got {value!r:.60})"
         parts.append(f"{loc}: {msg}{shown}")
     return f"{prefix}: " + "; ".join(parts)
-
-
-def describe(data: Any) -> str:
-    """A short name of what ``data`` is, for error messages."""
-    return "no data" if data is None else type(data).__name__
 
 
 class Method(ABC):
@@ -126,21 +122,7 @@ class Method(ABC):
                 raise DataError(f"{self.name}: data must be TaskData or an iterable of model-input batches, got "
                                 f"{describe(data)}")
             return data
-        objective = getattr(data, "objective", "task")
-        if objective != "task":
-            if objective not in self.objectives:
-                raise DataError(f"{self.name} cannot train with the {objective} objective; supported: "
-                                f"{', '.join(self.objectives)}")
-            return data
-        if not all(hasattr(data, a) for a in ("train", "eval", "label_names")):
-            raise DataError(f"{self.name} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
-                            f"--data train.csv [--eval-data dev.csv]); got {describe(data)}")
-        if "labels" not in data.train.column_names:
-            raise DataError(f"{self.name}: the training data has no labels; name the label column with "
-                            "--label-column")
-        if data.eval is None:
-            raise DataError(f"{self.name}: needs evaluation data; pass --eval-data or an eval fraction")
-        return data
+        return require_training_data(data, self.name, objectives=self.objectives, need_eval=True)
 
     @abstractmethod
     def perform(self, model: nn.Module, data: Any, context: RunContext, *,
@@ -180,18 +162,8 @@ class Strategy(Method):
 
     def perform(self, model: nn.Module, data: Any, context: RunContext, *,
                 recovery: RecoveryConfig | None = None) -> SurgeryReport:
-        guard_data = None
-        if recovery is not None:
-            guard_data = data if getattr(data, "objective", "task") == "embedding" else \
-                self._labelled(data, "recovery")
+        guard_data = require_training_data(data, "recovery") if recovery is not None else None
         return perform_step(model, self, data, context, recovery=recovery, guard_data=guard_data)
-
-    @staticmethod
-    def _labelled(data: Any, who: str) -> Any:
-        if not hasattr(data, "train") or "labels" not in data.train.column_names:
-            raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
-                            f"--data train.csv); got {describe(data)}")
-        return data
 
     def preview(self, model: nn.Module, data: Any = None) -> dict[str, Any]:
         """The step exactly as it would be recorded in the manifest (strategy, version, config, plan)."""

@@ -22,6 +22,7 @@ from surgery.assets import resolve_data_path
 from surgery.data import TaskData, read_table
 from surgery.embedding.pooling import SentenceConfig
 from surgery.errors import DataError
+from surgery.requirements import describe
 
 if TYPE_CHECKING:
     from torch import nn
@@ -191,7 +192,6 @@ def _name(source: str | os.PathLike[str] | list[str] | None) -> str | None:
 def require_text_data(data: Any, who: str) -> TextData:
     """``data`` as unlabelled :class:`TextData` with a pooling config, or a one-line DataError."""
     if not isinstance(data, TextData):
-        got = "no data" if data is None else type(data).__name__
         raise DataError(f"{who} with the embedding objective needs unlabelled texts (surgery.embedding.TextData, "
-                        f"e.g. --data corpus.txt); got {got}")
+                        f"e.g. --data corpus.txt); got {describe(data)}")
     return data

@@ -14,9 +14,10 @@ from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.data import TaskData
-from surgery.errors import ConfigError, DataError
+from surgery.errors import ConfigError
 from surgery.manifest import steps_of
 from surgery.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.requirements import require_training_data
 from surgery.training.distill import DistillConfig, default_layer_map
 from surgery.training.evaluate import accuracy
 from surgery.training.trainer import EpochHistory, EpochStats, fit, scratch_dir, training_arguments
@@ -76,13 +77,7 @@ def require_labelled(data: Any, who: str) -> TaskData:
     Unlabelled sentence-embedding texts (:class:`surgery.embedding.TextData`) pass too: they bring
     their own objective (distillation of the sentence embeddings), which :func:`recover` runs.
     """
-    if getattr(data, "objective", "task") == "embedding":
-        return data
-    if not isinstance(data, TaskData) or "labels" not in data.train.column_names:
-        got = "no data" if data is None else type(data).__name__
-        raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.TaskData, e.g. "
-                        f"--data train.csv); got {got}")
-    return data
+    return require_training_data(data, who)
 
 
 def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: RecoveryConfig | None = None, *,
