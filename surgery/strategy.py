@@ -28,7 +28,7 @@ from torch import nn
 from surgery.errors import ConfigError, DataError
 from surgery.report import LayerChange, SurgeryReport
 from surgery.requirements import describe, require_training_data
-from surgery.run import RunContext, apply_step, perform_step, plan_step
+from surgery.run import RunContext, perform_step, plan_step
 
 if TYPE_CHECKING:
     from surgery.training import RecoveryConfig
@@ -170,10 +170,6 @@ class Strategy(Method):
         return {"strategy": self.name, "plan_version": self.plan_version,
                 "config": json.loads(self.config.model_dump_json()),
                 "plan": plan_step(model, self, data, RunContext())}
-
-    def apply_recorded(self, model: nn.Module, plan: Plan, context: RunContext | None = None) -> SurgeryReport:
-        """Apply a given plan and record it (what :func:`surgery.apply_plan` does)."""
-        return apply_step(model, self, plan, context or RunContext())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
