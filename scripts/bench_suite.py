@@ -102,10 +102,22 @@ def run_finetuned(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
     return model, {"epochs": ctx.args.baseline_epochs}
 
 
-def shrp_method(converted: int) -> Callable[[Context], tuple[nn.Module, dict[str, Any]]]:
+#: SHRP settings measured against the default recipe (issue 8: defaults are chosen from the suite).
+#: A variant runs as method ``shrp-K/6+NAME``, on the same fine-tuned model and split as the default.
+SHRP_VARIANTS: dict[str, dict[str, Any]] = {
+    "kd": dict(distill_alpha=0.5, distill_hidden_weight=1.0),
+    "lr1e-4": dict(learning_rate=1e-4),
+    "kd-lr1e-4": dict(distill_alpha=0.5, distill_hidden_weight=1.0, learning_rate=1e-4),
+    "kd-lr1e-4-x4": dict(distill_alpha=0.5, distill_hidden_weight=1.0, learning_rate=1e-4, extra_epochs=4),
+}
+
+
+def shrp_method(converted: int, overrides: dict[str, Any] | None = None
+                ) -> Callable[[Context], tuple[nn.Module, dict[str, Any]]]:
     def run(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
         model = ctx.load("finetuned")
-        strategy = ShrpStrategy(**SHRP_RECIPE, num_layers=converted, seed=ctx.seed)
+        settings = {**SHRP_RECIPE, "num_layers": converted, "seed": ctx.seed, **(overrides or {})}
+        strategy = ShrpStrategy(**settings)
         report = surgery.convert(model, strategy, data=ctx.task.data)
         keep = ("layers", "accuracy_moe", "accuracy_pruned", "accuracy_recovered", "usage", "coverage",
                 "expert_drops", "history", "train_seconds")
@@ -118,6 +130,9 @@ for _k in (3, 5):
     method(f"shrp-{_k}/6", needs=("finetuned",),
            description=f"SHRP, top {_k} of 6 layers single-head (default recipe, on the fine-tuned model)")(
         shrp_method(_k))
+    for _name, _overrides in SHRP_VARIANTS.items():
+        method(f"shrp-{_k}/6+{_name}", needs=("finetuned",),
+               description=f"SHRP-{_k}/6 with {_overrides}")(shrp_method(_k, _overrides))
 
 
 def matched_ratio(model: nn.Module, target: int) -> float:
