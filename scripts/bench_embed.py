@@ -36,13 +36,13 @@ import surgery
 from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
-from surgery.embedding import shrp as embedding_shrp
 from surgery.embedding.distill import recover_embeddings
 from surgery.embedding.suite import corpus_texts, probe_suite
 from surgery.strategies.pruning.ffn import FFNPruningStrategy
 from surgery.strategies.pruning.heads import HeadPruningStrategy
 from surgery.strategies.pruning.layers import LayerDropStrategy
 from surgery.strategies.shrp import ShrpStrategy
+from surgery.strategies.shrp import embedding as embedding_shrp
 from surgery.training import RecoveryConfig
 
 # Parameter-matched head+FFN ratios: SHRP-3 keeps 5.63M of 10.80M non-embedding parameters and

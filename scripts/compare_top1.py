@@ -35,9 +35,10 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.assets import resolve_model_path
 from surgery.pipeline import PipelineSession
-from surgery.strategies.shrp import ShrpStrategy, accuracy, finetune_after_cut
+from surgery.strategies.shrp import ShrpStrategy, finetune_after_cut
 from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.tasks import load_task
+from surgery.training import accuracy
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "top1_mechanisms.json"
