@@ -109,6 +109,9 @@ SHRP_VARIANTS: dict[str, dict[str, Any]] = {
     "lr1e-4": dict(learning_rate=1e-4),
     "kd-lr1e-4": dict(distill_alpha=0.5, distill_hidden_weight=1.0, learning_rate=1e-4),
     "kd-lr1e-4-x4": dict(distill_alpha=0.5, distill_hidden_weight=1.0, learning_rate=1e-4, extra_epochs=4),
+    "gain0.1": dict(expander_gain=0.1),
+    "kd-gain0.1": dict(distill_alpha=0.5, distill_hidden_weight=1.0, expander_gain=0.1),
+    "kd-lr1e-4-gain0.1": dict(distill_alpha=0.5, distill_hidden_weight=1.0, learning_rate=1e-4, expander_gain=0.1),
 }
 
 
