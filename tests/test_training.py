@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import surgery
 from surgery.data import TaskData
 from surgery.errors import ConfigError, DataError
-from surgery.strategies import HeadPruningStrategy, LayerDropStrategy
-from surgery.testing import TinySpec, tiny_model
+from surgery.strategies import ExpertAttentionStrategy, HeadPruningStrategy, LayerDropStrategy
+from surgery.testing import FAMILIES, TinySpec, tiny_inputs, tiny_model
 from surgery.training import (
     DistillConfig,
     PaddingCollator,
@@ -28,6 +28,7 @@ from surgery.training import (
     default_layer_map,
     distillation_loss,
     hidden_state_loss,
+    recording_layer_outputs,
     recover,
     scratch_dir,
     training_arguments,
@@ -59,13 +60,29 @@ def test_distillation_loss_matches_a_hand_computation(temperature: float) -> Non
 
 def test_hidden_state_loss_matches_a_hand_computation() -> None:
     # Student layer 0 against teacher layer 1; the padded position (mask 0) does not count.
-    student = (torch.zeros(1, 3, 2), torch.tensor([[[1.0, 3.0], [2.0, 2.0], [9.0, 9.0]]]))
-    teacher = (torch.zeros(1, 3, 2), torch.zeros(1, 3, 2), torch.tensor([[[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]]]))
+    student = (torch.tensor([[[1.0, 3.0], [2.0, 2.0], [9.0, 9.0]]]),)
+    teacher = (torch.zeros(1, 3, 2), torch.tensor([[[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]]]))
     mask = torch.tensor([[1, 1, 0]])
     # position 0: ((1-0)² + (3-1)²)/2 = 2.5; position 1: (0 + 4)/2 = 2; mean over the 2 real positions = 2.25
     assert float(hidden_state_loss(student, teacher, {0: 1}, mask)) == pytest.approx(2.25)
     with pytest.raises(ConfigError, match="layer_map"):
         hidden_state_loss(student, teacher, {})
+    with pytest.raises(ConfigError, match=r"teacher has no output for layers \[2\]"):
+        hidden_state_loss(student, teacher, {0: 2})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layer_outputs_include_replaced_layers(family: str) -> None:
+    # Regression: transformers 5 records `hidden_states` by hooking its own layer classes, so an Expert
+    # Attention layer was missing and SHRP's hidden-state distillation matched only unconverted layers
+    # (with every layer converted, none). The recorder hooks the anatomy's layers instead.
+    spec = TinySpec(family, layers=3)
+    model = tiny_model(spec)
+    surgery.convert(model, ExpertAttentionStrategy(layers=[0, 2]))
+    with recording_layer_outputs(model) as layers:
+        out = model(**tiny_inputs(spec))
+    assert len(layers) == 3 and all(t is not None and t.shape == out.last_hidden_state.shape for t in layers)
+    assert any(not torch.equal(layers[0], t) for t in layers[1:])
 
 
 def test_default_layer_map_follows_layer_drops() -> None:

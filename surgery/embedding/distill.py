@@ -13,6 +13,7 @@ composes with trainers that add terms on top (SHRP's balance loss) by ordinary i
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +35,7 @@ from surgery.training import (
     SurgeryTrainer,
     default_layer_map,
     hidden_state_loss,
+    recording_layer_outputs,
     scratch_dir,
     train_columns,
 )
@@ -116,16 +118,16 @@ class EmbeddingDistillTrainer(SurgeryTrainer):
         features = {k: v for k, v in inputs.items() if k != "labels"}  # labels, if any, are not used
         cfg = self.embedding
         hidden = cfg.hidden_weight > 0
-        extra = {"output_hidden_states": True} if hidden else {}
-        student, s_out = embed_batch(model, features, self.sentence_config, **extra)
+        with recording_layer_outputs(model) if hidden else nullcontext([]) as s_layers:
+            student, _ = embed_batch(model, features, self.sentence_config)
         teacher_model = self._teacher_on(student.device)
-        with torch.no_grad():
-            target, t_out = embed_batch(teacher_model, features, self.sentence_config, **extra)
+        with torch.no_grad(), recording_layer_outputs(teacher_model) if hidden else nullcontext([]) as t_layers:
+            target, _ = embed_batch(teacher_model, features, self.sentence_config)
         kd = embedding_loss(student, target, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
         loss = kd
         if hidden:
-            layer_map = cfg.layer_map or {i: i for i in range(len(s_out.hidden_states) - 1)}
-            loss = loss + cfg.hidden_weight * hidden_state_loss(s_out.hidden_states, t_out.hidden_states, layer_map,
+            layer_map = cfg.layer_map or {i: i for i in range(len(s_layers))}
+            loss = loss + cfg.hidden_weight * hidden_state_loss(s_layers, t_layers, layer_map,
                                                                 features.get("attention_mask"))
         if model.training:
             self.stats.steps += 1

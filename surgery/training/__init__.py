@@ -10,7 +10,13 @@
 from __future__ import annotations
 
 from surgery.data import PaddingCollator
-from surgery.training.distill import DistillConfig, default_layer_map, distillation_loss, hidden_state_loss
+from surgery.training.distill import (
+    DistillConfig,
+    default_layer_map,
+    distillation_loss,
+    hidden_state_loss,
+    recording_layer_outputs,
+)
 from surgery.training.evaluate import accuracy
 from surgery.training.recover import RecoveryConfig, RecoveryResult, recover, require_labelled
 from surgery.training.trainer import (
@@ -43,6 +49,7 @@ __all__ = [
     "dropout_disabled",
     "fit",
     "hidden_state_loss",
+    "recording_layer_outputs",
     "recover",
     "require_labelled",
     "scratch_dir",

@@ -6,12 +6,16 @@ tested against hand computations and reused by every trainer in :mod:`surgery.tr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 
+from surgery.anatomy import adapter_for
 from surgery.errors import ConfigError
 
 
@@ -52,29 +56,68 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean") * (t * t)
 
 
-def hidden_state_loss(student_hidden: Sequence[torch.Tensor], teacher_hidden: Sequence[torch.Tensor],
+def hidden_state_loss(student_layers: Sequence[torch.Tensor], teacher_layers: Sequence[torch.Tensor],
                       layer_map: Mapping[int, int], attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over mapped layers of the MSE between student layer ``s`` and teacher layer ``layer_map[s]``.
 
-    ``*_hidden`` are the models' ``hidden_states`` (index 0 the embeddings, ``i + 1`` the output of
-    layer ``i``). Padding positions (``attention_mask == 0``) do not count.
+    ``*_layers[i]`` is the output hidden state of layer ``i`` (see :func:`recording_layer_outputs`).
+    Padding positions (``attention_mask == 0``) do not count.
 
     Example:
-        >>> h = (torch.zeros(1, 2, 3), torch.ones(1, 2, 3))
-        >>> float(hidden_state_loss(h, (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)), {0: 0}))
+        >>> h = (torch.ones(1, 2, 3),)
+        >>> float(hidden_state_loss(h, (torch.zeros(1, 2, 3),), {0: 0}))
         1.0
     """
     if not layer_map:
         raise ConfigError("hidden-state distillation needs a non-empty layer_map (student layer -> teacher layer)")
-    total = torch.zeros((), device=student_hidden[0].device)
+    for side, layers, wanted in (("student", student_layers, layer_map.keys()),
+                                 ("teacher", teacher_layers, layer_map.values())):
+        missing = sorted(i for i in wanted if i >= len(layers) or layers[i] is None)
+        if missing:
+            raise ConfigError(f"hidden-state distillation: the {side} has no output for layers {missing} "
+                              f"(it has {len(layers)} layers); fix layer_map")
+    total = torch.zeros((), device=student_layers[next(iter(layer_map))].device)
     for s, t in layer_map.items():
-        diff = (student_hidden[s + 1].float() - teacher_hidden[t + 1].float()).pow(2).mean(-1)  # [B, L]
+        diff = (student_layers[s].float() - teacher_layers[t].float()).pow(2).mean(-1)  # [B, L]
         if attention_mask is not None and attention_mask.shape == diff.shape:
             mask = attention_mask.to(diff.dtype)
             total = total + (diff * mask).sum() / mask.sum().clamp(min=1.0)
         else:
             total = total + diff.mean()
     return total / len(layer_map)
+
+
+@contextmanager
+def recording_layer_outputs(model: nn.Module) -> Iterator[list[torch.Tensor | None]]:
+    """Inside the block, a forward of ``model`` fills the list with each encoder layer's output, in order.
+
+    Forward hooks on the anatomy's layers rather than ``output_hidden_states``: transformers 5
+    records hidden states by hooking its own layer classes, so a layer that surgery replaced (an
+    Expert Attention layer) is missing from ``hidden_states``, and a layer map over that tuple would
+    pair the wrong layers or none. A DDP-wrapped model is unwrapped.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> model = tiny_model(TinySpec("bert", layers=2))
+        >>> with recording_layer_outputs(model) as layers:
+        ...     last = model(**tiny_inputs(TinySpec("bert"))).last_hidden_state
+        >>> len(layers), bool(torch.equal(layers[-1], last))
+        (2, True)
+    """
+    modules = adapter_for(getattr(model, "module", model)).layers()
+    outputs: list[torch.Tensor | None] = [None] * len(modules)
+
+    def recorder(index: int) -> Any:
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            outputs[index] = output[0] if isinstance(output, tuple | list) else output
+        return hook
+
+    handles = [module.register_forward_hook(recorder(i)) for i, module in enumerate(modules)]
+    try:
+        yield outputs  # type: ignore[misc]  # filled by the forward run inside the block
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def default_layer_map(student_layers: int, teacher_layers: int, steps: Sequence[Mapping[str, object]] = ()

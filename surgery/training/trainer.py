@@ -21,7 +21,7 @@ from torch import nn
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
 from surgery.data import MODEL_COLUMNS, PaddingCollator, TaskData
-from surgery.training.distill import DistillConfig, distillation_loss, hidden_state_loss
+from surgery.training.distill import DistillConfig, distillation_loss, hidden_state_loss, recording_layer_outputs
 
 
 class LogitTask(Protocol):
@@ -146,21 +146,22 @@ class SurgeryTrainer(Trainer):
         features = {k: v for k, v in batch.items() if k != "labels"}
         cfg = self.distill
         hidden = self.teacher is not None and cfg.hidden_weight > 0
-        outputs = model(**features, output_hidden_states=True) if hidden else model(**features)
+        with recording_layer_outputs(model) if hidden else nullcontext([]) as s_layers:
+            outputs = model(**features)
         logits = self.task.class_logits(outputs, batch) if self.task is not None else outputs["logits"]
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else logits.sum() * 0.0
         kd = None
         if self.teacher is not None:
             teacher = self._teacher_on(logits.device)
-            with torch.no_grad():
-                t_out = teacher(**features, output_hidden_states=True) if hidden else teacher(**features)
+            with torch.no_grad(), recording_layer_outputs(teacher) if hidden else nullcontext([]) as t_layers:
+                t_out = teacher(**features)
                 t_logits = self.task.class_logits(t_out, batch) if self.task is not None else t_out["logits"]
             kd = distillation_loss(logits, t_logits, cfg.temperature)
             loss = (1.0 - cfg.alpha) * loss + cfg.alpha * kd if labels is not None else kd
             if hidden:
-                layer_map = cfg.layer_map or {i: i for i in range(len(outputs["hidden_states"]) - 1)}
+                layer_map = cfg.layer_map or {i: i for i in range(len(s_layers))}
                 loss = loss + cfg.hidden_weight * hidden_state_loss(
-                    outputs["hidden_states"], t_out["hidden_states"], layer_map, features.get("attention_mask"))
+                    s_layers, t_layers, layer_map, features.get("attention_mask"))
         if model.training:
             s = self.stats
             s.steps += 1
