@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -128,7 +129,8 @@ def main() -> None:
         "held_out_texts": len(held_out), "probe_tasks": {t.name: [len(t.train_texts), len(t.test_texts)]
                                                          for t in probes},
         "lr": args.lr, "max_length": args.max_length, "eval_length": args.eval_length, "seed": args.seed,
-        "threads": args.threads, "machine": "2 CPU cores shared with 4 other jobs",
+        "threads": args.threads,
+        "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start",
     }
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:

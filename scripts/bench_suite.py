@@ -348,7 +348,8 @@ def main() -> None:
     parser.add_argument("--steps", nargs="+", default=["train", "bench", "render"], choices=list(STEPS))
     parser.add_argument("--tasks", nargs="+", default=["rt-sentiment", "rt-fresh-rotten-plot", "text-source"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=[n for n in METHODS if "+" not in n],
+                        help="default: the issue's methods; SHRP variants (shrp-K/6+NAME) only when named")
     parser.add_argument("--max-train", type=int, default=600)
     parser.add_argument("--max-dev", type=int, default=200)
     parser.add_argument("--max-test", type=int, default=400)

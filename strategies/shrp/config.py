@@ -50,6 +50,8 @@ class ShrpConfig(StrategyConfig):
     recover_epochs: int = Field(default=0, ge=0,
                                 description="epochs of distillation recovery after the Top-1 cut (teacher: the "
                                             "routed model just before the cut)")
+    # Off by default: across the suite's 3 tasks x 3 seeds neither distillation nor it plus expander_gain=0.1
+    # won on every task (docs/results.md#suite-methods-x-tasks-x-seeds).
     distill_alpha: float = Field(default=0.0, ge=0.0, le=1.0,
                                  description="stages 1-2: weight of the logit distillation (T²·KL) from the model as "
                                              "it was when conversion began; 1 - alpha weights the labels' CE (0: off)")
