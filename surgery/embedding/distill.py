@@ -126,8 +126,7 @@ class EmbeddingDistillTrainer(SurgeryTrainer):
         kd = embedding_loss(student, target, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
         loss = kd
         if hidden:
-            layer_map = cfg.layer_map or {i: i for i in range(len(s_layers))}
-            loss = loss + cfg.hidden_weight * hidden_state_loss(s_layers, t_layers, layer_map,
+            loss = loss + cfg.hidden_weight * hidden_state_loss(s_layers, t_layers, cfg.layer_map,
                                                                 features.get("attention_mask"))
         if model.training:
             self.stats.steps += 1

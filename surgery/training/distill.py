@@ -57,17 +57,21 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 
 
 def hidden_state_loss(student_layers: Sequence[torch.Tensor], teacher_layers: Sequence[torch.Tensor],
-                      layer_map: Mapping[int, int], attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                      layer_map: Mapping[int, int] | None = None, attention_mask: torch.Tensor | None = None
+                      ) -> torch.Tensor:
     """Mean over mapped layers of the MSE between student layer ``s`` and teacher layer ``layer_map[s]``.
 
-    ``*_layers[i]`` is the output hidden state of layer ``i`` (see :func:`recording_layer_outputs`).
-    Padding positions (``attention_mask == 0``) do not count.
+    ``*_layers[i]`` is the output hidden state of layer ``i`` (see :func:`recording_layer_outputs`);
+    ``layer_map=None`` pairs every student layer with the teacher layer of the same index. Padding
+    positions (``attention_mask == 0``) do not count.
 
     Example:
         >>> h = (torch.ones(1, 2, 3),)
         >>> float(hidden_state_loss(h, (torch.zeros(1, 2, 3),), {0: 0}))
         1.0
     """
+    if layer_map is None:
+        layer_map = {i: i for i in range(len(student_layers))}
     if not layer_map:
         raise ConfigError("hidden-state distillation needs a non-empty layer_map (student layer -> teacher layer)")
     for side, layers, wanted in (("student", student_layers, layer_map.keys()),

@@ -159,9 +159,8 @@ class SurgeryTrainer(Trainer):
             kd = distillation_loss(logits, t_logits, cfg.temperature)
             loss = (1.0 - cfg.alpha) * loss + cfg.alpha * kd if labels is not None else kd
             if hidden:
-                layer_map = cfg.layer_map or {i: i for i in range(len(s_layers))}
                 loss = loss + cfg.hidden_weight * hidden_state_loss(
-                    s_layers, t_layers, layer_map, features.get("attention_mask"))
+                    s_layers, t_layers, cfg.layer_map, features.get("attention_mask"))
         if model.training:
             s = self.stats
             s.steps += 1
