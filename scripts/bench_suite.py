@@ -48,7 +48,7 @@ from surgery.training import RecoveryConfig, accuracy, recover
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "suite.json"
-MODEL = "minilm-l6"
+MODEL = "minilm-l6"  # --model overrides it (an embedded name or a model directory)
 #: SHRP's defaults, unchanged (only the number of layers is set), applied to the same fine-tuned model
 #: the baselines start from: the recipe a user with a task model runs.
 SHRP_RECIPE: dict[str, Any] = dict(bench=False)
@@ -72,8 +72,8 @@ class Context:
 
     def pretrained(self) -> nn.Module:
         torch.manual_seed(self.seed)  # the new classifier head
-        return surgery.from_pretrained(MODEL, model_class="AutoModelForSequenceClassification", allow_new_head=True,
-                                       num_labels=self.task.data.num_labels)
+        return surgery.from_pretrained(self.args.model, model_class="AutoModelForSequenceClassification",
+                                       allow_new_head=True, num_labels=self.task.data.num_labels)
 
 
 @dataclass(frozen=True)
@@ -243,8 +243,13 @@ def ordered(names: list[str]) -> list[str]:
     return out
 
 
+def training_device() -> str:
+    """Where the HF Trainer trains (it takes the GPU when there is one): recorded with every row."""
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 def step_train(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
     for seed in args.seeds:
         for task_name in args.tasks:
             names = ordered(args.methods)
@@ -263,7 +268,7 @@ def step_train(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 row = {"task": task_name, "seed": seed, "method": name, "data": task.data.info,
                        "dev": accuracy(model, task.data.loader("eval")),
                        "test": accuracy(model, task.test_data().loader("eval")),
-                       "params": surgery.count_params(model).model_dump(),
+                       "params": surgery.count_params(model).model_dump(), "device": training_device(),
                        "seconds": time.perf_counter() - start, **extra}
                 surgery.save_pretrained(model, ctx.model_dir(name), overwrite=True)
                 rows[name] = results["runs"][run_key(task_name, seed, name)] = row
@@ -281,7 +286,7 @@ def step_bench(args: argparse.Namespace, results: dict[str, Any]) -> None:
     models = {n: surgery.from_pretrained(base / n.replace("/", "of"), model_class="AutoModelForSequenceClassification")
               for n in names}
     report = bench_models(models, batch_size=32, seq_len=args.max_length, repeats=args.bench_repeats, warmup=2,
-                          threads=args.threads)
+                          threads=args.threads, device=args.bench_device)
     results["bench"] = {"task": task, "seed": int(seed), "report": report.model_dump(mode="json")}
     save_results(args.out, results)
     for c in report.comparisons:
@@ -333,10 +338,10 @@ def step_render(args: argparse.Namespace, results: dict[str, Any]) -> None:
     results["suite"] = summarise(results)
     save_results(args.out, results)
     if results["suite"]["pareto"]:
-        write_pareto(results["suite"]["pareto"], args.out.with_name("suite_pareto.png"),
+        write_pareto(results["suite"]["pareto"], args.out.with_name(f"{args.out.stem}_pareto.png"),
                      title="suite: accuracy retained vs measured speedup (mean over seeds)")
     if results["suite"]["usage"]:
-        write_usage(dict(results["suite"]["usage"]), args.out.with_name("suite_usage.png"))
+        write_usage(dict(results["suite"]["usage"]), args.out.with_name(f"{args.out.stem}_usage.png"))
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_results.py")], check=True)
 
 
@@ -361,6 +366,8 @@ def main() -> None:
                         "benchmarked (default: the first of each)")
     parser.add_argument("--bench-repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bench-device", default="cpu", help="where the bench step times the models (cpu, cuda)")
+    parser.add_argument("--model", default=MODEL, help="the encoder every method starts from (default: minilm-l6)")
     parser.add_argument("--work", type=Path, default=ROOT / "logs" / "suite_work")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

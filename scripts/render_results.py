@@ -33,8 +33,9 @@ def _bench_rows(bench: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[
 
 def _settings(bench: dict[str, Any]) -> str:
     s = bench["settings"]
-    return (f"batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved rounds after {s['warmup']} "
-            f"warm-up, {s['threads']} thread(s), torch {s['torch_version']}, load average "
+    where = f"on {s['machine']}, " if s.get("device", "cpu") != "cpu" else ""
+    return (f"{where}batch {s['batch_size']} x {s['seq_len']} tokens, {s['repeats']} interleaved rounds after "
+            f"{s['warmup']} warm-up, {s['threads']} thread(s), torch {s['torch_version']}, load average "
             f"{s['load_average_before']:.1f} before / {s['load_average_after']:.1f} after on {s['cpu_count']} CPUs")
 
 
@@ -340,20 +341,24 @@ def render_top1(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_suite(data: dict[str, Any]) -> str:
-    """The multi-task, multi-seed suite (scripts/bench_suite.py)."""
+def render_suite(data: dict[str, Any], name: str = "suite") -> str:
+    """The multi-task, multi-seed suite (scripts/bench_suite.py), from ``docs/results/NAME.json``."""
     if "suite" not in data:
-        return "Not summarised yet: run `python scripts/bench_suite.py --steps render`."
+        return f"Not summarised yet: run `python scripts/bench_suite.py --steps render --out docs/results/{name}.json`."
     suite = data["suite"]
     bench = data.get("bench")
+    runs = list(data["runs"].values())
+    trained = sorted({r.get("device", "cpu") for r in runs})
+    sizes = sorted({r["data"]["train_size"] for r in runs})
     lines = [
-        "Raw numbers: [`results/suite.json`](results/suite.json), from `scripts/bench_suite.py`; plots "
-        "[`results/suite_pareto.png`](results/suite_pareto.png) and [`results/suite_usage.png`]"
-        "(results/suite_usage.png). Test accuracy in points, mean ± std over the seeds listed; *retained*: "
+        f"Raw numbers: [`results/{name}.json`](results/{name}.json), from `scripts/bench_suite.py`; plots "
+        f"[`results/{name}_pareto.png`](results/{name}_pareto.png) and [`results/{name}_usage.png`]"
+        f"(results/{name}_usage.png). Trained on {', '.join(trained)}, with {'/'.join(map(str, sizes))} training "
+        "examples per task and seed. Test accuracy in points, mean ± std over the seeds listed; *retained*: "
         "test accuracy as % of the fine-tuned model of the same task and seed. Speedup: measured side by side "
         "against the fine-tuned model"
         + (f" (models of {bench['task']} seed {bench['seed']}; {_settings(bench['report'])})" if bench else
-           " (not measured yet)") + ".",
+           " (not measured in this run)") + ".",
         "",
         "| task | method | seeds | test accuracy | retained % | dev cut loss (SHRP) | params w/o emb. | speedup "
         "| FLOP bound |",
@@ -433,10 +438,12 @@ def main() -> None:
     args = parser.parse_args()
     page = PAGE.read_text()
     for name, render in (("shrp", render_shrp), ("doe", render_doe), ("families", render_families),
-                         ("top1_mechanisms", render_top1), ("suite", render_suite)):
+                         ("top1_mechanisms", render_top1), ("suite", render_suite), ("suite_gpu", render_suite),
+                         ("suite_gpu_5k", render_suite)):
         path = ROOT / "docs" / "results" / f"{name}.json"
         if path.exists():
-            page = replace_section(page, name, render(json.loads(path.read_text())))
+            data = json.loads(path.read_text())
+            page = replace_section(page, name, render(data, name) if render is render_suite else render(data))
     PAGE.write_text(page)
     demo_file = ROOT / "docs" / "results" / "demo_shrp.json"
     if args.demo is not None:
