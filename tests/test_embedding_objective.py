@@ -187,3 +187,25 @@ def test_auto_detection_keeps_the_task_objective_for_classifier_only_strategies(
     doe = choose_objective(source, config, None, DoEStrategy)
     assert doe.name == "task" and "doe trains a classifier only" in doe.reason
     assert choose_objective(source, config, "embedding", DoEStrategy).name == "embedding"  # asked for explicitly
+
+
+def test_cli_head_and_ffn_pruning_with_recovery_on_plain_text(tmp_path: Path) -> None:
+    """The README's embedding recipe: two pruning commands, each distilling the embeddings back on a .txt file."""
+    source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    heads, both = tmp_path / "heads", tmp_path / "both"
+    for strategy, src, out, report in (("head-prune", source, heads, "h.json"), ("ffn-prune", heads, both, "f.json")):
+        result = runner.invoke(app, ["apply", str(src), "-s", strategy, "--set", "ratio=0.5", "--set",
+                                     "importance=gradient", "--data", str(corpus), "--recover-epochs", "1",
+                                     "-o", str(out), "--report", str(tmp_path / report)])
+        assert result.exit_code == 0, result.output
+        assert "objective: embedding" in result.stderr
+        checks = json.loads((tmp_path / report).read_text())["checks"]
+        assert checks and checks[0]["recovery"]["epochs"] == 1, checks
+    model = surgery.from_pretrained(both)
+    anatomy = surgery.inspect(model)
+    original = surgery.inspect(surgery.from_pretrained(source))
+    assert sum(la.heads for la in anatomy.layers) == sum(la.heads for la in original.layers) // 2
+    assert sum(la.ffn_width for la in anatomy.layers) == sum(la.ffn_width for la in original.layers) // 2
+    assert read_sentence_config(both).normalize  # the pooling files travel with every save

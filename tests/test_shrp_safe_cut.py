@@ -22,6 +22,7 @@ from surgery.strategies.shrp.expert_attention import (
     entropy,
     expert_layers,
 )
+from surgery.strategies.shrp.pipeline import SMALL_TRAINING_SET, training_set_warning
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 from surgery.training import DistillConfig
 
@@ -119,12 +120,21 @@ def test_trainer_adds_the_weighted_concentration_term(tmp_path: Path) -> None:
     assert losses[0.5] == pytest.approx(losses[0.0] + 0.5 * term, rel=1e-5)
 
 
+def test_training_set_warning_threshold() -> None:
+    assert training_set_warning(SMALL_TRAINING_SET) is None
+    line = training_set_warning(SMALL_TRAINING_SET - 1)
+    assert line is not None and f"only {SMALL_TRAINING_SET - 1} training examples" in line and "\n" not in line
+
+
 def test_recovery_after_the_cut_is_reported_and_reloads(tmp_path: Path) -> None:
     spec = TinySpec("bert", task="seq-cls", layers=2)
     model = tiny_model(spec, num_labels=2)
-    report = surgery.convert(model, ShrpStrategy(layers=[1], extra_epochs=1, concentration_weight=0.5,
-                                                 recover_epochs=1, learning_rate=1e-3, bench=False),
-                             data=_task())
+    # 32 training examples: far below what the suite needed, so the run warns and the report says so.
+    with pytest.warns(UserWarning, match="only 32 training examples"):
+        report = surgery.convert(model, ShrpStrategy(layers=[1], extra_epochs=1, concentration_weight=0.5,
+                                                     recover_epochs=1, learning_rate=1e-3, bench=False),
+                                 data=_task())
+    assert report.metrics["data_warning"] == training_set_warning(32)
     assert {"accuracy_moe", "accuracy_pruned", "accuracy_recovered"} <= set(report.metrics)
     assert [h["stage"] for h in report.metrics["history"]] == [1, 2]
     inputs = tiny_inputs(spec)
