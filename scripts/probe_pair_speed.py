@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_families import base_config, op_profile, variants
+from bench_families import base_config, op_profile, pooled, variants
 
 from surgery.bench import bench_models, make_inputs
 from surgery.stats import bootstrap_median
@@ -42,8 +42,7 @@ def main() -> None:
     pair = {"original": built["original"], args.method: built[args.method]}
     report = bench_models(pair, batch_size=args.batch, seq_len=args.seq, repeats=args.rounds, warmup=1,
                           threads=args.threads, seed=args.seed)
-    ref, model = report.models
-    ci = bootstrap_median([a / b for a, b in zip(model.throughput_rounds, ref.throughput_rounds, strict=True)])
+    ci = bootstrap_median(pooled([report], args.method))
     bound = report.comparisons[0].flop_bound_speedup
     inputs = make_inputs(config.vocab_size, batch_size=args.batch, seq_len=args.seq, seed=args.seed)
     profiles: dict[str, list[dict[str, float]]] = {name: [] for name in pair}

@@ -8,8 +8,10 @@ the ``<!-- shrp:begin -->``/``<!-- doe:begin -->`` markers, so no number in the 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -437,13 +439,13 @@ def main() -> None:
     parser.add_argument("--demo", type=Path, help="the out/ directory of a `bash scripts/demo.sh` run to record")
     args = parser.parse_args()
     page = PAGE.read_text()
-    for name, render in (("shrp", render_shrp), ("doe", render_doe), ("families", render_families),
-                         ("top1_mechanisms", render_top1), ("suite", render_suite), ("suite_gpu", render_suite),
-                         ("suite_gpu_5k", render_suite)):
+    sections: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("shrp", render_shrp), ("doe", render_doe), ("families", render_families), ("top1_mechanisms", render_top1),
+        *((name, functools.partial(render_suite, name=name)) for name in ("suite", "suite_gpu", "suite_gpu_5k"))]
+    for name, render in sections:
         path = ROOT / "docs" / "results" / f"{name}.json"
         if path.exists():
-            data = json.loads(path.read_text())
-            page = replace_section(page, name, render(data, name) if render is render_suite else render(data))
+            page = replace_section(page, name, render(json.loads(path.read_text())))
     PAGE.write_text(page)
     demo_file = ROOT / "docs" / "results" / "demo_shrp.json"
     if args.demo is not None:
