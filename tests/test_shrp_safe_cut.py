@@ -13,9 +13,11 @@ import torch
 import surgery
 from surgery.data import TaskData
 from surgery.errors import ConfigError
+from surgery.manifest import steps_of
 from surgery.pipeline import PipelineSession
 from surgery.strategies import ShrpStrategy
 from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
+from surgery.strategies.shrp.config import DEEP_CONVERSION_SETTINGS
 from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionStrategy,
     concentration_loss,
@@ -173,3 +175,27 @@ def test_distillation_teacher_is_the_model_when_conversion_begins() -> None:
         batch = next(iter(task.loader("train")))
         losses[alpha] = float(trainer.compute_loss(model.train(), dict(batch)).detach())
     assert losses[0.0] != losses[1.0]  # the teacher's KL replaces the labels' CE at alpha=1
+
+
+def test_deep_conversions_take_the_measured_settings_unless_set() -> None:
+    spec = TinySpec("bert", task="seq-cls", layers=2)
+    settings = dict(extra_epochs=1, learning_rate=1e-3, bench=False, eval_each_epoch=False)
+    models = [tiny_model(spec, num_labels=2) for _ in range(3)]
+    with pytest.warns(UserWarning, match="training examples"):
+        deep = surgery.convert(models[0], ShrpStrategy(num_layers=2, **settings), data=_task())
+        half = surgery.convert(models[1], ShrpStrategy(num_layers=1, **settings), data=_task())
+        mine = surgery.convert(models[2], ShrpStrategy(num_layers=2, expander_gain=1.0, distill_alpha=0.0,
+                                                       **settings), data=_task())
+
+    def gains(model: torch.nn.Module) -> set[float]:  # as recorded for replay in the saved model's manifest
+        return {s["config"]["expander_gain"] for s in steps_of(model) if s["strategy"] == "expert-attention"}
+
+    # 2 of 2 layers is more than half: distillation from the model before conversion and a small Expander γ.
+    assert deep.metrics["deep_conversion_settings"] == DEEP_CONVERSION_SETTINGS
+    assert gains(models[0]) == {DEEP_CONVERSION_SETTINGS["expander_gain"]}
+    assert deep.config["distill_alpha"] == 0.0  # the report's config is what the user asked for
+    assert "deep_conversion_settings" not in half.metrics  # half the layers: the defaults as they are
+    assert gains(models[1]) == {1.0}
+    # What the user set wins; only the unset setting is filled in.
+    assert mine.metrics["deep_conversion_settings"] == {"distill_hidden_weight": 1.0}
+    assert gains(models[2]) == {1.0}

@@ -17,6 +17,13 @@ from surgery.strategy import StrategyConfig
 
 ExpertDropping = Literal["off", "halve"]
 
+#: Settings a deep conversion (more than half the encoder's layers) uses unless the user sets them.
+#: On the suite's 3 tasks x 3 seeds at 2,000 examples, SHRP-5/6 with them gained 5.5 to 24 dev points in
+#: 9 of 9 runs (and 4 of 4 at 600); at 3/6 the same settings were level within noise at 2,000 examples
+#: and lost up to 12 points at 600 (docs/results.md#suite-on-a-gpu-with-2000-and-5000-training-examples).
+DEEP_CONVERSION_SETTINGS: dict[str, float] = {"distill_alpha": 0.5, "distill_hidden_weight": 1.0,
+                                              "expander_gain": 0.1}
+
 
 class ShrpConfig(StrategyConfig):
     """Settings of the ``shrp`` pipeline.
@@ -50,14 +57,16 @@ class ShrpConfig(StrategyConfig):
     recover_epochs: int = Field(default=0, ge=0,
                                 description="epochs of distillation recovery after the Top-1 cut (teacher: the "
                                             "routed model just before the cut)")
-    # Off by default: across the suite's 3 tasks x 3 seeds neither distillation nor it plus expander_gain=0.1
-    # won on every task (docs/results.md#suite-methods-x-tasks-x-seeds).
+    # Off by default up to half the layers: there, across the suite's 3 tasks x 3 seeds, neither distillation nor
+    # it plus expander_gain=0.1 won on every task (docs/results.md). Deeper conversions use DEEP_CONVERSION_SETTINGS.
     distill_alpha: float = Field(default=0.0, ge=0.0, le=1.0,
                                  description="stages 1-2: weight of the logit distillation (T²·KL) from the model as "
-                                             "it was when conversion began; 1 - alpha weights the labels' CE (0: off)")
+                                             "it was when conversion began; 1 - alpha weights the labels' CE (0: off; "
+                                             "default 0.5 when more than half the layers are converted)")
     distill_temperature: float = Field(default=2.0, gt=0.0, description="temperature of that distillation")
     distill_hidden_weight: float = Field(default=0.0, ge=0.0,
-                                         description="weight of the per-layer hidden-state MSE to the same teacher")
+                                         description="weight of the per-layer hidden-state MSE to the same teacher "
+                                                     "(default 1.0 when more than half the layers are converted)")
     recover_learning_rate: float | None = Field(default=None, gt=0.0,
                                                 description="learning rate of the recovery (default: learning_rate)")
     router_input: RouterInput = "cls"
@@ -66,7 +75,8 @@ class ShrpConfig(StrategyConfig):
     expander: ExpanderKind = "linear"
     expander_init: ExpanderInit = "output"
     expander_gain: float = Field(default=1.0, ge=0.0, description="initial γ of the Expander's LayerNorm "
-                                 "(expert-attention's option; the embedding objective defaults to 0.1)")
+                                 "(expert-attention's option; 0.1 by default for the embedding objective and when "
+                                 "more than half the layers are converted)")
     reinit_on_activate: bool = Field(default=True,
                                      description="initialise experts from the layer's fine-tuned heads at its epoch")
     learning_rate: float = Field(default=5e-5, gt=0.0)
@@ -79,6 +89,23 @@ class ShrpConfig(StrategyConfig):
     bench_batch_size: int = Field(default=32, ge=1)
     bench_seq_len: int = Field(default=64, ge=1)
     bench_repeats: int = Field(default=5, ge=1)
+
+    def for_depth(self, converted: int, total: int) -> ShrpConfig:
+        """These settings for converting ``converted`` of ``total`` layers (task objective).
+
+        A conversion of more than half the layers takes :data:`DEEP_CONVERSION_SETTINGS` for every
+        one of them the user did not set; otherwise the settings are returned unchanged.
+
+        Example:
+            >>> ShrpConfig().for_depth(5, 6).distill_alpha, ShrpConfig().for_depth(3, 6).distill_alpha
+            (0.5, 0.0)
+            >>> ShrpConfig(expander_gain=1.0).for_depth(5, 6).expander_gain
+            1.0
+        """
+        if 2 * converted <= total:
+            return self
+        unset = {k: v for k, v in DEEP_CONVERSION_SETTINGS.items() if k not in self.model_fields_set}
+        return self.model_copy(update=unset) if unset else self
 
     @model_validator(mode="after")
     def _stage2_needs_epochs(self) -> ShrpConfig:

@@ -40,7 +40,7 @@ from surgery.data import PaddingCollator, TaskData
 from surgery.errors import ConfigError, DataError
 from surgery.ops import check_indices
 from surgery.pipeline import Pipeline, PipelineSession
-from surgery.strategies.shrp.config import ShrpConfig
+from surgery.strategies.shrp.config import DEEP_CONVERSION_SETTINGS, ShrpConfig
 from surgery.strategies.shrp.embedding import run_embedding_shrp
 from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionLayer,
@@ -140,6 +140,20 @@ class ShrpStrategy(Pipeline):
         if num_labels != task.num_labels:
             raise DataError(f"{self.name}: the model has {num_labels} labels but the data has {task.num_labels} "
                             f"({task.label_names[:5]}); load the model with num_labels={task.num_labels}")
+        total = adapter_for(model).num_layers
+        requested = self.config
+        resolved = requested.for_depth(len(self.conversion_order(total)), total)
+        if resolved is not requested:  # the report's config stays what the user asked; metrics say what ran
+            session.metrics["deep_conversion_settings"] = {
+                k: getattr(resolved, k) for k in DEEP_CONVERSION_SETTINGS if k not in requested.model_fields_set}
+        self.config = resolved
+        try:
+            self.run_task(model, task, session)
+        finally:
+            self.config = requested
+
+    def run_task(self, model: nn.Module, task: TaskData, session: PipelineSession) -> None:
+        """The task objective's run with settings already resolved for the conversion depth."""
         cfg = self.config
         eval_loader = task.loader("eval", batch_size=cfg.batch_size)
         reference = copy.deepcopy(model) if cfg.bench else None
