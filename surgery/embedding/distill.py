@@ -39,7 +39,7 @@ from surgery.training import (
     scratch_dir,
     train_columns,
 )
-from surgery.training.recover import recovery_arguments
+from surgery.training.recover import recovery_arguments, refit_before_training
 
 if TYPE_CHECKING:
     from surgery.embedding.texts import TextData
@@ -186,6 +186,7 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     embedding = EmbeddingDistillConfig(hidden_weight=config.hidden_weight, layer_map=layer_map)
     history = EpochHistory(EpochStats(), emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)),
                            label="recovery")
+    refit = refit_before_training(model, teacher, data, config)
     steps = 0
     if config.epochs > 0:
         with scratch_dir("surgery-recover-") as tmp:
@@ -195,4 +196,4 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
             steps = int(trainer.train().global_step)
             model.eval()
     return RecoveryResult(epochs=config.epochs, steps=steps, seconds=time.perf_counter() - start,
-                          layer_map=layer_map, history=history.history)
+                          layer_map=layer_map, history=history.history, refit=refit)

@@ -20,6 +20,7 @@ from surgery.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.requirements import require_training_data
 from surgery.training.distill import DistillConfig, default_layer_map
 from surgery.training.evaluate import accuracy
+from surgery.training.refit import RefitResult, calibration_batches, refit_projections
 from surgery.training.trainer import EpochHistory, EpochStats, fit, scratch_dir, training_arguments
 
 
@@ -42,6 +43,9 @@ class RecoveryConfig(DistillConfig):
     warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
     batch_size: int = Field(default=32, ge=1)
     seed: int = 0
+    refit: bool = Field(default=False, description="before training, re-solve every cut output projection by "
+                                                   "least squares against the teacher (surgery.training.refit)")
+    refit_batches: int = Field(default=32, ge=1, description="training batches the refit reads")
 
     def distill_config(self) -> DistillConfig:
         return DistillConfig(**{k: getattr(self, k) for k in DistillConfig.model_fields})
@@ -57,6 +61,16 @@ class RecoveryResult(BaseModel):
     seconds: float = 0.0
     layer_map: dict[int, int] | None = None
     history: list[dict[str, Any]] = Field(default_factory=list)
+    refit: RefitResult | None = None
+
+
+def refit_before_training(model: nn.Module, teacher: nn.Module, data: Any,
+                          config: RecoveryConfig) -> RefitResult | None:
+    """The least-squares refit that ``config.refit`` asks for, on ``data``'s training batches (else None)."""
+    if not config.refit:
+        return None
+    return refit_projections(model, teacher, calibration_batches(data, config.refit_batches,
+                                                                 batch_size=config.batch_size))
 
 
 def recovery_arguments(output_dir: str, config: RecoveryConfig) -> Any:
@@ -115,6 +129,7 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
         distill = distill.model_copy(update={"layer_map": layer_map})
     eval_loader = task.loader("eval", batch_size=cfg.batch_size) if task.eval is not None else None
     before = accuracy(model, eval_loader) if eval_loader is not None else None
+    refit = refit_before_training(model, teacher, task, cfg)
     history = EpochHistory(EpochStats(), evaluate=None if eval_loader is None else lambda m: accuracy(m, eval_loader),
                            emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)), label="recovery")
     steps = 0
@@ -123,5 +138,8 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
             args = recovery_arguments(tmp, cfg)
             steps = fit(model, task, args, teacher=teacher, distill=distill, history=history).steps
     after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
+    if refit is not None and cfg.epochs == 0 and eval_loader is not None:
+        after = accuracy(model, eval_loader)
     return RecoveryResult(epochs=cfg.epochs, steps=steps, accuracy_before=before, accuracy_after=after,
-                          seconds=time.perf_counter() - start, layer_map=distill.layer_map, history=history.history)
+                          seconds=time.perf_counter() - start, layer_map=distill.layer_map, history=history.history,
+                          refit=refit)
