@@ -303,6 +303,9 @@ def apply_command(
                                                    "loses more is recovered (needs --data).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 when a step's loss remains above "
                                          "--max-drop.")] = False,
+    refit: Annotated[bool | None, typer.Option("--refit/--no-refit", help="Before recovery training, re-solve the "
+                                               "cut output projections by least squares against the model before "
+                                               "surgery (needs --data; alone: the refit is the recovery).")] = None,
 ) -> None:
     """Run a strategy on a model and save the result (or, with --dry-run, only print its plan)."""
     # Cheap checks first: paths, then the strategy and its settings (which import torch), then the
@@ -313,7 +316,7 @@ def apply_command(
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
     strategy_class = registry.get_strategy(strategy)
     settings = strategy_settings(config, sets or [])
-    recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None)
+    recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None, refit=refit)
     # Imported here, not at the top: they import transformers, which `surgery --help` must not pay for.
     from surgery.cli.embedding import evaluate_against, pop_objective, teacher_copy
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
@@ -353,15 +356,22 @@ def apply_command(
 
 
 def recovery_settings(epochs: int | None, max_drop: float | None, batch_size: int, seed: int, *,
-                      has_data: bool) -> Any:
-    """The RecoveryConfig that --recover-epochs/--max-drop ask for (None when neither is given)."""
-    if epochs is None and max_drop is None:
+                      has_data: bool, refit: bool | None = None) -> Any:
+    """The RecoveryConfig that --recover-epochs/--max-drop/--refit ask for (None when none is given).
+
+    ``--refit`` alone refits and trains nothing; with ``--max-drop`` alone recovery trains one epoch.
+    """
+    if epochs is None and max_drop is None and not refit:
         return None
     if not has_data:
-        raise ConfigError("--recover-epochs and --max-drop need --data (recovery trains and the guard measures on it)")
+        raise ConfigError("--recover-epochs, --max-drop and --refit need --data (recovery trains and the guard "
+                          "measures on it)")
     from surgery.training import RecoveryConfig
 
-    return RecoveryConfig(epochs=1 if epochs is None else epochs, max_drop=max_drop, batch_size=batch_size, seed=seed)
+    if epochs is None:
+        epochs = 0 if refit and max_drop is None else 1
+    settings: dict[str, Any] = {} if refit is None else {"refit": refit}
+    return RecoveryConfig(epochs=epochs, max_drop=max_drop, batch_size=batch_size, seed=seed, **settings)
 
 
 def _require_out(out: Path | None) -> Path:

@@ -63,8 +63,8 @@ def guarded_step(model: nn.Module, strategy: Strategy, do_step: Callable[[], Sur
     can_measure = measurable(model, data)
     max_drop = recovery.max_drop if recovery is not None else None
     trained_after = in_pipeline and strategy.trained_after
-    may_recover = (recovery is not None and recovery.epochs > 0 and isinstance(data, TaskData) and not trained_after
-                   and (not in_pipeline or max_drop is not None))
+    may_recover = (recovery is not None and (recovery.epochs > 0 or recovery.refit) and isinstance(data, TaskData)
+                   and not trained_after and (not in_pipeline or max_drop is not None))
     if not can_measure and not may_recover:
         return do_step(), None
     loader = data.loader("eval", batch_size=getattr(recovery, "batch_size", 32)) if can_measure else None

@@ -143,6 +143,6 @@ def test_cli_prints_one_warning_line_and_strict_exits_3(tmp_path: Path, monkeypa
 
     result = runner.invoke(app, ["apply", str(tmp_path / "m"), "-s", "layer-drop", "--set", "count=1",
                                  "--max-drop", "1", "-o", str(tmp_path / "x")])
-    assert result.exit_code == 2 and "--recover-epochs and --max-drop need --data" in result.stderr
+    assert result.exit_code == 2 and "--recover-epochs, --max-drop and --refit need --data" in result.stderr
 
 

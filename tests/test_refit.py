@@ -109,3 +109,24 @@ def test_recovery_refits_first_when_asked_for_both_objectives() -> None:
     done = recover_embeddings(cut, plain, load_text_data(texts, tok, batch_size=8),
                               RecoveryConfig(epochs=1, batch_size=8, refit=True))
     assert done.refit is not None and done.refit.projections == ["1:o"] and done.steps > 0
+
+
+def test_cli_refit_alone_is_the_recovery_and_is_reported(tmp_path) -> None:
+    import json
+
+    from test_cli import labelled_rows, tiny_tokenizer, write_rows  # the CLI tests' tiny tokenizer and data
+    from typer.testing import CliRunner
+
+    from surgery.cli.app import app
+
+    model = tiny_model(TinySpec("bert", task="base", heads=4))
+    model.save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    data = write_rows(tmp_path / "train.csv", labelled_rows(40))
+    result = CliRunner().invoke(app, ["apply", str(tmp_path / "m"), "-s", "head-prune", "--set", "heads={0: [1, 2]}",
+                                      "--data", str(data), "--refit", "-o", str(tmp_path / "out"),
+                                      "--report", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    recovery = json.loads((tmp_path / "r.json").read_text())["checks"][0]["recovery"]
+    assert recovery["epochs"] == 0 and recovery["refit"]["projections"] == ["0:o"]
+    assert surgery.from_pretrained(tmp_path / "out") is not None
