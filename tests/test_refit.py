@@ -97,7 +97,7 @@ def test_recovery_refits_first_when_asked_for_both_objectives() -> None:
                                        "labels": [i % 2 for i in range(64)]})
     result = recover(student, teacher, TaskData(rows, rows, ["a", "b"]), RecoveryConfig(epochs=0, refit=True))
     assert result.refit is not None and result.refit.projections == ["0:down"]
-    assert result.accuracy_after is not None and result.steps == 0
+    assert result.accuracy_after == result.accuracy_refit is not None and result.steps == 0
     assert recover(copy.deepcopy(student), teacher, TaskData(rows, rows, ["a", "b"]), epochs=0).refit is None
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c"]

@@ -52,12 +52,13 @@ class RecoveryConfig(DistillConfig):
 
 
 class RecoveryResult(BaseModel):
-    """What a recovery run did: accuracy (fractions) before and after, epochs, per-epoch history."""
+    """What a recovery run did: accuracy (fractions) before and after, epochs, per-epoch history, any refit."""
 
     epochs: int
     steps: int
     accuracy_before: float | None = None
     accuracy_after: float | None = None
+    accuracy_refit: float | None = None  # after the least-squares refit, before any training
     seconds: float = 0.0
     layer_map: dict[int, int] | None = None
     history: list[dict[str, Any]] = Field(default_factory=list)
@@ -130,6 +131,7 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     eval_loader = task.loader("eval", batch_size=cfg.batch_size) if task.eval is not None else None
     before = accuracy(model, eval_loader) if eval_loader is not None else None
     refit = refit_before_training(model, teacher, task, cfg)
+    after_refit = accuracy(model, eval_loader) if refit is not None and eval_loader is not None else None
     history = EpochHistory(EpochStats(), evaluate=None if eval_loader is None else lambda m: accuracy(m, eval_loader),
                            emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)), label="recovery")
     steps = 0
@@ -138,8 +140,9 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
             args = recovery_arguments(tmp, cfg)
             steps = fit(model, task, args, teacher=teacher, distill=distill, history=history).steps
     after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
-    if refit is not None and cfg.epochs == 0 and eval_loader is not None:
-        after = accuracy(model, eval_loader)
+    if cfg.epochs == 0 and after_refit is not None:
+        after = after_refit
     return RecoveryResult(epochs=cfg.epochs, steps=steps, accuracy_before=before, accuracy_after=after,
+                          accuracy_refit=after_refit,
                           seconds=time.perf_counter() - start, layer_map=distill.layer_map, history=history.history,
                           refit=refit)
