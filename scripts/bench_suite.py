@@ -309,6 +309,37 @@ def mean_std(values: list[float]) -> list[float]:
     return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
 
 
+def base_of(name: str) -> str | None:
+    """The method a variant is compared with, seed by seed: ``shrp-K/6+NAME`` with ``shrp-K/6``, and
+    ``head+ffn-refit-kd@...`` with ``head+ffn-kd@...`` (the same run without the refit); else None."""
+    if name.startswith("shrp-") and "+" in name:
+        return name.split("+", 1)[0]
+    if name.startswith("head+ffn-refit-kd@"):
+        return name.replace("head+ffn-refit-kd@", "head+ffn-kd@")
+    return None
+
+
+def paired(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (task, variant): its accuracy minus its base method's on the same task and seed, in points.
+
+    Dev decides (the suite chooses defaults on dev); test reports. ``dev_wins`` counts seeds where the
+    variant is strictly ahead on dev.
+    """
+    by_key = {(r["task"], r["seed"], r["method"]): r for r in runs}
+    out = []
+    for task, name in sorted({(r["task"], r["method"]) for r in runs if base_of(r["method"])}):
+        base = base_of(name)
+        seeds = sorted(s for t, s, m in by_key if t == task and m == name and (task, s, base) in by_key)
+        if not seeds:
+            continue
+        diff = {split: [100 * (by_key[(task, s, name)][split] - by_key[(task, s, base)][split]) for s in seeds]
+                for split in ("dev", "test")}
+        out.append({"task": task, "method": name, "base": base, "seeds": seeds,
+                    "dev": mean_std(diff["dev"]), "test": mean_std(diff["test"]),
+                    "dev_wins": sum(d > 0 for d in diff["dev"])})
+    return out
+
+
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
     """Per (task, method): test accuracy and accuracy retained (% of the fine-tuned model, same seed)."""
     runs = results["runs"].values()
@@ -342,7 +373,7 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
             if seen:
                 usage.append((f"{label}: {phase}", seen[-1]["usage"]))
         usage.append((f"{label}: at the cut (dev)", first["shrp"]["usage"]))
-    return {"table": table, "pareto": pareto, "usage": usage}
+    return {"table": table, "pareto": pareto, "usage": usage, "paired": paired(list(runs))}
 
 
 def step_render(args: argparse.Namespace, results: dict[str, Any]) -> None:

@@ -372,7 +372,18 @@ def render_suite(data: dict[str, Any], name: str = "suite") -> str:
         lines.append(f"| {c['task']} | {c['method']} | {','.join(map(str, c['seeds']))} | {_ms(c['test'])} | "
                      f"{_ms(c['retained'])} | {_ms(c['cut_loss_dev'])} | {_m(c['params_without_embeddings'])} | "
                      f"{sp} | {fb} |")
+    if suite.get("paired"):
+        lines += ["", "Variants against their base method, seed by seed (accuracy points, variant minus base, mean ± "
+                  "std; dev decides, test reports; *dev wins*: seeds where the variant is ahead on dev):", "",
+                  "| task | variant | base | seeds | dev Δ | test Δ | dev wins |", "|---|---|---|---|---|---|---|"]
+        for c in suite["paired"]:
+            lines.append(f"| {c['task']} | {c['method']} | {c['base']} | {','.join(map(str, c['seeds']))} | "
+                         f"{_signed(c['dev'])} | {_signed(c['test'])} | {c['dev_wins']}/{len(c['seeds'])} |")
     return "\n".join(lines)
+
+
+def _signed(cell: list[float]) -> str:
+    return f"{cell[0]:+.1f} ± {cell[1]:.1f}"
 
 
 def replace_section(page: str, name: str, body: str) -> str:
