@@ -19,7 +19,7 @@ ExpertDropping = Literal["off", "halve"]
 
 #: Settings a deep conversion (more than half the encoder's layers) uses unless the user sets them.
 #: On the suite's 3 tasks x 3 seeds at 2,000 examples, SHRP-5/6 with them gained 5.5 to 24 dev points in
-#: 9 of 9 runs (and 4 of 4 at 600); at 3/6 the same settings were level within noise at 2,000 examples
+#: 9 of 9 runs (and 9 of 9 at 600); at 3/6 the same settings were level within noise at 2,000 examples
 #: and lost up to 12 points at 600 (docs/results.md#suite-on-a-gpu-with-2000-and-5000-training-examples).
 DEEP_CONVERSION_SETTINGS: dict[str, float] = {"distill_alpha": 0.5, "distill_hidden_weight": 1.0,
                                               "expander_gain": 0.1}
