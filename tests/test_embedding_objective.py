@@ -7,14 +7,22 @@ import importlib.util
 import json
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
+from surgery.data import TaskData
 from surgery.embedding import SentenceConfig, embed_texts, load_text_data
-from surgery.embedding.distill import EmbeddingDistillConfig, embedding_loss, embedding_trainer, recover_embeddings
+from surgery.embedding.distill import (
+    EmbeddingDistillConfig,
+    embedding_loss,
+    embedding_trainer,
+    neighbour_loss,
+    recover_embeddings,
+)
 from surgery.embedding.evaluate import mean_cosine
 from surgery.embedding.pooling import SURGERY_FILE, read_sentence_config
 from surgery.strategies.pruning.heads import HeadPruningStrategy
@@ -23,7 +31,7 @@ from surgery.strategies.shrp import ShrpStrategy
 from surgery.strategies.shrp.embedding import EMBEDDING_EXPANDER_GAIN
 from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_model
-from surgery.training import RecoveryConfig, scratch_dir, training_arguments
+from surgery.training import RecoveryConfig, recover, scratch_dir, training_arguments
 from tests.test_embedding import WORDS, st_dir, tokenizer
 
 TEXTS = [" ".join(WORDS[(i * 7 + j * 13) % len(WORDS)] for j in range(2 + i % 7)) for i in range(48)]
@@ -41,6 +49,53 @@ def test_embedding_loss_is_mse_plus_one_minus_cosine() -> None:
     expected = ((1.0 + 4.0) / 2) + 1.0  # MSE over the two coordinates, plus 1 - cos(90°)
     assert float(embedding_loss(s, t)) == pytest.approx(expected)
     assert float(embedding_loss(s, t, mse_weight=0.5, cosine_weight=0.0)) == pytest.approx(1.25)
+
+
+def test_neighbour_loss_against_a_hand_computation() -> None:
+    # Three texts; the student swaps which of texts 1 and 2 is text 0's nearer neighbour.
+    teacher = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    student = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
+    tau = 0.5
+    cos_t, cos_s = teacher @ teacher.T, student @ student.T  # rows are unit vectors already
+    expected = 0.0
+    for i in range(3):
+        others = [j for j in range(3) if j != i]
+        p = torch.softmax(cos_t[i, others] / tau, dim=0)
+        q = torch.softmax(cos_s[i, others] / tau, dim=0)
+        expected += float((p * (p / q).log()).sum()) / 3
+    assert float(neighbour_loss(student, teacher, temperature=tau)) == pytest.approx(expected, rel=1e-5)
+    assert expected > 0
+    # Cosine-based, so the scale of either side does not matter; a batch of one has no neighbours.
+    assert float(neighbour_loss(3 * teacher, teacher, temperature=tau)) == pytest.approx(0.0, abs=1e-6)
+    assert float(neighbour_loss(student[:1], teacher[:1])) == 0.0
+
+
+def test_the_neighbour_term_trains_and_is_refused_for_a_task_model() -> None:
+    data = text_data()
+    teacher = tiny_model(TinySpec("bert", layers=2))
+    student = tiny_model(TinySpec("bert", layers=2, seed=1))
+    config = data.sentence_config
+    target = embed_texts(teacher, data.tokenizer, TEXTS, config)
+
+    def ranking_distance() -> float:
+        return float(neighbour_loss(embed_texts(student, data.tokenizer, TEXTS, config), target))
+
+    before = ranking_distance()
+    # The neighbour term alone (no MSE, no cosine) must move the student's neighbour ranking toward the teacher's.
+    with scratch_dir() as tmp:
+        trainer = embedding_trainer(student, teacher, data, training_arguments(tmp, epochs=3, batch_size=8,
+                                                                               learning_rate=1e-3),
+                                    embedding=EmbeddingDistillConfig(mse_weight=0.0, cosine_weight=0.0,
+                                                                     similarity_weight=1.0))
+        trainer.train()
+    assert ranking_distance() < 0.8 * before
+    result = recover_embeddings(student, teacher, data, RecoveryConfig(epochs=1, batch_size=8, similarity_weight=0.5))
+    assert result.steps == 3  # the 24 training texts (the rest are held out) in batches of 8
+    task_model = tiny_model(TinySpec("bert", task="seq-cls"))
+    rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 6, 7, 3]], "labels": [0, 1]})
+    with pytest.raises(surgery.ConfigError, match="similarity_weight"):
+        recover(task_model, copy.deepcopy(task_model), TaskData(rows, rows, ["a", "b"]),
+                RecoveryConfig(epochs=1, similarity_weight=1.0))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -3,8 +3,10 @@
 The loss is ``mse_weight · MSE(e_s, e_t) + cosine_weight · (1 − cos(e_s, e_t))`` on the pooled (and, if
 the model's config says so, normalised) sentence embeddings of student and teacher, plus optionally
 ``hidden_weight`` times the mapped token-level hidden-state MSE of :func:`surgery.training.hidden_state_loss`
-(the sentence-transformers distillation examples use the embedding MSE; the cosine term keeps
-the direction, which is what retrieval ranks by). The teacher is the model before surgery.
+and ``similarity_weight`` times :func:`neighbour_loss`, which matches each text's in-batch neighbour
+distribution to the teacher's (the sentence-transformers distillation examples use the embedding
+MSE; the cosine term keeps the direction, and the neighbour term the ranking, which is what
+retrieval reads). The teacher is the model before surgery.
 
 :class:`EmbeddingDistillTrainer` is :class:`surgery.training.SurgeryTrainer` with this loss, so it
 composes with trainers that add terms on top (SHRP's balance loss) by ordinary inheritance.
@@ -60,6 +62,9 @@ class EmbeddingDistillConfig(BaseModel):
     hidden_weight: float = Field(default=0.0, ge=0.0, description="weight of the token-level hidden-state MSE")
     layer_map: dict[int, int] | None = Field(default=None, description="student layer -> teacher layer for the "
                                              "hidden-state MSE; default: derived from the recorded steps")
+    similarity_weight: float = Field(default=0.0, ge=0.0, description="weight of the in-batch neighbour KL "
+                                     "(neighbour_loss); 0: off")
+    similarity_temperature: float = Field(default=0.05, gt=0.0, description="temperature of the neighbour KL")
 
 
 def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, *, mse_weight: float = 1.0,
@@ -78,6 +83,37 @@ def embedding_loss(student: torch.Tensor, teacher: torch.Tensor, *, mse_weight: 
     if cosine_weight > 0:
         loss = loss + cosine_weight * (1.0 - F.cosine_similarity(s, t, dim=-1)).mean()
     return loss
+
+
+def neighbour_loss(student: torch.Tensor, teacher: torch.Tensor, *, temperature: float = 0.05) -> torch.Tensor:
+    """Mean over texts of ``KL(p_teacher ‖ p_student)``, where ``p(j | i) = softmax_j(cos(e_i, e_j) / temperature)``
+    over the other texts ``j ≠ i`` of the batch.
+
+    Retrieval ranks neighbours by cosine, so this term trains the student to order each text's
+    in-batch neighbours as the teacher does, which the per-text MSE and cosine terms do not see (two
+    students with the same per-text error can order neighbours differently). It is the relational
+    distillation of Park et al. (2019, "Relational Knowledge Distillation") in a listwise form; a low
+    temperature weights the nearest neighbours most, as recall@k does. Batches of one give 0.
+
+    Example:
+        >>> e = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+        >>> float(neighbour_loss(e, e))
+        0.0
+        >>> float(neighbour_loss(e, e[[1, 0, 2]])) > 0
+        True
+    """
+    n = student.shape[0]
+    if n < 2:
+        return student.new_zeros(()).float()
+    s = F.normalize(student.float(), dim=-1)
+    t = F.normalize(teacher.float(), dim=-1)
+    eye = torch.eye(n, dtype=torch.bool, device=s.device)
+    # A text is not its own neighbour: -inf on the diagonal drops it from both distributions.
+    s_logits = (s @ s.T / temperature).masked_fill(eye, float("-inf"))
+    t_logits = (t @ t.T / temperature).masked_fill(eye, float("-inf"))
+    log_s = F.log_softmax(s_logits, dim=-1).masked_fill(eye, 0.0)
+    log_t = F.log_softmax(t_logits, dim=-1).masked_fill(eye, 0.0)
+    return (log_t.exp() * (log_t - log_s)).sum(dim=-1).mean()
 
 
 class EmbeddingDistillTrainer(SurgeryTrainer):
@@ -124,6 +160,8 @@ class EmbeddingDistillTrainer(SurgeryTrainer):
         with torch.no_grad(), recording_layer_outputs(teacher_model) if hidden else nullcontext([]) as t_layers:
             target, _ = embed_batch(teacher_model, features, self.sentence_config)
         kd = embedding_loss(student, target, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
+        if cfg.similarity_weight > 0:
+            kd = kd + cfg.similarity_weight * neighbour_loss(student, target, temperature=cfg.similarity_temperature)
         loss = kd
         if hidden:
             loss = loss + cfg.hidden_weight * hidden_state_loss(s_layers, t_layers, cfg.layer_map,
@@ -162,8 +200,9 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     """Recovery after surgery with the embedding objective: distil ``teacher``'s sentence embeddings into ``model``.
 
     ``config.hidden_weight`` switches on the token-level hidden-state MSE (mapped through any
-    ``layer-drop`` steps, as in :func:`surgery.training.recover`); ``temperature`` and ``alpha``
-    (logit settings) are unused. Accuracies stay None: there are no labels.
+    ``layer-drop`` steps, as in :func:`surgery.training.recover`) and ``config.similarity_weight``
+    the in-batch neighbour KL (:func:`neighbour_loss`, at ``similarity_temperature``); ``temperature``
+    and ``alpha`` (logit settings) are unused. Accuracies stay None: there are no labels.
 
     Example:
         >>> import copy
@@ -183,7 +222,9 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
         layer_map = config.layer_map or default_layer_map(adapter_for(model).num_layers,
                                                           adapter_for(teacher).num_layers,
                                                           steps_of(model)[len(steps_of(teacher)):])
-    embedding = EmbeddingDistillConfig(hidden_weight=config.hidden_weight, layer_map=layer_map)
+    embedding = EmbeddingDistillConfig(hidden_weight=config.hidden_weight, layer_map=layer_map,
+                                       similarity_weight=config.similarity_weight,
+                                       similarity_temperature=config.similarity_temperature)
     history = EpochHistory(EpochStats(), emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)),
                            label="recovery")
     refit = refit_before_training(model, teacher, data, config)

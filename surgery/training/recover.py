@@ -46,6 +46,12 @@ class RecoveryConfig(DistillConfig):
     refit: bool = Field(default=False, description="before training, re-solve every cut output projection by "
                                                    "least squares against the teacher (surgery.training.refit)")
     refit_batches: int = Field(default=32, ge=1, description="training batches the refit reads")
+    # The embedding objective's neighbour term (surgery.embedding.distill.neighbour_loss); a task
+    # recovery refuses it rather than ignore it.
+    similarity_weight: float = Field(default=0.0, ge=0.0, description="embedding objective only: weight of the "
+                                     "in-batch neighbour KL (0: off)")
+    similarity_temperature: float = Field(default=0.05, gt=0.0, description="embedding objective only: "
+                                          "temperature of the neighbour KL")
 
     def distill_config(self) -> DistillConfig:
         return DistillConfig(**{k: getattr(self, k) for k in DistillConfig.model_fields})
@@ -117,6 +123,9 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     if getattr(task, "objective", "task") == "embedding":  # unlabelled texts bring their own objective
         return task.recover(model, teacher, cfg, progress=progress)  # type: ignore[attr-defined]
     task = require_labelled(task, "recovery")
+    if cfg.similarity_weight > 0:
+        raise ConfigError("recovery: similarity_weight is a term of the embedding objective (sentence embeddings); "
+                          "set it to 0 for a task model, or recover on unlabelled texts")
     labels = (getattr(model.config, "num_labels", None), getattr(teacher.config, "num_labels", None))
     if labels[0] != labels[1]:
         raise ConfigError(f"recovery: the model has {labels[0]} labels but the teacher has {labels[1]}; the teacher "
