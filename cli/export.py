@@ -34,6 +34,11 @@ if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must 
     from surgery.deploy.export import ExportReport
 
 
+def int8_label(report: ExportReport) -> str:
+    """How the graph was quantized, e.g. ``int8 (dynamic, per-channel weights)``."""
+    return f"int8 (dynamic, per-{'channel' if report.int8_per_channel is not False else 'tensor'} weights)"
+
+
 def export_view(report: ExportReport, out: Path) -> RenderableType:
     """What was written and how closely it agrees with PyTorch."""
     table = Table(title=f"Exported to {out}", title_justify="left", show_header=False)
@@ -41,7 +46,7 @@ def export_view(report: ExportReport, out: Path) -> RenderableType:
     table.add_column("value")
     rows = [
         ("graph", f"{report.onnx_file} ({report.onnx_bytes / 2**20:,.1f} MiB), opset {report.opset}, "
-                  f"{'int8 (dynamic)' if report.int8 else 'fp32'}"),
+                  f"{int8_label(report) if report.int8 else 'fp32'}"),
         ("task", f"{report.task}: {report.model_class} -> {report.output}"),
         ("inputs", ", ".join(report.inputs) + " (dynamic batch and sequence)"),
         ("steps", ", ".join(report.steps) or "none"),
@@ -76,6 +81,8 @@ def export_command(
                                       "surgery-onnx.json to (new or empty).")],
     int8: Annotated[bool, typer.Option("--int8", help="Write ONNX Runtime's dynamic int8 graph; its drift from "
                                        "PyTorch is recorded.")] = False,
+    per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
+                                             "instead of per output channel (less faithful, same speed).")] = False,
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
@@ -112,8 +119,8 @@ def export_command(
         batches = task_data.loader("eval")
     model = surgery.from_pretrained(source)
     with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
-        report = export_onnx(model, target, tokenizer=tokenizer, task=task,
-                             int8=int8, optimize=optimize, batch=batch, seq=seq, tolerance=tolerance, opset=opset,
+        report = export_onnx(model, target, tokenizer=tokenizer, task=task, int8=int8, per_channel=not per_tensor,
+                             optimize=optimize, batch=batch, seq=seq, tolerance=tolerance, opset=opset,
                              data=batches, threads=threads, overwrite=overwrite)
     stdout().print(export_view(report, target))
 

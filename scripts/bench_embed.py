@@ -58,6 +58,8 @@ from surgery.training import RecoveryConfig
 VARIANTS: dict[str, dict[str, Any]] = {
     "shrp-3-mean": {"kind": "shrp", "layers": 3, "router": "mean"},
     "shrp-3-cls": {"kind": "shrp", "layers": 3, "router": "cls"},
+    "head+ffn-0.25": {"kind": "prune", "ratio": 0.25, "epochs_like": 3},
+    "head+ffn-0.25-hidden": {"kind": "prune", "ratio": 0.25, "epochs_like": 3, "hidden_weight": 1.0},
     "head+ffn-0.48": {"kind": "prune", "ratio": 0.48, "epochs_like": 3},
     "head+ffn-0.48-refit": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "refit": True},
     "head+ffn-0.48-hidden": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "hidden_weight": 1.0},
@@ -68,6 +70,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shrp-5-mean": {"kind": "shrp", "layers": 5, "router": "mean"},
     "head+ffn-0.80": {"kind": "prune", "ratio": 0.80, "epochs_like": 5},
     "head+ffn-0.80-refit": {"kind": "prune", "ratio": 0.80, "epochs_like": 5, "refit": True},
+    "head+ffn-0.80-hidden": {"kind": "prune", "ratio": 0.80, "epochs_like": 5, "hidden_weight": 1.0},
     "head+ffn-0.80-hidden-nbr": {"kind": "prune", "ratio": 0.80, "epochs_like": 5, "hidden_weight": 1.0,
                                  "similarity_weight": 1.0},
     "layer-drop-5": {"kind": "drop", "count": 5, "epochs_like": 5},
@@ -124,13 +127,13 @@ def main() -> None:
         if args.note is not None:
             results["note"] = args.note
             out.write_text(json.dumps(results, indent=2) + "\n")
-        Path(args.table).write_text(render(results))
+        Path(args.table).write_text(render_seeds(results) if "runs" in results else render(results))
         return
     if args.speed_only:
         results = json.loads(out.read_text())
         speed(results, surgery.from_pretrained(path).eval(), work, args)
         out.write_text(json.dumps(results, indent=2) + "\n")
-        Path(args.table).write_text(render(results))
+        Path(args.table).write_text(render_seeds(results) if "runs" in results else render(results))
         return
     tokenizer = AutoTokenizer.from_pretrained(path)
     sentence = read_sentence_config(path)
@@ -244,9 +247,20 @@ def main() -> None:
 
 def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: argparse.Namespace) -> None:
     """One interleaved benchmark of the teacher and every evaluated variant saved in ``work`` (paired ratios)."""
-    names = [n for n in VARIANTS if (work / n / "surgery.json").exists() and n in results]
-    models = {"teacher": teacher, **{n: surgery.from_pretrained(work / n) for n in names}}
-    bench = bench_models(models, batch_size=32, seq_len=64, repeats=args.repeats, warmup=2, threads=args.threads)
+    runs = results.get("runs", {})
+    names = [n for n in VARIANTS if (work / n / "surgery.json").exists()
+             and (n in results or any(key.split("|")[0] == n for key in runs))]
+    if args.int8:
+        # Every model in PyTorch fp32, ONNX Runtime fp32 and ONNX Runtime int8 (the graphs the
+        # evaluation scored), interleaved in one process; ratios against the teacher in PyTorch.
+        from surgery.deploy.bench import bench_runtimes
+
+        bench = bench_runtimes([resolve_model_path(args.model), *(work / n for n in names)], names=["teacher", *names],
+                               runtimes=("torch", "onnxruntime"), int8=True, threads=args.threads, batch_size=32,
+                               seq_len=64, repeats=args.repeats, warmup=2)
+    else:
+        models = {"teacher": teacher, **{n: surgery.from_pretrained(work / n) for n in names}}
+        bench = bench_models(models, batch_size=32, seq_len=64, repeats=args.repeats, warmup=2, threads=args.threads)
     results["bench"] = bench.model_dump(mode="json")
 
 
@@ -286,7 +300,7 @@ def render(results: dict[str, Any]) -> str:
         if not entry:
             continue
         ev, params = entry["eval"], entry["params"]
-        comp = comparisons.get(name)
+        comp = comparisons.get(name) or comparisons.get(f"{name} [torch]")
         speed = comp["paired_speedup"] if comp else None
         size = f"{params['total'] / 1e6:.2f}M ({params['without_embeddings'] / 1e6:.2f}M)"
         cells = [name, str(entry["epochs"]), size,
@@ -397,13 +411,23 @@ def render_seeds(merged: dict[str, Any]) -> str:
     def ms(stat: list[float], digits: int = 3) -> str:
         return f"{stat[0]:.{digits}f} ± {stat[1]:.{digits}f}"
 
-    head = ["variant", "seeds", "epochs", "params (w/o emb.)", "mean cosine", "recall@10", "worst probe Δ pts",
+    speeds = {c["name"]: c["paired_speedup"] for c in (merged.get("bench") or {}).get("comparisons", [])}
+
+    def speed(name: str, runtime: str) -> str:
+        value = speeds.get(f"{name} [{runtime}]")
+        return f"{value:.2f}x" if value else "-"
+
+    timed = bool(speeds)
+    head = ["variant", "seeds", "epochs", "params (w/o emb.)", *(["speedup (torch)"] if timed else []),
+            "mean cosine", "recall@10", "worst probe Δ pts", *(["speedup (ORT int8)"] if timed else []),
             "int8: mean cosine", "int8: recall@10", "paired vs base: Δ cosine / Δ recall@10 (wins)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if "teacher [int8]" in summary:
         t = summary["teacher [int8]"]
-        rows.append(f"| teacher (all-MiniLM-L6-v2), fp32 | {len(merged['teacher'])} | - | 22.71M (10.80M) | 1 | 1 | 0 "
-                    f"| {ms(t['mean_cosine'])} | {ms(t['recall_at_k'])} | - |")
+        rows.append("| " + " | ".join([
+            "teacher (all-MiniLM-L6-v2)", str(len(merged["teacher"])), "-", "22.71M (10.80M)",
+            *(["1.00x"] if timed else []), "1", "1", "0", *([speed("teacher", "onnxruntime int8")] if timed else []),
+            ms(t["mean_cosine"]), ms(t["recall_at_k"]), "-"]) + " |")
     for name, row in summary.items():
         if name == "teacher [int8]":
             continue
@@ -412,7 +436,9 @@ def render_seeds(merged: dict[str, Any]) -> str:
         paired = row.get("paired")
         cells = [name, str(len(row["seeds"])), str(row["epochs"]),
                  f"{params['total'] / 1e6:.2f}M ({params['without_embeddings'] / 1e6:.2f}M)",
+                 *([speed(name, "torch")] if timed else []),
                  ms(row["mean_cosine"]), ms(row["recall_at_k"]), ms(row["worst_probe_points"], 1),
+                 *([speed(name, "onnxruntime int8")] if timed else []),
                  ms(int8["mean_cosine"]) if int8 else "-", ms(int8["recall_at_k"]) if int8 else "-",
                  (f"{paired['mean_cosine'][0]:+.3f} ± {paired['mean_cosine'][1]:.3f} / "
                   f"{paired['recall_at_k'][0]:+.3f} ± {paired['recall_at_k'][1]:.3f} "
@@ -427,6 +453,13 @@ def render_seeds(merged: dict[str, Any]) -> str:
             "dynamically quantized graph and evaluated the same way. Paired: the variant minus its base (the same "
             "cut without the added loss term) on the same seed. Generated by `scripts/bench_embed.py --merge`; raw "
             "numbers in the JSON file of the same name.")
+    bench = (merged.get("bench") or {}).get("settings")
+    if bench:
+        text += (f" Speed (`--speed-only --int8`): paired speedup (median of same-round ratios) against the teacher "
+                 f"in PyTorch fp32, batch {bench['batch_size']} x {bench['seq_len']} tokens, {bench['threads']} "
+                 f"thread(s) for PyTorch and ONNX Runtime alike, {bench['repeats']} interleaved rounds in one process "
+                 f"on {bench['cpu_count']} CPUs (load average {bench['load_average_before']:.1f} before); the teacher "
+                 f"in ONNX Runtime fp32 ran at {speed('teacher', 'onnxruntime')}.")
     return "\n".join(["# Sentence-embedding compression over seeds (MiniLM-L6, no labels)", "", text, "", *rows,
                       *(["", merged["note"]] if merged.get("note") else []), ""])
 

@@ -148,3 +148,29 @@ def test_bench_rejects_an_unknown_runtime(tmp_path) -> None:
     saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
     result = CliRunner().invoke(app, ["bench", str(saved), "--runtime", "tensorrt"])
     assert result.exit_code == 2 and result.stderr.startswith("error: bench: runtime 'tensorrt' is not one of torch")
+
+
+def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    model = tiny_model(TinySpec("bert"))
+    scales: dict[bool, list[tuple[int, ...]]] = {}
+    for per_channel in (True, False):
+        out = tmp_path / f"int8-{per_channel}"
+        report = export_onnx(model, out, task="base", int8=True, per_channel=per_channel, batch=2, seq=8)
+        assert report.int8_per_channel is per_channel
+        assert json.loads((out / INFO_NAME).read_text())["int8_per_channel"] is per_channel
+        graph = onnx.load(str(out / "model.onnx"))
+        scales[per_channel] = [numpy_helper.to_array(t).shape for t in graph.graph.initializer
+                               if t.name.endswith("_scale")]
+    # Per channel: the quantized weights carry one scale per output column; per tensor: a single scale.
+    assert scales[True] and any(len(shape) == 1 and shape[0] > 1 for shape in scales[True])
+    assert scales[False] and all(int(torch.tensor(shape).prod()) == 1 for shape in scales[False])
+    assert export_onnx(model, tmp_path / "fp32", task="base", batch=2, seq=8).int8_per_channel is None
+    surgery.save_pretrained(model, tmp_path / "saved")
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "saved"), "--out", str(tmp_path / "cli"), "--int8",
+                                      "--per-tensor", "--seq", "8"])
+    assert result.exit_code == 0, result.output
+    assert "per-tensor weights" in result.output
+    assert json.loads((tmp_path / "cli" / INFO_NAME).read_text())["int8_per_channel"] is False

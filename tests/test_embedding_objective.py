@@ -17,6 +17,7 @@ from surgery.cli.app import app
 from surgery.data import TaskData
 from surgery.embedding import SentenceConfig, embed_texts, load_text_data
 from surgery.embedding.distill import (
+    EMBEDDING_HIDDEN_WEIGHT,
     EmbeddingDistillConfig,
     embedding_loss,
     embedding_trainer,
@@ -49,6 +50,21 @@ def test_embedding_loss_is_mse_plus_one_minus_cosine() -> None:
     expected = ((1.0 + 4.0) / 2) + 1.0  # MSE over the two coordinates, plus 1 - cos(90°)
     assert float(embedding_loss(s, t)) == pytest.approx(expected)
     assert float(embedding_loss(s, t, mse_weight=0.5, cosine_weight=0.0)) == pytest.approx(1.25)
+
+
+def test_embedding_recovery_matches_hidden_states_unless_told_not_to() -> None:
+    data = text_data()
+    teacher = tiny_model(TinySpec("bert", layers=2))
+    student = copy.deepcopy(teacher)
+    surgery.convert(student, HeadPruningStrategy(ratio=0.5))
+    default = recover_embeddings(copy.deepcopy(student), teacher, data, RecoveryConfig(epochs=1, batch_size=8))
+    assert default.hidden_weight == EMBEDDING_HIDDEN_WEIGHT == 1.0 and default.layer_map == {0: 0, 1: 1}
+    off = recover_embeddings(copy.deepcopy(student), teacher, data,
+                             RecoveryConfig(epochs=1, batch_size=8, hidden_weight=0.0))
+    assert off.hidden_weight == 0.0 and off.layer_map is None
+    # The two runs differ only by the hidden-state term, and it adds to the training loss.
+    assert default.history[-1]["loss"] > default.history[-1]["kd"]
+    assert off.history[-1]["loss"] == pytest.approx(off.history[-1]["kd"])
 
 
 def test_neighbour_loss_against_a_hand_computation() -> None:

@@ -83,6 +83,8 @@ class ExportReport(BaseModel):
     optimized: dict[str, int] | None = Field(default=None, description="operator counts after ORT's optimizer")
     optimized_parity: Agreement | None = None
     int8: bool = False
+    int8_per_channel: bool | None = Field(default=None, description="int8 weight scales per output channel "
+                                          "(False: per tensor; None: no int8)")
     int8_drift: Agreement | None = Field(default=None, description="int8 ONNX Runtime against fp32 PyTorch")
     accuracy_torch: float | None = Field(default=None, description="fp32 PyTorch accuracy on the given data")
     accuracy_onnx: float | None = Field(default=None, description="accuracy of the written graph on the data")
@@ -271,6 +273,7 @@ def export_onnx(
     tokenizer: Any = None,
     task: str = "auto",
     int8: bool = False,
+    per_channel: bool = True,
     optimize: bool = False,
     batch: int = 4,
     seq: int = 32,
@@ -288,6 +291,7 @@ def export_onnx(
         tokenizer: saved next to the graph, and used to build the parity batch from sample sentences.
         task: ``auto``, ``base``, ``seq-cls`` or ``mlm`` (see :func:`export_target`).
         int8: write ONNX Runtime's dynamically quantized graph; its drift from PyTorch is recorded.
+        per_channel: with ``int8``, one weight scale per output channel (default) rather than per tensor.
         optimize: write the graph after ONNX Runtime's offline optimizations (fusions); checked again.
         batch, seq: shape of the parity batch (right-padded); the graph itself takes any shape.
         tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
@@ -339,7 +343,7 @@ def export_onnx(
             optimized = optimized_parity = drift = None
             if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
                 quantized = tmp / "model.int8.onnx"
-                quantize_int8(path, quantized)
+                quantize_int8(path, quantized, per_channel=per_channel)
                 os.replace(quantized, path)
                 runtime = session(path)
                 drift = agreement(expected, getattr(runtime(**inputs), output))
@@ -369,7 +373,8 @@ def export_onnx(
                 opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)", versions=_versions(),
                 steps=[str(s.get("strategy")) for s in steps_of(model)], parity_batch=(batch, seq),
                 tolerance=tolerance, parity=parity, optimized=optimized, optimized_parity=optimized_parity,
-                int8=int8, int8_drift=drift, accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
+                int8=int8, int8_per_channel=per_channel if int8 else None, int8_drift=drift,
+                accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
                 onnx_bytes=path.stat().st_size, export_seconds=seconds,
             )
             report.write(tmp)

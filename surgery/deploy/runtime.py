@@ -115,12 +115,16 @@ def optimize_graph(src: Path, dst: Path, *, threads: int | None = None) -> dict[
     return op_counts(dst)
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
+def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True) -> None:
     """ONNX Runtime dynamic quantization of ``src`` to ``dst``: int8 weights, activations quantized per batch.
 
-    The settings are those Optimum's ``AutoQuantizationConfig.avx512_vnni(is_static=False)`` and
-    sentence-transformers' ``export_dynamic_quantized_onnx_model`` use: signed int8 weights, per
-    tensor, for MatMul/Gemm (and fused Attention) nodes whose second input is a constant weight.
+    Signed int8 weights for MatMul/Gemm (and fused Attention) nodes whose second input is a constant
+    weight, as in Optimum's ``AutoQuantizationConfig.avx512_vnni(is_static=False)``. Weights get one
+    scale per output channel unless ``per_channel=False`` (one per tensor, what sentence-transformers'
+    ``export_dynamic_quantized_onnx_model`` examples use): on all-MiniLM-L6-v2, per-channel scales
+    kept mean cosine 0.992 and recall@10 0.853 against the fp32 embeddings where per-tensor kept
+    0.958 and 0.712, at the same speed (2.80x against 2.85x over PyTorch fp32, one thread;
+    docs/deploy.md "int8 granularity").
     """
     require_onnx("int8 quantization")
     import onnx
@@ -135,7 +139,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
     onnx.save(proto, str(bare))
     with quiet_loggers(""):  # the quantizer logs a pre-processing hint on the root logger
         try:
-            quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=False,
+            quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
                              extra_options={"MatMulConstBOnly": True})
         finally:
             bare.unlink(missing_ok=True)

@@ -66,6 +66,7 @@ class RecoveryResult(BaseModel):
     accuracy_after: float | None = None
     accuracy_refit: float | None = None  # after the least-squares refit, before any training
     seconds: float = 0.0
+    hidden_weight: float = 0.0  # the hidden-state MSE weight the run used (the embedding objective defaults to 1)
     layer_map: dict[int, int] | None = None
     history: list[dict[str, Any]] = Field(default_factory=list)
     refit: RefitResult | None = None
@@ -152,6 +153,6 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     if cfg.epochs == 0 and after_refit is not None:
         after = after_refit
     return RecoveryResult(epochs=cfg.epochs, steps=steps, accuracy_before=before, accuracy_after=after,
-                          accuracy_refit=after_refit,
+                          accuracy_refit=after_refit, hidden_weight=distill.hidden_weight,
                           seconds=time.perf_counter() - start, layer_map=distill.layer_map, history=history.history,
                           refit=refit)
