@@ -29,6 +29,9 @@ from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
 from surgery.cli.options import EvalData, LabelColumn, MaxLength, Overwrite, TextColumn, TextPairColumn
 from surgery.deploy.names import TASKS
+from surgery.errors import ConfigError
+
+FORMATS = ("onnx", "sentence-transformers")
 
 if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must not
     from surgery.deploy.export import ExportReport
@@ -81,6 +84,9 @@ def export_command(
                                       "surgery-onnx.json to (new or empty).")],
     int8: Annotated[bool, typer.Option("--int8", help="Write ONNX Runtime's dynamic int8 graph; its drift from "
                                        "PyTorch is recorded.")] = False,
+    format: Annotated[str, typer.Option("--format", help="onnx: model.onnx and its report; sentence-transformers: "
+                                        "a directory stock SentenceTransformer(DIR, backend='onnx') loads, for a "
+                                        "sentence-embedding model.")] = "onnx",
     per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
                                              "instead of per output channel (less faithful, same speed).")] = False,
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
@@ -106,6 +112,11 @@ def export_command(
     from surgery.deploy.runtime import require_onnx
 
     require_onnx()  # before anything is loaded: a missing extra is one line
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
+    if format == "sentence-transformers" and (data is not None or optimize or task not in ("auto", "base")):
+        raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop "
+                          "--data, --optimize and --task")
     source = resolve_model_path(model_dir)
     target = check_output_dir(source, out, overwrite=overwrite)
     read_model_config(source)
@@ -118,6 +129,23 @@ def export_command(
             task_data = load_task(DataFiles(data, eval_data), tokenizer, DataOptions.from_command(ctx))
         batches = task_data.loader("eval")
     model = surgery.from_pretrained(source)
+    if format == "sentence-transformers":
+        from surgery.embedding import read_sentence_config
+        from surgery.embedding.interop import export_sentence_transformers
+
+        sentence = read_sentence_config(source)
+        if sentence is None:
+            raise ConfigError(f"--format sentence-transformers: {source} is not a sentence-embedding model (no "
+                              "modules.json or sentence_embedding.json); use --format onnx")
+        with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
+            report = export_sentence_transformers(model, target, tokenizer=tokenizer, sentence_config=sentence,
+                                                  int8=int8, per_channel=not per_tensor, threads=threads,
+                                                  overwrite=overwrite)
+        stdout().print(export_view(report, target / "onnx"))
+        stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend='onnx') "
+                       f"loads it ({sentence.describe()}); needs sentence-transformers[onnx], not surgery",
+                       markup=False)
+        return
     with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
         report = export_onnx(model, target, tokenizer=tokenizer, task=task, int8=int8, per_channel=not per_tensor,
                              optimize=optimize, batch=batch, seq=seq, tolerance=tolerance, opset=opset,

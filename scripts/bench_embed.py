@@ -406,7 +406,10 @@ def summarise(runs: dict[str, Any], teachers: dict[str, Any]) -> dict[str, Any]:
 
 def render_seeds(merged: dict[str, Any]) -> str:
     """The mean ± std table of a merged file."""
-    setup, summary = merged["setup"], merged["summary"]
+    summary = merged["summary"]
+    # A setting that differed between the merged runs is a list: show its range.
+    setup = {k: (f"{min(v)}-{max(v)}" if v and all(isinstance(x, int) for x in v) else v) if isinstance(v, list)
+             else v for k, v in merged["setup"].items()}
 
     def ms(stat: list[float], digits: int = 3) -> str:
         return f"{stat[0]:.{digits}f} ± {stat[1]:.{digits}f}"
@@ -420,7 +423,7 @@ def render_seeds(merged: dict[str, Any]) -> str:
     timed = bool(speeds)
     head = ["variant", "seeds", "epochs", "params (w/o emb.)", *(["speedup (torch)"] if timed else []),
             "mean cosine", "recall@10", "worst probe Δ pts", *(["speedup (ORT int8)"] if timed else []),
-            "int8: mean cosine", "int8: recall@10", "paired vs base: Δ cosine / Δ recall@10 (wins)"]
+            "int8: mean cosine", "int8: recall@10", "paired vs base: Δ cosine / Δ recall@10"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if "teacher [int8]" in summary:
         t = summary["teacher [int8]"]
@@ -442,7 +445,8 @@ def render_seeds(merged: dict[str, Any]) -> str:
                  ms(int8["mean_cosine"]) if int8 else "-", ms(int8["recall_at_k"]) if int8 else "-",
                  (f"{paired['mean_cosine'][0]:+.3f} ± {paired['mean_cosine'][1]:.3f} / "
                   f"{paired['recall_at_k'][0]:+.3f} ± {paired['recall_at_k'][1]:.3f} "
-                  f"({paired['wins'][0]}/{paired['wins'][1]} of {paired['mean_cosine'][2]})") if paired else "-"]
+                  f"(ahead in {paired['wins'][0]} and {paired['wins'][1]} of {paired['mean_cosine'][2]})")
+                 if paired else "-"]
         rows.append("| " + " | ".join(cells) + " |")
     text = (f"Setup: {setup.get('model')}, {setup.get('pooling')}; seeds {setup.get('seeds')} (each seed draws its "
             f"own {setup.get('held_out_texts')} held-out texts and {setup.get('train_texts')} training texts from the "

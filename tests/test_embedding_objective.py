@@ -280,3 +280,54 @@ def test_cli_head_and_ffn_pruning_with_recovery_on_plain_text(tmp_path: Path) ->
     assert sum(la.heads for la in anatomy.layers) == sum(la.heads for la in original.layers) // 2
     assert sum(la.ffn_width for la in anatomy.layers) == sum(la.ffn_width for la in original.layers) // 2
     assert read_sentence_config(both).normalize  # the pooling files travel with every save
+
+
+@pytest.mark.parametrize("family", ["bert", "deberta-v2"])
+def test_export_sentence_transformers_directory_encodes_like_the_surgered_model(tmp_path: Path, family: str) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, normalize=True,
+                    model=tiny_model(TinySpec(family)))
+    pruned = tmp_path / "pruned"
+    result = runner.invoke(app, ["apply", str(source), "--strategy", "head-prune", "--set", "ratio=0.5",
+                                 "--out", str(pruned)])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "export"
+    result = runner.invoke(app, ["export", str(pruned), "--out", str(out), "--format", "sentence-transformers"])
+    assert result.exit_code == 0, result.output
+    assert "backend='onnx'" in result.output and "sentence-transformers[onnx]" in result.output
+    # Stock module names only: nothing in the directory points back to surgery.
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"] for m in modules] == [f"sentence_transformers.models.{k}" for k in
+                                            ("Transformer", "Pooling", "Normalize")]
+    assert (out / "onnx" / "model.onnx").is_file() and (out / "tokenizer.json").is_file()
+    assert not (out / "surgery.json").exists() and not (out / SURGERY_FILE).exists()
+    config = read_sentence_config(out)
+    assert config is not None and config.describe() == "mean pooling, L2-normalised" and config.max_seq_length == 16
+    # The graph plus the written pooling give the surgered model's embeddings.
+    model = surgery.from_pretrained(pruned)
+    tok = tokenizer()
+    expected = embed_texts(model, tok, TEXTS[:6], config)
+    batch = tok(TEXTS[:6], padding=True, return_tensors="np")
+    session = ort.InferenceSession(str(out / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {i.name: batch[i.name].astype(np.int64) for i in session.get_inputs()}
+    (hidden,) = session.run(["last_hidden_state"], feeds)
+    from surgery.embedding.pooling import pool
+    got = pool(torch.from_numpy(hidden), torch.from_numpy(batch["attention_mask"]), config)
+    assert torch.allclose(got, expected, atol=1e-4)
+    # Without the ONNX backend, stock sentence-transformers finds no torch weights and fails loudly.
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+    with pytest.raises((OSError, ValueError, EnvironmentError)):
+        SentenceTransformer(str(out), device="cpu")
+
+
+def test_export_sentence_transformers_refuses_a_plain_model(tmp_path: Path) -> None:
+    saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "plain")
+    result = runner.invoke(app, ["export", str(saved), "--out", str(tmp_path / "x"), "--format",
+                                 "sentence-transformers"])
+    assert result.exit_code == 2 and "not a sentence-embedding model" in result.output
+    assert not (tmp_path / "x").exists()
+    result = runner.invoke(app, ["export", str(saved), "--out", str(tmp_path / "x"), "--format", "tflite"])
+    assert result.exit_code == 2 and "--format 'tflite'" in result.output

@@ -115,3 +115,66 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
     if config.normalize:
         modules.append(Normalize())
     return SentenceTransformer(modules=modules, device=device)
+
+
+#: The subfolder where stock sentence-transformers' ONNX backend looks for ``model.onnx``.
+ONNX_SUBFOLDER = "onnx"
+
+
+def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[str], *, tokenizer: Any,
+                                 sentence_config: SentenceConfig | None = None, int8: bool = False,
+                                 per_channel: bool = True, threads: int | None = None,
+                                 overwrite: bool = False) -> Any:
+    """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
+
+    The directory holds the encoder's graph in ``onnx/model.onnx`` (exported and parity-checked by
+    :func:`surgery.deploy.export_onnx`, optionally int8), its ``config.json`` and tokenizer, and
+    sentence-transformers' own ``modules.json``, ``1_Pooling/config.json`` and
+    ``sentence_bert_config.json``. The graph holds every weight, so the surgered structure (uneven
+    heads, pruned FFNs, converted or dropped layers) needs nothing from surgery at load time: stock
+    sentence-transformers with its ONNX extra (``optimum-onnx`` and ``onnxruntime``) encodes with it,
+    and ``scripts/check_st_onnx_interop.sh`` checks that in a virtual environment without surgery.
+    The directory holds no torch weights, so the default torch backend fails to load it instead of
+    rebuilding the original shapes: load it with ``backend="onnx"``.
+
+    The pooling comes from ``sentence_config``, else from the directory the model was loaded from.
+    Returns the :class:`~surgery.deploy.ExportReport` of the graph (also written as
+    ``onnx/surgery-onnx.json``). The directory is written atomically.
+
+    Example:
+        >>> import tempfile
+        >>> from transformers import BertTokenizer
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> tok = BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"])})
+        >>> out = Path(tempfile.mkdtemp()) / "st"
+        >>> report = export_sentence_transformers(tiny_model(TinySpec("bert")), out, tokenizer=tok,
+        ...                                       sentence_config=SentenceConfig(normalize=True))
+        >>> sorted(p.name for p in out.iterdir())[:4], report.output
+        (['1_Pooling', 'config.json', 'modules.json', 'onnx'], 'last_hidden_state')
+    """
+    from surgery.deploy.export import export_onnx
+    from surgery.deploy.names import INFO_NAME
+    from surgery.embedding.pooling import write_sentence_transformers_files
+    from surgery.io import atomic_directory
+
+    config = sentence_config
+    source = source_dir_of(model)
+    if config is None and source and Path(source).is_dir():
+        config = read_sentence_config(source)
+    if config is None:
+        raise ConfigError("export --format sentence-transformers needs a sentence-embedding model: its directory "
+                          "has no modules.json or sentence_embedding.json (pass sentence_config= in Python)")
+    encoder = encoder_of(model)
+    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+        report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, task="base", int8=int8,
+                             per_channel=per_channel, threads=threads)
+        # The tokenizer files belong at the top, where sentence-transformers' Transformer module reads them.
+        for name in list((tmp / ONNX_SUBFOLDER).iterdir()):
+            if name.suffix != ".onnx" and name.name != INFO_NAME:
+                name.replace(tmp / name.name)
+        encoder.config.to_json_file(str(tmp / "config.json"))
+        write_sentence_transformers_files(config, tmp, encoder.config.hidden_size)
+        if source and (Path(source) / "config_sentence_transformers.json").is_file():
+            (tmp / "config_sentence_transformers.json").write_bytes(
+                (Path(source) / "config_sentence_transformers.json").read_bytes())
+    return report

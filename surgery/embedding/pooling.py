@@ -93,6 +93,42 @@ def write_sentence_config(config: SentenceConfig, out_dir: str | os.PathLike[str
     return file
 
 
+def write_sentence_transformers_files(config: SentenceConfig, out_dir: str | os.PathLike[str],
+                                      dimension: int) -> list[Path]:
+    """Write the stock sentence-transformers module files of ``config``: ``modules.json`` (Transformer,
+    Pooling, and Normalize if on), ``1_Pooling/config.json`` and ``sentence_bert_config.json``.
+
+    The pooling modes are written as the legacy per-mode booleans, which every sentence-transformers
+    version reads, when they are in the order those booleans concatenate; otherwise as the
+    ``pooling_mode`` list of the current format. :func:`read_sentence_config` reads the files back.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> _ = write_sentence_transformers_files(SentenceConfig(normalize=True, max_seq_length=128), d, 384)
+        >>> read_sentence_config(d).describe(), read_sentence_config(d).max_seq_length
+        ('mean pooling, L2-normalised', 128)
+    """
+    root = Path(out_dir)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if config.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    canonical = tuple(m for m in POOLING_MODES if m in config.modes) == config.modes
+    pooling: dict[str, Any] = {"word_embedding_dimension": dimension}
+    if canonical:
+        pooling.update({key: mode in config.modes for mode, key in _MODE_KEYS.items()})
+    else:
+        pooling["pooling_mode"] = list(config.modes)
+    (root / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    files = [root / MODULES_FILE, root / "1_Pooling" / "config.json", root / "sentence_bert_config.json"]
+    contents: list[Any] = [modules, pooling, {"max_seq_length": config.max_seq_length or 512,
+                                             "do_lower_case": config.do_lower_case}]
+    for file, content in zip(files, contents, strict=True):
+        file.write_text(json.dumps(content, indent=2) + "\n")
+    return files
+
+
 def _read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text())
