@@ -84,7 +84,9 @@ def _pyplot() -> Any:
 
 
 def write_pareto(points: list[dict[str, Any]], path: Path,
-                 title: str = "accuracy retained vs measured speedup") -> Path:
+                 title: str = "accuracy retained vs measured speedup",
+                 xlabel: str = "measured speedup (x, against the fine-tuned model)",
+                 ylabel: str = "accuracy retained (% of the fine-tuned model)") -> Path:
     """A scatter of ``points`` (one colour per label, one marker per group) saved as PNG at ``path``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -103,8 +105,8 @@ def write_pareto(points: list[dict[str, Any]], path: Path,
     for j, group in enumerate(groups if len(groups) > 1 else []):
         ax.scatter([], [], color="grey", marker=markers[j % len(markers)], label=group)
     ax.axhline(100, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("measured speedup (x, against the fine-tuned model)")
-    ax.set_ylabel("accuracy retained (% of the fine-tuned model)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)

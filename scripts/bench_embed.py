@@ -67,6 +67,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "head+ffn-0.48-hidden-nbr": {"kind": "prune", "ratio": 0.48, "epochs_like": 3, "hidden_weight": 1.0,
                                  "similarity_weight": 1.0},
     "layer-drop-3": {"kind": "drop", "count": 3, "epochs_like": 3},
+    "layer-drop-3-hidden": {"kind": "drop", "count": 3, "epochs_like": 3, "hidden_weight": 1.0},
     "shrp-5-mean": {"kind": "shrp", "layers": 5, "router": "mean"},
     "head+ffn-0.80": {"kind": "prune", "ratio": 0.80, "epochs_like": 5},
     "head+ffn-0.80-refit": {"kind": "prune", "ratio": 0.80, "epochs_like": 5, "refit": True},
@@ -134,6 +135,8 @@ def main() -> None:
         speed(results, surgery.from_pretrained(path).eval(), work, args)
         out.write_text(json.dumps(results, indent=2) + "\n")
         Path(args.table).write_text(render_seeds(results) if "runs" in results else render(results))
+        if "runs" in results and args.int8:
+            print("wrote", write_embed_pareto(results, out.with_name(out.stem + "_pareto.png")))
         return
     tokenizer = AutoTokenizer.from_pretrained(path)
     sentence = read_sentence_config(path)
@@ -366,10 +369,10 @@ def _stat(values: list[float]) -> list[float]:
 
 def base_of(name: str) -> str:
     """The variant a suffixed variant changes one thing of: ``head+ffn-0.48-hidden-nbr`` -> ``head+ffn-0.48``."""
-    kind = VARIANTS[name]
+    own = VARIANTS[name]
+    basic = {"kind", "ratio", "count", "epochs_like"}  # what a cut is; any other key is an added setting
     for base, spec in VARIANTS.items():
-        if spec["kind"] == "prune" and kind["kind"] == "prune" and spec["ratio"] == kind["ratio"] and set(spec) == {
-                "kind", "ratio", "epochs_like"}:
+        if set(spec) <= basic and all(spec.get(k) == own.get(k) for k in basic):
             return base
     return name
 
@@ -402,6 +405,31 @@ def summarise(runs: dict[str, Any], teachers: dict[str, Any]) -> dict[str, Any]:
                              "wins": [sum(a[k] > b[k] for a, b in pairs) for k in ("mean_cosine", "recall_at_k")]}
         summary[name] = row
     return summary
+
+
+def write_embed_pareto(merged: dict[str, Any], path: Path) -> Path:
+    """PNG: recall@10 agreement with the teacher against measured speedup, each model in PyTorch fp32 and
+    in ONNX Runtime int8 (the speeds of a merged file's benchmark, the fidelity means of its summary)."""
+    from surgery.cli.plot import write_pareto
+
+    speeds = {c["name"]: c["paired_speedup"] for c in merged["bench"]["comparisons"]}
+    speeds["teacher [torch]"] = 1.0
+    points = []
+    for name, row in merged["summary"].items():
+        # The summary's "teacher [int8]" row holds the teacher's int8 fidelity; a variant's row holds its
+        # fp32 fidelity and, under "int8", its int8 graph's.
+        model = "teacher" if name == "teacher [int8]" else name
+        pairs = [("onnxruntime int8", row)] if model == "teacher" else [("torch", row), ("onnxruntime int8",
+                                                                                         row.get("int8"))]
+        for runtime, stats in pairs:
+            speed = speeds.get(f"{model} [{runtime}]")
+            if stats is not None and speed:
+                points.append({"label": model, "group": "PyTorch fp32" if runtime == "torch" else "ONNX Runtime int8",
+                               "speedup": speed, "retained": 100 * stats["recall_at_k"][0]})
+    points.append({"label": "teacher", "group": "PyTorch fp32", "speedup": 1.0, "retained": 100.0})
+    return write_pareto(points, path, title="MiniLM-L6 embeddings: neighbour agreement vs measured speedup",
+                        xlabel="paired speedup (x, against the teacher in PyTorch fp32)",
+                        ylabel="recall@10 agreement with the teacher (%)")
 
 
 def render_seeds(merged: dict[str, Any]) -> str:
