@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must 
 
 def int8_label(report: ExportReport) -> str:
     """How the graph was quantized, e.g. ``int8 (dynamic, per-channel weights)``."""
-    return f"int8 (dynamic, per-{'channel' if report.int8_per_channel is not False else 'tensor'} weights)"
+    kept = f", {', '.join(report.int8_fp32)} in fp32 ({report.int8_fp32_nodes} products)" if report.int8_fp32 else ""
+    return f"int8 (dynamic, per-{'channel' if report.int8_per_channel is not False else 'tensor'} weights{kept})"
 
 
 def export_view(report: ExportReport, out: Path) -> RenderableType:
@@ -89,6 +90,9 @@ def export_command(
                                         "sentence-embedding model.")] = "onnx",
     per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
                                              "instead of per output channel (less faithful, same speed).")] = False,
+    int8_fp32: Annotated[list[str] | None, typer.Option(
+        "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, "
+        "ffn-down; repeatable): mixed precision when full int8 moves the outputs too far.")] = None,
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
@@ -139,8 +143,8 @@ def export_command(
                               "modules.json or sentence_embedding.json); use --format onnx")
         with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
             report = export_sentence_transformers(model, target, tokenizer=tokenizer, sentence_config=sentence,
-                                                  int8=int8, per_channel=not per_tensor, threads=threads,
-                                                  overwrite=overwrite)
+                                                  int8=int8, per_channel=not per_tensor, int8_fp32=int8_fp32 or (),
+                                                  threads=threads, overwrite=overwrite)
         stdout().print(export_view(report, target / "onnx"))
         stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend='onnx') "
                        f"loads it ({sentence.describe()}); needs sentence-transformers[onnx], not surgery",
@@ -148,8 +152,8 @@ def export_command(
         return
     with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
         report = export_onnx(model, target, tokenizer=tokenizer, task=task, int8=int8, per_channel=not per_tensor,
-                             optimize=optimize, batch=batch, seq=seq, tolerance=tolerance, opset=opset,
-                             data=batches, threads=threads, overwrite=overwrite)
+                             int8_fp32=int8_fp32 or (), optimize=optimize, batch=batch, seq=seq,
+                             tolerance=tolerance, opset=opset, data=batches, threads=threads, overwrite=overwrite)
     stdout().print(export_view(report, target))
 
 

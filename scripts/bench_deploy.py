@@ -157,8 +157,10 @@ def render(data: dict[str, Any]) -> str:
            "has no trained head, so no accuracy). " if trained else "**Speed only**: the SHRP row is the recipe's "
            "structure (top 3 layers Expert Attention, Top-1 pruned) without its training, which has the same "
            "shapes and operators as the trained model; accuracy is not reported. ")
-        + "int8 = ONNX Runtime dynamic quantization (int8 weights, per-batch activation "
-        "scales). Size = ONNX file or torch parameter bytes.",
+        # Exports before int8_per_channel was recorded were per tensor (the only granularity then).
+        + "int8 = ONNX Runtime dynamic quantization (int8 weights with one scale per "
+        + ("output channel" if data["export"].get("int8_per_channel") else "tensor")
+        + ", per-batch activation scales). Size = ONNX file or torch parameter bytes.",
         "",
         "| model | runtime | samples/s | latency p50 / p95 ms | speedup (paired [IQR]) | size MB | accuracy % |",
         "|---|---|---|---|---|---|---|",

@@ -1,14 +1,15 @@
-"""int8 weight granularity on all-MiniLM-L6-v2: one scale per tensor against one per output channel.
+"""int8 on all-MiniLM-L6-v2: one weight scale per tensor or per output channel, and mixed precision.
 
 ONNX Runtime's dynamic quantization (``surgery export --int8``) quantizes every constant MatMul
 weight to int8. With one scale per weight tensor, a few large weights set the scale of the whole
 matrix and the rest lose precision; with one scale per output channel each column keeps its own
-range. This script exports the unchanged teacher once in fp32, quantizes that graph both ways, and
-measures, in one process:
+range. Mixed precision keeps the products of some parts of every layer (``--int8-fp32 ffn-down``,
+``ffn``) in fp32. This script exports the unchanged teacher once in fp32, quantizes that graph each
+way, and measures, in one process:
 
 * embedding fidelity against the fp32 PyTorch teacher on the held-out texts of ``bench_embed.py``
   (same seeded split): mean cosine, recall@10 of nearest neighbours, linear probes;
-* speed: PyTorch fp32, ONNX Runtime fp32 and both int8 graphs, interleaved rounds, paired ratios
+* speed: PyTorch fp32, ONNX Runtime fp32 and every int8 graph, interleaved rounds, paired ratios
   against PyTorch fp32.
 
     python scripts/probe_int8_granularity.py --out docs/results/int8_granularity.json
@@ -32,6 +33,7 @@ from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
 from surgery.deploy import export_onnx
 from surgery.deploy.bench import BenchedOnnxModel
+from surgery.deploy.export import part_modules
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.embedding.suite import corpus_texts, probe_suite
@@ -67,9 +69,14 @@ def main() -> None:
         export_onnx(teacher, Path(tmp) / "fp32", task="base", threads=args.threads)
         fp32 = Path(tmp) / "fp32" / "model.onnx"
         graphs = {"onnxruntime fp32": fp32}
-        for name, per_channel in (("int8 per tensor", False), ("int8 per channel", True)):
-            graphs[name] = Path(tmp) / f"{name.replace(' ', '-')}.onnx"
-            quantize_int8(fp32, graphs[name], per_channel=per_channel)
+        # Mixed precision: the products of the named parts of every layer stay in fp32.
+        for name, per_channel, parts in (("int8 per tensor", False, ()), ("int8 per channel", True, ()),
+                                         ("int8 per channel, ffn-down in fp32", True, ("ffn-down",)),
+                                         ("int8 per channel, ffn in fp32", True, ("ffn",))):
+            graphs[name] = Path(tmp) / f"{name.replace(' ', '-').replace(',', '')}.onnx"
+            kept = quantize_int8(fp32, graphs[name], per_channel=per_channel,
+                                 keep_fp32={f"model.{m}" for m in part_modules(teacher, parts)})
+            results.setdefault("fp32_nodes", {})[name] = len(kept)
         for name, graph in graphs.items():
             start = time.perf_counter()
             runtime = OnnxRuntimeModel(graph, config=teacher.config, threads=args.threads)

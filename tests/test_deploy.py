@@ -174,3 +174,30 @@ def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_
     assert result.exit_code == 0, result.output
     assert "per-tensor weights" in result.output
     assert json.loads((tmp_path / "cli" / INFO_NAME).read_text())["int8_per_channel"] is False
+
+
+def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> None:
+    import onnx
+
+    from surgery.deploy.export import part_modules
+
+    model = tiny_model(TinySpec("bert", layers=2))
+    _ = surgery.convert(model, FFNPruningStrategy(ratio=0.5))  # uneven widths: parts are found by role, not shape
+    assert part_modules(model, ["ffn"]) == {f"encoder.layer.{i}.{n}.dense" for i in (0, 1)
+                                            for n in ("intermediate", "output")}
+    counts = {}
+    for parts in ((), ("ffn",), ("ffn-down",), ("attention", "ffn")):
+        report = export_onnx(model, tmp_path / "-".join(parts or ("all",)), task="base", int8=True,
+                             int8_fp32=parts, batch=2, seq=8)
+        graph = onnx.load(str(tmp_path / "-".join(parts or ("all",)) / "model.onnx"))
+        counts[parts] = (report.int8_fp32_nodes, sum(n.op_type == "MatMul" for n in graph.graph.node))
+        assert report.int8_fp32 == list(parts)
+    # 2 layers: 2 FFN products each; attention adds q, k, v and the output projection.
+    assert [counts[p][0] for p in counts] == [0, 4, 2, 12]
+    # Every product kept in fp32 is a plain MatMul in the graph again (the score products always are).
+    assert counts[("ffn",)][1] - counts[()][1] == 4 and counts[("attention", "ffn")][1] - counts[()][1] == 12
+    with pytest.raises(surgery.ConfigError, match="needs int8"):
+        export_onnx(model, tmp_path / "x", task="base", int8_fp32=["ffn"])
+    with pytest.raises(surgery.ConfigError, match="'mlp' is not one of"):
+        export_onnx(model, tmp_path / "y", task="base", int8=True, int8_fp32=["mlp"])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

@@ -24,7 +24,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,6 +85,8 @@ class ExportReport(BaseModel):
     int8: bool = False
     int8_per_channel: bool | None = Field(default=None, description="int8 weight scales per output channel "
                                           "(False: per tensor; None: no int8)")
+    int8_fp32: list[str] = Field(default_factory=list, description="parts whose products stayed in fp32")
+    int8_fp32_nodes: int = Field(default=0, description="weight products left in fp32 by int8_fp32")
     int8_drift: Agreement | None = Field(default=None, description="int8 ONNX Runtime against fp32 PyTorch")
     accuracy_torch: float | None = Field(default=None, description="fp32 PyTorch accuracy on the given data")
     accuracy_onnx: float | None = Field(default=None, description="accuracy of the written graph on the data")
@@ -95,6 +97,38 @@ class ExportReport(BaseModel):
         path = out_dir / INFO_NAME
         path.write_text(self.model_dump_json(indent=2) + "\n")
         return path
+
+
+#: Parts of every encoder layer that ``int8_fp32`` can keep in fp32.
+INT8_FP32_PARTS = ("attention", "ffn", "ffn-up", "ffn-down")
+
+
+def part_modules(root: nn.Module, parts: Sequence[str]) -> set[str]:
+    """Qualified names (under ``root``) of the Linear modules of ``parts`` in every layer, found through
+    the family's anatomy adapter; layers whose part a strategy replaced contribute nothing.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> sorted(part_modules(tiny_model(TinySpec("bert", layers=1)), ["ffn-down"]))
+        ['encoder.layer.0.output.dense']
+    """
+    if not parts:
+        return set()
+    from surgery.anatomy import adapter_for
+
+    names = {id(m): name for name, m in root.named_modules()}
+    adapter = adapter_for(root)
+    chosen: list[nn.Module] = []
+    for index in range(adapter.num_layers):
+        layer = adapter.layer(index)
+        if layer.ffn is not None:
+            if {"ffn", "ffn-up"} & set(parts):
+                chosen.append(layer.ffn.up)
+            if {"ffn", "ffn-down"} & set(parts):
+                chosen.append(layer.ffn.down)
+        if layer.attention is not None and "attention" in parts:
+            chosen.extend([*layer.attention.projections, layer.attention.output])
+    return {names[id(m)] for m in chosen if id(m) in names}
 
 
 class _SingleOutput(nn.Module):
@@ -274,6 +308,7 @@ def export_onnx(
     task: str = "auto",
     int8: bool = False,
     per_channel: bool = True,
+    int8_fp32: Sequence[str] = (),
     optimize: bool = False,
     batch: int = 4,
     seq: int = 32,
@@ -292,6 +327,8 @@ def export_onnx(
         task: ``auto``, ``base``, ``seq-cls`` or ``mlm`` (see :func:`export_target`).
         int8: write ONNX Runtime's dynamically quantized graph; its drift from PyTorch is recorded.
         per_channel: with ``int8``, one weight scale per output channel (default) rather than per tensor.
+        int8_fp32: with ``int8``, parts whose products stay in fp32 (:data:`INT8_FP32_PARTS`): mixed
+            precision for models whose outputs int8 moves too far (see docs/deploy.md).
         optimize: write the graph after ONNX Runtime's offline optimizations (fusions); checked again.
         batch, seq: shape of the parity batch (right-padded); the graph itself takes any shape.
         tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
@@ -317,6 +354,10 @@ def export_onnx(
             raise ConfigError(f"export: {field} must be at least {least}, got {value}")
     if not tolerance > 0:
         raise ConfigError(f"export: tolerance must be positive, got {tolerance}")
+    unknown = [p for p in int8_fp32 if p not in INT8_FP32_PARTS]
+    if unknown or (int8_fp32 and not int8):
+        raise ConfigError(f"export: int8_fp32 {unknown[0]!r} is not one of {', '.join(INT8_FP32_PARTS)}" if unknown
+                          else "export: int8_fp32 (parts kept in fp32) needs int8")
     target, output, task = export_target(model, task)
     source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     was_training = model.training
@@ -341,9 +382,11 @@ def export_onnx(
             runtime = session(path)
             parity = check_parity(expected, runtime, inputs, tolerance=tolerance)
             optimized = optimized_parity = drift = None
+            fp32_nodes: list[str] = []
             if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
                 quantized = tmp / "model.int8.onnx"
-                quantize_int8(path, quantized, per_channel=per_channel)
+                fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
+                                           keep_fp32={f"model.{n}" for n in part_modules(module, int8_fp32)})
                 os.replace(quantized, path)
                 runtime = session(path)
                 drift = agreement(expected, getattr(runtime(**inputs), output))
@@ -373,7 +416,8 @@ def export_onnx(
                 opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)", versions=_versions(),
                 steps=[str(s.get("strategy")) for s in steps_of(model)], parity_batch=(batch, seq),
                 tolerance=tolerance, parity=parity, optimized=optimized, optimized_parity=optimized_parity,
-                int8=int8, int8_per_channel=per_channel if int8 else None, int8_drift=drift,
+                int8=int8, int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
+                int8_fp32_nodes=len(fp32_nodes), int8_drift=drift,
                 accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
                 onnx_bytes=path.stat().st_size, export_seconds=seconds,
             )

@@ -7,11 +7,12 @@ that says what to install, never an ImportError traceback.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,25 @@ def optimize_graph(src: Path, dst: Path, *, threads: int | None = None) -> dict[
     return op_counts(dst)
 
 
-def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True) -> None:
+def nodes_in_modules(graph: Any, modules: Collection[str]) -> list[str]:
+    """Names of the weight-product nodes (MatMul, Gemm) that the exporter traced inside any of ``modules``.
+
+    ``torch.onnx.export(dynamo=True)`` records each node's module path in its
+    ``pkg.torch.onnx.name_scopes`` metadata (``['', 'model', 'model.encoder', ...]``); ``modules``
+    are qualified module names in that form.
+    """
+    wanted = set(modules)
+    found = []
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "[]")
+        if wanted.intersection(ast.literal_eval(scopes)):
+            found.append(node.name)
+    return found
+
+
+def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: Collection[str] = ()) -> list[str]:
     """ONNX Runtime dynamic quantization of ``src`` to ``dst``: int8 weights, activations quantized per batch.
 
     Signed int8 weights for MatMul/Gemm (and fused Attention) nodes whose second input is a constant
@@ -125,6 +144,9 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True) -> None:
     kept mean cosine 0.992 and recall@10 0.853 against the fp32 embeddings where per-tensor kept
     0.958 and 0.715, at the same speed (2.42x against 2.43x over PyTorch fp32, one thread;
     docs/deploy.md "int8 granularity", scripts/probe_int8_granularity.py).
+
+    ``keep_fp32`` names modules (as in :func:`nodes_in_modules`) whose products stay in fp32; the
+    names of those nodes are returned.
     """
     require_onnx("int8 quantization")
     import onnx
@@ -134,15 +156,17 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True) -> None:
     # gather made one of those more specific than the graph, the quantizer's shape inference rejects
     # the graph. Without the annotations it infers them from the graph itself.
     proto = onnx.load(str(src))
+    excluded = nodes_in_modules(proto.graph, keep_fp32) if keep_fp32 else []
     del proto.graph.value_info[:]
     bare = dst.with_name(dst.stem + ".bare.onnx")
     onnx.save(proto, str(bare))
     with quiet_loggers(""):  # the quantizer logs a pre-processing hint on the root logger
         try:
             quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
-                             extra_options={"MatMulConstBOnly": True})
+                             nodes_to_exclude=excluded, extra_options={"MatMulConstBOnly": True})
         finally:
             bare.unlink(missing_ok=True)
+    return excluded
 
 
 _OUTPUT_TYPES = {"logits": SequenceClassifierOutput, "last_hidden_state": BaseModelOutput}

@@ -123,12 +123,14 @@ ONNX_SUBFOLDER = "onnx"
 
 def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[str], *, tokenizer: Any,
                                  sentence_config: SentenceConfig | None = None, int8: bool = False,
-                                 per_channel: bool = True, threads: int | None = None,
+                                 per_channel: bool = True, int8_fp32: tuple[str, ...] | list[str] = (),
+                                 threads: int | None = None,
                                  overwrite: bool = False) -> Any:
     """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
 
     The directory holds the encoder's graph in ``onnx/model.onnx`` (exported and parity-checked by
-    :func:`surgery.deploy.export_onnx`, optionally int8), its ``config.json`` and tokenizer, and
+    :func:`surgery.deploy.export_onnx`, optionally int8, with ``int8_fp32`` parts kept in fp32), its
+    ``config.json`` and tokenizer, and
     sentence-transformers' own ``modules.json``, ``1_Pooling/config.json`` and
     ``sentence_bert_config.json``. The graph holds every weight, so the surgered structure (uneven
     heads, pruned FFNs, converted or dropped layers) needs nothing from surgery at load time: stock
@@ -167,7 +169,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     encoder = encoder_of(model)
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, task="base", int8=int8,
-                             per_channel=per_channel, threads=threads)
+                             per_channel=per_channel, int8_fp32=int8_fp32, threads=threads)
         # The tokenizer files belong at the top, where sentence-transformers' Transformer module reads them.
         for name in list((tmp / ONNX_SUBFOLDER).iterdir()):
             if name.suffix != ".onnx" and name.name != INFO_NAME:
