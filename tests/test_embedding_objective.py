@@ -65,6 +65,13 @@ def test_embedding_recovery_matches_hidden_states_unless_told_not_to() -> None:
     # The two runs differ only by the hidden-state term, and it adds to the training loss.
     assert default.history[-1]["loss"] > default.history[-1]["kd"]
     assert off.history[-1]["loss"] == pytest.approx(off.history[-1]["kd"])
+    # After a layer-drop (measured level there) the default is off; set explicitly, it maps the layers.
+    dropped = copy.deepcopy(teacher)
+    surgery.convert(dropped, LayerDropStrategy(count=1))
+    assert recover_embeddings(copy.deepcopy(dropped), teacher, data,
+                              RecoveryConfig(epochs=1, batch_size=8)).hidden_weight == 0.0
+    assert recover_embeddings(dropped, teacher, data, RecoveryConfig(epochs=1, batch_size=8, hidden_weight=1.0)
+                              ).layer_map is not None
 
 
 def test_neighbour_loss_against_a_hand_computation() -> None:

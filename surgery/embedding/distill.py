@@ -48,21 +48,28 @@ if TYPE_CHECKING:
 
 
 #: The token-level hidden-state weight of embedding recovery when the caller leaves ``hidden_weight``
-#: unset. Measured on MiniLM-L6 (docs/results/embed_16k_seeds.md, 16k texts, 3 seeds): against the
-#: embedding loss alone it was ahead in every paired run, at both cuts measured (head+FFN at 1.8x:
-#: +0.003 mean cosine, +0.014 recall@10; at 4x: +0.003, +0.008), for ~5 % more training time.
+#: unset and the student kept every layer. Measured on MiniLM-L6 (docs/results/embed_16k_seeds.md,
+#: 16k texts, 3 seeds): against the embedding loss alone it was ahead in every paired run, at both
+#: cuts measured (head+FFN at 1.8x: +0.003 mean cosine, +0.014 recall@10; at 4x: +0.003, +0.008), for
+#: ~5 % more training time. After layer-drop it measured level (-0.001 / -0.003, one seed,
+#: docs/results/embed_4k_layerdrop.md), so there the default stays 0.
 EMBEDDING_HIDDEN_WEIGHT = 1.0
 
 
-def embedding_hidden_weight(config: RecoveryConfig) -> float:
+def embedding_hidden_weight(config: RecoveryConfig, *, layers_dropped: bool = False) -> float:
     """The hidden-state weight embedding recovery uses: ``config.hidden_weight`` if it was set, else
-    :data:`EMBEDDING_HIDDEN_WEIGHT` (the task objective's default stays 0).
+    :data:`EMBEDDING_HIDDEN_WEIGHT` when the student kept every layer and 0 after a layer-drop (the
+    task objective's default stays 0).
 
     Example:
         >>> embedding_hidden_weight(RecoveryConfig()), embedding_hidden_weight(RecoveryConfig(hidden_weight=0.0))
         (1.0, 0.0)
+        >>> embedding_hidden_weight(RecoveryConfig(), layers_dropped=True)
+        0.0
     """
-    return config.hidden_weight if "hidden_weight" in config.model_fields_set else EMBEDDING_HIDDEN_WEIGHT
+    if "hidden_weight" in config.model_fields_set:
+        return config.hidden_weight
+    return 0.0 if layers_dropped else EMBEDDING_HIDDEN_WEIGHT
 
 
 class EmbeddingDistillConfig(BaseModel):
@@ -218,8 +225,8 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     """Recovery after surgery with the embedding objective: distil ``teacher``'s sentence embeddings into ``model``.
 
     The token-level hidden-state MSE (mapped through any ``layer-drop`` steps, as in
-    :func:`surgery.training.recover`) is on at :data:`EMBEDDING_HIDDEN_WEIGHT` unless
-    ``config.hidden_weight`` is set (0 turns it off); ``config.similarity_weight`` switches on
+    :func:`surgery.training.recover`) is on at :data:`EMBEDDING_HIDDEN_WEIGHT` for a student that kept
+    every layer, unless ``config.hidden_weight`` is set (0 turns it off); ``config.similarity_weight`` switches on
     the in-batch neighbour KL (:func:`neighbour_loss`, at ``similarity_temperature``); ``temperature``
     and ``alpha`` (logit settings) are unused. Accuracies stay None: there are no labels.
 
@@ -237,7 +244,8 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     emit = progress or no_progress
     start = time.perf_counter()
     layer_map = None
-    hidden_weight = embedding_hidden_weight(config)
+    hidden_weight = embedding_hidden_weight(
+        config, layers_dropped=adapter_for(model).num_layers < adapter_for(teacher).num_layers)
     if hidden_weight > 0:
         layer_map = config.layer_map or default_layer_map(adapter_for(model).num_layers,
                                                           adapter_for(teacher).num_layers,
