@@ -398,6 +398,9 @@ def bench_command(
     runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="torch or onnxruntime (fp32), repeatable; "
                                                        "every model runs in each.")] = None,
     int8: Annotated[bool, typer.Option("--int8", help="Add each model's ONNX Runtime dynamic-int8 graph.")] = False,
+    int8_fp32: Annotated[list[str] | None, typer.Option(
+        "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, "
+        "ffn-down; repeatable), as `surgery export --int8-fp32`.")] = None,
     data: Annotated[str | None, typer.Option("--data", help="Labelled data: accuracy of each row on its held-out "
                                              "split (or rotten-tomatoes).")] = None,
     text_column: TextColumn = "text",
@@ -417,6 +420,8 @@ def bench_command(
         read_model_config(resolve_model_path(path))
     settings = dict(batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, threads=threads,
                     device=device)
+    if int8_fp32 and not int8:
+        raise ConfigError("--int8-fp32 (parts kept in fp32) needs --int8")
     console = stderr()
     waiting = f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds"
     if runtimes or int8 or data is not None:  # across runtimes (surgery.deploy): exports, then the same bench
@@ -428,7 +433,8 @@ def bench_command(
         if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for
             note(f"exporting to ONNX where needed, then {waiting}")
         with console.status("exporting to ONNX where needed, then benchmarking (interleaved rounds)"):
-            report = bench_runtimes(paths, runtimes=runtimes or ["torch"], int8=int8, data=batches, **settings)
+            report = bench_runtimes(paths, runtimes=runtimes or ["torch"], int8=int8, int8_fp32=int8_fp32 or (),
+                                    data=batches, **settings)
     else:
         models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
         check_seq_len(models, seq_len)

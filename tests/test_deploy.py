@@ -201,3 +201,20 @@ def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> Non
     with pytest.raises(surgery.ConfigError, match="'mlp' is not one of"):
         export_onnx(model, tmp_path / "y", task="base", int8=True, int8_fp32=["mlp"])
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_cli_bench_int8_fp32_benches_the_mixed_precision_graph(tmp_path) -> None:
+    saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
+    args = ["bench", str(saved), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0"]
+    result = CliRunner().invoke(app, [*args, "--int8", "--json", str(tmp_path / "full.json")])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, [*args, "--int8", "--int8-fp32", "ffn", "--json", str(tmp_path / "mixed.json")])
+    assert result.exit_code == 0, result.output
+    size = {name: {m["runtime"]: m["weights_bytes"] for m in json.loads((tmp_path / f"{name}.json").read_text())
+                   ["models"]} for name in ("full", "mixed")}
+    # The FFN weights stay fp32 in the mixed graph, so it is larger than the fully quantized one.
+    assert size["mixed"]["onnxruntime"] > size["full"]["onnxruntime"]
+    result = CliRunner().invoke(app, [*args, "--int8-fp32", "ffn"])
+    assert result.exit_code == 2 and "needs --int8" in result.stderr
+    result = CliRunner().invoke(app, [*args, "--int8", "--int8-fp32", "mlp"])
+    assert result.exit_code == 2 and "'mlp' is not one of" in result.stderr
