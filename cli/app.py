@@ -420,11 +420,10 @@ def bench_command(
         read_model_config(resolve_model_path(path))
     settings = dict(batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, threads=threads,
                     device=device)
-    if int8_fp32 and not int8:
-        raise ConfigError("--int8-fp32 (parts kept in fp32) needs --int8")
     console = stderr()
     waiting = f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds"
-    if runtimes or int8 or data is not None:  # across runtimes (surgery.deploy): exports, then the same bench
+    # Across runtimes (surgery.deploy): exports, then the same bench; it also refuses --int8-fp32 without --int8.
+    if runtimes or int8 or int8_fp32 or data is not None:
         from surgery.deploy.bench import bench_runtimes, check_runtimes
 
         check_runtimes(runtimes or ["torch"])

@@ -46,6 +46,7 @@ from surgery.bench import bench_models
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
 from surgery.embedding.distill import recover_embeddings
 from surgery.embedding.suite import corpus_texts, probe_suite
+from surgery.stats import mean_std
 from surgery.strategies.pruning.ffn import FFNPruningStrategy
 from surgery.strategies.pruning.heads import HeadPruningStrategy
 from surgery.strategies.pruning.layers import LayerDropStrategy
@@ -127,7 +128,9 @@ def main() -> None:
         results = json.loads(out.read_text())
         if args.note is not None:
             results["note"] = args.note
-            out.write_text(json.dumps(results, indent=2) + "\n")
+        if "runs" in results:  # a merged file: its summary is derived from its runs, so derive it again
+            results["summary"] = summarise(results["runs"], results["teacher"])
+        out.write_text(json.dumps(results, indent=2) + "\n")
         Path(args.table).write_text(render_seeds(results) if "runs" in results else render(results))
         return
     if args.speed_only:
@@ -361,12 +364,6 @@ def merge(files: list[dict[str, Any]], note: str | None = None) -> dict[str, Any
     return merged
 
 
-def _stat(values: list[float]) -> list[float]:
-    mean = sum(values) / len(values)
-    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-    return [mean, std, len(values)]
-
-
 def base_of(name: str) -> str:
     """The variant a suffixed variant changes one thing of: ``head+ffn-0.48-hidden-nbr`` -> ``head+ffn-0.48``."""
     own = VARIANTS[name]
@@ -378,7 +375,7 @@ def base_of(name: str) -> str:
 
 
 def summarise(runs: dict[str, Any], teachers: dict[str, Any]) -> dict[str, Any]:
-    """Mean ± std (sample std, n) over seeds of every variant, of its int8 graph, and paired against its base."""
+    """Mean ± sample std over seeds of every variant, of its int8 graph, and paired against its base."""
     def metrics(ev: dict[str, Any]) -> dict[str, float]:
         return {"mean_cosine": ev["mean_cosine"], "recall_at_k": ev["recall_at_k"],
                 "worst_probe_points": min(p["delta_points"] for p in ev["probes"])}
@@ -386,22 +383,23 @@ def summarise(runs: dict[str, Any], teachers: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     int8_teacher = [metrics(t["int8"]) for t in teachers.values() if "int8" in t]
     if int8_teacher:
-        summary["teacher [int8]"] = {k: _stat([m[k] for m in int8_teacher]) for k in int8_teacher[0]}
+        summary["teacher [int8]"] = {k: mean_std([m[k] for m in int8_teacher]) for k in int8_teacher[0]}
     names = sorted({key.split("|")[0] for key in runs}, key=list(VARIANTS).index)
     for name in names:
         seeds = sorted(key.split("|")[1] for key in runs if key.split("|")[0] == name)
         entries = [runs[f"{name}|{seed}"] for seed in seeds]
         row: dict[str, Any] = {"seeds": seeds, "epochs": entries[0]["epochs"], "params": entries[0]["params"]}
         per = [metrics(e["eval"]) for e in entries]
-        row.update({k: _stat([m[k] for m in per]) for k in per[0]})
+        row.update({k: mean_std([m[k] for m in per]) for k in per[0]})
         int8 = [metrics(e["eval"]["int8"]) for e in entries if "int8" in e["eval"]]
         if int8:
-            row["int8"] = {k: _stat([m[k] for m in int8]) for k in int8[0]}
+            row["int8"] = {k: mean_std([m[k] for m in int8]) for k in int8[0]}
         base = base_of(name)
         pairs = [(metrics(runs[f"{name}|{s}"]["eval"]), metrics(runs[f"{base}|{s}"]["eval"]))
                  for s in seeds if base != name and f"{base}|{s}" in runs]
         if pairs:
-            row["paired"] = {"base": base, **{k: _stat([a[k] - b[k] for a, b in pairs]) for k in pairs[0][0]},
+            row["paired"] = {"base": base, "n": len(pairs),
+                             **{k: mean_std([a[k] - b[k] for a, b in pairs]) for k in pairs[0][0]},
                              "wins": [sum(a[k] > b[k] for a, b in pairs) for k in ("mean_cosine", "recall_at_k")]}
         summary[name] = row
     return summary
@@ -473,7 +471,7 @@ def render_seeds(merged: dict[str, Any]) -> str:
                  ms(int8["mean_cosine"]) if int8 else "-", ms(int8["recall_at_k"]) if int8 else "-",
                  (f"{paired['mean_cosine'][0]:+.3f} ± {paired['mean_cosine'][1]:.3f} / "
                   f"{paired['recall_at_k'][0]:+.3f} ± {paired['recall_at_k'][1]:.3f} "
-                  f"(ahead in {paired['wins'][0]} and {paired['wins'][1]} of {paired['mean_cosine'][2]})")
+                  f"(ahead in {paired['wins'][0]} and {paired['wins'][1]} of {paired['n']})")
                  if paired else "-"]
         rows.append("| " + " | ".join(cells) + " |")
     text = (f"Setup: {setup.get('model')}, {setup.get('pooling')}; seeds {setup.get('seeds')} (each seed draws its "

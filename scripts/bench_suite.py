@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ import surgery
 from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
 from surgery.cli.plot import write_pareto, write_usage
+from surgery.stats import mean_std
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
 from surgery.strategies.pruning.layers import LayerDropStrategy
 from surgery.strategies.shrp import finetune
@@ -303,10 +303,6 @@ def step_bench(args: argparse.Namespace, results: dict[str, Any]) -> None:
     for c in report.comparisons:
         print(f"bench {c.name}: {c.speedup:.2f}x (paired {c.paired_speedup:.2f}x, FLOP bound "
               f"{c.flop_bound_speedup:.2f}x)", flush=True)
-
-
-def mean_std(values: list[float]) -> list[float]:
-    return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
 
 
 def base_of(name: str) -> str | None:

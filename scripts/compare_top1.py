@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.assets import resolve_model_path
 from surgery.pipeline import PipelineSession
+from surgery.stats import mean_std
 from surgery.strategies.shrp import ShrpStrategy, finetune_after_cut
 from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.tasks import load_task
@@ -150,10 +150,6 @@ def final(row: dict[str, Any], split: str) -> float:
     """The accuracy of the model the variant hands back (after recovery where there is one)."""
     part = row[split]
     return part.get("recovered", part["pruned"])
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
 from surgery.deploy import export_onnx
 from surgery.deploy.bench import BenchedOnnxModel
-from surgery.deploy.export import part_modules
+from surgery.deploy.export import int8_fp32_scopes
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.embedding.suite import corpus_texts, probe_suite
@@ -75,7 +75,7 @@ def main() -> None:
                                          ("int8 per channel, ffn in fp32", True, ("ffn",))):
             graphs[name] = Path(tmp) / f"{name.replace(' ', '-').replace(',', '')}.onnx"
             kept = quantize_int8(fp32, graphs[name], per_channel=per_channel,
-                                 keep_fp32={f"model.{m}" for m in part_modules(teacher, parts)})
+                                 keep_fp32=int8_fp32_scopes(teacher, parts))
             results.setdefault("fp32_nodes", {})[name] = len(kept)
         for name, graph in graphs.items():
             start = time.perf_counter()

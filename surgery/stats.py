@@ -102,3 +102,13 @@ def interval_warning(name: str, interval: Interval) -> str | None:
     return (f"{name}: the paired speedup {interval.estimate:.2f}x is uncertain ({interval.level:.0%} interval "
             f"{interval.low:.2f}-{interval.high:.2f}, {spread}, over {interval.rounds} rounds); run about "
             f"{rounds_for(interval)} rounds for +-{WIDE_HALF_WIDTH:.0%}")
+
+
+def mean_std(values: Sequence[float]) -> list[float]:
+    """``[mean, sample standard deviation]`` of ``values`` (std 0 for a single value), as results files store it.
+
+    Example:
+        >>> mean_std([1.0, 2.0, 3.0]), mean_std([5.0])
+        ([2.0, 1.0], [5.0, 0.0])
+    """
+    return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]

@@ -196,7 +196,7 @@ def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> Non
     assert [counts[p][0] for p in counts] == [0, 4, 2, 12]
     # Every product kept in fp32 is a plain MatMul in the graph again (the score products always are).
     assert counts[("ffn",)][1] - counts[()][1] == 4 and counts[("attention", "ffn")][1] - counts[()][1] == 12
-    with pytest.raises(surgery.ConfigError, match="needs int8"):
+    with pytest.raises(surgery.ConfigError, match="needs --int8"):
         export_onnx(model, tmp_path / "x", task="base", int8_fp32=["ffn"])
     with pytest.raises(surgery.ConfigError, match="'mlp' is not one of"):
         export_onnx(model, tmp_path / "y", task="base", int8=True, int8_fp32=["mlp"])

@@ -20,7 +20,7 @@ from torch import nn
 
 from surgery.api import count_params
 from surgery.bench import BenchReport, bench_models, count_flops
-from surgery.deploy.export import INT8_FP32_PARTS, ONNX_NAME, export_onnx, export_target, part_modules
+from surgery.deploy.export import ONNX_NAME, check_int8_fp32, export_onnx, export_target, int8_fp32_scopes
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8, require_onnx
 from surgery.errors import ConfigError
 from surgery.report import ParamCount
@@ -113,7 +113,7 @@ def runtime_variants(
                 fp32_graph, target, output=output, task=task, threads=threads)
     if int8:
         int8_graph = fp32_graph.with_name("model.int8.onnx")
-        quantize_int8(fp32_graph, int8_graph, keep_fp32={f"model.{n}" for n in part_modules(target, int8_fp32)})
+        quantize_int8(fp32_graph, int8_graph, keep_fp32=int8_fp32_scopes(target, int8_fp32))
         variants[runtime_label(name, "onnxruntime", int8=True)] = BenchedOnnxModel(
             int8_graph, target, output=output, task=task, threads=threads)
     return variants
@@ -159,7 +159,8 @@ def bench_runtimes(
         names: display names (default: the paths as given).
         runtimes: ``torch`` and/or ``onnxruntime`` (fp32), for every model.
         int8: add every model's ONNX Runtime dynamic-int8 graph.
-        int8_fp32: parts of every layer whose products the int8 graphs keep in fp32 (``INT8_FP32_PARTS``).
+        int8_fp32: parts of every layer whose products the int8 graphs keep in fp32
+            (:data:`surgery.deploy.export.INT8_FP32_PARTS`).
         data: labelled batches; each variant's accuracy on them is recorded (sequence classifiers only).
         threads: intra-op threads for torch and ONNX Runtime alike (default: torch's current count).
         **kwargs: passed to :func:`surgery.bench.bench_models` (``batch_size``, ``seq_len``, ``repeats`` ...).
@@ -181,10 +182,7 @@ def bench_runtimes(
     if kwargs.get("device", "cpu") != "cpu" and ("onnxruntime" in runtimes or int8):
         raise ConfigError(f"bench: ONNX Runtime rows run on the CPU only; drop --device {kwargs['device']} or "
                           "--runtime onnxruntime/--int8")
-    unknown = [p for p in int8_fp32 if p not in INT8_FP32_PARTS]
-    if unknown or (int8_fp32 and not int8):
-        raise ConfigError(f"bench: --int8-fp32 {unknown[0]!r} is not one of {', '.join(INT8_FP32_PARTS)}" if unknown
-                          else "bench: --int8-fp32 (parts kept in fp32) needs --int8")
+    check_int8_fp32(int8_fp32, int8, "bench")
     threads = threads or torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="surgery-bench-") as tmp:
         models: dict[str, nn.Module] = {}

@@ -131,6 +131,28 @@ def part_modules(root: nn.Module, parts: Sequence[str]) -> set[str]:
     return {names[id(m)] for m in chosen if id(m) in names}
 
 
+def check_int8_fp32(parts: Sequence[str], int8: bool, what: str) -> None:
+    """Refuse, in one line, an unknown part or parts to keep in fp32 without int8.
+
+    Example:
+        >>> check_int8_fp32(["mlp"], True, "export")
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ConfigError: export: --int8-fp32 'mlp' is not one of attention, ffn, ffn-up, ffn-down
+    """
+    unknown = [p for p in parts if p not in INT8_FP32_PARTS]
+    if unknown:
+        raise ConfigError(f"{what}: --int8-fp32 {unknown[0]!r} is not one of {', '.join(INT8_FP32_PARTS)}")
+    if parts and not int8:
+        raise ConfigError(f"{what}: --int8-fp32 (parts kept in fp32) needs --int8")
+
+
+def int8_fp32_scopes(module: nn.Module, parts: Sequence[str]) -> set[str]:
+    """The exporter's name scopes of ``parts``' Linear modules once ``module`` is exported (the export
+    wraps it as ``model``): what :func:`surgery.deploy.runtime.quantize_int8` takes as ``keep_fp32``."""
+    return {f"model.{name}" for name in part_modules(module, parts)}
+
+
 class _SingleOutput(nn.Module):
     """The model called with keyword inputs, returning one named output tensor (what the graph returns)."""
 
@@ -309,6 +331,7 @@ def export_onnx(
     int8: bool = False,
     per_channel: bool = True,
     int8_fp32: Sequence[str] = (),
+    save_tokenizer: bool = True,
     optimize: bool = False,
     batch: int = 4,
     seq: int = 32,
@@ -329,6 +352,7 @@ def export_onnx(
         per_channel: with ``int8``, one weight scale per output channel (default) rather than per tensor.
         int8_fp32: with ``int8``, parts whose products stay in fp32 (:data:`INT8_FP32_PARTS`): mixed
             precision for models whose outputs int8 moves too far (see docs/deploy.md).
+        save_tokenizer: write ``tokenizer``'s files next to the graph (else it only builds the parity batch).
         optimize: write the graph after ONNX Runtime's offline optimizations (fusions); checked again.
         batch, seq: shape of the parity batch (right-padded); the graph itself takes any shape.
         tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
@@ -354,10 +378,7 @@ def export_onnx(
             raise ConfigError(f"export: {field} must be at least {least}, got {value}")
     if not tolerance > 0:
         raise ConfigError(f"export: tolerance must be positive, got {tolerance}")
-    unknown = [p for p in int8_fp32 if p not in INT8_FP32_PARTS]
-    if unknown or (int8_fp32 and not int8):
-        raise ConfigError(f"export: int8_fp32 {unknown[0]!r} is not one of {', '.join(INT8_FP32_PARTS)}" if unknown
-                          else "export: int8_fp32 (parts kept in fp32) needs int8")
+    check_int8_fp32(int8_fp32, int8, "export")
     target, output, task = export_target(model, task)
     source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     was_training = model.training
@@ -386,7 +407,7 @@ def export_onnx(
             if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
                 quantized = tmp / "model.int8.onnx"
                 fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
-                                           keep_fp32={f"model.{n}" for n in part_modules(module, int8_fp32)})
+                                           keep_fp32=int8_fp32_scopes(module, int8_fp32))
                 os.replace(quantized, path)
                 runtime = session(path)
                 drift = agreement(expected, getattr(runtime(**inputs), output))
@@ -407,7 +428,7 @@ def export_onnx(
                 batches = list(data)
                 accuracy_torch = _accuracy(module, batches)
                 accuracy_onnx = _accuracy(runtime, batches)
-            if tokenizer is not None:
+            if tokenizer is not None and save_tokenizer:
                 tokenizer.save_pretrained(tmp)
             report = ExportReport(
                 task=task, model_class=type(module).__name__, model_type=getattr(module.config, "model_type", None),

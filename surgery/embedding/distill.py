@@ -244,11 +244,10 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     emit = progress or no_progress
     start = time.perf_counter()
     layer_map = None
-    hidden_weight = embedding_hidden_weight(
-        config, layers_dropped=adapter_for(model).num_layers < adapter_for(teacher).num_layers)
+    layers, teacher_layers = adapter_for(model).num_layers, adapter_for(teacher).num_layers
+    hidden_weight = embedding_hidden_weight(config, layers_dropped=layers < teacher_layers)
     if hidden_weight > 0:
-        layer_map = config.layer_map or default_layer_map(adapter_for(model).num_layers,
-                                                          adapter_for(teacher).num_layers,
+        layer_map = config.layer_map or default_layer_map(layers, teacher_layers,
                                                           steps_of(model)[len(steps_of(teacher)):])
     embedding = EmbeddingDistillConfig(hidden_weight=hidden_weight, layer_map=layer_map,
                                        similarity_weight=config.similarity_weight,

@@ -155,7 +155,6 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         (['1_Pooling', 'config.json', 'modules.json', 'onnx'], 'last_hidden_state')
     """
     from surgery.deploy.export import export_onnx
-    from surgery.deploy.names import INFO_NAME
     from surgery.embedding.pooling import write_sentence_transformers_files
     from surgery.io import atomic_directory
 
@@ -168,12 +167,9 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
                           "has no modules.json or sentence_embedding.json (pass sentence_config= in Python)")
     encoder = encoder_of(model)
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, task="base", int8=int8,
-                             per_channel=per_channel, int8_fp32=int8_fp32, threads=threads)
-        # The tokenizer files belong at the top, where sentence-transformers' Transformer module reads them.
-        for name in list((tmp / ONNX_SUBFOLDER).iterdir()):
-            if name.suffix != ".onnx" and name.name != INFO_NAME:
-                name.replace(tmp / name.name)
+        report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False, task="base",
+                             int8=int8, per_channel=per_channel, int8_fp32=int8_fp32, threads=threads)
+        tokenizer.save_pretrained(tmp)  # at the top, where sentence-transformers' Transformer module reads it
         encoder.config.to_json_file(str(tmp / "config.json"))
         write_sentence_transformers_files(config, tmp, encoder.config.hidden_size)
         if source and (Path(source) / "config_sentence_transformers.json").is_file():
