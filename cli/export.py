@@ -28,7 +28,7 @@ from surgery.assets import resolve_model_path
 from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
 from surgery.cli.options import EvalData, LabelColumn, MaxLength, Overwrite, TextColumn, TextPairColumn
-from surgery.deploy.names import TASKS
+from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.errors import ConfigError
 
 FORMATS = ("onnx", "sentence-transformers")
@@ -40,7 +40,10 @@ if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must 
 def int8_label(report: ExportReport) -> str:
     """How the graph was quantized, e.g. ``int8 (dynamic, per-channel weights)``."""
     kept = f", {', '.join(report.int8_fp32)} in fp32 ({report.int8_fp32_nodes} products)" if report.int8_fp32 else ""
-    return f"int8 (dynamic, per-{'channel' if report.int8_per_channel is not False else 'tensor'} weights{kept})"
+    smooth = report.int8_smoothing
+    smoothed = f", activations smoothed (alpha {smooth.alpha:g}, {smooth.modules} products)" if smooth else ""
+    return (f"int8 (dynamic, per-{'channel' if report.int8_per_channel is not False else 'tensor'} weights"
+            f"{smoothed}{kept})")
 
 
 def export_view(report: ExportReport, out: Path) -> RenderableType:
@@ -64,6 +67,13 @@ def export_view(report: ExportReport, out: Path) -> RenderableType:
     if report.int8_drift is not None:
         rows.append(("int8 drift", f"max abs {report.int8_drift.max_abs_diff:.2e}, min cosine "
                                    f"{report.int8_drift.min_cosine:.6f}"))
+    if report.int8_smoothing is not None:
+        smooth = report.int8_smoothing
+        rows.append(("calibration", f"{smooth.calibration_tokens:,} tokens in {smooth.calibration_batches} batches; "
+                                    f"largest activation outlier {smooth.outlier_ratio:.1f}x the median channel"))
+    elif report.int8:
+        rows.append(("calibration", "none: activations quantized as they are; --calibration YOUR_TEXTS smooths "
+                                    "them first (more faithful int8, see docs/deploy.md)"))
     if report.accuracy_torch is not None:
         rows.append(("accuracy", f"PyTorch fp32 {report.accuracy_torch:.2%}, this graph {report.accuracy_onnx:.2%}"))
     rows.append(("export time", f"{report.export_seconds:.1f} s"))
@@ -93,6 +103,15 @@ def export_command(
     int8_fp32: Annotated[list[str] | None, typer.Option(
         "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, "
         "ffn-down; repeatable): mixed precision when full int8 moves the outputs too far.")] = None,
+    calibration: Annotated[str | None, typer.Option(
+        "--calibration", help="With --int8: texts like the ones the model will serve (.txt, one per line, or a "
+        "table's --text-column; labels ignored); the activations are smoothed on them before quantization "
+        "(SmoothQuant), which keeps int8 closer to fp32.")] = None,
+    calibration_texts: Annotated[int, typer.Option(min=1, help="With --calibration: how many texts to calibrate "
+                                                   "on (a seeded sample).")] = CALIBRATION_TEXTS,
+    smooth_alpha: Annotated[float, typer.Option(min=0.0, max=1.0, help="With --calibration: SmoothQuant's "
+                                                "migration strength (0 leaves activations alone, 1 flattens "
+                                                "them fully).")] = SMOOTH_ALPHA,
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
@@ -121,10 +140,21 @@ def export_command(
     if format == "sentence-transformers" and (data is not None or optimize or task not in ("auto", "base")):
         raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop "
                           "--data, --optimize and --task")
+    if calibration is not None and not int8:
+        raise ConfigError("--calibration smooths the activations for int8; add --int8 (or drop --calibration)")
     source = resolve_model_path(model_dir)
     target = check_output_dir(source, out, overwrite=overwrite)
     read_model_config(source)
-    tokenizer = load_tokenizer(source, required_by="--data" if data is not None else None)
+    needs = "--data" if data is not None else "--calibration" if calibration is not None else None
+    tokenizer = load_tokenizer(source, required_by=needs)
+    smoothing_batches = None
+    if calibration is not None:
+        from surgery.deploy.smooth import calibration_batches
+        from surgery.embedding.texts import read_texts
+
+        with quiet_datasets(ctx.ensure_object(CliState).debug):
+            texts = read_texts(calibration, text_column=text_column)
+        smoothing_batches = calibration_batches(texts, tokenizer, max_texts=calibration_texts, max_length=max_length)
     batches = None
     if data is not None:
         from surgery.cli.prepare import DataFiles, DataOptions, load_task
@@ -144,6 +174,7 @@ def export_command(
         with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
             report = export_sentence_transformers(model, target, tokenizer=tokenizer, sentence_config=sentence,
                                                   int8=int8, per_channel=not per_tensor, int8_fp32=int8_fp32 or (),
+                                                  calibration=smoothing_batches, smooth_alpha=smooth_alpha,
                                                   threads=threads, overwrite=overwrite)
         stdout().print(export_view(report, target / "onnx"))
         stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend='onnx') "
@@ -152,7 +183,8 @@ def export_command(
         return
     with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
         report = export_onnx(model, target, tokenizer=tokenizer, task=task, int8=int8, per_channel=not per_tensor,
-                             int8_fp32=int8_fp32 or (), optimize=optimize, batch=batch, seq=seq,
+                             int8_fp32=int8_fp32 or (), calibration=smoothing_batches, smooth_alpha=smooth_alpha,
+                             optimize=optimize, batch=batch, seq=seq,
                              tolerance=tolerance, opset=opset, data=batches, threads=threads, overwrite=overwrite)
     stdout().print(export_view(report, target))
 

@@ -1,4 +1,4 @@
-"""File names and choices of the ONNX export, importable without torch (the CLI builds its help from them).
+"""File names, choices and defaults of the ONNX export, importable without torch (the CLI builds its help from them).
 
 Example:
     >>> ONNX_NAME, TASKS[0]
@@ -9,3 +9,8 @@ ONNX_NAME = "model.onnx"
 INFO_NAME = "surgery-onnx.json"
 #: ``--task`` values: ``auto`` exports the head the model was saved with.
 TASKS: tuple[str, ...] = ("auto", "base", "seq-cls", "mlm")
+#: SmoothQuant's migration strength for ``--calibration`` (surgery.deploy.smooth), chosen on MiniLM
+#: embeddings and fine-tuned MiniLM classifiers (scripts/probe_int8_smoothing.py).
+SMOOTH_ALPHA = 0.85
+#: How many texts calibrate the activation ranges by default (``--calibration-texts``).
+CALIBRATION_TEXTS = 512

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from surgery.deploy.names import SMOOTH_ALPHA
 from surgery.embedding.evaluate import EXTRA_HINT, encoder_of
 from surgery.embedding.pooling import SentenceConfig, read_sentence_config
 from surgery.errors import ConfigError, ModelLoadError
@@ -124,6 +125,7 @@ ONNX_SUBFOLDER = "onnx"
 def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[str], *, tokenizer: Any,
                                  sentence_config: SentenceConfig | None = None, int8: bool = False,
                                  per_channel: bool = True, int8_fp32: tuple[str, ...] | list[str] = (),
+                                 calibration: Any = None, smooth_alpha: float = SMOOTH_ALPHA,
                                  threads: int | None = None,
                                  overwrite: bool = False) -> Any:
     """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
@@ -168,7 +170,8 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     encoder = encoder_of(model)
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False, task="base",
-                             int8=int8, per_channel=per_channel, int8_fp32=int8_fp32, threads=threads)
+                             int8=int8, per_channel=per_channel, int8_fp32=int8_fp32, calibration=calibration,
+                             smooth_alpha=smooth_alpha, threads=threads)
         tokenizer.save_pretrained(tmp)  # at the top, where sentence-transformers' Transformer module reads it
         encoder.config.to_json_file(str(tmp / "config.json"))
         write_sentence_transformers_files(config, tmp, encoder.config.hidden_size)
