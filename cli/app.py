@@ -37,20 +37,24 @@ from surgery import registry
 from surgery.assets import resolve_model_path
 from surgery.cli import render
 from surgery.cli.console import CliState, note, stderr, stdout
-from surgery.cli.export import bench_batches, export_command
+from surgery.cli.export import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
 from surgery.cli.inputs import check_writable_file, model_paths, read_model_config, strategy_settings
 from surgery.cli.options import (
     BatchSize,
+    Calibration,
+    CalibrationTexts,
     LabelColumn,
     MaxLength,
     MaxTrain,
     Overwrite,
     Seed,
+    SmoothAlpha,
     TextColumn,
     TextPairColumn,
 )
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
+from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.errors import ConfigError, SurgeryError
 
 EXIT_BAD_INPUT = 2
@@ -401,6 +405,9 @@ def bench_command(
     int8_fp32: Annotated[list[str] | None, typer.Option(
         "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, "
         "ffn-down; repeatable), as `surgery export --int8-fp32`.")] = None,
+    calibration: Calibration = None,
+    calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
+    smooth_alpha: SmoothAlpha = SMOOTH_ALPHA,
     data: Annotated[str | None, typer.Option("--data", help="Labelled data: accuracy of each row on its held-out "
                                              "split (or rotten-tomatoes).")] = None,
     text_column: TextColumn = "text",
@@ -423,17 +430,22 @@ def bench_command(
     console = stderr()
     waiting = f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds"
     # Across runtimes (surgery.deploy): exports, then the same bench; it also refuses --int8-fp32 without --int8.
-    if runtimes or int8 or int8_fp32 or data is not None:
+    if runtimes or int8 or int8_fp32 or data is not None or calibration is not None:
         from surgery.deploy.bench import bench_runtimes, check_runtimes
 
         check_runtimes(runtimes or ["torch"])
+        if calibration is not None and not int8:
+            raise ConfigError("--calibration smooths the activations of the int8 graphs; add --int8")
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
                                 max_length=max_length) if data is not None else None
+        smoothing = None if calibration is None else calibration_texts_batches(
+            ctx, calibration, bench_tokenizer(paths), max_texts=calibration_texts, max_length=max_length,
+            text_column=text_column)
         if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for
             note(f"exporting to ONNX where needed, then {waiting}")
         with console.status("exporting to ONNX where needed, then benchmarking (interleaved rounds)"):
             report = bench_runtimes(paths, runtimes=runtimes or ["torch"], int8=int8, int8_fp32=int8_fp32 or (),
-                                    data=batches, **settings)
+                                    calibration=smoothing, smooth_alpha=smooth_alpha, data=batches, **settings)
     else:
         models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
         check_seq_len(models, seq_len)

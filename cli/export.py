@@ -27,7 +27,17 @@ from rich.text import Text
 from surgery.assets import resolve_model_path
 from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
-from surgery.cli.options import EvalData, LabelColumn, MaxLength, Overwrite, TextColumn, TextPairColumn
+from surgery.cli.options import (
+    Calibration,
+    CalibrationTexts,
+    EvalData,
+    LabelColumn,
+    MaxLength,
+    Overwrite,
+    SmoothAlpha,
+    TextColumn,
+    TextPairColumn,
+)
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.errors import ConfigError
 
@@ -103,15 +113,9 @@ def export_command(
     int8_fp32: Annotated[list[str] | None, typer.Option(
         "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, "
         "ffn-down; repeatable): mixed precision when full int8 moves the outputs too far.")] = None,
-    calibration: Annotated[str | None, typer.Option(
-        "--calibration", help="With --int8: texts like the ones the model will serve (.txt, one per line, or a "
-        "table's --text-column; labels ignored); the activations are smoothed on them before quantization "
-        "(SmoothQuant), which keeps int8 closer to fp32.")] = None,
-    calibration_texts: Annotated[int, typer.Option(min=1, help="With --calibration: how many texts to calibrate "
-                                                   "on (a seeded sample).")] = CALIBRATION_TEXTS,
-    smooth_alpha: Annotated[float, typer.Option(min=0.0, max=1.0, help="With --calibration: SmoothQuant's "
-                                                "migration strength (0 leaves activations alone, 1 flattens "
-                                                "them fully).")] = SMOOTH_ALPHA,
+    calibration: Calibration = None,
+    calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
+    smooth_alpha: SmoothAlpha = SMOOTH_ALPHA,
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
@@ -147,14 +151,8 @@ def export_command(
     read_model_config(source)
     needs = "--data" if data is not None else "--calibration" if calibration is not None else None
     tokenizer = load_tokenizer(source, required_by=needs)
-    smoothing_batches = None
-    if calibration is not None:
-        from surgery.deploy.smooth import calibration_batches
-        from surgery.embedding.texts import read_texts
-
-        with quiet_datasets(ctx.ensure_object(CliState).debug):
-            texts = read_texts(calibration, text_column=text_column)
-        smoothing_batches = calibration_batches(texts, tokenizer, max_texts=calibration_texts, max_length=max_length)
+    smoothing_batches = calibration_texts_batches(ctx, calibration, tokenizer, max_texts=calibration_texts,
+                                                  max_length=max_length, text_column=text_column)
     batches = None
     if data is not None:
         from surgery.cli.prepare import DataFiles, DataOptions, load_task
@@ -189,18 +187,38 @@ def export_command(
     stdout().print(export_view(report, target))
 
 
-def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_column: str, label_column: str,
-                  max_length: int) -> object:
-    """The held-out split of ``data`` as labelled batches, tokenized with the first model's tokenizer that exists."""
-    from surgery.cli.prepare import DataFiles, DataOptions, load_task
+def calibration_texts_batches(ctx: typer.Context, calibration: str | None, tokenizer: object, *, max_texts: int,
+                              max_length: int, text_column: str) -> list | None:
+    """``--calibration``'s texts (a seeded sample of ``max_texts``) as tokenized batches; None without it."""
+    if calibration is None:
+        return None
+    from surgery.deploy.smooth import calibration_batches
+    from surgery.embedding.texts import read_texts
+
+    with quiet_datasets(ctx.ensure_object(CliState).debug):
+        texts = read_texts(calibration, text_column=text_column)
+    return calibration_batches(texts, tokenizer, max_texts=max_texts, max_length=max_length)
+
+
+def bench_tokenizer(paths: list[str], needed_by: str = "--calibration") -> object:
+    """The tokenizer of the last of ``paths`` that has one (the model under test before its reference)."""
     from surgery.errors import ModelLoadError
 
     sources = [resolve_model_path(p) for p in paths]
     source = next((s for s in reversed(sources) if has_tokenizer(s)), None)
     if source is None:
-        raise ModelLoadError(f"--data needs a tokenizer, but none of {', '.join(paths)} has tokenizer files")
+        raise ModelLoadError(f"{needed_by} needs a tokenizer, but none of {', '.join(paths)} has tokenizer files")
+    return load_tokenizer(source)
+
+
+def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_column: str, label_column: str,
+                  max_length: int) -> object:
+    """The held-out split of ``data`` as labelled batches, tokenized with the first model's tokenizer that exists."""
+    from surgery.cli.prepare import DataFiles, DataOptions, load_task
+
+    tokenizer = bench_tokenizer(paths, "--data")
     with quiet_datasets(ctx.ensure_object(CliState).debug):
         # Not DataOptions.from_command: bench's --batch-size is the benchmark's, not the data loader's.
         options = DataOptions(text_column=text_column, label_column=label_column, max_length=max_length)
-        task_data = load_task(DataFiles(data), load_tokenizer(source), options)
+        task_data = load_task(DataFiles(data), tokenizer, options)
     return task_data.loader("eval")

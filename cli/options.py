@@ -26,3 +26,11 @@ MaxTrain = Annotated[int | None, typer.Option(min=1, help="Use at most N trainin
 EvalData = Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% split of "
                                               "--data.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")]
+Calibration = Annotated[str | None, typer.Option(
+    "--calibration", help="With --int8: texts like the ones the model will serve (.txt, one per line, or a table's "
+    "--text-column; labels ignored); the activations are smoothed on them before quantization (SmoothQuant), "
+    "which keeps int8 closer to fp32.")]
+CalibrationTexts = Annotated[int, typer.Option(min=1, help="With --calibration: how many texts to calibrate on (a "
+                                               "seeded sample).")]
+SmoothAlpha = Annotated[float, typer.Option(min=0.0, max=1.0, help="With --calibration: SmoothQuant's migration "
+                                            "strength (0 leaves activations alone, 1 flattens them fully).")]

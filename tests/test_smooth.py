@@ -142,7 +142,8 @@ def test_calibration_batches_take_a_seeded_sample() -> None:
         calibration_batches([], tok)
 
 
-def test_cli_export_int8_with_calibration(tmp_path) -> None:
+def saved_with_corpus(tmp_path):
+    """A tiny saved BERT with a word-level tokenizer, and an 80-line corpus in its vocabulary."""
     from transformers import BertTokenizer
 
     saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
@@ -150,6 +151,11 @@ def test_cli_export_int8_with_calibration(tmp_path) -> None:
     BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(saved)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(" ".join(f"w{(i * j) % 95}" for j in range(i % 7 + 2)) for i in range(80)))
+    return saved, corpus
+
+
+def test_cli_export_int8_with_calibration(tmp_path) -> None:
+    saved, corpus = saved_with_corpus(tmp_path)
     args = ["export", str(saved), "--seq", "8", "--batch", "2"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o"), "--int8", "--calibration", str(corpus),
                                       "--calibration-texts", "40"])
@@ -164,3 +170,32 @@ def test_cli_export_int8_with_calibration(tmp_path) -> None:
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r"), "--int8", "--calibration",
                                       str(tmp_path / "missing.txt")])
     assert result.exit_code == 2 and "missing.txt" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_cli_bench_int8_with_calibration_benches_the_smoothed_graph(tmp_path) -> None:
+    saved, corpus = saved_with_corpus(tmp_path)
+    args = ["bench", str(saved), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0"]
+    result = CliRunner().invoke(app, [*args, "--int8", "--calibration", str(corpus),
+                                      "--json", str(tmp_path / "b.json")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "b.json").read_text())["models"]
+    assert [m["runtime"] for m in rows] == ["torch", "onnxruntime"] and "int8" in rows[1]["name"]
+    result = CliRunner().invoke(app, [*args, "--calibration", str(corpus)])
+    assert result.exit_code == 2 and "add --int8" in result.stderr
+
+
+def test_sentence_transformers_export_smooths_too(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    from surgery.deploy.smooth import calibration_batches
+    from surgery.embedding import SentenceConfig
+    from surgery.embedding.interop import export_sentence_transformers
+
+    saved, corpus = saved_with_corpus(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(saved)
+    batches = calibration_batches(corpus.read_text().splitlines(), tokenizer, max_texts=32)
+    report = export_sentence_transformers(surgery.from_pretrained(saved), tmp_path / "st", tokenizer=tokenizer,
+                                          sentence_config=SentenceConfig(normalize=True), int8=True,
+                                          calibration=batches, smooth_alpha=0.8)
+    assert report.int8_smoothing is not None and report.int8_smoothing.alpha == 0.8
+    assert (tmp_path / "st" / "onnx" / "model.onnx").is_file()

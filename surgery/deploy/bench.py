@@ -21,6 +21,7 @@ from torch import nn
 from surgery.api import count_params
 from surgery.bench import BenchReport, bench_models, count_flops
 from surgery.deploy.export import ONNX_NAME, check_int8_fp32, export_onnx, export_target, int8_fp32_scopes
+from surgery.deploy.names import SMOOTH_ALPHA
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8, require_onnx
 from surgery.errors import ConfigError
 from surgery.report import ParamCount
@@ -82,13 +83,16 @@ def runtime_variants(
     runtimes: Sequence[str] = ("torch",),
     int8: bool = False,
     int8_fp32: Sequence[str] = (),
+    calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    smooth_alpha: float = SMOOTH_ALPHA,
     threads: int | None = None,
 ) -> dict[str, nn.Module]:
     """``model`` in each of ``runtimes`` (fp32), plus its int8 ONNX Runtime graph with ``int8``, by display name.
 
     ONNX graphs are written under ``work_dir``; the export's parity check runs on a small padded batch.
     The int8 graph has per-channel weight scales, with the products of ``int8_fp32`` parts in fp32
-    (as ``surgery export --int8 --int8-fp32``).
+    (as ``surgery export --int8 --int8-fp32``); with ``calibration`` batches its activations are smoothed
+    first (as ``surgery export --int8 --calibration``).
 
     Example:
         >>> import tempfile
@@ -111,9 +115,14 @@ def runtime_variants(
         else:
             variants[runtime_label(name, runtime)] = BenchedOnnxModel(
                 fp32_graph, target, output=output, task=task, threads=threads)
-    if int8:
+    if int8 and calibration is not None:  # the smoothed model is another fp32 graph: export it again
+        export_onnx(model, work_dir / "onnx-int8", batch=2, seq=16, threads=threads, int8=True,
+                    int8_fp32=int8_fp32, calibration=calibration, smooth_alpha=smooth_alpha)
+        int8_graph = work_dir / "onnx-int8" / ONNX_NAME
+    elif int8:
         int8_graph = fp32_graph.with_name("model.int8.onnx")
         quantize_int8(fp32_graph, int8_graph, keep_fp32=int8_fp32_scopes(target, int8_fp32))
+    if int8:
         variants[runtime_label(name, "onnxruntime", int8=True)] = BenchedOnnxModel(
             int8_graph, target, output=output, task=task, threads=threads)
     return variants
@@ -148,6 +157,8 @@ def bench_runtimes(
     runtimes: Sequence[str] = ("torch",),
     int8: bool = False,
     int8_fp32: Sequence[str] = (),
+    calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    smooth_alpha: float = SMOOTH_ALPHA,
     data: Iterable[Mapping[str, torch.Tensor]] | None = None,
     threads: int | None = None,
     **kwargs: Any,
@@ -161,6 +172,8 @@ def bench_runtimes(
         int8: add every model's ONNX Runtime dynamic-int8 graph.
         int8_fp32: parts of every layer whose products the int8 graphs keep in fp32
             (:data:`surgery.deploy.export.INT8_FP32_PARTS`).
+        calibration: tokenized batches of representative texts: every int8 graph's activations are
+            smoothed on them first (:mod:`surgery.deploy.smooth`); ``smooth_alpha`` is the strength.
         data: labelled batches; each variant's accuracy on them is recorded (sequence classifiers only).
         threads: intra-op threads for torch and ONNX Runtime alike (default: torch's current count).
         **kwargs: passed to :func:`surgery.bench.bench_models` (``batch_size``, ``seq_len``, ``repeats`` ...).
@@ -183,6 +196,8 @@ def bench_runtimes(
         raise ConfigError(f"bench: ONNX Runtime rows run on the CPU only; drop --device {kwargs['device']} or "
                           "--runtime onnxruntime/--int8")
     check_int8_fp32(int8_fp32, int8, "bench")
+    if calibration is not None and not int8:
+        raise ConfigError("bench: --calibration smooths the activations of the int8 graphs; add --int8")
     threads = threads or torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="surgery-bench-") as tmp:
         models: dict[str, nn.Module] = {}
@@ -190,7 +205,8 @@ def bench_runtimes(
             work = Path(tmp) / str(index)
             work.mkdir()
             models.update(runtime_variants(label, from_pretrained(path), work, runtimes=runtimes, int8=int8,
-                                           int8_fp32=int8_fp32, threads=threads))
+                                           int8_fp32=int8_fp32, calibration=calibration,
+                                           smooth_alpha=smooth_alpha, threads=threads))
         report = bench_models(models, threads=threads, **kwargs)
         if data is not None:
             batches = list(data)
