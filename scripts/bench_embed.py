@@ -19,7 +19,9 @@ against the teacher: mean cosine and recall@10 on the held-out texts, and linear
 (logistic regression on frozen embeddings) on the probe tasks. Speed: one interleaved benchmark of
 every model in one process at the end (paired ratios). Results are written after every variant.
 ``--int8`` also exports the teacher and every variant to ONNX Runtime's dynamically quantized int8
-graph (``surgery.deploy.export_onnx``) and evaluates those graphs the same way (rows ``... [int8]``).
+graph (``surgery.deploy.export_onnx``) and evaluates those graphs the same way (rows ``... [int8]``);
+with ``--smooth-alpha A`` their activations are smoothed first on 512 training texts
+(``surgery export --int8 --calibration``).
 ``--merge A.json B.json ...`` combines runs of several seeds (one process per variant and seed) into
 one file and a mean ± std table.
 
@@ -43,6 +45,8 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.assets import resolve_model_path
 from surgery.bench import bench_models
+from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
+from surgery.deploy.smooth import calibration_batches
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
 from surgery.embedding.distill import recover_embeddings
 from surgery.embedding.suite import corpus_texts, probe_suite
@@ -103,6 +107,8 @@ def main() -> None:
     parser.add_argument("--skip-speed", action="store_true", help="no speed benchmark at the end (e.g. on a "
                         "shared GPU machine; the architectures' speed is measured elsewhere)")
     parser.add_argument("--int8", action="store_true", help="also evaluate every model's ONNX Runtime int8 graph")
+    parser.add_argument("--smooth-alpha", type=float, help="with --int8: smooth the activations before int8 "
+                        "(surgery export --calibration) on 512 of the run's training texts, at this alpha")
     parser.add_argument("--int8-teacher", action=argparse.BooleanOptionalAction, default=True,
                         help="with --int8, the teacher's graph too (once per seed is enough when runs are split)")
     parser.add_argument("--merge", nargs="*", help="combine these result files (one seed each) into --out")
@@ -171,7 +177,11 @@ def main() -> None:
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start",
         "training_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "epochs": "epochs_like + extra_epochs", "extra_epochs": args.extra_epochs, "int8": args.int8,
+        "int8_smoothing": {"alpha": args.smooth_alpha, "calibration_texts": CALIBRATION_TEXTS,
+                           "calibration": "the run's training texts"} if args.int8 and args.smooth_alpha else None,
     }
+    calibration = (calibration_batches(train_texts, tokenizer, max_length=args.eval_length) if args.smooth_alpha
+                   else None)
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
         report = evaluate_embeddings(model, cache, tokenizer, held_out, sentence, probes=probes,
@@ -189,6 +199,7 @@ def main() -> None:
 
         cpu = copy.deepcopy(model).cpu().eval()
         report = export_onnx(cpu, work / f"{name}-int8", tokenizer=tokenizer, task="base", int8=True,
+                             calibration=calibration, smooth_alpha=args.smooth_alpha or SMOOTH_ALPHA,
                              threads=args.threads, overwrite=True)
         graph = OnnxRuntimeModel(work / f"{name}-int8" / "model.onnx", config=cpu.config, threads=args.threads)
         ev = evaluate(graph)
@@ -261,8 +272,13 @@ def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: a
         # evaluation scored), interleaved in one process; ratios against the teacher in PyTorch.
         from surgery.deploy.bench import bench_runtimes
 
+        calibration = None
+        if args.smooth_alpha:  # the speed of a smoothed graph does not depend on which texts calibrated it
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
+            calibration = calibration_batches(corpus_texts(), tokenizer, max_length=args.eval_length)
         bench = bench_runtimes([resolve_model_path(args.model), *(work / n for n in names)], names=["teacher", *names],
-                               runtimes=("torch", "onnxruntime"), int8=True, threads=args.threads, batch_size=32,
+                               runtimes=("torch", "onnxruntime"), int8=True, calibration=calibration,
+                               smooth_alpha=args.smooth_alpha or SMOOTH_ALPHA, threads=args.threads, batch_size=32,
                                seq_len=64, repeats=args.repeats, warmup=2)
     else:
         models = {"teacher": teacher, **{n: surgery.from_pretrained(work / n) for n in names}}
