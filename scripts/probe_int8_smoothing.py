@@ -249,13 +249,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     alphas: list[float | None] = [None, *args.alphas]
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results["machine"] = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start"
+    machine = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start"
+    results.setdefault("machine", machine)  # of the first run; each part records its own below
     results["default_alpha"] = DEFAULT_ALPHA
     with tempfile.TemporaryDirectory(prefix="int8-smoothing-") as tmp:
         for part in args.parts:
             results[part] = {"embeddings": lambda: embeddings(args, alphas, Path(tmp)),
                              "classifiers": lambda: classifiers(args, alphas, Path(tmp)),
                              "speed": lambda: speed(args, Path(tmp))}[part]()
+            results[part]["machine"] = machine
             args.out.write_text(json.dumps(results, indent=2) + "\n")
             table.write_text(render(results))
 
