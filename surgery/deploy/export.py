@@ -406,7 +406,7 @@ def export_onnx(
         smoothing = None
         if calibration is not None:
             # Smoothed before the trace, so the fp32 parity check below also proves it changed nothing.
-            feeds = ({k: v for k, v in batch.items() if k in names} for batch in calibration)
+            feeds = ({k: v for k, v in b.items() if k in names} for b in calibration)
             smoothing = smooth_linears(module, feeds, alpha=smooth_alpha, skip=part_modules(module, int8_fp32))
         with atomic_directory(out_dir, overwrite=overwrite) as tmp:
             path = tmp / ONNX_NAME
