@@ -75,7 +75,7 @@ def export_view(report: ExportReport, out: Path) -> RenderableType:
         fused = {k: v for k, v in report.optimized.items() if k in FUSED_OPS}
         rows.append(("optimized", ", ".join(f"{k} x{v}" for k, v in fused.items()) or "no fused operators"))
     if report.int8_drift is not None:
-        rows.append(("int8 drift", f"max abs {report.int8_drift.max_abs_diff:.2e}, min cosine "
+        rows.append(("int8 drift", f"on real tokens: max abs {report.int8_drift.max_abs_diff:.2e}, min cosine "
                                    f"{report.int8_drift.min_cosine:.6f}"))
     if report.int8_smoothing is not None:
         smooth = report.int8_smoothing

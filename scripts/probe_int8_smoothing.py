@@ -186,8 +186,8 @@ def render(results: dict[str, Any], source: str) -> str:
         setup = e["setup"]
         lines += ["", "## all-MiniLM-L6-v2 embeddings against its fp32 PyTorch embeddings", "",
                   f"Seeds {', '.join(map(str, setup['seeds']))}: each seed draws its own {setup['held_out_texts']} "
-                  f"held-out texts (drawn as `bench_embed.py` draws them) and {setup['calibration_texts']} other texts to "
-                  f"calibrate on; {setup['eval_length']} tokens; linear probes (training / test texts: "
+                  f"held-out texts (drawn as `bench_embed.py` draws them) and {setup['calibration_texts']} other "
+                  f"texts to calibrate on; {setup['eval_length']} tokens; linear probes (training / test texts: "
                   + ", ".join(f"{p['task']} {p['train_size']} / {p['test_size']}"
                               for p in next(iter(e["runs"].values()))["probes"])
                   + "; Δ points against the "

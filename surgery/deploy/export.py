@@ -90,7 +90,8 @@ class ExportReport(BaseModel):
     int8_fp32_nodes: int = Field(default=0, description="weight products left in fp32 by int8_fp32")
     int8_smoothing: SmoothingInfo | None = Field(default=None, description="activation smoothing before int8 "
                                                  "(None: activations quantized as they are)")
-    int8_drift: Agreement | None = Field(default=None, description="int8 ONNX Runtime against fp32 PyTorch")
+    int8_drift: Agreement | None = Field(default=None, description="int8 ONNX Runtime against fp32 PyTorch, on "
+                                         "the parity batch's real tokens (padded positions left out)")
     accuracy_torch: float | None = Field(default=None, description="fp32 PyTorch accuracy on the given data")
     accuracy_onnx: float | None = Field(default=None, description="accuracy of the written graph on the data")
     onnx_bytes: int
@@ -246,16 +247,27 @@ def parity_inputs(config: Any, names: list[str], *, batch: int, seq: int, tokeni
     return out
 
 
-def agreement(reference: torch.Tensor, other: torch.Tensor) -> Agreement:
+def agreement(reference: torch.Tensor, other: torch.Tensor, mask: torch.Tensor | None = None) -> Agreement:
     """Maximum absolute difference and the smallest per-example cosine of two same-shaped outputs.
+
+    With an attention ``mask`` and per-token outputs (``[batch, sequence, ...]``), padded positions
+    are left out: nothing downstream reads them (attention masks them as keys, pooling skips them),
+    and their values are not a property of the model (int8 can move them far while every real token
+    stays close).
 
     Example:
         >>> a = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
         >>> found = agreement(a, a + 0.5)
         >>> found.max_abs_diff, round(found.min_cosine, 4)
         (0.5, 0.9487)
+        >>> tokens = torch.ones(1, 2, 3)
+        >>> agreement(tokens, tokens + torch.tensor([0.0, 9.0])[None, :, None], torch.tensor([[1, 0]])).max_abs_diff
+        0.0
     """
     ref, got = reference.detach().double(), other.detach().double()
+    if mask is not None and ref.dim() >= 3 and tuple(ref.shape[:2]) == tuple(mask.shape):
+        keep = mask.to(torch.bool).reshape(*mask.shape, *([1] * (ref.dim() - 2)))
+        ref, got = ref * keep, got * keep
     diff = float((ref - got).abs().max()) if ref.numel() else 0.0
     cosine = torch.nn.functional.cosine_similarity(ref.flatten(1), got.flatten(1), dim=1, eps=1e-12)
     return Agreement(max_abs_diff=diff, min_cosine=float(cosine.min()))
@@ -427,13 +439,13 @@ def export_onnx(
                                            keep_fp32=fp32_scopes)
                 os.replace(quantized, path)
                 runtime = session(path)
-                drift = agreement(expected, getattr(runtime(**inputs), output))
+                drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
             if optimize:
                 fused = tmp / "model.optimized.onnx"
                 optimized = optimize_graph(path, fused, threads=threads)
                 runtime = session(fused)
                 if int8:
-                    drift = agreement(expected, getattr(runtime(**inputs), output))
+                    drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
                 else:
                     optimized_parity = check_parity(expected, runtime, inputs, tolerance=tolerance,
                                                     what="the ORT-optimized graph", hint="export without --optimize")
