@@ -386,6 +386,29 @@ def _signed(cell: list[float]) -> str:
     return f"{cell[0]:+.1f} ± {cell[1]:.1f}"
 
 
+#: Sentence-embedding tables that their own scripts write under docs/results/ (bench_embed.py,
+#: probe_int8_smoothing.py), included in the page's embeddings section, and the Pareto plot beside them.
+EMBEDDING_TABLES = ("int8_smoothing", "int8_smoothing_probes", "embed_16k_seeds", "embed_4k_smooth", "embed_4k_int8")
+EMBEDDING_PLOT = "embed_4k_int8_pareto.png"
+
+
+def render_embeddings() -> str:
+    """The committed embedding tables, headings moved under the page's section and links made relative to it."""
+    parts = []
+    for name in EMBEDDING_TABLES:
+        path = ROOT / "docs" / "results" / f"{name}.md"
+        if not path.exists():
+            continue
+        text = re.sub(r"^(#+) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", path.read_text().strip(), flags=re.M)
+        text = re.sub(r"^### (.*)$", lambda m: f"### {m.group(1)} ({name})", text, count=1, flags=re.M)
+        text = re.sub(r"\]\(([^/)#:]+)\)", r"](results/\1)", text)  # a sibling file of the table
+        parts.append(f"{text}\n\nSource: [results/{name}.md](results/{name}.md).")
+    if (ROOT / "docs" / "results" / EMBEDDING_PLOT).exists():
+        parts.append(f"![recall@10 against measured speedup, PyTorch fp32 and ONNX Runtime int8]"
+                     f"(results/{EMBEDDING_PLOT})")
+    return "\n\n".join(parts)
+
+
 def replace_section(page: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     block = f"{begin}\n{body}\n{end}"
@@ -457,6 +480,7 @@ def main() -> None:
         path = ROOT / "docs" / "results" / f"{name}.json"
         if path.exists():
             page = replace_section(page, name, render(json.loads(path.read_text())))
+    page = replace_section(page, "embeddings", render_embeddings())
     PAGE.write_text(page)
     demo_file = ROOT / "docs" / "results" / "demo_shrp.json"
     if args.demo is not None:
