@@ -2,11 +2,12 @@
 
 ONNX Runtime's dynamic quantization gives every weight product's input one int8 scale per tensor,
 computed at run time from the largest value in the batch. Encoders of the BERT family carry a few
-hidden channels whose activations are ten to fifteen times larger than the rest (on
-all-MiniLM-L6-v2, channels 62, 63 and 99 before every attention and FFN-up projection, and a few
-FFN neurons before every down projection), so those channels set the scale and the others keep
-only a few bits. A fake-quantization study on MiniLM found that the int8 error is almost all there:
-int8 weights alone keep mean cosine 0.9995 to the fp32 embeddings, int8 activations alone 0.9925.
+hidden channels whose activations are far larger than the rest (on all-MiniLM-L6-v2 the largest
+input channel of an FFN-up projection peaks at 9 to 15 times the median channel, channel 99 among the
+largest before every attention and FFN-up projection), so those channels set the scale and the
+others keep only a few bits. Simulated one source at a time on MiniLM, int8 weights alone keep mean
+cosine 0.9995 to the fp32 embeddings and int8 activations alone 0.9925
+(scripts/probe_int8_error_sources.py, docs/results/int8_error_sources.json).
 
 SmoothQuant (Xiao et al., 2023, "SmoothQuant: Accurate and Efficient Post-Training Quantization for
 Large Language Models", section 4) divides each input channel ``j`` by
@@ -14,8 +15,8 @@ Large Language Models", section 4) divides each input channel ``j`` by
 ``s_j``: ``(X / s) (s W)`` is the same product in exact arithmetic, but the activations are flatter
 and the weights, quantized per output channel, absorb the difference. In a post-LayerNorm encoder
 the LayerNorm that could absorb ``1 / s`` also feeds the residual branch, so the division stays an
-explicit elementwise ``Mul`` in front of each product (about 3 % of int8 MiniLM's run time,
-docs/deploy.md "Activation smoothing").
+explicit elementwise ``Mul`` in front of each product input (2.39x against 2.45x over PyTorch fp32
+for plain int8 on MiniLM, one thread; docs/results/int8_smoothing.md).
 
 :func:`smooth_linears` measures ``max|X_j|`` on calibration batches and wraps each attention and
 FFN projection in a :class:`SmoothedLinear`, in place; :func:`surgery.deploy.export_onnx` applies it
