@@ -400,7 +400,7 @@ def render_embeddings() -> str:
         if not path.exists():
             continue
         text = re.sub(r"^(#+) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", path.read_text().strip(), flags=re.M)
-        text = re.sub(r"^### (.*)$", lambda m: f"### {m.group(1)} ({name})", text, count=1, flags=re.M)
+        text = re.sub(r"^### (.*)$", lambda m, name=name: f"### {m.group(1)} ({name})", text, count=1, flags=re.M)
         text = re.sub(r"\]\(([^/)#:]+)\)", r"](results/\1)", text)  # a sibling file of the table
         parts.append(f"{text}\n\nSource: [results/{name}.md](results/{name}.md).")
     if (ROOT / "docs" / "results" / EMBEDDING_PLOT).exists():
