@@ -43,6 +43,7 @@ from surgery.cli.options import (
     BatchSize,
     Calibration,
     CalibrationTexts,
+    Int8Fp32,
     LabelColumn,
     MaxLength,
     MaxTrain,
@@ -402,9 +403,7 @@ def bench_command(
     runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="torch or onnxruntime (fp32), repeatable; "
                                                        "every model runs in each.")] = None,
     int8: Annotated[bool, typer.Option("--int8", help="Add each model's ONNX Runtime dynamic-int8 graph.")] = False,
-    int8_fp32: Annotated[list[str] | None, typer.Option(
-        "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, "
-        "ffn-down; repeatable), as `surgery export --int8-fp32`.")] = None,
+    int8_fp32: Int8Fp32 = None,
     calibration: Calibration = None,
     calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
     smooth_alpha: SmoothAlpha = SMOOTH_ALPHA,
@@ -429,13 +428,12 @@ def bench_command(
                     device=device)
     console = stderr()
     waiting = f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds"
-    # Across runtimes (surgery.deploy): exports, then the same bench; it also refuses --int8-fp32 without --int8.
+    # Across runtimes (surgery.deploy): exports, then the same bench; it also refuses --int8-fp32 or
+    # --calibration without --int8.
     if runtimes or int8 or int8_fp32 or data is not None or calibration is not None:
         from surgery.deploy.bench import bench_runtimes, check_runtimes
 
         check_runtimes(runtimes or ["torch"])
-        if calibration is not None and not int8:
-            raise ConfigError("--calibration smooths the activations of the int8 graphs; add --int8")
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
                                 max_length=max_length) if data is not None else None
         smoothing = None if calibration is None else calibration_texts_batches(

@@ -31,6 +31,7 @@ from surgery.cli.options import (
     Calibration,
     CalibrationTexts,
     EvalData,
+    Int8Fp32,
     LabelColumn,
     MaxLength,
     Overwrite,
@@ -110,9 +111,7 @@ def export_command(
                                         "sentence-embedding model.")] = "onnx",
     per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
                                              "instead of per output channel (less faithful, same speed).")] = False,
-    int8_fp32: Annotated[list[str] | None, typer.Option(
-        "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, "
-        "ffn-down; repeatable): mixed precision when full int8 moves the outputs too far.")] = None,
+    int8_fp32: Int8Fp32 = None,
     calibration: Calibration = None,
     calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
     smooth_alpha: SmoothAlpha = SMOOTH_ALPHA,

@@ -26,6 +26,9 @@ MaxTrain = Annotated[int | None, typer.Option(min=1, help="Use at most N trainin
 EvalData = Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% split of "
                                               "--data.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")]
+Int8Fp32 = Annotated[list[str] | None, typer.Option(
+    "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, ffn-down; "
+    "repeatable): mixed precision when full int8 moves the outputs too far.")]
 Calibration = Annotated[str | None, typer.Option(
     "--calibration", help="With --int8: texts like the ones the model will serve (.txt, one per line, or a table's "
     "--text-column; labels ignored); the activations are smoothed on them before quantization (SmoothQuant), "

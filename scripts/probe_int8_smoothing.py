@@ -174,6 +174,11 @@ def pm(value: list[float], digits: int = 3) -> str:
     return f"{value[0]:.{digits}f} ± {value[1]:.{digits}f}"
 
 
+def table_head(*cells: str) -> list[str]:
+    """A markdown table's header row and separator."""
+    return ["| " + " | ".join(cells) + " |", "|" + "---|" * len(cells)]
+
+
 def render(results: dict[str, Any], source: str) -> str:
     """The markdown tables of the results file ``source`` (every figure read from it)."""
     lines = ["# Activation smoothing before dynamic int8 (SmoothQuant)", "",
@@ -192,9 +197,8 @@ def render(results: dict[str, Any], source: str) -> str:
                               for p in next(iter(e["runs"].values()))["probes"])
                   + "; Δ points against the "
                   "fp32 teacher's probe).", "",
-                  "| graph | mean cosine | recall@10 | worst probe Δ | " +
-                  " | ".join(f"{t} Δ" for t in next(iter(e["summary"].values()))["probe_delta_points"]) + " |",
-                  "|---|---|---|---|" + "---|" * len(next(iter(e["summary"].values()))["probe_delta_points"])]
+                  *table_head("graph", "mean cosine", "recall@10", "worst probe Δ",
+                              *(f"{t} Δ" for t in next(iter(e["summary"].values()))["probe_delta_points"]))]
         for name, row in e["summary"].items():
             lines.append(f"| {name} | {pm(row['mean_cosine'], 4)} | {pm(row['recall_at_10'])} | "
                          f"{pm(row['worst_probe_delta_points'], 1)} | "
@@ -207,8 +211,7 @@ def render(results: dict[str, Any], source: str) -> str:
                   f"finetuned` on {c['setup']['max_train']} training examples; {c['setup']['max_test']} test "
                   f"examples each; calibrated on {c['setup']['calibration_texts']} training texts. Changed: test "
                   "predictions that differ from fp32 PyTorch's.", "",
-                  "| graph | accuracy Δ points | changed predictions % | " + " | ".join(runs) + " |",
-                  "|---|---|---|" + "---|" * len(runs)]
+                  *table_head("graph", "accuracy Δ points", "changed predictions %", *runs)]
         for name, row in c["summary"].items():
             cells = [f"{100 * r[name]['accuracy']:.1f} ({100 * (r[name]['accuracy'] - r['fp32']):+.1f})"
                      for r in runs.values()]
@@ -221,7 +224,7 @@ def render(results: dict[str, Any], source: str) -> str:
         lines += ["", "## Speed", "", "Paired speedup against PyTorch fp32 (median of same-round ratios, and its 95% "
                   f"interval), batch {settings['batch_size']} x {settings['seq_len']} tokens, {settings['threads']} "
                   f"thread(s), {settings['repeats']} interleaved rounds in one process.", "",
-                  "| graph | paired speedup | 95% interval |", "|---|---|---|"]
+                  *table_head("graph", "paired speedup", "95% interval")]
         for comp in b["comparisons"]:
             lo, hi = comp["paired_speedup_ci"]
             lines.append(f"| {comp['name']} | {comp['paired_speedup']:.2f}x | {lo:.2f}-{hi:.2f}x |")

@@ -104,7 +104,11 @@ def runtime_variants(
     variants: dict[str, nn.Module] = {}
     fp32_graph = None
     target, output, task = export_target(model)
-    if "onnxruntime" in runtimes or int8:
+    if int8:
+        require_onnx("bench --int8")
+    # The plain fp32 graph serves the onnxruntime rows and, unsmoothed, is what int8 quantizes; a smoothed
+    # int8 graph is exported from the smoothed model instead.
+    if "onnxruntime" in runtimes or (int8 and calibration is None):
         require_onnx("bench --runtime onnxruntime / --int8")
         export_dir = work_dir / "onnx-fp32"
         export_onnx(model, export_dir, batch=2, seq=16, threads=threads)
@@ -171,7 +175,7 @@ def bench_runtimes(
         runtimes: ``torch`` and/or ``onnxruntime`` (fp32), for every model.
         int8: add every model's ONNX Runtime dynamic-int8 graph.
         int8_fp32: parts of every layer whose products the int8 graphs keep in fp32
-            (:data:`surgery.deploy.export.INT8_FP32_PARTS`).
+            (:data:`surgery.deploy.parts.INT8_FP32_PARTS`).
         calibration: tokenized batches of representative texts: every int8 graph's activations are
             smoothed on them first (:mod:`surgery.deploy.smooth`); ``smooth_alpha`` is the strength.
         data: labelled batches; each variant's accuracy on them is recorded (sequence classifiers only).

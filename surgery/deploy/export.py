@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from surgery.deploy.names import INFO_NAME, ONNX_NAME, TASKS
+from surgery.deploy.parts import INT8_FP32_PARTS, part_modules
 from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, quantize_int8, quiet_loggers, require_onnx
 from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
 from surgery.errors import ConfigError, SurgeryError
@@ -103,38 +104,6 @@ class ExportReport(BaseModel):
         return path
 
 
-#: Parts of every encoder layer that ``int8_fp32`` can keep in fp32.
-INT8_FP32_PARTS = ("attention", "ffn", "ffn-up", "ffn-down")
-
-
-def part_modules(root: nn.Module, parts: Sequence[str]) -> set[str]:
-    """Qualified names (under ``root``) of the Linear modules of ``parts`` in every layer, found through
-    the family's anatomy adapter; layers whose part a strategy replaced contribute nothing.
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> sorted(part_modules(tiny_model(TinySpec("bert", layers=1)), ["ffn-down"]))
-        ['encoder.layer.0.output.dense']
-    """
-    if not parts:
-        return set()
-    from surgery.anatomy import adapter_for
-
-    names = {id(m): name for name, m in root.named_modules()}
-    adapter = adapter_for(root)
-    chosen: list[nn.Module] = []
-    for index in range(adapter.num_layers):
-        layer = adapter.layer(index)
-        if layer.ffn is not None:
-            if {"ffn", "ffn-up"} & set(parts):
-                chosen.append(layer.ffn.up)
-            if {"ffn", "ffn-down"} & set(parts):
-                chosen.append(layer.ffn.down)
-        if layer.attention is not None and "attention" in parts:
-            chosen.extend([*layer.attention.projections, layer.attention.output])
-    return {names[id(m)] for m in chosen if id(m) in names}
-
-
 def check_int8_fp32(parts: Sequence[str], int8: bool, what: str) -> None:
     """Refuse, in one line, an unknown part or parts to keep in fp32 without int8.
 
@@ -154,7 +123,11 @@ def check_int8_fp32(parts: Sequence[str], int8: bool, what: str) -> None:
 def int8_fp32_scopes(module: nn.Module, parts: Sequence[str]) -> set[str]:
     """The exporter's name scopes of ``parts``' Linear modules once ``module`` is exported (the export
     wraps it as ``model``): what :func:`surgery.deploy.runtime.quantize_int8` takes as ``keep_fp32``."""
-    return {f"model.{name}" for name in part_modules(module, parts)}
+    return _export_scopes(part_modules(module, parts))
+
+
+def _export_scopes(modules: set[str]) -> set[str]:
+    return {f"model.{name}" for name in modules}
 
 
 class _SingleOutput(nn.Module):
@@ -414,12 +387,12 @@ def export_onnx(
         wrapper = _SingleOutput(module, output, names).eval()
         inputs = parity_inputs(module.config, names, batch=batch, seq=seq, tokenizer=tokenizer)
         expected = _run_torch(wrapper, inputs)
-        fp32_scopes = int8_fp32_scopes(module, int8_fp32)
+        fp32_modules = part_modules(module, int8_fp32)
         smoothing = None
         if calibration is not None:
             # Smoothed before the trace, so the fp32 parity check below also proves it changed nothing.
             feeds = ({k: v for k, v in b.items() if k in names} for b in calibration)
-            smoothing = smooth_linears(module, feeds, alpha=smooth_alpha, skip=part_modules(module, int8_fp32))
+            smoothing = smooth_linears(module, feeds, alpha=smooth_alpha, skip=fp32_modules)
         with atomic_directory(out_dir, overwrite=overwrite) as tmp:
             path = tmp / ONNX_NAME
             start = time.perf_counter()
@@ -436,7 +409,7 @@ def export_onnx(
             if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
                 quantized = tmp / "model.int8.onnx"
                 fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
-                                           keep_fp32=fp32_scopes)
+                                           keep_fp32=_export_scopes(fp32_modules))
                 os.replace(quantized, path)
                 runtime = session(path)
                 drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))

@@ -38,8 +38,6 @@ from surgery.errors import ConfigError
 
 #: SmoothQuant's migration strength (defined torch-free in :mod:`surgery.deploy.names` for the CLI).
 DEFAULT_ALPHA = SMOOTH_ALPHA
-#: Smoothed parts of every layer: every attention projection and both FFN projections.
-SMOOTHED_PARTS = ("attention", "ffn")
 
 
 class SmoothingInfo(BaseModel):
@@ -130,47 +128,15 @@ def activation_ranges(model: nn.Module, batches: Iterable[Mapping[str, torch.Ten
     return ranges, count, tokens
 
 
-def smoothing_groups(model: nn.Module) -> list[list[str]]:
-    """Qualified names of the Linear modules to smooth, grouped by the input they share.
-
-    A layer's query, key and value projections read the same hidden states, so they get one scale
-    (SmoothQuant's choice as well): ONNX Runtime then quantizes that input once for all three, as it
-    does without smoothing, instead of once per projection. Every other projection is its own group.
-    Found through the family's anatomy adapter; parts a strategy replaced contribute nothing.
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> smoothing_groups(tiny_model(TinySpec("bert", layers=1)))[0]
-        ['encoder.layer.0.attention.self.query', 'encoder.layer.0.attention.self.key', \
-'encoder.layer.0.attention.self.value']
-    """
-    from surgery.anatomy import adapter_for
-
-    names = {id(m): name for name, m in model.named_modules()}
-    adapter = adapter_for(model)
-    groups: list[list[nn.Module]] = []
-    for index in range(adapter.num_layers):
-        layer = adapter.layer(index)
-        if layer.attention is not None:
-            attention = layer.attention
-            shared = (attention.qkv,) if attention.qkv is not None else (attention.query, attention.key,
-                                                                          attention.value)
-            groups.append([m for m in shared if m is not None])
-            groups += [[m] for m in attention.per_head_rows]  # position projections read other inputs
-            groups.append([attention.output])
-        if layer.ffn is not None:
-            groups += [[layer.ffn.up], [layer.ffn.down]]
-    return [[names[id(m)] for m in group] for group in groups
-            if group and all(isinstance(m, nn.Linear) and id(m) in names for m in group)]
-
-
 def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *,
                    alpha: float = DEFAULT_ALPHA, skip: Collection[str] = ()) -> SmoothingInfo:
     """Smooth the inputs of every attention and FFN projection of ``model`` in place (see the module doc).
 
     Every supported family and every surgered structure (uneven heads, pruned FFNs) is covered
-    (:func:`smoothing_groups`); modules named in ``skip`` (qualified names, e.g. products kept in
-    fp32) are left alone. The model computes the same function afterwards, up to float rounding.
+    (:func:`surgery.deploy.parts.product_groups`). Products that read the same input (q, k and v)
+    share one scale, so ONNX Runtime still quantizes that input once. Modules named in ``skip``
+    (qualified names, e.g. products kept in fp32) are left alone. The model computes the same
+    function afterwards, up to float rounding.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -183,7 +149,9 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     """
     if not 0.0 <= alpha <= 1.0:
         raise ConfigError(f"smoothing alpha must be between 0 and 1, got {alpha}")
-    groups = [[n for n in group if n not in skip] for group in smoothing_groups(model)]
+    from surgery.deploy.parts import product_groups
+
+    groups = [[n for n in group.names if n not in skip] for group in product_groups(model)]
     groups = [group for group in groups if group]
     modules = {name: model.get_submodule(name) for group in groups for name in group}
     ranges, count, tokens = activation_ranges(model, batches, modules)

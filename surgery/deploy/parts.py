@@ -1,0 +1,70 @@
+"""The weight products of every encoder layer, by part, as int8 export sees them.
+
+One walk over the family's anatomy adapter serves both mixed precision (``--int8-fp32 PART`` keeps a
+part's products in fp32) and activation smoothing (products that read the same input share a
+scale), so the two can never disagree about what "the FFN down projection" is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from torch import nn
+
+#: Parts of every encoder layer that ``int8_fp32`` can keep in fp32.
+INT8_FP32_PARTS = ("attention", "ffn", "ffn-up", "ffn-down")
+#: Which :data:`INT8_FP32_PARTS` names select a product group's part.
+_SELECTED_BY = {"attention": {"attention"}, "ffn-up": {"ffn", "ffn-up"}, "ffn-down": {"ffn", "ffn-down"}}
+
+
+class ProductGroup(NamedTuple):
+    """Linear modules of one layer part that read the same input (q, k and v together; others alone)."""
+
+    part: str  # "attention", "ffn-up" or "ffn-down"
+    names: tuple[str, ...]  # qualified module names under the walked root
+
+
+def product_groups(root: nn.Module) -> list[ProductGroup]:
+    """Every layer's Linear products, grouped by shared input, found through the family's anatomy adapter.
+
+    A layer's query, key and value projections read the same hidden states and form one group;
+    position projections (DeBERTa-v2), the attention output and each FFN projection are groups of
+    their own. Parts a strategy replaced (a routed expert layer) contribute nothing.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> [(g.part, len(g.names)) for g in product_groups(tiny_model(TinySpec("bert", layers=1)))]
+        [('attention', 3), ('attention', 1), ('ffn-up', 1), ('ffn-down', 1)]
+    """
+    from surgery.anatomy import adapter_for
+
+    names = {id(m): name for name, m in root.named_modules()}
+    adapter = adapter_for(root)
+    groups: list[tuple[str, list[nn.Module]]] = []
+    for index in range(adapter.num_layers):
+        layer = adapter.layer(index)
+        if layer.attention is not None:
+            attention = layer.attention
+            shared = (attention.qkv,) if attention.qkv is not None else (attention.query, attention.key,
+                                                                          attention.value)
+            groups.append(("attention", [m for m in shared if m is not None]))
+            groups += [("attention", [m]) for m in attention.per_head_rows]  # read position embeddings
+            groups.append(("attention", [attention.output]))
+        if layer.ffn is not None:
+            groups += [("ffn-up", [layer.ffn.up]), ("ffn-down", [layer.ffn.down])]
+    return [ProductGroup(part, tuple(names[id(m)] for m in group)) for part, group in groups
+            if group and all(isinstance(m, nn.Linear) and id(m) in names for m in group)]
+
+
+def part_modules(root: nn.Module, parts: Sequence[str]) -> set[str]:
+    """Qualified names (under ``root``) of the Linear modules of ``parts`` in every layer.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> sorted(part_modules(tiny_model(TinySpec("bert", layers=1)), ["ffn-down"]))
+        ['encoder.layer.0.output.dense']
+    """
+    if not parts:
+        return set()
+    return {name for group in product_groups(root) if _SELECTED_BY[group.part] & set(parts) for name in group.names}
