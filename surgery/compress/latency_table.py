@@ -1,0 +1,100 @@
+"""The latency table: how long each part of an encoder takes on one runtime, machine and batch shape.
+
+The table holds, for one family and width, measured milliseconds per forward pass of a batch:
+``base_ms`` (everything outside the encoder layers: embeddings, pooling, task head), the attention
+block at a grid of head counts, the FFN at a grid of widths, and ``overhead_ms`` (what a layer costs
+whatever its width: norms, residual adds). A layer's time is ``overhead + attention(h) + ffn(w)``,
+linear between grid points; a removed layer costs nothing. Measuring fills it (``latency_measure``);
+this module only holds and reads it, so the search can be tested on any table.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from surgery.compress.structure import LayerShape, Structure
+
+Runtime = Literal["torch", "onnxruntime", "onnxruntime-int8"]
+RUNTIMES: tuple[str, ...] = ("torch", "onnxruntime", "onnxruntime-int8")
+
+
+def _monotone(points: Mapping[int, float], what: str) -> dict[int, float]:
+    """Grid points sorted by size, each at least its predecessor (timing noise must not make a cut cost time)."""
+    if not points:
+        raise ValueError(f"{what}: the grid is empty; measure at least the full width")
+    out: dict[int, float] = {}
+    best = 0.0
+    for size in sorted(points):
+        if size < 0 or points[size] < 0 or points[size] != points[size]:
+            raise ValueError(f"{what}: grid point {size} -> {points[size]} is not a size >= 0 with a time >= 0")
+        best = max(best, float(points[size]))
+        out[size] = best
+    return out
+
+
+def _interpolate(points: Mapping[int, float], size: int) -> float:
+    """Piecewise-linear time at ``size``; 0 at size 0; beyond the grid, linear from the last two points."""
+    if size <= 0:
+        return 0.0
+    sizes = [0, *[s for s in sorted(points) if s > 0]]
+    times = [0.0, *[points[s] for s in sizes[1:]]]
+    i = bisect.bisect_left(sizes, size)
+    if i < len(sizes) and sizes[i] == size:
+        return times[i]
+    lo, hi = (i - 1, i) if i < len(sizes) else (len(sizes) - 2, len(sizes) - 1)
+    slope = (times[hi] - times[lo]) / (sizes[hi] - sizes[lo])
+    return max(0.0, times[lo] + slope * (size - sizes[lo]))
+
+
+class LatencyTable(BaseModel):
+    """Measured per-part latency of one model shape on one runtime, machine and batch shape.
+
+    Example:
+        >>> table = LatencyTable(runtime="torch", batch_size=8, seq_len=64, threads=1, model_key="demo",
+        ...                      base_ms=2.0, overhead_ms=0.5, attention_ms={4: 3.0, 2: 1.6},
+        ...                      ffn_ms={37: 4.0, 18: 2.1})
+        >>> table.layer_ms(LayerShape(heads=4, ffn_width=37))
+        7.5
+        >>> table.predict_ms(Structure((LayerShape(4, 37), None)))
+        9.5
+        >>> table.layer_ms(LayerShape(heads=3, ffn_width=37)) < 7.5
+        True
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: Runtime
+    batch_size: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    threads: int | None = Field(default=None, ge=1)
+    model_key: str = Field(description="what the table was measured for: family, hidden size, head dim, widths")
+    machine: dict[str, Any] = Field(default_factory=dict, description="CPU model and flags it was measured on")
+    base_ms: float = Field(ge=0.0, description="everything outside the encoder layers")
+    overhead_ms: float = Field(ge=0.0, description="what a kept layer costs whatever its width")
+    attention_ms: dict[int, float] = Field(description="heads -> ms of the attention block")
+    ffn_ms: dict[int, float] = Field(description="FFN width -> ms of the FFN block")
+    measured: dict[str, Any] = Field(default_factory=dict, description="how it was measured (repeats, spread)")
+
+    @field_validator("attention_ms", "ffn_ms")
+    @classmethod
+    def _grid(cls, value: dict[int, float], info: Any) -> dict[int, float]:
+        return _monotone(value, info.field_name)
+
+    def layer_ms(self, shape: LayerShape | None) -> float:
+        """Predicted time of one layer of this shape (0 for a removed layer)."""
+        if shape is None:
+            return 0.0
+        return self.overhead_ms + _interpolate(self.attention_ms, shape.heads) + _interpolate(self.ffn_ms,
+                                                                                              shape.ffn_width)
+
+    def predict_ms(self, structure: Structure) -> float:
+        """Predicted time of a forward pass of a model of this structure."""
+        return self.base_ms + sum(self.layer_ms(layer) for layer in structure.layers)
+
+    def saving_ms(self, before: LayerShape | None, after: LayerShape | None) -> float:
+        """Time saved by changing one layer from ``before`` to ``after`` (``None``: the layer removed)."""
+        return self.layer_ms(before) - self.layer_ms(after)
