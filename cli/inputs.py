@@ -21,6 +21,7 @@ from surgery.atomic import check_separate
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.manifest import MANIFEST_NAME
 from surgery.registry import adapter_class_for
+from surgery.tokenizer_files import TOKENIZER_FILES, has_tokenizer, read_tokenizer
 from surgery.untrusted import refuse_custom_code
 
 if TYPE_CHECKING:  # torch, transformers and datasets are imported when a command needs them, not for --help
@@ -29,13 +30,6 @@ if TYPE_CHECKING:  # torch, transformers and datasets are imported when a comman
 
     from surgery.data import TaskData
 
-# Files from which a tokenizer can really be rebuilt. transformers v5 happily builds an empty
-# tokenizer (special tokens only) for a directory without any of them, which would silently turn
-# every text into [UNK]; so the CLI checks for them before loading.
-TOKENIZER_FILES = (
-    "tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spm.model", "spiece.model",
-    "sentencepiece.bpe.model",
-)
 SEQUENCE_CLASSIFIER_SUFFIX = "ForSequenceClassification"
 
 
@@ -196,28 +190,14 @@ def read_model_config(path: Path) -> PretrainedConfig:
     return config
 
 
-def has_tokenizer(path: Path) -> bool:
-    """Whether ``path`` holds files a tokenizer can be rebuilt from."""
-    return any((path / name).exists() for name in TOKENIZER_FILES)
-
-
 def load_tokenizer(path: Path, *, required_by: str | None = None) -> Any:
     """The tokenizer saved in a model directory; None if it has none and nothing requires one."""
-    if not has_tokenizer(path):
-        if required_by:
-            raise ModelLoadError(
-                f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...); {required_by} needs the "
-                "model's tokenizer, save it into the model directory (tokenizer.save_pretrained(dir))"
-            )
-        return None
-    from transformers import AutoTokenizer
-
-    refuse_custom_code(path)
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        detail = " ".join(str(exc).split())[:200]
-        raise ModelLoadError(f"cannot load the tokenizer in {path}: {detail}") from None
+    if required_by and not has_tokenizer(path):
+        raise ModelLoadError(
+            f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...); {required_by} needs the "
+            "model's tokenizer, save it into the model directory (tokenizer.save_pretrained(dir))"
+        )
+    return read_tokenizer(path)
 
 
 def recorded_class(path: Path, config: PretrainedConfig) -> tuple[str | None, bool]:

@@ -37,3 +37,7 @@ class DataError(SurgeryError):
 
 class OutputPathError(SurgeryError):
     """The output directory would overwrite something the user owns."""
+
+
+class StockFormatError(SurgeryError):
+    """A surgered structure that a stock Hugging Face config cannot express (``save_stock``, ``--stock``)."""

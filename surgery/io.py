@@ -45,8 +45,8 @@ from surgery.registry import get_strategy
 from surgery.strategy import Strategy
 from surgery.untrusted import check_safetensors_dir, refuse_custom_code, require_safetensors, safetensors_shapes
 
-__all__ = ["WEIGHTS_NAME", "atomic_directory", "build_manifest", "from_pretrained", "resolve_model_class",
-           "save_pretrained"]
+__all__ = ["WEIGHTS_NAME", "atomic_directory", "build_manifest", "from_pretrained", "output_directory",
+           "resolve_model_class", "save_pretrained"]
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -98,6 +98,24 @@ def _dtype(name: str | torch.dtype, where: str) -> torch.dtype:
     return dtype
 
 
+def output_directory(model: nn.Module, out_dir: str | os.PathLike[str]) -> Path:
+    """``out_dir`` resolved, refused when it is, holds or lies inside the directory ``model`` was loaded from.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> output_directory(tiny_model(TinySpec("bert")), "/tmp/out").name
+        'out'
+    """
+    out = Path(out_dir).expanduser().resolve()
+    source = source_dir_of(model)
+    if source and Path(source).expanduser().is_dir():
+        try:
+            check_separate(source, out, flag="output directory")
+        except OutputPathError as exc:
+            raise OutputPathError(f"{exc} (the model was loaded from there)") from None
+    return out
+
+
 def save_pretrained(
     model: nn.Module,
     out_dir: str | os.PathLike[str],
@@ -128,13 +146,7 @@ def save_pretrained(
     if not isinstance(model, PreTrainedModel):
         raise ConfigError(f"save_pretrained needs a transformers model (a PreTrainedModel), got "
                           f"{type(model).__name__}; surgery saves Hugging Face encoders only")
-    out = Path(out_dir).expanduser().resolve()
-    source = source_dir_of(model)
-    if source and Path(source).expanduser().is_dir():
-        try:
-            check_separate(source, out, flag="output directory")
-        except OutputPathError as exc:
-            raise OutputPathError(f"{exc} (the model was loaded from there)") from None
+    out = output_directory(model, out_dir)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         # Like transformers, record the class that was saved, on a copy so the caller's model is untouched.
         config = copy.deepcopy(model.config)

@@ -48,6 +48,8 @@ class EncoderAdapter:
     # Submodules of the bare model that serve the task head rather than the encoder: BERT-style
     # poolers were trained for next-sentence prediction and feed ...ForSequenceClassification.
     task_head_modules: ClassVar[tuple[str, ...]] = ("pooler",)
+    # The config attribute that holds the FFN width of every layer (what a stock config can say of it).
+    ffn_width_config: ClassVar[str] = "intermediate_size"
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

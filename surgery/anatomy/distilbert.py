@@ -30,6 +30,7 @@ class DistilBertAdapter(EncoderAdapter):
     layers_path = "transformer.layer"
     head_count_attrs: ClassVar[tuple[str, ...]] = ("n_heads",)
     all_head_size_attrs: ClassVar[tuple[str, ...]] = ()
+    ffn_width_config: ClassVar[str] = "hidden_dim"
 
     def attention_parts(self, layer: nn.Module) -> AttentionParts | None:
         core = getattr(layer, "attention", None)

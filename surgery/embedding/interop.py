@@ -174,8 +174,5 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
                              smooth_alpha=smooth_alpha, threads=threads)
         tokenizer.save_pretrained(tmp)  # at the top, where sentence-transformers' Transformer module reads it
         encoder.config.to_json_file(str(tmp / "config.json"))
-        write_sentence_transformers_files(config, tmp, encoder.config.hidden_size)
-        if source and (Path(source) / "config_sentence_transformers.json").is_file():
-            (tmp / "config_sentence_transformers.json").write_bytes(
-                (Path(source) / "config_sentence_transformers.json").read_bytes())
+        write_sentence_transformers_files(config, tmp, encoder.config.hidden_size, source=source)
     return report

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from surgery.errors import ModelLoadError
 
 MODULES_FILE = "modules.json"
+# sentence-transformers' own settings (prompts, similarity function, versions): copied as it is.
+ST_CONFIG_FILE = "config_sentence_transformers.json"
 # What surgery saves next to a changed model. Not modules.json on purpose: stock sentence-transformers
 # would then load the directory with AutoModel, which cannot rebuild pruned or converted layers and
 # would initialise the missing weights at random instead of failing.
@@ -94,9 +96,10 @@ def write_sentence_config(config: SentenceConfig, out_dir: str | os.PathLike[str
 
 
 def write_sentence_transformers_files(config: SentenceConfig, out_dir: str | os.PathLike[str],
-                                      dimension: int) -> list[Path]:
+                                      dimension: int, *, source: str | os.PathLike[str] | None = None) -> list[Path]:
     """Write the stock sentence-transformers module files of ``config``: ``modules.json`` (Transformer,
-    Pooling, and Normalize if on), ``1_Pooling/config.json`` and ``sentence_bert_config.json``.
+    Pooling, and Normalize if on), ``1_Pooling/config.json`` and ``sentence_bert_config.json``; and
+    ``source``'s ``config_sentence_transformers.json`` (prompts, similarity function), if it has one.
 
     The pooling modes are written as the legacy per-mode booleans, which every sentence-transformers
     version reads, when they are in the order those booleans concatenate; otherwise as the
@@ -126,6 +129,10 @@ def write_sentence_transformers_files(config: SentenceConfig, out_dir: str | os.
                                              "do_lower_case": config.do_lower_case}]
     for file, content in zip(files, contents, strict=True):
         file.write_text(json.dumps(content, indent=2) + "\n")
+    extra = Path(source) / ST_CONFIG_FILE if source else None
+    if extra is not None and extra.is_file():
+        files.append(root / ST_CONFIG_FILE)
+        files[-1].write_bytes(extra.read_bytes())
     return files
 
 
