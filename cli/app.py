@@ -55,6 +55,7 @@ from surgery.cli.options import (
 )
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
+from surgery.cli.reference import teacher_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.errors import ConfigError, SurgeryError
 
@@ -311,6 +312,10 @@ def apply_command(
     refit: Annotated[bool | None, typer.Option("--refit/--no-refit", help="Before recovery training, re-solve the "
                                                "cut output projections by least squares against the model before "
                                                "surgery (needs --data; alone: the refit is the recovery).")] = None,
+    teacher: Annotated[str | None, typer.Option("--teacher", metavar="ORIGINAL", help="When MODEL was already "
+                                                "surgered: the model it was cut from (a directory or embedded name). "
+                                                "Recovery distils from it and accuracy or embedding fidelity is "
+                                                "measured against it (needs --data).")] = None,
 ) -> None:
     """Run a strategy on a model and save the result (or, with --dry-run, only print its plan)."""
     # Cheap checks first: paths, then the strategy and its settings (which import torch), then the
@@ -319,12 +324,14 @@ def apply_command(
     report_file = check_writable_file(report_file, "--report")
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
+    original = teacher_path(teacher, source, target, has_data=data is not None)
     strategy_class = registry.get_strategy(strategy)
     settings = strategy_settings(config, sets or [])
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None, refit=refit)
     # Imported here, not at the top: they import transformers, which `surgery --help` must not pay for.
     from surgery.cli.embedding import evaluate_against, pop_objective, teacher_copy
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
+    from surgery.cli.reference import load_teacher, reference_label
     from surgery.embedding.pooling import write_sentence_config
 
     requested_objective = pop_objective(settings)
@@ -340,12 +347,17 @@ def apply_command(
         typer.echo(json.dumps(surgery.preview(inputs.model, chosen, data=task_data), indent=2))
         return
 
-    teacher = teacher_copy(inputs.model) if inputs.is_embedding and task_data is not None else None
+    reference = None if original is None else load_teacher(ctx.ensure_object(CliState), original, inputs, task_data)
+    measured = inputs.is_embedding and task_data is not None
+    against = reference if reference is not None else teacher_copy(inputs.model) if measured else None
     with render.ProgressDisplay(stderr()) as progress:
-        report = surgery.convert(inputs.model, chosen, data=task_data, progress=progress, recovery=recovery)
-    if teacher is not None:
-        with stderr().status("embedding evaluation against the input model (held-out texts)"):
-            report.metrics["embedding"] = evaluate_against(teacher, inputs.model, task_data, inputs.tokenizer,
+        report = surgery.convert(inputs.model, chosen, data=task_data, progress=progress, recovery=recovery,
+                                 teacher=reference)
+    if teacher is not None and original is not None:
+        report.reference = reference_label(teacher, original)
+    if measured and against is not None:
+        with stderr().status(f"embedding evaluation against the {report.reference} (held-out texts)"):
+            report.metrics["embedding"] = evaluate_against(against, inputs.model, task_data, inputs.tokenizer,
                                                            max_length)
     sentence = inputs.objective.sentence if inputs.objective is not None else None
     saved = surgery.save_pretrained(inputs.model, target, tokenizer=inputs.tokenizer, overwrite=overwrite,

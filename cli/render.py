@@ -228,6 +228,7 @@ def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> Rende
         Text.assemble(("strategy ", "dim"), (report.strategy, "bold cyan"),
                       ("  config ", "dim"), compact_json(report.config),
                       ("  took ", "dim"), f"{report.seconds:.1f}s"),
+        Text.assemble(("reference ", "dim"), report.reference),
     ]
     if report.changes:
         changes = Table(title="Changes per layer", title_justify="left")

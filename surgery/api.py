@@ -11,6 +11,7 @@ from surgery.errors import ConfigError, PlanError
 from surgery.manifest import steps_of
 from surgery.ops import count_parameters
 from surgery.progress import ProgressCallback, no_progress
+from surgery.reference import check_reference, reference_name
 from surgery.report import LayerAnatomy, ModelAnatomy, ParamCount, StepSummary, SurgeryReport
 from surgery.run import RunContext, apply_step, count_params, plan_step
 from surgery.strategy import Data, Method, Plan, Strategy
@@ -103,6 +104,7 @@ def convert(
     data: Data | None = None,
     progress: ProgressCallback | None = None,
     recovery: RecoveryConfig | None = None,
+    teacher: nn.Module | None = None,
 ) -> SurgeryReport:
     """Plan and apply ``strategy`` on ``model`` in place, and report what changed.
 
@@ -117,6 +119,10 @@ def convert(
             direct step recovers always (or, with ``max_drop``, when it loses more); a pipeline's
             steps are guarded (see :mod:`surgery.guard`). Recovery changes weights only: the
             recorded plan stays the same, so the saved model still replays.
+        teacher: the reference when ``model`` was already surgered: the original it was cut from
+            (same family, hidden size and vocabulary). Recovery distils from it instead of from the
+            model before the step, and the guard measures the drop against its accuracy, so a chain
+            of steps is held to the original; ``report.reference`` names it (default ``"input model"``).
 
     Example:
         >>> from transformers import BertConfig, BertModel
@@ -130,9 +136,13 @@ def convert(
     """
     check_arguments(model, strategy, "convert")
     adapter_for(model)
-    context = RunContext(progress or no_progress)
+    if teacher is not None:
+        check_reference(model, teacher)
+    context = RunContext(progress or no_progress, teacher=teacher)
     # Polymorphic: a strategy plans, applies and records one step; a pipeline runs its steps and trains.
-    return strategy.perform(model, data, context, recovery=recovery)
+    report = strategy.perform(model, data, context, recovery=recovery)
+    report.reference = reference_name(teacher)
+    return report
 
 
 def _layer_anatomy(adapter: Any, index: int) -> LayerAnatomy:

@@ -42,8 +42,13 @@ def _points(before: float | None, after: float | None) -> float | None:
 
 def guarded_step(model: nn.Module, strategy: Strategy, do_step: Callable[[], SurgeryReport], *, index: int,
                  data: Any, recovery: RecoveryConfig | None, in_pipeline: bool,
-                 progress: ProgressCallback | None = None) -> tuple[SurgeryReport, StepCheck | None]:
+                 progress: ProgressCallback | None = None,
+                 reference: nn.Module | None = None) -> tuple[SurgeryReport, StepCheck | None]:
     """Run ``do_step`` (which applies ``strategy`` to ``model``) between two measurements; recover if asked.
+
+    With a ``reference`` (the original model a surgered input came from), "before" is the
+    reference's accuracy and recovery distils from the reference, so the drop is the loss against
+    the original; without one, both are the model's own state before the step.
 
     Returns the step's report and the guard's check (None when nothing could be measured or recovered).
 
@@ -68,8 +73,8 @@ def guarded_step(model: nn.Module, strategy: Strategy, do_step: Callable[[], Sur
     if not can_measure and not may_recover:
         return do_step(), None
     loader = data.loader("eval", batch_size=getattr(recovery, "batch_size", 32)) if can_measure else None
-    teacher = copy.deepcopy(model) if may_recover else None
-    before = accuracy(model, loader) if loader is not None else None
+    teacher = (reference if reference is not None else copy.deepcopy(model)) if may_recover else None
+    before = accuracy(model if reference is None else reference, loader) if loader is not None else None
     report = do_step()
     after = accuracy(model, loader) if loader is not None else None
     drop = _points(before, after)

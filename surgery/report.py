@@ -53,6 +53,10 @@ class StepCheck(BaseModel):
                 f"{self.max_drop:g}{recovered}")
 
 
+#: How a report names the default reference: a copy of the model before each step.
+INPUT_MODEL = "input model"
+
+
 class SurgeryReport(BaseModel):
     """What ``convert`` did: the plan, per-layer changes and parameter counts before and after."""
 
@@ -66,6 +70,9 @@ class SurgeryReport(BaseModel):
     seconds: float = 0.0
     #: The guard's per-step accuracy checks (empty when nothing was measured).
     checks: list[StepCheck] = Field(default_factory=list)
+    #: What recovery distilled from and accuracy or fidelity was measured against: "input model" (a
+    #: copy before each step), or the original model's directory or name (``teacher=``, ``--teacher``).
+    reference: str = INPUT_MODEL
     #: In-memory results of the run that are not figures (DoE's task expert, a tuned prompt): the run
     #: context's artefacts. Never serialised (``--report`` files hold figures only).
     artefacts: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)

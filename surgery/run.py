@@ -59,14 +59,17 @@ class RunContext:
     progress: ProgressCallback = no_progress
     metrics: dict[str, Any] = field(default_factory=dict)
     artefacts: dict[str, Any] = field(default_factory=dict)
+    #: The reference model that recovery distils from and the guard measures against (surgery.reference);
+    #: None: a copy of the model before each step.
+    teacher: nn.Module | None = None
 
     def emit(self, task: str, completed: int, total: int | None = None, **info: Any) -> None:
         """Report progress of long work to whoever is listening."""
         self.progress(ProgressEvent(task, completed, total, info))
 
     def child(self) -> RunContext:
-        """A fresh context for a sub-step, reporting progress to the same place."""
-        return RunContext(self.progress)
+        """A fresh context for a sub-step, reporting progress to the same place, with the same reference."""
+        return RunContext(self.progress, teacher=self.teacher)
 
 
 def count_params(model: nn.Module) -> ParamCount:
@@ -157,6 +160,6 @@ def perform_step(model: nn.Module, strategy: Strategy, data: Data | None, contex
         from surgery.guard import guarded_step
 
         report, _ = guarded_step(model, strategy, run, index=index, data=guard_data, recovery=recovery,
-                                 in_pipeline=in_pipeline, progress=context.progress)
+                                 in_pipeline=in_pipeline, progress=context.progress, reference=context.teacher)
     report.seconds = time.perf_counter() - start
     return report
