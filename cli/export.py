@@ -42,7 +42,7 @@ from surgery.cli.options import (
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.errors import ConfigError
 
-FORMATS = ("onnx", "sentence-transformers")
+FORMATS = ("onnx", "sentence-transformers", "stock")
 
 if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must not
     from surgery.deploy.export import ExportReport
@@ -108,7 +108,9 @@ def export_command(
                                        "PyTorch is recorded.")] = False,
     format: Annotated[str, typer.Option("--format", help="onnx: model.onnx and its report; sentence-transformers: "
                                         "a directory stock SentenceTransformer(DIR, backend='onnx') loads, for a "
-                                        "sentence-embedding model.")] = "onnx",
+                                        "sentence-embedding model; stock: a plain Hugging Face directory that "
+                                        "AutoModel loads without surgery (uniform FFN width, dropped layers, all "
+                                        "heads).")] = "onnx",
     per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
                                              "instead of per output channel (less faithful, same speed).")] = False,
     int8_fp32: Int8Fp32 = None,
@@ -132,14 +134,21 @@ def export_command(
     threads: Annotated[int | None, typer.Option(min=1, help="ONNX Runtime threads for the checks.")] = None,
     overwrite: Overwrite = False,
 ) -> None:
-    """Export a model to ONNX with a parity check (optionally int8 / optimized); it then needs only onnxruntime."""
+    """Export a model to ONNX with a parity check (optionally int8 / optimized), or as a stock HF directory."""
     import surgery
+
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
+    if format == "stock":
+        export_stock(model_dir, out, overwrite=overwrite,
+                     onnx_flags=[flag for flag, given in (("--int8", int8), ("--calibration", calibration),
+                                                          ("--optimize", optimize), ("--data", data),
+                                                          ("--task", task != "auto")) if given])
+        return
     from surgery.deploy import export_onnx
     from surgery.deploy.runtime import require_onnx
 
     require_onnx()  # before anything is loaded: a missing extra is one line
-    if format not in FORMATS:
-        raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
     if format == "sentence-transformers" and (data is not None or optimize or task not in ("auto", "base")):
         raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop "
                           "--data, --optimize and --task")
@@ -184,6 +193,23 @@ def export_command(
                              optimize=optimize, batch=batch, seq=seq,
                              tolerance=tolerance, opset=opset, data=batches, threads=threads, overwrite=overwrite)
     stdout().print(export_view(report, target))
+
+
+def export_stock(model_dir: str, out: Path, *, overwrite: bool, onnx_flags: list[str]) -> None:
+    """``surgery export --format stock``: the model as a plain Hugging Face directory (no surgery needed to load)."""
+    import surgery
+    from surgery.compress.stock_export import save_stock
+
+    if onnx_flags:
+        raise ConfigError(f"--format stock writes PyTorch weights; {', '.join(onnx_flags)} belong to the ONNX formats, "
+                          "drop them")
+    source = resolve_model_path(model_dir)
+    target = check_output_dir(source, out, overwrite=overwrite)
+    read_model_config(source)
+    saved = save_stock(surgery.from_pretrained(source), target, overwrite=overwrite, tokenizer=load_tokenizer(source))
+    loaders = "AutoModel.from_pretrained(DIR)" + (" and SentenceTransformer(DIR)" if (saved / "modules.json").is_file()
+                                                  else "")
+    stdout().print(f"stock Hugging Face directory {saved}: {loaders} load it without surgery", markup=False)
 
 
 def calibration_texts_batches(ctx: typer.Context, calibration: str | None, tokenizer: object, *, max_texts: int,

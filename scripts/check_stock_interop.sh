@@ -49,7 +49,7 @@ np.savez(work / "reference.npz", embeddings=embed_texts(model, tokenizer, texts,
          **{f"input_{k}": v.numpy() for k, v in batch.items()})
 (work / "texts.json").write_text(json.dumps(texts))
 (work / "structure.json").write_text(json.dumps({
-    "layers": model.config.num_hidden_layers, "kept_layers": len(surgery.inspect(model).layers),
+    "original_layers": model.config.num_hidden_layers, "kept_layers": len(surgery.inspect(model).layers),
     "ffn_width": sorted({layer.ffn_width for layer in surgery.inspect(model).layers}),
     "steps": [s["strategy"] for s in surgery.inspect(model).model_dump()["steps"]]}))
 print("surgery side written:", sorted(p.name for p in (work / "stock").iterdir()))

@@ -143,3 +143,27 @@ def test_tokenizer_and_sentence_files_come_from_the_source_directory(tmp_path: P
     got = torch.as_tensor(stock.encode(texts, convert_to_numpy=True))
     want = embed_texts(model, tokenizer, texts, sentence)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_cli_export_format_stock_writes_or_refuses_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from surgery.cli.app import app
+
+    runner = CliRunner(env={"COLUMNS": "200"})
+    spec = TinySpec("bert", layers=3, ffn=20)
+    cut, heads = _cut(spec, [2]), _head_pruned(spec)
+    for model, name in ((cut, "cut"), (heads, "heads")):
+        surgery.save_pretrained(model, tmp_path / name)
+    result = runner.invoke(app, ["export", str(tmp_path / "cut"), "--format", "stock", "-o", str(tmp_path / "s1")])
+    assert result.exit_code == 0, result.output
+    loaded = _load_stock(AutoModel, tmp_path / "s1")
+    inputs = tiny_inputs(spec)
+    with torch.no_grad():
+        torch.testing.assert_close(main_output(loaded, inputs), main_output(cut, inputs), atol=1e-5, rtol=0)
+    for args, says in (([str(tmp_path / "heads")], "heads were pruned"),
+                       ([str(tmp_path / "cut"), "--int8"], "--int8 belong to the ONNX formats")):
+        refused = runner.invoke(app, ["export", *args, "--format", "stock", "-o", str(tmp_path / "s2")])
+        assert refused.exit_code == 2 and says in refused.stderr, refused.output
+        assert len(refused.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s2").exists()
