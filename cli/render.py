@@ -264,7 +264,8 @@ def report_view(report: SurgeryReport, *, saved_to: Path | None = None) -> Rende
 
 def checks_table(report: SurgeryReport) -> Table:
     """The guard's accuracy per structural step: before, after, drop (points), after recovery, remaining drop."""
-    table = Table(title="Accuracy per step (guard)", title_justify="left")
+    # "before" is the reference's accuracy: the model before the step, or the original given as teacher.
+    table = Table(title=f"Accuracy per step (guard; before = {report.reference})", title_justify="left")
     for column in ("step", "strategy", "before", "after", "drop", "recovered", "remaining", "max_drop"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
 

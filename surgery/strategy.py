@@ -162,7 +162,11 @@ class Strategy(Method):
 
     def perform(self, model: nn.Module, data: Any, context: RunContext, *,
                 recovery: RecoveryConfig | None = None) -> SurgeryReport:
-        guard_data = require_training_data(data, "recovery") if recovery is not None else None
+        if recovery is not None:
+            guard_data = require_training_data(data, "recovery")
+        else:
+            # Given a reference, the step is measured against it wherever the data allows (the guard decides).
+            guard_data = data if context.teacher is not None else None
         return perform_step(model, self, data, context, recovery=recovery, guard_data=guard_data)
 
     def preview(self, model: nn.Module, data: Any = None) -> dict[str, Any]:

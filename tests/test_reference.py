@@ -51,6 +51,19 @@ def test_a_second_step_distils_from_and_is_measured_against_the_original() -> No
     assert report.checks[0].remaining_drop == pytest.approx(100 * (1.0 - report.checks[0].accuracy_final))
 
 
+def test_without_recovery_a_step_is_still_measured_against_the_original() -> None:
+    original = tiny_model(TinySpec("bert", layers=3, task="seq-cls"))
+    task = self_labelled(original)
+    step1 = copy.deepcopy(original)
+    surgery.convert(step1, LayerDropStrategy(layers=[1]))
+    assert surgery.convert(copy.deepcopy(step1), HeadPruningStrategy(heads={0: [0]}), data=task).checks == []
+    report = surgery.convert(step1, HeadPruningStrategy(heads={0: [0]}), data=task, teacher=original)
+    (check,) = report.checks
+    assert check.accuracy_before == 1.0 and check.recovery is None
+    assert check.accuracy_after == accuracy(step1, task.loader("eval"))
+    assert check.drop == pytest.approx(100 * (1.0 - check.accuracy_after))
+
+
 @pytest.mark.parametrize(("other", "says"), [(TinySpec("roberta", task="seq-cls"), "family is roberta"),
                                              (TinySpec("bert", heads=2, task="seq-cls"), "hidden size is 16"),
                                              (TinySpec("bert"), "it is a BertModel")])
