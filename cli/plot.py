@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from surgery.cli.console import stdout
-from surgery.errors import ConfigError, DataError
+from surgery.core.errors import ConfigError, DataError
 
 PLOT_HINT = "matplotlib is needed for plots; install it with: pip install 'encoder-surgery[plot]'"
 

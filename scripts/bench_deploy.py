@@ -27,8 +27,8 @@ import torch
 from transformers import BertConfig, BertModel
 
 from surgery.deploy import export_onnx
-from surgery.deploy.bench import bench_runtimes, runtime_label
-from surgery.io import from_pretrained
+from surgery.deploy.runtime_bench import bench_runtimes, runtime_label
+from surgery.persist.model_io import from_pretrained
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "docs" / "results" / "deploy.json"
@@ -67,7 +67,7 @@ def build_standin(out: Path) -> Path:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     import surgery
-    from surgery.assets import resolve_model_path
+    from surgery.data.assets import resolve_model_path
     from surgery.strategies import ExpertAttentionStrategy, Top1PruningStrategy
 
     source = resolve_model_path("minilm-l6")
@@ -85,8 +85,8 @@ def build_standin(out: Path) -> Path:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from surgery.assets import resolve_model_path
-    from surgery.data import load_task_data
+    from surgery.data.assets import resolve_model_path
+    from surgery.data.task_data import load_task_data
 
     shrp = build_standin(ROOT / "out" / "minilm-shrp-standin") if args.standin else resolve_model_path(args.shrp)
     tokenizer = AutoTokenizer.from_pretrained(shrp)

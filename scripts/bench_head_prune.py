@@ -29,9 +29,9 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.assets import resolve_model_path
-from surgery.bench import BenchReport, bench_models
-from surgery.data import read_table
+from surgery.data.assets import resolve_model_path
+from surgery.data.task_data import read_table
+from surgery.measure.side_by_side import BenchReport, bench_models
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,14 +36,14 @@ from torch import nn
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.assets import resolve_model_path
-from surgery.bench import bench_models
 from surgery.cli.plot import write_pareto, write_usage
-from surgery.stats import mean_std
+from surgery.data.assets import resolve_model_path
+from surgery.data.tasks import SuiteTask, load_task
+from surgery.measure.side_by_side import bench_models
+from surgery.measure.stats import mean_std
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
-from surgery.strategies.pruning.layers import LayerDropStrategy
+from surgery.strategies.pruning.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import finetune
-from surgery.tasks import SuiteTask, load_task
 from surgery.training import RecoveryConfig, accuracy, recover
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,12 +32,12 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.assets import resolve_model_path
-from surgery.pipeline import PipelineSession
-from surgery.stats import mean_std
+from surgery.core.pipeline import PipelineSession
+from surgery.data.assets import resolve_model_path
+from surgery.data.tasks import load_task
+from surgery.measure.stats import mean_std
 from surgery.strategies.shrp import ShrpStrategy, finetune_after_cut
 from surgery.strategies.shrp.expert_attention import expert_layers
-from surgery.tasks import load_task
 from surgery.training import accuracy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import surgery
-from surgery.data import PaddingCollator
+from surgery.data.task_data import PaddingCollator
 from surgery.strategies import ExpertAttentionStrategy
 from surgery.strategies.shrp import (
     ProgressiveConversion,

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.assets import resolve_model_path
+from surgery.data.assets import resolve_model_path
 from surgery.embedding.suite import corpus_texts
 
 

@@ -29,14 +29,14 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.assets import resolve_model_path
-from surgery.bench import bench_models
+from surgery.data.assets import resolve_model_path
 from surgery.deploy import export_onnx
-from surgery.deploy.bench import BenchedOnnxModel
 from surgery.deploy.export import int8_fp32_scopes
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8
+from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.embedding.suite import corpus_texts, probe_suite
+from surgery.measure.side_by_side import bench_models
 
 
 def main() -> None:

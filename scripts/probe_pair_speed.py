@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_families import base_config, op_profile, pooled, variants
 
-from surgery.bench import bench_models, make_inputs
-from surgery.stats import bootstrap_median
+from surgery.measure.side_by_side import bench_models, make_inputs
+from surgery.measure.stats import bootstrap_median
 
 
 def main() -> None:

@@ -21,12 +21,12 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.assets import resolve_model_path
+from surgery.data.assets import resolve_model_path
 from surgery.embedding import load_text_data, read_sentence_config
 from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
 from surgery.embedding.suite import corpus_texts
-from surgery.strategies.pruning.ffn import FFNPruningStrategy
-from surgery.strategies.pruning.heads import HeadPruningStrategy
+from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
+from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.training.refit import calibration_batches, refit_projections
 
 

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 import surgery
 from surgery.anatomy import adapter_for
-from surgery.data import TaskData
-from surgery.importance import gold_logit_objective
-from surgery.ops import ZeroRecoveryLinear
+from surgery.anatomy.slicing import ZeroRecoveryLinear
+from surgery.data.task_data import TaskData
+from surgery.scoring.importance import gold_logit_objective
 from surgery.strategies.doe import DoEStrategy, run_doe
 from surgery.strategies.doe.prompt_tuning import evaluate
 from surgery.strategies.doe.soft_prompt import SoftPromptStrategy, prompt_of
-from surgery.strategies.doe.zero_recovery import ModulePruningStrategy, module_scores
+from surgery.strategies.doe.zero_recovery_prune import ModulePruningStrategy, module_scores
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 SETS = st.sampled_from(["ffn", "attention", "dense", "all"])

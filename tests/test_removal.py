@@ -23,8 +23,8 @@ from torch import nn
 import surgery
 from surgery.anatomy import adapter_for
 from surgery.anatomy.removal import GROUPS, MODULE_GROUPS, Undo, commit_reversibly, layer_cuts, restore, units_of
-from surgery.ops import head_rows
-from surgery.registry import get_strategy, strategy_catalog
+from surgery.anatomy.slicing import head_rows
+from surgery.core.registry import get_strategy, strategy_catalog
 from surgery.strategies import (
     FFNPruningStrategy,
     ModulePruningStrategy,

@@ -9,11 +9,11 @@ import pytest
 from torch import nn
 
 import surgery
-from surgery.errors import DataError, ModelLoadError, PlanError
-from surgery.pipeline import Pipeline, PipelineSession
-from surgery.report import LayerChange
+from surgery.core.errors import DataError, ModelLoadError, PlanError
+from surgery.core.pipeline import Pipeline, PipelineSession
+from surgery.core.report import LayerChange
+from surgery.core.strategy import Strategy, StrategyConfig
 from surgery.strategies import HeadPruningStrategy, ShrpStrategy
-from surgery.strategy import Strategy, StrategyConfig
 from surgery.testing import TinySpec, tiny_model
 
 

@@ -23,9 +23,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from surgery.errors import ConfigError, PlanError
-from surgery.report import LayerChange
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.core.errors import ConfigError, PlanError
+from surgery.core.report import LayerChange
+from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
 
 PROMPT_ATTR = "surgery_prompt"
 _HOOKED = "_surgery_prompt_hooked"

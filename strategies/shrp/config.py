@@ -7,13 +7,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from surgery.core.strategy import StrategyConfig
 from surgery.strategies.shrp.expert_attention import (
     ExpanderInit,
     ExpanderKind,
     RouterGrad,
     RouterInput,
 )
-from surgery.strategy import StrategyConfig
 
 ExpertDropping = Literal["off", "halve"]
 

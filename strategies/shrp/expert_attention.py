@@ -36,10 +36,10 @@ from torch import nn
 from surgery.anatomy import AttentionParts, EncoderAdapter, adapter_for
 from surgery.anatomy.calling import CallingConvention, LayerCall, Projection
 from surgery.anatomy.parts import QKV
-from surgery.errors import PlanError
-from surgery.ops import check_indices, head_rows
-from surgery.report import LayerChange
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.anatomy.slicing import check_indices, head_rows
+from surgery.core.errors import PlanError
+from surgery.core.report import LayerChange
+from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
 
 RouterInput = Literal["cls", "mean"]
 RouterGrad = Literal["straight-through", "switch", "none"]

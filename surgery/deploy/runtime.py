@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
-from surgery.errors import SurgeryError
+from surgery.core.errors import SurgeryError
 
 #: The packages of the ``onnx`` extra, by import name.
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")

@@ -33,8 +33,8 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from surgery.core.errors import ConfigError
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
-from surgery.errors import ConfigError
 
 #: SmoothQuant's migration strength (defined torch-free in :mod:`surgery.deploy.names` for the CLI).
 DEFAULT_ALPHA = SMOOTH_ALPHA
@@ -133,7 +133,7 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     """Smooth the inputs of every attention and FFN projection of ``model`` in place (see the module doc).
 
     Every supported family and every surgered structure (uneven heads, pruned FFNs) is covered
-    (:func:`surgery.deploy.parts.product_groups`). Products that read the same input (q, k and v)
+    (:func:`surgery.deploy.weight_products.product_groups`). Products that read the same input (q, k and v)
     share one scale, so ONNX Runtime still quantizes that input once. Modules named in ``skip``
     (qualified names, e.g. products kept in fp32) are left alone. The model computes the same
     function afterwards, up to float rounding.
@@ -149,7 +149,7 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     """
     if not 0.0 <= alpha <= 1.0:
         raise ConfigError(f"smoothing alpha must be between 0 and 1, got {alpha}")
-    from surgery.deploy.parts import product_groups
+    from surgery.deploy.weight_products import product_groups
 
     groups = [[n for n in group.names if n not in skip] for group in product_groups(model)]
     groups = [group for group in groups if group]

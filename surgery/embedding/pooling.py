@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from surgery.errors import ModelLoadError
+from surgery.core.errors import ModelLoadError
 
 MODULES_FILE = "modules.json"
 # What surgery saves next to a changed model. Not modules.json on purpose: stock sentence-transformers

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from surgery.data import PaddingCollator
+from surgery.data.task_data import PaddingCollator
 from surgery.training.distill import (
     DistillConfig,
     default_layer_map,
@@ -17,8 +17,8 @@ from surgery.training.distill import (
     hidden_state_loss,
     recording_layer_outputs,
 )
-from surgery.training.evaluate import accuracy
 from surgery.training.recover import RecoveryConfig, RecoveryResult, recover, require_labelled
+from surgery.training.task_accuracy import accuracy
 from surgery.training.trainer import (
     EpochHistory,
     EpochStats,
