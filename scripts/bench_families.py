@@ -51,8 +51,8 @@ from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,
     HeadPruningStrategy,
-    ModulePruningStrategy,
     Top1PruningStrategy,
+    ZeroRecoveryPruningStrategy,
 )
 from surgery.testing import FAMILIES
 
@@ -118,7 +118,7 @@ def variants(config: transformers.PretrainedConfig, calibration: list[dict[str, 
                          (FFNPruningStrategy(ratio=0.5, scope="layer", importance="magnitude"), None)],
         "shrp half": [(ExpertAttentionStrategy(layers=list(range(layers - layers // 2, layers))), None),
                       (Top1PruningStrategy(keep=1), calibration)],
-        "doe ffn 0.65": [(ModulePruningStrategy(module_set="ffn", ratio=0.65, importance="activation"),
+        "doe ffn 0.65": [(ZeroRecoveryPruningStrategy(module_set="ffn", ratio=0.65, importance="activation"),
                           calibration)],
     }
     for name, plan in steps.items():

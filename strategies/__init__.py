@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
     from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
     from surgery.strategies.doe.zero_recovery_prune import (
-        ModulePruningConfig,
-        ModulePruningStrategy,
         ZeroRecoveryPruningConfig,
         ZeroRecoveryPruningStrategy,
     )
@@ -51,8 +49,8 @@ _LAZY = {
     "HeadPruningStrategy": "surgery.strategies.pruning.head_prune",
     "LayerDropConfig": "surgery.strategies.pruning.layer_drop",
     "LayerDropStrategy": "surgery.strategies.pruning.layer_drop",
-    "ModulePruningConfig": "surgery.strategies.doe.zero_recovery_prune",
-    "ModulePruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
+    "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
+    "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
     "ShrpConfig": "surgery.strategies.shrp.config",
     "ShrpStrategy": "surgery.strategies.shrp.shrp",
     "ShrpTrainer": "surgery.strategies.shrp.shrp_training",
@@ -62,8 +60,6 @@ _LAZY = {
     "Top1PruningConfig": "surgery.strategies.shrp.top1_prune",
     "Top1PruningStrategy": "surgery.strategies.shrp.top1_prune",
     "UnplugRuntime": "surgery.strategies.doe.unplug",
-    "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
-    "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
     "annotations": "__future__",
     "build_runtime": "surgery.strategies.doe.doe",
     "import_module": "importlib",
@@ -83,8 +79,6 @@ __all__ = [
     "HeadPruningStrategy",
     "LayerDropConfig",
     "LayerDropStrategy",
-    "ModulePruningConfig",
-    "ModulePruningStrategy",
     "ShrpConfig",
     "ShrpStrategy",
     "ShrpTrainer",

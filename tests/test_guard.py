@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 import surgery
-from surgery.core.pipeline import PipelineSession, PipelineStrategy
+from surgery.core.pipeline import Pipeline, PipelineSession
 from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
 from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
 from surgery.data.task_data import TaskData
 from surgery.strategies import SoftPromptStrategy
@@ -28,7 +29,7 @@ class ZeroHead(Strategy):
 
     name = "zero-head"
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         return {"label": int(getattr(data, "rarest", 0))}
 
     def apply(self, model: nn.Module, plan: Plan) -> list[LayerChange]:
@@ -40,7 +41,7 @@ class ZeroHead(Strategy):
         return []
 
 
-class Steps(PipelineStrategy):
+class Steps(Pipeline):
     """A pipeline that runs the given strategies as recorded steps."""
 
     name = "steps"

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
     from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
     from surgery.strategies.doe.zero_recovery_prune import (
-        ModulePruningConfig,
-        ModulePruningStrategy,
         ZeroRecoveryPruningConfig,
         ZeroRecoveryPruningStrategy,
     )
@@ -40,14 +38,12 @@ _LAZY = {
     "DoEConfig": "surgery.strategies.doe.doe",
     "DoEResult": "surgery.strategies.doe.doe",
     "DoEStrategy": "surgery.strategies.doe.doe",
-    "ModulePruningConfig": "surgery.strategies.doe.zero_recovery_prune",
-    "ModulePruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
+    "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
+    "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
     "SoftPromptConfig": "surgery.strategies.doe.soft_prompt",
     "SoftPromptStrategy": "surgery.strategies.doe.soft_prompt",
     "TaskExpert": "surgery.strategies.doe.unplug",
     "UnplugRuntime": "surgery.strategies.doe.unplug",
-    "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
-    "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
     "build_runtime": "surgery.strategies.doe.doe",
     "check_tasks": "surgery.strategies.doe.doe",
     "run_doe": "surgery.strategies.doe.doe",
@@ -58,8 +54,6 @@ __all__ = [
     "DoEConfig",
     "DoEResult",
     "DoEStrategy",
-    "ModulePruningConfig",
-    "ModulePruningStrategy",
     "SoftPromptConfig",
     "SoftPromptStrategy",
     "TaskExpert",

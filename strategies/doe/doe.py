@@ -49,7 +49,7 @@ from surgery.strategies.doe.prompt_tuning import (
 from surgery.strategies.doe.rate_search import binary_search_grid, pruning_grid
 from surgery.strategies.doe.soft_prompt import SoftPromptStrategy, prompt_of
 from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
-from surgery.strategies.doe.zero_recovery_prune import ModulePruningStrategy, lowest_module_units, module_scores
+from surgery.strategies.doe.zero_recovery_prune import ZeroRecoveryPruningStrategy, lowest_module_units, module_scores
 
 if TYPE_CHECKING:  # surgery.training imports transformers' Trainer, which doe itself never needs
     from surgery.training import RecoveryConfig
@@ -140,7 +140,7 @@ class DoEStrategy(Pipeline):
         """A pruned copy of ``model`` without the lowest ``p`` of the units, and the removal map."""
         remove = lowest_module_units(scores, p, min_keep=self.config.min_keep)
         candidate = copy.deepcopy(model)
-        ModulePruningStrategy(module_set=self.config.module_set, remove=remove).apply(
+        ZeroRecoveryPruningStrategy(module_set=self.config.module_set, remove=remove).apply(
             candidate, {"module_set": self.config.module_set, "remove": remove})
         return candidate, remove
 
@@ -184,7 +184,7 @@ class DoEStrategy(Pipeline):
         remove: dict[str, dict[str, list[int]]] = {}
         if best > 0:
             candidate, remove, accuracy = kept[best]
-            session.step(ModulePruningStrategy(module_set=self.config.module_set, remove=remove))
+            session.step(ZeroRecoveryPruningStrategy(module_set=self.config.module_set, remove=remove))
             with torch.no_grad():  # the condensed prompt (and head) of the accepted probe
                 own = dict(model.named_parameters())
                 for name, p in candidate.named_parameters():

@@ -25,6 +25,7 @@ from torch import nn
 
 from surgery.core.errors import ConfigError, PlanError
 from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
 from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
 
 PROMPT_ATTR = "surgery_prompt"
@@ -169,7 +170,7 @@ class SoftPromptStrategy(Strategy):
     config_class = SoftPromptConfig
     config: SoftPromptConfig
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         emb = base_of(model).get_input_embeddings()
         if emb is None:
             raise ConfigError("soft-prompt: the model has no input embeddings (get_input_embeddings() is None)")

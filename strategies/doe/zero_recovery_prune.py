@@ -1,8 +1,7 @@
 """``zero-recovery-prune``: structured pruning of DoE's module sets (DoE §4.5, §5.4, App. A).
 
-Canonical names: the strategy is ``zero-recovery-prune`` (:class:`ZeroRecoveryPruningStrategy`,
-:class:`ZeroRecoveryPruningConfig`; ``ModulePruningStrategy``/``ModulePruningConfig`` are the old
-names of the same classes). Its unit groups per layer are those of the removal engine
+The strategy is ``zero-recovery-prune`` (:class:`ZeroRecoveryPruningStrategy`,
+:class:`ZeroRecoveryPruningConfig`). Its unit groups per layer are those of the removal engine
 (:mod:`surgery.anatomy.removal`):
 
 * ``neurons``: FFN intermediate neurons, removed physically: the very cut of ``ffn-prune``, by the
@@ -33,6 +32,7 @@ from surgery.anatomy.removal import GROUP_PARTS, MODULE_GROUPS, units_of
 from surgery.anatomy.slicing import check_indices
 from surgery.core.errors import ConfigError
 from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
 from surgery.core.strategy import Data, Plan, Strategy
 from surgery.scoring.importance import (
     Forward,
@@ -199,7 +199,7 @@ class ZeroRecoveryPruningStrategy(Strategy):
     config_class = ZeroRecoveryPruningConfig
     config: ZeroRecoveryPruningConfig
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         adapter = adapter_for(model)
         groups = MODULE_SETS[self.config.module_set]
         if self.config.remove is not None:
@@ -229,7 +229,3 @@ class ZeroRecoveryPruningStrategy(Strategy):
             changes += prune_layer_groups(adapter, int(layer), remove[layer])
         return changes
 
-
-#: The old names of the same classes (module_prune.py is the module's old name too); kept so existing imports work.
-ModulePruningConfig = ZeroRecoveryPruningConfig
-ModulePruningStrategy = ZeroRecoveryPruningStrategy

@@ -27,6 +27,7 @@ from surgery.anatomy import adapter_for
 from surgery.anatomy.slicing import check_indices, count_parameters
 from surgery.core.errors import PlanError
 from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
 from surgery.core.strategy import Data, Plan, Strategy
 from surgery.strategies.pruning.units import OneSourceConfig
 
@@ -92,7 +93,7 @@ class LayerDropStrategy(Strategy):
     config_class = LayerDropConfig
     config: LayerDropConfig
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         n = adapter_for(model).num_layers
         if self.config.layers is not None:
             drop = check_indices(self.config.layers, n, f"{self.name}: layers")

@@ -39,6 +39,7 @@ from surgery.anatomy.parts import QKV
 from surgery.anatomy.slicing import check_indices, head_rows
 from surgery.core.errors import PlanError
 from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
 from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
 
 RouterInput = Literal["cls", "mean"]
@@ -441,7 +442,7 @@ class ExpertAttentionStrategy(Strategy):
     config_class = ExpertAttentionConfig
     config: ExpertAttentionConfig
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         adapter = adapter_for(model)
         layers = self.config.layers if self.config.layers is not None else list(range(adapter.num_layers))
         check_indices(layers, adapter.num_layers, f"{self.name}: layers")

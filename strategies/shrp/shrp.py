@@ -1,6 +1,6 @@
 """``shrp``: the SHRP pipeline: progressive Expert Attention training, usage analysis, Top-1 pruning.
 
-The pipeline (a :class:`~surgery.core.pipeline.PipelineStrategy`) records two ordinary steps, so a saved
+The pipeline (a :class:`~surgery.core.pipeline.Pipeline`) records two ordinary steps, so a saved
 model replays ``expert-attention`` and then ``top1-prune`` and never needs this module to reload:
 
 1. ``expert-attention`` converts **all** target layers up front, so every parameter that training

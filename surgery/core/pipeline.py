@@ -142,6 +142,3 @@ class Pipeline(Method):
             artefacts=context.artefacts,
         )
 
-
-#: The name pipelines had while they were strategies; kept so existing imports keep working.
-PipelineStrategy = Pipeline

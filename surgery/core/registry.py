@@ -114,7 +114,7 @@ def register_strategy(cls: type[Method], *, source: str = "<runtime>") -> type[M
         ...     '''Does nothing.'''
         ...     name = "noop-doc"
         ...     config_class = NoopConfig
-        ...     def plan(self, model, data=None): return {}
+        ...     def plan(self, model, data=None, context=None): return {}
         ...     def apply(self, model, plan): return []
         >>> get_strategy("noop-doc") is Noop
         True

@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -90,25 +89,10 @@ def count_params(model: nn.Module) -> ParamCount:
     return ParamCount(total=total, without_embeddings=total - emb)
 
 
-def _takes_context(method: Any) -> bool:
-    # Strategies written before run contexts existed define plan(model, data); they still work.
-    try:
-        return "context" in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def plan_step(model: nn.Module, strategy: Strategy, data: Data | None, context: RunContext) -> Plan:
     """``strategy``'s plan for ``model`` as plain JSON (the model is not changed)."""
     data = strategy.check_data(data)
-    if _takes_context(strategy.plan):
-        result = strategy.plan(model, data, context)
-    else:
-        # A strategy written before run contexts reports through self.metrics / self.emit: bind both to
-        # this run, so its figures are this run's only.
-        strategy.metrics = context.metrics  # type: ignore[attr-defined]
-        strategy.emit = context.emit  # type: ignore[method-assign]
-        result = strategy.plan(model, data)
+    result = strategy.plan(model, data, context)
     try:
         return to_jsonable(result)
     except (TypeError, ValueError) as exc:
