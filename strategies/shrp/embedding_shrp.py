@@ -9,7 +9,7 @@ while converting), usage analysis, ``top1-prune``. What changes:
   :class:`ShrpEmbeddingTrainer` (SHRP's trainer over the embedding trainer, by inheritance);
 * routers read the masked mean of the tokens by default (:data:`EMBEDDING_ROUTER_INPUT`), since a
   mean-pooled model never trained its [CLS] state to summarise the sentence. This default is
-  reasoned, not yet measured: ``scripts/bench_embed.py --variants shrp-3-mean shrp-3-cls`` measures
+  reasoned, not yet measured: ``experiments/embeddings/bench_embed.py --variants shrp-3-mean shrp-3-cls`` measures
   it, and its run here did not finish (docs/embeddings.md). An explicit ``router_input`` wins;
 * usage for Top-1 is counted on training texts, so the held-out texts stay unseen by every choice
   and only report: mean cosine and recall@10 against the teacher right after conversion (before any

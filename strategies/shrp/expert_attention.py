@@ -412,7 +412,7 @@ class ExpertAttentionConfig(StrategyConfig):
     # The Expander ends in a LayerNorm, so at γ=1 every token gets a unit-variance update, about three
     # times the whole residual update of a MiniLM-L6 layer (std 0.3 on inputs of std 0.6): it swamps the
     # layer input, and the converted model's embeddings start nearly orthogonal to the original's
-    # (mean cosine 0.04 with 3 of 6 layers converted, 0.37 at γ=0.1; docs/results/embed.md).
+    # (mean cosine 0.04 with 3 of 6 layers converted, 0.37 at γ=0.1; experiments/embeddings/results/embed.md).
     expander_gain: float = Field(default=1.0, ge=0.0, description="initial γ of the Expander's LayerNorm (the "
                                  "scale of what each token's update starts at; the paper's 1)")
     seed: int = Field(default=0, description="seed of the random expander/router initialisation")

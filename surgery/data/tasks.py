@@ -2,7 +2,7 @@
 
 Every task reads a corpus shipped inside a pip package (no hub access), turns it into ``text`` and
 ``label`` columns, and is split per seed into stratified **train / dev / test** parts: choose on dev
-(usage calibration, epochs, settings), report on test. The suite (``scripts/bench_suite.py``) and
+(usage calibration, epochs, settings), report on test. The suite (``experiments/suite/bench_suite.py``) and
 the Top-1 mechanism comparison run over these tasks.
 
 | task | classes | corpus (package) |

@@ -7,7 +7,7 @@ input channel of an FFN-up projection peaks at 9 to 15 times the median channel,
 largest before every attention and FFN-up projection), so those channels set the scale and the
 others keep only a few bits. Simulated one source at a time on MiniLM, int8 weights alone keep mean
 cosine 0.9995 to the fp32 embeddings and int8 activations alone 0.9925
-(scripts/probe_int8_error_sources.py, docs/results/int8_error_sources.json).
+(experiments/int8/probe_int8_error_sources.py, experiments/int8/results/int8_error_sources.json).
 
 SmoothQuant (Xiao et al., 2023, "SmoothQuant: Accurate and Efficient Post-Training Quantization for
 Large Language Models", section 4) divides each input channel ``j`` by
@@ -16,7 +16,7 @@ Large Language Models", section 4) divides each input channel ``j`` by
 and the weights, quantized per output channel, absorb the difference. In a post-LayerNorm encoder
 the LayerNorm that could absorb ``1 / s`` also feeds the residual branch, so the division stays an
 explicit elementwise ``Mul`` in front of each product input (2.39x against 2.45x over PyTorch fp32
-for plain int8 on MiniLM, one thread; docs/results/int8_smoothing.md).
+for plain int8 on MiniLM, one thread; experiments/int8/results/int8_smoothing.md).
 
 :func:`smooth_linears` measures ``max|X_j|`` on calibration batches and wraps each attention and
 FFN projection in a :class:`SmoothedLinear`, in place; :func:`surgery.deploy.export_onnx` applies it

@@ -48,11 +48,11 @@ if TYPE_CHECKING:
 
 
 #: The token-level hidden-state weight of embedding recovery when the caller leaves ``hidden_weight``
-#: unset and the student kept every layer. Measured on MiniLM-L6 (docs/results/embed_16k_seeds.md,
+#: unset and the student kept every layer. Measured on MiniLM-L6 (experiments/embeddings/results/embed_16k_seeds.md,
 #: 16k texts, 3 seeds): against the embedding loss alone it was ahead in every paired run, at both
 #: cuts measured (head+FFN at 1.8x: +0.003 mean cosine, +0.014 recall@10; at 4x: +0.003, +0.008), for
 #: ~5 % more training time. After layer-drop it measured level (-0.001 / -0.003, one seed,
-#: docs/results/embed_4k_layerdrop.md), so there the default stays 0.
+#: experiments/embeddings/results/embed_4k_layerdrop.md), so there the default stays 0.
 EMBEDDING_HIDDEN_WEIGHT = 1.0
 
 
