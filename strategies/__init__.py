@@ -5,9 +5,11 @@
 * :mod:`.doe`: DoE (``soft-prompt``, ``zero-recovery-prune``, unplugging, the ``doe`` pipeline, and its
   ``surgery experts`` command).
 
-A registered method's module carries its registered name (``head-prune`` in ``pruning/head_prune.py``).
-The names below are imported on first use: a method's command (``doe/experts_command.py``) is loaded
-by ``surgery --help``, which must not pay for torch.
+Here: every registered method's strategy (or pipeline) and config class, and DoE's multi-task entry
+points. The pieces of one method (SHRP's trainer and callbacks, DoE's unplug runtime) are in its
+package's ``__all__``. A registered method's module carries its registered name (``head-prune`` in
+``pruning/head_prune.py``). The names below are imported on first use: a method's command
+(``doe/experts_command.py``) is loaded by ``surgery --help``, which must not pay for torch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from surgery.strategies.doe.doe import DoEConfig, DoEResult, DoEStrategy, build_runtime, run_doe
     from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
-    from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
     from surgery.strategies.doe.zero_recovery_prune import (
         ZeroRecoveryPruningConfig,
         ZeroRecoveryPruningStrategy,
@@ -29,11 +30,9 @@ if TYPE_CHECKING:
     from surgery.strategies.shrp.config import ShrpConfig
     from surgery.strategies.shrp.expert_attention import (
         ExpertAttentionConfig,
-        ExpertAttentionLayer,
         ExpertAttentionStrategy,
     )
     from surgery.strategies.shrp.shrp import ShrpStrategy
-    from surgery.strategies.shrp.shrp_training import ShrpTrainer
     from surgery.strategies.shrp.top1_prune import Top1PruningConfig, Top1PruningStrategy
 
 _LAZY = {
@@ -41,7 +40,6 @@ _LAZY = {
     "DoEResult": "surgery.strategies.doe.doe",
     "DoEStrategy": "surgery.strategies.doe.doe",
     "ExpertAttentionConfig": "surgery.strategies.shrp.expert_attention",
-    "ExpertAttentionLayer": "surgery.strategies.shrp.expert_attention",
     "ExpertAttentionStrategy": "surgery.strategies.shrp.expert_attention",
     "FFNPruningConfig": "surgery.strategies.pruning.ffn_prune",
     "FFNPruningStrategy": "surgery.strategies.pruning.ffn_prune",
@@ -53,16 +51,11 @@ _LAZY = {
     "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
     "ShrpConfig": "surgery.strategies.shrp.config",
     "ShrpStrategy": "surgery.strategies.shrp.shrp",
-    "ShrpTrainer": "surgery.strategies.shrp.shrp_training",
     "SoftPromptConfig": "surgery.strategies.doe.soft_prompt",
     "SoftPromptStrategy": "surgery.strategies.doe.soft_prompt",
-    "TaskExpert": "surgery.strategies.doe.unplug",
     "Top1PruningConfig": "surgery.strategies.shrp.top1_prune",
     "Top1PruningStrategy": "surgery.strategies.shrp.top1_prune",
-    "UnplugRuntime": "surgery.strategies.doe.unplug",
-    "annotations": "__future__",
     "build_runtime": "surgery.strategies.doe.doe",
-    "import_module": "importlib",
     "run_doe": "surgery.strategies.doe.doe",
 }
 
@@ -71,7 +64,6 @@ __all__ = [
     "DoEResult",
     "DoEStrategy",
     "ExpertAttentionConfig",
-    "ExpertAttentionLayer",
     "ExpertAttentionStrategy",
     "FFNPruningConfig",
     "FFNPruningStrategy",
@@ -81,18 +73,13 @@ __all__ = [
     "LayerDropStrategy",
     "ShrpConfig",
     "ShrpStrategy",
-    "ShrpTrainer",
     "SoftPromptConfig",
     "SoftPromptStrategy",
-    "TaskExpert",
     "Top1PruningConfig",
     "Top1PruningStrategy",
-    "UnplugRuntime",
     "ZeroRecoveryPruningConfig",
     "ZeroRecoveryPruningStrategy",
-    "annotations",
     "build_runtime",
-    "import_module",
     "run_doe",
 ]
 
