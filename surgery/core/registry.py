@@ -1,6 +1,9 @@
 """Plugin discovery through entry points.
 
-Strategies live in the entry-point group ``surgery.strategies``, anatomy adapters in
+Methods (a :class:`~surgery.core.strategy.Strategy`, one replayable step, or a
+:class:`~surgery.core.pipeline.Pipeline` of recorded steps with training between) live in the
+entry-point group ``surgery.strategies`` (its name predates pipelines; third-party packages register
+under it, so it stays), anatomy adapters in
 ``surgery.encoders`` and command-line commands in ``surgery.commands`` (functions that add commands
 to the ``surgery`` typer app, see :mod:`surgery.cli.plugins`). The built-ins are registered in this
 package's own ``pyproject.toml`` and are loaded through exactly the same path as third-party plugins.
@@ -103,7 +106,7 @@ def _all(group: str) -> dict[str, PluginInfo]:
 
 # -- strategies --------------------------------------------------------------------------
 def register_strategy(cls: type[Method], *, source: str = "<runtime>") -> type[Method]:
-    """Register a strategy class in-process under ``cls.name``. Usable as a decorator.
+    """Register a method class (a strategy or a pipeline) in-process under ``cls.name``. Usable as a decorator.
 
     Example:
         >>> from surgery import Strategy, StrategyConfig
@@ -130,7 +133,7 @@ def _check_name(name: str) -> None:
 
 
 def strategies() -> dict[str, PluginInfo]:
-    """All registered strategies by name, with their source package and one line of help."""
+    """All registered methods (strategies and pipelines) by name, with their source package and one line of help."""
     return dict(sorted(_all(STRATEGY_GROUP).items()))
 
 
@@ -195,7 +198,7 @@ def strategy_names() -> list[str]:
 
 
 def get_strategy(name: str) -> type[Method]:
-    """The strategy class registered as ``name``.
+    """The method class (a strategy or a pipeline) registered as ``name``.
 
     Raises:
         StrategyNotFoundError: with the installed names and how to install more.
