@@ -1,9 +1,9 @@
 """The ``surgery`` command: ``strategies``, ``inspect``, ``apply``, ``bench``, ``export``, ``plot``, plugin commands.
 
-Commands of one method, such as ``experts`` (experts.py), register through the entry-point group
+Commands of one method, such as ``experts`` (strategies/doe/experts_command.py), register through the entry-point group
 ``surgery.commands`` (:mod:`surgery.cli.plugins`), as a third-party package's commands do.
 
-Bad input (every :class:`surgery.errors.SurgeryError`, pydantic validation errors, bad command-line
+Bad input (every :class:`surgery.core.errors.SurgeryError`, pydantic validation errors, bad command-line
 parameters, missing or unreadable files) prints one line ``error: ...`` to stderr and exits with
 status 2; ``surgery --debug ...`` prints the traceback as well. Anything else is a bug and keeps its
 traceback. Progress, notes and warnings go to stderr, results to stdout.
@@ -33,11 +33,9 @@ import typer
 from pydantic import ValidationError
 
 import surgery
-from surgery import registry
-from surgery.assets import resolve_model_path
 from surgery.cli import render
 from surgery.cli.console import CliState, note, stderr, stdout
-from surgery.cli.export import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
+from surgery.cli.export_command import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
 from surgery.cli.inputs import check_writable_file, model_paths, read_model_config, strategy_settings
 from surgery.cli.options import (
     BatchSize,
@@ -56,8 +54,10 @@ from surgery.cli.options import (
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
 from surgery.cli.reference import teacher_path
+from surgery.core import registry
+from surgery.core.errors import ConfigError, SurgeryError
+from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
-from surgery.errors import ConfigError, SurgeryError
 
 EXIT_BAD_INPUT = 2
 #: Exit status after SIGINT / SIGTERM, as a shell reports a process killed by that signal (128 + number).
@@ -91,7 +91,7 @@ def error_message(exc: BaseException) -> str | None:
     if isinstance(exc, SurgeryError):
         return _one_line(str(exc))
     if isinstance(exc, ValidationError):
-        from surgery.strategy import validation_message
+        from surgery.core.strategy import validation_message
 
         return _one_line(validation_message(f"invalid {exc.title}", exc))
     if isinstance(exc, typer.TyperException):  # click's usage errors: missing option, bad integer ...
@@ -329,7 +329,7 @@ def apply_command(
     settings = strategy_settings(config, sets or [])
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None, refit=refit)
     # Imported here, not at the top: they import transformers, which `surgery --help` must not pay for.
-    from surgery.cli.embedding import evaluate_against, pop_objective, teacher_copy
+    from surgery.cli.embedding_apply import evaluate_against, pop_objective, teacher_copy
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
     from surgery.cli.reference import load_teacher, reference_label
     from surgery.embedding.pooling import write_sentence_config
@@ -430,7 +430,7 @@ def bench_command(
     for path in paths:
         resolve_model_path(path)
     json_file = check_writable_file(json_file, "--json")
-    from surgery.bench import bench_models, check_device, check_seq_len, load_dirs, model_names
+    from surgery.measure.side_by_side import bench_models, check_device, check_seq_len, load_dirs, model_names
 
     check_device(device)
     model_names(paths)
@@ -443,7 +443,7 @@ def bench_command(
     # Across runtimes (surgery.deploy): exports, then the same bench; it also refuses --int8-fp32 or
     # --calibration without --int8.
     if runtimes or int8 or int8_fp32 or data is not None or calibration is not None:
-        from surgery.deploy.bench import bench_runtimes, check_runtimes
+        from surgery.deploy.runtime_bench import bench_runtimes, check_runtimes
 
         check_runtimes(runtimes or ["torch"])
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,

@@ -1,6 +1,6 @@
 """Turn command-line input into library objects: strategy settings, checked paths, tokenizer, data, model.
 
-Everything here raises :class:`surgery.errors.SurgeryError` subclasses with one-line messages, so the
+Everything here raises :class:`surgery.core.errors.SurgeryError` subclasses with one-line messages, so the
 command line can print them as ``error: ...`` and exit with status 2.
 """
 
@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import surgery
-from surgery.assets import resolve_model_path
-from surgery.atomic import check_separate
-from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
-from surgery.manifest import MANIFEST_NAME
-from surgery.registry import adapter_class_for
-from surgery.tokenizer_files import TOKENIZER_FILES, has_tokenizer, read_tokenizer
-from surgery.untrusted import refuse_custom_code
+from surgery.core.errors import ConfigError, DataError, ModelLoadError, OutputPathError
+from surgery.core.manifest import MANIFEST_NAME
+from surgery.core.registry import adapter_class_for
+from surgery.data.assets import resolve_model_path
+from surgery.persist.atomic import check_separate
+from surgery.persist.tokenizer_files import TOKENIZER_FILES, has_tokenizer, read_tokenizer
+from surgery.persist.untrusted import refuse_custom_code
 
 if TYPE_CHECKING:  # torch, transformers and datasets are imported when a command needs them, not for --help
     from torch import nn
     from transformers import PretrainedConfig
 
-    from surgery.data import TaskData
+    from surgery.data.task_data import TaskData
 
 SEQUENCE_CLASSIFIER_SUFFIX = "ForSequenceClassification"
 
@@ -117,7 +117,7 @@ def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
         >>> check_output_dir(src, src, overwrite=True)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.errors.OutputPathError: --out ... is the input model directory; choose another directory
+        surgery.core.errors.OutputPathError: --out ... is the input model directory; choose another directory
     """
     target = check_separate(source, out, flag="--out")
     if target.exists() and not target.is_dir():
@@ -154,7 +154,7 @@ def check_writable_file(path: Path | None, flag: str) -> Path | None:
         >>> check_writable_file(a_file / "report.json", "--report")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.errors.OutputPathError: --report .../report.json: ... is a file, so the directory cannot be created
+        surgery.core.errors.OutputPathError: --report .../report.json: ... is a file, so the directory cannot be created
     """
     if path is None:
         return None
@@ -209,7 +209,7 @@ def recorded_class(path: Path, config: PretrainedConfig) -> tuple[str | None, bo
         except (OSError, ValueError, AttributeError):
             name = None  # from_pretrained reports the damaged manifest with its own message
         return (str(name) if name else None), True
-    from surgery.heads import loaded_class_name  # imports torch: not at module level (--help)
+    from surgery.persist.task_heads import loaded_class_name  # imports torch: not at module level (--help)
 
     return loaded_class_name(path, config), False  # the class whose head the weights really hold
 

@@ -1,7 +1,7 @@
 """``surgery plot``: a Pareto plot (accuracy retained vs measured speedup) and per-layer expert usage, as PNGs.
 
 Reads either a report written by ``surgery apply --report`` (one point: the model against the model
-it was made from) or the suite's ``docs/results/suite.json`` (one point per method and task).
+it was made from) or the suite's ``experiments/suite/results/suite.json`` (one point per method and task).
 matplotlib is an optional extra: ``pip install 'encoder-surgery[plot]'``.
 
 Example:
@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from surgery.cli.console import stdout
-from surgery.errors import ConfigError, DataError
+from surgery.core.errors import ConfigError, DataError
 
 PLOT_HINT = "matplotlib is needed for plots; install it with: pip install 'encoder-surgery[plot]'"
 
@@ -168,7 +168,8 @@ def plot_report(report: Path, out: Path) -> list[Path]:
 
 
 def plot_command(
-    report: Annotated[Path, typer.Argument(help="A report JSON (surgery apply --report) or docs/results/suite.json.")],
+    report: Annotated[Path, typer.Argument(
+        help="A report JSON (surgery apply --report) or experiments/suite/results/suite.json.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for pareto.png and usage.png.")],
 ) -> None:
     """Draw accuracy retained vs measured speedup, and per-layer expert usage, as PNG files."""

@@ -30,7 +30,7 @@ from collections import Counter
 import typer
 from typer.main import get_command_name
 
-from surgery import registry
+from surgery.core import registry
 
 
 def command_names(app: typer.Typer) -> list[str]:

@@ -7,7 +7,7 @@ pickled weights only with ``--allow-pickle``, a new classification head only on 
 Face directory), then notes each choice on stderr. The commands check their cheap inputs (paths,
 settings) before calling it, so a typo fails before anything is loaded.
 
-This module imports transformers (through :mod:`surgery.cli.embedding`): commands import it inside
+This module imports transformers (through :mod:`surgery.cli.embedding_apply`): commands import it inside
 their bodies, so that ``surgery --help`` stays light.
 
 Example:
@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from surgery.cli.console import CliState, note, quiet_datasets
-from surgery.cli.embedding import Objective, choose_objective, load_embedding_data
+from surgery.cli.embedding_apply import Objective, choose_objective, load_embedding_data
 from surgery.cli.inputs import load_model, load_tokenizer, read_model_config
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from surgery.data import TaskData
+    from surgery.data.task_data import TaskData
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Inputs:
 
 def load_task(files: DataFiles, tokenizer: Any, options: DataOptions) -> TaskData:
     """Labelled task data from ``files``, read with ``options`` (the CLI's single call of ``load_task_data``)."""
-    from surgery.data import load_task_data
+    from surgery.data.task_data import load_task_data
 
     return load_task_data(
         files.train, tokenizer, eval_data=files.eval, text_column=options.text_column,

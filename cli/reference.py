@@ -1,7 +1,7 @@
 """``surgery apply --teacher ORIGINAL``: the original model a surgered input was cut from, as the run's reference.
 
 Recovery distils from it and the report's accuracy or embedding fidelity is measured against it
-(:mod:`surgery.reference`), so the second step of a chain is held to the model the user started
+(:mod:`surgery.core.reference`), so the second step of a chain is held to the model the user started
 from, not to the first step's output. It is loaded like MODEL (same objective, same class choice)
 and must have the same family, hidden size, vocabulary and task head.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from surgery.assets import MODELS, resolve_model_path
-from surgery.atomic import check_separate
 from surgery.cli.console import CliState, note
-from surgery.errors import ConfigError, OutputPathError
+from surgery.core.errors import ConfigError, OutputPathError
+from surgery.data.assets import MODELS, resolve_model_path
+from surgery.persist.atomic import check_separate
 
 if TYPE_CHECKING:
     from torch import nn
@@ -32,7 +32,7 @@ def teacher_path(teacher: str | None, source: Path, out: Path | None, *, has_dat
         >>> teacher_path("minilm-l6", Path("."), None, has_data=False)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.errors.ConfigError: --teacher needs --data: ...
+        surgery.core.errors.ConfigError: --teacher needs --data: ...
     """
     if teacher is None:
         return None
@@ -46,7 +46,7 @@ def teacher_path(teacher: str | None, source: Path, out: Path | None, *, has_dat
         except OutputPathError as exc:
             raise OutputPathError(f"{exc} (it holds the --teacher model)") from None
     from surgery.cli.inputs import read_model_config
-    from surgery.reference import config_mismatch
+    from surgery.core.reference import config_mismatch
 
     problem = config_mismatch(read_model_config(source), read_model_config(path))
     if problem is not None:
@@ -67,8 +67,8 @@ def reference_label(teacher: str, path: Path) -> str:
 def load_teacher(state: CliState, path: Path, inputs: Inputs, data: Any) -> nn.Module:
     """The original model at ``path``, loaded like MODEL was, checked to fit it (one-line ConfigError otherwise)."""
     from surgery.cli.inputs import load_model, read_model_config
-    from surgery.heads import new_head_keys
-    from surgery.reference import check_reference
+    from surgery.core.reference import check_reference
+    from surgery.persist.task_heads import new_head_keys
 
     flag = f"--teacher {path}"
     loaded = load_model(path, read_model_config(path), None if inputs.is_embedding else data,

@@ -1,6 +1,6 @@
 """Rich rendering of the library's data: strategy lists, anatomies, surgery reports, progress.
 
-Every function here takes plain data (the pydantic reports of :mod:`surgery.report`) and returns
+Every function here takes plain data (the pydantic reports of :mod:`surgery.core.report`) and returns
 rich renderables; only the command functions in :mod:`surgery.cli.app` print them. Text that comes
 from users or plugins is wrapped in :class:`rich.text.Text`, so brackets in it are never read as
 rich markup.
@@ -20,12 +20,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Column, Table
 from rich.text import Text
 
-from surgery.progress import ProgressEvent
-from surgery.registry import PluginInfo
-from surgery.report import ModelAnatomy, ParamCount, SurgeryReport
+from surgery.core.progress import ProgressEvent
+from surgery.core.registry import PluginInfo
+from surgery.core.report import ModelAnatomy, ParamCount, SurgeryReport
 
 if TYPE_CHECKING:
-    from surgery.bench import BenchReport
+    from surgery.measure.side_by_side import BenchReport
 
 MAX_CELL = 100
 
@@ -100,7 +100,7 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "", depth: int = 2
     """Separate what reads best as its own table from the scalar metrics.
 
     Lists of records (per-epoch histories, search probes) and embedded benchmark reports become
-    sections ``(dotted.name, value)``, a benchmark as a :class:`~surgery.bench.BenchReport`; the
+    sections ``(dotted.name, value)``, a benchmark as a :class:`~surgery.measure.side_by_side.BenchReport`; the
     rest keeps its nesting for :func:`flatten`. Any strategy's metrics get the same treatment.
 
     Example:
@@ -116,7 +116,9 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "", depth: int = 2
         if _is_records(value):
             sections.append((name, value))
         elif isinstance(value, Mapping) and {"settings", "models", "comparisons"} <= value.keys():
-            from surgery.bench import BenchReport  # only reports that hold a benchmark pay for torch here
+            from surgery.measure.side_by_side import (
+                BenchReport,  # only reports that hold a benchmark pay for torch here
+            )
 
             try:
                 sections.append((name, BenchReport.model_validate(value)))
@@ -284,7 +286,7 @@ def checks_table(report: SurgeryReport) -> Table:
 
 
 class ProgressDisplay:
-    """A :data:`surgery.progress.ProgressCallback` that draws one rich progress bar per task.
+    """A :data:`surgery.core.progress.ProgressCallback` that draws one rich progress bar per task.
 
     Use it as a context manager around the long work; events with an unknown ``total`` show a
     spinner and a count, and ``info`` figures (loss, accuracy, expert usage) appear beside the bar.
@@ -293,7 +295,7 @@ class ProgressDisplay:
     total, and at least every ``LINE_EVERY_S`` seconds.
 
     Example:
-        >>> from surgery.progress import ProgressEvent
+        >>> from surgery.core.progress import ProgressEvent
         >>> with ProgressDisplay(Console(file=open("/dev/null", "w"))) as show:
         ...     show(ProgressEvent("calibration", 1, 4, {"loss": 0.5}))
     """

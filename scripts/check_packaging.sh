@@ -26,7 +26,7 @@ import sys
 import surgery
 import surgery.cli
 import surgery.strategies
-from surgery.registry import strategies
+from surgery.core.registry import strategies
 
 label = sys.argv[1]
 for name in ("strategies", "cli"):

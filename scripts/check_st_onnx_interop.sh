@@ -11,7 +11,7 @@
 # transformers cannot rebuild), export it as a sentence-transformers directory in fp32 and in int8,
 # and write surgery's own embeddings of held-out texts; (2) in the stock venv: load both directories
 # with SentenceTransformer(dir, backend="onnx"), encode the same texts, compare.
-# Writes docs/results/st_onnx_interop.json.
+# Writes experiments/embeddings/results/st_onnx_interop.json.
 #
 # Usage: bash scripts/check_st_onnx_interop.sh [WORK_DIR]    (needs ./.venv from scripts/install.sh test,onnx)
 # The stock venv is WORK_DIR-venv; it is reused when it exists.
@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 work="${1:-/tmp/st-onnx-interop}"
 venv="$work-venv"
 rm -rf "$work" && mkdir -p "$work"
-out="$PWD/docs/results/st_onnx_interop.json"
+out="$PWD/experiments/embeddings/results/st_onnx_interop.json"
 
 .venv/bin/surgery apply --strategy head-prune minilm-l6 --set ratio=0.5 --out "$work/heads" >/dev/null
 .venv/bin/surgery apply --strategy ffn-prune "$work/heads" --set ratio=0.5 --out "$work/pruned" >/dev/null

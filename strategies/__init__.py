@@ -2,43 +2,68 @@
 
 * :mod:`.pruning`: the baselines (``head-prune``, ``ffn-prune``, ``layer-drop``);
 * :mod:`.shrp`: SHRP / Expert Attention (``expert-attention``, ``top1-prune``, the ``shrp`` pipeline);
-* :mod:`.doe`: DoE (``soft-prompt``, ``zero-recovery-prune``, unplugging, the ``doe`` pipeline).
+* :mod:`.doe`: DoE (``soft-prompt``, ``zero-recovery-prune``, unplugging, the ``doe`` pipeline, and its
+  ``surgery experts`` command).
 
-The modules' earlier flat paths (``surgery.strategies.head_prune`` ...) stay importable: each is the
-same module object as its new home (see ``_MOVED``), so code written against them keeps working.
+Here: every registered method's strategy (or pipeline) and config class, and DoE's multi-task entry
+points. The pieces of one method (SHRP's trainer and callbacks, DoE's unplug runtime) are in its
+package's ``__all__``. A registered method's module carries its registered name (``head-prune`` in
+``pruning/head_prune.py``). The names below are imported on first use: a method's command
+(``doe/experts_command.py``) is loaded by ``surgery --help``, which must not pay for torch.
 """
 
 from __future__ import annotations
 
-import sys
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from surgery.strategies.doe import DoEConfig, DoEResult, DoEStrategy, build_runtime, run_doe
-from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
-from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
-from surgery.strategies.doe.zero_recovery import (
-    ModulePruningConfig,
-    ModulePruningStrategy,
-    ZeroRecoveryPruningConfig,
-    ZeroRecoveryPruningStrategy,
-)
-from surgery.strategies.pruning.ffn import FFNPruningConfig, FFNPruningStrategy
-from surgery.strategies.pruning.heads import HeadPruningConfig, HeadPruningStrategy
-from surgery.strategies.pruning.layers import LayerDropConfig, LayerDropStrategy
-from surgery.strategies.shrp import ShrpConfig, ShrpStrategy, ShrpTrainer
-from surgery.strategies.shrp.expert_attention import (
-    ExpertAttentionConfig,
-    ExpertAttentionLayer,
-    ExpertAttentionStrategy,
-)
-from surgery.strategies.shrp.top1 import Top1PruningConfig, Top1PruningStrategy
+if TYPE_CHECKING:
+    from surgery.strategies.doe.doe import DoEConfig, DoEResult, DoEStrategy, build_runtime, run_doe
+    from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
+    from surgery.strategies.doe.zero_recovery_prune import (
+        ZeroRecoveryPruningConfig,
+        ZeroRecoveryPruningStrategy,
+    )
+    from surgery.strategies.pruning.ffn_prune import FFNPruningConfig, FFNPruningStrategy
+    from surgery.strategies.pruning.head_prune import HeadPruningConfig, HeadPruningStrategy
+    from surgery.strategies.pruning.layer_drop import LayerDropConfig, LayerDropStrategy
+    from surgery.strategies.shrp.config import ShrpConfig
+    from surgery.strategies.shrp.expert_attention import (
+        ExpertAttentionConfig,
+        ExpertAttentionStrategy,
+    )
+    from surgery.strategies.shrp.shrp import ShrpStrategy
+    from surgery.strategies.shrp.top1_prune import Top1PruningConfig, Top1PruningStrategy
+
+_LAZY = {
+    "DoEConfig": "surgery.strategies.doe.doe",
+    "DoEResult": "surgery.strategies.doe.doe",
+    "DoEStrategy": "surgery.strategies.doe.doe",
+    "ExpertAttentionConfig": "surgery.strategies.shrp.expert_attention",
+    "ExpertAttentionStrategy": "surgery.strategies.shrp.expert_attention",
+    "FFNPruningConfig": "surgery.strategies.pruning.ffn_prune",
+    "FFNPruningStrategy": "surgery.strategies.pruning.ffn_prune",
+    "HeadPruningConfig": "surgery.strategies.pruning.head_prune",
+    "HeadPruningStrategy": "surgery.strategies.pruning.head_prune",
+    "LayerDropConfig": "surgery.strategies.pruning.layer_drop",
+    "LayerDropStrategy": "surgery.strategies.pruning.layer_drop",
+    "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
+    "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
+    "ShrpConfig": "surgery.strategies.shrp.config",
+    "ShrpStrategy": "surgery.strategies.shrp.shrp",
+    "SoftPromptConfig": "surgery.strategies.doe.soft_prompt",
+    "SoftPromptStrategy": "surgery.strategies.doe.soft_prompt",
+    "Top1PruningConfig": "surgery.strategies.shrp.top1_prune",
+    "Top1PruningStrategy": "surgery.strategies.shrp.top1_prune",
+    "build_runtime": "surgery.strategies.doe.doe",
+    "run_doe": "surgery.strategies.doe.doe",
+}
 
 __all__ = [
     "DoEConfig",
     "DoEResult",
     "DoEStrategy",
     "ExpertAttentionConfig",
-    "ExpertAttentionLayer",
     "ExpertAttentionStrategy",
     "FFNPruningConfig",
     "FFNPruningStrategy",
@@ -46,29 +71,27 @@ __all__ = [
     "HeadPruningStrategy",
     "LayerDropConfig",
     "LayerDropStrategy",
-    "ModulePruningConfig",
-    "ModulePruningStrategy",
     "ShrpConfig",
     "ShrpStrategy",
-    "ShrpTrainer",
     "SoftPromptConfig",
     "SoftPromptStrategy",
-    "TaskExpert",
     "Top1PruningConfig",
     "Top1PruningStrategy",
-    "UnplugRuntime",
     "ZeroRecoveryPruningConfig",
     "ZeroRecoveryPruningStrategy",
     "build_runtime",
     "run_doe",
 ]
 
-#: Earlier flat module paths -> their home in a method package (aliases, not copies).
-_MOVED = {
-    "unit_prune": "pruning.units", "head_prune": "pruning.heads", "ffn_prune": "pruning.ffn",
-    "layer_drop": "pruning.layers", "expert_attention": "shrp.expert_attention", "top1_prune": "shrp.top1",
-    "soft_prompt": "doe.soft_prompt", "prompt_tuning": "doe.prompt_tuning", "module_prune": "doe.zero_recovery",
-    "unplug": "doe.unplug",
-}
-for _old, _new in _MOVED.items():
-    sys.modules[f"{__name__}.{_old}"] = import_module(f"{__name__}.{_new}")
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

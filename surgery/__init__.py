@@ -16,7 +16,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from surgery.errors import (
+from surgery.core.errors import (
     ConfigError,
     DataError,
     ModelLoadError,
@@ -29,26 +29,27 @@ from surgery.errors import (
 
 if TYPE_CHECKING:
     from surgery.anatomy import adapter_for
-    from surgery.api import apply_plan, convert, count_params, inspect, plan, preview
-    from surgery.io import from_pretrained, save_pretrained
-    from surgery.pipeline import Pipeline, PipelineSession
-    from surgery.registry import get_strategy, register_adapter, register_strategy
-    from surgery.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
-    from surgery.run import RunContext
-    from surgery.strategy import Method, Plan, Strategy, StrategyConfig
+    from surgery.core.api import apply_plan, convert, count_params, inspect, plan, preview
+    from surgery.core.pipeline import Pipeline, PipelineSession
+    from surgery.core.registry import get_strategy, register_adapter, register_strategy
+    from surgery.core.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
+    from surgery.core.run import RunContext
+    from surgery.core.strategy import Method, Plan, Strategy, StrategyConfig
+    from surgery.persist.model_io import from_pretrained, save_pretrained
 
 # Imported on first use, so that `import surgery` (and with it `surgery --help` and every input
 # error of the command line) does not pay for torch and transformers.
 _LAZY = {
-    "adapter_for": "surgery.anatomy", "apply_plan": "surgery.api", "convert": "surgery.api",
-    "count_params": "surgery.api", "inspect": "surgery.api", "plan": "surgery.api",
-    "preview": "surgery.api", "Pipeline": "surgery.pipeline", "PipelineSession": "surgery.pipeline",
-    "RunContext": "surgery.run", "Method": "surgery.strategy",
-    "from_pretrained": "surgery.io", "save_pretrained": "surgery.io", "get_strategy": "surgery.registry",
-    "register_adapter": "surgery.registry", "register_strategy": "surgery.registry",
-    "LayerChange": "surgery.report", "ModelAnatomy": "surgery.report", "ParamCount": "surgery.report",
-    "SurgeryReport": "surgery.report", "Plan": "surgery.strategy", "Strategy": "surgery.strategy",
-    "StrategyConfig": "surgery.strategy", "strategies": "surgery.strategies",
+    "adapter_for": "surgery.anatomy", "apply_plan": "surgery.core.api", "convert": "surgery.core.api",
+    "count_params": "surgery.core.api", "inspect": "surgery.core.api", "plan": "surgery.core.api",
+    "preview": "surgery.core.api", "Pipeline": "surgery.core.pipeline", "PipelineSession": "surgery.core.pipeline",
+    "RunContext": "surgery.core.run", "Method": "surgery.core.strategy",
+    "from_pretrained": "surgery.persist.model_io", "save_pretrained": "surgery.persist.model_io",
+    "get_strategy": "surgery.core.registry",
+    "register_adapter": "surgery.core.registry", "register_strategy": "surgery.core.registry",
+    "LayerChange": "surgery.core.report", "ModelAnatomy": "surgery.core.report", "ParamCount": "surgery.core.report",
+    "SurgeryReport": "surgery.core.report", "Plan": "surgery.core.strategy", "Strategy": "surgery.core.strategy",
+    "StrategyConfig": "surgery.core.strategy", "strategies": "surgery.strategies",
     # needs the optional onnx extra only when called
     "export_onnx": "surgery.deploy",
     # needs the optional embeddings extra (sentence-transformers) only when called

@@ -18,8 +18,8 @@ from torch import nn
 import surgery
 from surgery.anatomy import adapter_for
 from surgery.anatomy.mpnet import BIAS_HEADS, slice_position_bias
-from surgery.ops import head_rows
-from surgery.registry import ENCODER_GROUP, adapters
+from surgery.anatomy.slicing import head_rows
+from surgery.core.registry import ENCODER_GROUP, adapters
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import FAMILIES, VOCAB, TinySpec, main_output, tiny_inputs, tiny_model
 

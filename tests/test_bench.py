@@ -1,4 +1,4 @@
-"""surgery.bench on tiny models: fields, ratios, exact FLOP accounting and the warnings."""
+"""surgery.measure.side_by_side on tiny models: fields, ratios, exact FLOP accounting and the warnings."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import surgery
-from surgery.bench import (
+from surgery.measure.flops import count_flops
+from surgery.measure.side_by_side import (
     BenchSettings,
     Comparison,
     ModelBench,
     bench_dirs,
     bench_models,
-    count_flops,
     load_warning,
     make_inputs,
     noise_warning,

@@ -200,7 +200,7 @@ def test_bench_side_by_side(ws: dict[str, Path], tmp_path: Path) -> None:
     # Warnings such as "smaller but not faster" are printed, not only stored.
     from rich.console import Console
 
-    from surgery.bench import BenchReport
+    from surgery.measure.side_by_side import BenchReport
 
     shown = BenchReport.model_validate(report).model_copy(update={"warnings": ["pruned is smaller but not faster"]})
     console = Console(record=True, width=200)
@@ -302,8 +302,8 @@ def test_csv_jsonl_and_parquet_data_load_alike(tmp_path: Path) -> None:
     """The data flags' formats all go through ``datasets``: the same rows give the same batches."""
     import datasets
 
-    from surgery.data import load_task_data
-    from surgery.errors import DataError
+    from surgery.core.errors import DataError
+    from surgery.data.task_data import load_task_data
 
     rows = [{**r, "pair": r["text"].split()[0]} for r in labelled_rows(40)]
     table = datasets.Dataset.from_list(rows)

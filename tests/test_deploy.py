@@ -24,9 +24,9 @@ from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,
     HeadPruningStrategy,
-    ModulePruningStrategy,
     SoftPromptStrategy,
     Top1PruningStrategy,
+    ZeroRecoveryPruningStrategy,
 )
 from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
@@ -78,8 +78,8 @@ def test_top1_zero_recovery_and_plugged_doe_expert_export_optimized_and_int8(tmp
     inputs = tiny_inputs(spec, batch=6)
     surgery.convert(model, ExpertAttentionStrategy(layers=[2]))
     surgery.convert(model, Top1PruningStrategy(keep=1), data=[inputs])
-    surgery.convert(model, ModulePruningStrategy(module_set="all", remove={0: {"qk": [1, 9], "v": [0], "o": [4, 30],
-                                                                             "neurons": [2, 3]}}))
+    remove = {0: {"qk": [1, 9], "v": [0], "o": [4, 30], "neurons": [2, 3]}}
+    surgery.convert(model, ZeroRecoveryPruningStrategy(module_set="all", remove=remove))
     gen = torch.Generator().manual_seed(0)
     expert = TaskExpert("task", {1: {"qk": [0, 5], "v": [3], "o": [1, 2], "neurons": list(range(0, 24, 3))}},
                         prompt=torch.randn(2, spec.hidden, generator=gen))

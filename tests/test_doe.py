@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 import surgery
 from surgery.anatomy import adapter_for
-from surgery.data import TaskData
-from surgery.importance import gold_logit_objective
-from surgery.ops import ZeroRecoveryLinear
+from surgery.anatomy.slicing import ZeroRecoveryLinear
+from surgery.data.task_data import TaskData
+from surgery.scoring.importance import gold_logit_objective
 from surgery.strategies.doe import DoEStrategy, run_doe
 from surgery.strategies.doe.prompt_tuning import evaluate
 from surgery.strategies.doe.soft_prompt import SoftPromptStrategy, prompt_of
-from surgery.strategies.doe.zero_recovery import ModulePruningStrategy, module_scores
+from surgery.strategies.doe.zero_recovery_prune import ZeroRecoveryPruningStrategy, module_scores
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 SETS = st.sampled_from(["ffn", "attention", "dense", "all"])
@@ -60,7 +60,7 @@ def test_keep_all_is_identity(family, data, module_set) -> None:
     spec = data.draw(tiny_specs(families=(family,)))
     model, x = tiny_model(spec), tiny_inputs(spec)
     ref = main_output(model, x)
-    surgery.convert(model, ModulePruningStrategy(module_set=module_set, ratio=0.0, importance="random"))
+    surgery.convert(model, ZeroRecoveryPruningStrategy(module_set=module_set, ratio=0.0, importance="random"))
     assert torch.equal(main_output(model, x), ref)
 
 
@@ -69,7 +69,7 @@ def test_keep_all_is_identity(family, data, module_set) -> None:
 def test_pruning_equals_masking_and_keeps_width(family, data, module_set, ratio) -> None:
     spec = data.draw(tiny_specs(families=(family,)))
     model, x = tiny_model(spec), tiny_inputs(spec)
-    report = surgery.convert(model, ModulePruningStrategy(module_set=module_set, ratio=ratio, importance="random",
+    report = surgery.convert(model, ZeroRecoveryPruningStrategy(module_set=module_set, ratio=ratio, importance="random",
                                                           seed=spec.seed))
     reference = masked(tiny_model(spec), report.plan["remove"])
     out = main_output(model, x)
@@ -123,7 +123,7 @@ def test_soft_prompt_replays_on_reload(family, tmp_path) -> None:
     surgery.convert(model, SoftPromptStrategy(length=3))
     with torch.no_grad():
         prompt_of(model).weight.normal_()
-    surgery.convert(model, ModulePruningStrategy(module_set="all", ratio=0.4, importance="random"))
+    surgery.convert(model, ZeroRecoveryPruningStrategy(module_set="all", ratio=0.4, importance="random"))
     out = main_output(model, x)
     assert out.shape == (3, 3)
     again = surgery.from_pretrained(surgery.save_pretrained(model, tmp_path / "m"))

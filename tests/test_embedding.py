@@ -11,7 +11,8 @@ import torch
 from transformers import BertTokenizer
 
 import surgery
-from surgery.assets import MODELS
+from surgery.core.errors import DataError, ModelLoadError
+from surgery.data.assets import MODELS
 from surgery.embedding import (
     SentenceConfig,
     embed_texts,
@@ -21,8 +22,7 @@ from surgery.embedding import (
     read_texts,
 )
 from surgery.embedding.pooling import write_sentence_config
-from surgery.errors import DataError, ModelLoadError
-from surgery.strategies.pruning.heads import HeadPruningStrategy
+from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.testing import VOCAB, TinySpec, tiny_model
 
 needs_st = pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,

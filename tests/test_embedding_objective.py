@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
-from surgery.data import TaskData
+from surgery.data.task_data import TaskData
 from surgery.embedding import SentenceConfig, embed_texts, load_text_data
-from surgery.embedding.distill import (
+from surgery.embedding.evaluate import mean_cosine
+from surgery.embedding.objective import (
     EMBEDDING_HIDDEN_WEIGHT,
     EmbeddingDistillConfig,
     embedding_loss,
@@ -24,12 +25,11 @@ from surgery.embedding.distill import (
     neighbour_loss,
     recover_embeddings,
 )
-from surgery.embedding.evaluate import mean_cosine
 from surgery.embedding.pooling import SURGERY_FILE, read_sentence_config
-from surgery.strategies.pruning.heads import HeadPruningStrategy
-from surgery.strategies.pruning.layers import LayerDropStrategy
+from surgery.strategies.pruning.head_prune import HeadPruningStrategy
+from surgery.strategies.pruning.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import ShrpStrategy
-from surgery.strategies.shrp.embedding import EMBEDDING_EXPANDER_GAIN
+from surgery.strategies.shrp.embedding_shrp import EMBEDDING_EXPANDER_GAIN
 from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_model
 from surgery.training import RecoveryConfig, recover, scratch_dir, training_arguments
@@ -256,7 +256,7 @@ def test_cli_objective_override_and_task_default(tmp_path: Path) -> None:
 def test_auto_detection_keeps_the_task_objective_for_classifier_only_strategies(tmp_path: Path) -> None:
     from transformers import AutoConfig
 
-    from surgery.cli.embedding import choose_objective
+    from surgery.cli.embedding_apply import choose_objective
     from surgery.strategies.doe import DoEStrategy
 
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)

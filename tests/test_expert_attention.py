@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import surgery
 from surgery.anatomy import EncoderAdapter, adapter_for
-from surgery.errors import PlanError
+from surgery.core.errors import PlanError
 from surgery.strategies import ExpertAttentionStrategy, HeadPruningStrategy
 from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionLayer,

@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 import surgery
-from surgery.data import TaskData
-from surgery.pipeline import PipelineSession, PipelineStrategy
-from surgery.report import LayerChange
+from surgery.core.pipeline import Pipeline, PipelineSession
+from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
+from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.data.task_data import TaskData
 from surgery.strategies import SoftPromptStrategy
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
 from surgery.testing import TinySpec, tiny_model
 from surgery.training import PaddingCollator, RecoveryConfig
 
@@ -28,7 +29,7 @@ class ZeroHead(Strategy):
 
     name = "zero-head"
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         return {"label": int(getattr(data, "rarest", 0))}
 
     def apply(self, model: nn.Module, plan: Plan) -> list[LayerChange]:
@@ -40,7 +41,7 @@ class ZeroHead(Strategy):
         return []
 
 
-class Steps(PipelineStrategy):
+class Steps(Pipeline):
     """A pipeline that runs the given strategies as recorded steps."""
 
     name = "steps"
@@ -118,7 +119,7 @@ def test_cli_prints_one_warning_line_and_strict_exits_3(tmp_path: Path, monkeypa
     from test_cli import labelled_rows, tiny_tokenizer, write_rows  # the CLI tests' tiny tokenizer and data
     from typer.testing import CliRunner
 
-    import surgery.guard
+    import surgery.core.guard
     from surgery.cli.app import app
 
     model = tiny_model(TinySpec("bert", task="base"))
@@ -131,7 +132,7 @@ def test_cli_prints_one_warning_line_and_strict_exits_3(tmp_path: Path, monkeypa
     runner = CliRunner(env={"COLUMNS": "200"})
     for strict, code in ((False, 0), (True, 3)):
         values = iter([0.9, 0.4])
-        monkeypatch.setattr(surgery.guard, "accuracy", lambda *a, _v=values, **k: next(_v))
+        monkeypatch.setattr(surgery.core.guard, "accuracy", lambda *a, _v=values, **k: next(_v))
         args = [*base, "-o", str(tmp_path / f"out{strict}")] + (["--strict"] if strict else [])
         result = runner.invoke(app, args)
         assert result.exit_code == code, result.output

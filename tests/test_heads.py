@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 import surgery
-from surgery.errors import ConfigError, ModelLoadError
-from surgery.heads import HeadWarning, checkpoint_keys, loaded_class_name, new_head_keys, safetensors_keys
+from surgery.core.errors import ConfigError, ModelLoadError
+from surgery.persist.task_heads import HeadWarning, checkpoint_keys, loaded_class_name, new_head_keys, safetensors_keys
 from surgery.strategies.doe.prompt_tuning import make_task
 from surgery.testing import FAMILIES, Task, TinySpec, tiny_model
 

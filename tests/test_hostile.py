@@ -28,10 +28,10 @@ from rich.console import Console
 from torch import nn
 
 import surgery
-from surgery.atomic import atomic_directory
 from surgery.cli.render import ProgressDisplay
-from surgery.errors import ConfigError, ModelLoadError, OutputPathError, PlanError, SurgeryError
-from surgery.progress import ProgressEvent
+from surgery.core.errors import ConfigError, ModelLoadError, OutputPathError, PlanError, SurgeryError
+from surgery.core.progress import ProgressEvent
+from surgery.persist.atomic import atomic_directory
 from surgery.strategies import HeadPruningStrategy
 from surgery.testing import TinySpec, tiny_inputs, tiny_model
 
@@ -162,16 +162,16 @@ def _tiny_dir(root: Path) -> Path:
 SLOW_SAVE = """
 import sys, time
 from pathlib import Path
-import surgery.io
+import surgery.persist.model_io
 from surgery.cli import main
 
-real, ready = surgery.io.save_model, Path(sys.argv[1])
+real, ready = surgery.persist.model_io.save_model, Path(sys.argv[1])
 def slow(model, filename, **kwargs):
     real(model, filename, **kwargs)
     Path(filename).with_name("model.safetensors").write_bytes(b"partial")  # half-written, as when killed
     ready.write_text("saving")
     time.sleep(120)
-surgery.io.save_model = slow
+surgery.persist.model_io.save_model = slow
 sys.argv = ["surgery", *sys.argv[2:]]
 main()
 """
@@ -351,7 +351,7 @@ def test_redirected_output_shows_progress_lines_and_uncut_tables() -> None:
 
 
 def test_bench_writes_nothing_to_stderr_below_python(capfd: pytest.CaptureFixture[str]) -> None:
-    from surgery.bench import bench_models
+    from surgery.measure.side_by_side import bench_models
 
     report = bench_models({"tiny": tiny_model(TinySpec("bert"))}, batch_size=2, seq_len=8, repeats=1, warmup=0)
     assert report.models[0].activation_peak_bytes

@@ -23,7 +23,7 @@ from torch import nn
 import surgery
 from surgery.anatomy import EncoderAdapter, adapter_for
 from surgery.strategies import LayerDropStrategy
-from surgery.strategies.pruning.layers import layers_to_drop
+from surgery.strategies.pruning.layer_drop import layers_to_drop
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 ATOL = 1e-5

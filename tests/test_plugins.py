@@ -26,8 +26,8 @@ import torch
 from typer.testing import CliRunner
 
 import surgery
-from surgery import registry
 from surgery.cli.app import app
+from surgery.core import registry
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

@@ -20,8 +20,8 @@ from torch import nn
 
 import surgery
 from surgery.anatomy import adapter_for
-from surgery.ops import complement
-from surgery.selection import count_for_ratio
+from surgery.anatomy.slicing import complement
+from surgery.scoring.selection import count_for_ratio
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, removal_maps, tiny_inputs, tiny_model, tiny_specs
 

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
-from surgery.cli.embedding import evaluate_against
+from surgery.cli.embedding_apply import evaluate_against
+from surgery.core.errors import ConfigError
 from surgery.embedding import load_text_data, read_sentence_config
-from surgery.errors import ConfigError
 from surgery.strategies import HeadPruningStrategy, LayerDropStrategy
 from surgery.testing import TinySpec, tiny_model
 from surgery.training import RecoveryConfig, accuracy

@@ -84,8 +84,8 @@ def test_recovery_refits_first_when_asked_for_both_objectives() -> None:
     import datasets
     from transformers import BertTokenizer
 
-    from surgery.data import TaskData
-    from surgery.embedding.distill import recover_embeddings
+    from surgery.data.task_data import TaskData
+    from surgery.embedding.objective import recover_embeddings
     from surgery.embedding.texts import load_text_data
     from surgery.training import RecoveryConfig, recover
 

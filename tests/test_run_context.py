@@ -3,39 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from torch import nn
 
 import surgery
-from surgery.errors import DataError, ModelLoadError, PlanError
-from surgery.pipeline import Pipeline, PipelineSession
-from surgery.report import LayerChange
+from surgery.core.errors import DataError, ModelLoadError, PlanError
+from surgery.core.pipeline import Pipeline, PipelineSession
+from surgery.core.strategy import Strategy
 from surgery.strategies import HeadPruningStrategy, ShrpStrategy
-from surgery.strategy import Strategy, StrategyConfig
 from surgery.testing import TinySpec, tiny_model
-
-
-class Counting(Strategy):
-    """A strategy written before run contexts: it reports through self.metrics."""
-
-    name = "counting"
-    config_class = StrategyConfig
-
-    def plan(self, model: nn.Module, data: Any = None) -> dict[str, Any]:
-        self.metrics["runs"] = self.metrics.get("runs", 0) + 1
-        return {}
-
-    def apply(self, model: nn.Module, plan: dict[str, Any]) -> list[LayerChange]:
-        return []
-
-
-def test_metrics_belong_to_one_run_even_for_a_strategy_that_writes_self_metrics() -> None:
-    strategy = Counting()
-    model = tiny_model(TinySpec("bert"))
-    assert surgery.convert(model, strategy).metrics == {"runs": 1}
-    assert surgery.convert(model, strategy).metrics == {"runs": 1}  # not 2: nothing carried over
 
 
 def test_a_context_taking_strategy_reports_through_the_context() -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from surgery.anatomy import adapter_for
 from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
-from surgery.strategies.doe.zero_recovery import group_width
+from surgery.strategies.doe.zero_recovery_prune import group_width
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
 
 

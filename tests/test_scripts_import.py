@@ -1,4 +1,4 @@
-"""Every ``surgery`` name that a script under ``scripts/`` imports still exists.
+"""Every ``surgery`` name that a study script under ``experiments/`` imports still exists.
 
 The benchmark scripts are not run by the suite (they train for minutes), so a moved module would
 only show when someone runs one; this test resolves their imports instead (read with ``ast``).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parent.parent / "scripts").glob("*.py"))
+SCRIPTS = sorted((Path(__file__).resolve().parent.parent / "experiments").rglob("*.py"))
 
 
 def surgery_imports(path: Path) -> list[tuple[str, str | None]]:
@@ -26,7 +26,7 @@ def surgery_imports(path: Path) -> list[tuple[str, str | None]]:
     return found
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+@pytest.mark.parametrize("script", SCRIPTS, ids=[f"{p.parent.name}/{p.name}" for p in SCRIPTS])
 def test_script_imports_resolve(script: Path) -> None:
     missing = []
     for module_name, name in surgery_imports(script):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from surgery.search import binary_search_grid, probes_needed, pruning_grid
+from surgery.strategies.doe.rate_search import binary_search_grid, probes_needed, pruning_grid
 
 
 @given(threshold=st.integers(0, 21), step=st.sampled_from([0.05, 0.1, 0.25]))

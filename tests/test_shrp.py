@@ -13,8 +13,8 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
 import surgery
-from surgery.data import TaskData
-from surgery.errors import DataError
+from surgery.core.errors import DataError
+from surgery.data.task_data import TaskData
 from surgery.strategies import ShrpStrategy
 from surgery.strategies.shrp.expert_attention import ExpertAttentionLayer
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model

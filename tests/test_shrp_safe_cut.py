@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import surgery
-from surgery.data import TaskData
-from surgery.errors import ConfigError
-from surgery.manifest import steps_of
-from surgery.pipeline import PipelineSession
+from surgery.core.errors import ConfigError
+from surgery.core.manifest import steps_of
+from surgery.core.pipeline import PipelineSession
+from surgery.data.task_data import TaskData
 from surgery.strategies import ShrpStrategy
 from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
 from surgery.strategies.shrp.config import DEEP_CONVERSION_SETTINGS
@@ -24,7 +24,7 @@ from surgery.strategies.shrp.expert_attention import (
     entropy,
     expert_layers,
 )
-from surgery.strategies.shrp.pipeline import SMALL_TRAINING_SET, training_set_warning
+from surgery.strategies.shrp.shrp import SMALL_TRAINING_SET, training_set_warning
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 from surgery.training import DistillConfig
 
@@ -86,7 +86,7 @@ def test_a_masked_expert_is_never_picked() -> None:
     model(**tiny_inputs(spec, batch=6))
     assert set(layer.last_choice.tolist()) <= {0, 3}
     assert float(layer.last_probs.detach()[:, [1, 2]].sum()) == 0.0
-    with pytest.raises(surgery.errors.PlanError):
+    with pytest.raises(surgery.core.errors.PlanError):
         layer.restrict_experts([])
 
 

@@ -71,7 +71,8 @@ def _fake_int8(x: torch.Tensor) -> torch.Tensor:
 
 def test_smoothing_lowers_the_int8_activation_error_of_outlier_channels() -> None:
     # One channel ten times larger than the rest, as before every attention and FFN-up projection of
-    # all-MiniLM-L6-v2 (docs/results/int8_error_sources.json): it sets the per-tensor int8 scale of the input.
+    # all-MiniLM-L6-v2 (experiments/int8/results/int8_error_sources.json): it sets the per-tensor int8 scale of
+    # the input.
     torch.manual_seed(0)
     spec = TinySpec("bert", layers=1, heads=4, head_dim=16, ffn=128)
     model = tiny_model(spec).eval()

@@ -12,13 +12,13 @@ from transformers import AutoModel, BertTokenizer
 
 import surgery
 from surgery.compress.stock_export import save_stock, stock_structure_problem
+from surgery.core.errors import StockFormatError
+from surgery.core.manifest import MANIFEST_NAME
 from surgery.embedding import SentenceConfig, embed_texts
 from surgery.embedding.pooling import write_sentence_config
-from surgery.errors import StockFormatError
-from surgery.manifest import MANIFEST_NAME
+from surgery.persist.tokenizer_files import has_tokenizer
 from surgery.strategies import ExpertAttentionStrategy, FFNPruningStrategy, HeadPruningStrategy, LayerDropStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
-from surgery.tokenizer_files import has_tokenizer
 
 
 def _auto_class(task: str) -> type:
@@ -118,7 +118,7 @@ def test_an_existing_directory_is_not_replaced_without_overwrite(tmp_path: Path)
     out = tmp_path / "stock"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
-    with pytest.raises(surgery.errors.OutputPathError):
+    with pytest.raises(surgery.core.errors.OutputPathError):
         save_stock(model, out)
     assert (out / "mine.txt").read_text() == "keep"
     save_stock(model, out, overwrite=True)

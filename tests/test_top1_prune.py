@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import surgery
-from surgery.errors import DataError, PlanError
+from surgery.core.errors import DataError, PlanError
 from surgery.strategies import ExpertAttentionStrategy, Top1PruningStrategy
 from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs

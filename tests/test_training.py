@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import surgery
-from surgery.data import TaskData
-from surgery.errors import ConfigError, DataError
+from surgery.core.errors import ConfigError, DataError
+from surgery.data.task_data import TaskData
 from surgery.strategies import ExpertAttentionStrategy, HeadPruningStrategy, LayerDropStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_inputs, tiny_model
 from surgery.training import (

@@ -1,30 +1,80 @@
 """DoE (Decomposition of Experts): prompt tuning, attribution, a binary search of the rate, reversible experts.
 
 * :mod:`.soft_prompt`: ``soft-prompt``, the trainable prompt tokens; :mod:`.prompt_tuning`: training them;
-* :mod:`.zero_recovery`: ``zero-recovery-prune``, the attribution-ranked cut (FFN neurons physically,
+* :mod:`.zero_recovery_prune`: ``zero-recovery-prune``, the attribution-ranked cut (FFN neurons physically,
   attention rows zero-recovered), which shares its neuron scorer with ``ffn-prune``;
 * :mod:`.unplug`: per-task experts plugged in and out of one shared model (the removal engine's undo);
-* :mod:`.pipeline`: the ``doe`` pipeline, :func:`run_doe` and the multi-task :func:`build_runtime`.
+* :mod:`.doe`: the ``doe`` pipeline, :func:`run_doe` and the multi-task :func:`build_runtime`;
+* :mod:`.rate_search`: Algorithm 1, the binary search of the pruning rate;
+* :mod:`.experts_command`: ``surgery experts``, registered through the ``surgery.commands`` entry point.
+
+The names below are imported on first use, so that ``surgery --help`` (which loads the command) does not
+pay for torch.
 """
 
-from surgery.strategies.doe.pipeline import (
-    DoEConfig,
-    DoEResult,
-    DoEStrategy,
-    build_runtime,
-    check_tasks,
-    run_doe,
-    runtime_config,
-)
-from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
-from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
-from surgery.strategies.doe.zero_recovery import (
-    ModulePruningConfig,
-    ModulePruningStrategy,
-    ZeroRecoveryPruningConfig,
-    ZeroRecoveryPruningStrategy,
-)
+from __future__ import annotations
 
-__all__ = ["DoEConfig", "DoEResult", "DoEStrategy", "ModulePruningConfig", "ModulePruningStrategy",
-           "SoftPromptConfig", "SoftPromptStrategy", "TaskExpert", "UnplugRuntime", "ZeroRecoveryPruningConfig",
-           "ZeroRecoveryPruningStrategy", "build_runtime", "check_tasks", "run_doe", "runtime_config"]
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from surgery.strategies.doe.doe import (
+        DoEConfig,
+        DoEResult,
+        DoEStrategy,
+        build_runtime,
+        check_tasks,
+        run_doe,
+        runtime_config,
+    )
+    from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
+    from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
+    from surgery.strategies.doe.zero_recovery_prune import (
+        ZeroRecoveryPruningConfig,
+        ZeroRecoveryPruningStrategy,
+    )
+
+_LAZY = {
+    "DoEConfig": "surgery.strategies.doe.doe",
+    "DoEResult": "surgery.strategies.doe.doe",
+    "DoEStrategy": "surgery.strategies.doe.doe",
+    "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
+    "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
+    "SoftPromptConfig": "surgery.strategies.doe.soft_prompt",
+    "SoftPromptStrategy": "surgery.strategies.doe.soft_prompt",
+    "TaskExpert": "surgery.strategies.doe.unplug",
+    "UnplugRuntime": "surgery.strategies.doe.unplug",
+    "build_runtime": "surgery.strategies.doe.doe",
+    "check_tasks": "surgery.strategies.doe.doe",
+    "run_doe": "surgery.strategies.doe.doe",
+    "runtime_config": "surgery.strategies.doe.doe",
+}
+
+__all__ = [
+    "DoEConfig",
+    "DoEResult",
+    "DoEStrategy",
+    "SoftPromptConfig",
+    "SoftPromptStrategy",
+    "TaskExpert",
+    "UnplugRuntime",
+    "ZeroRecoveryPruningConfig",
+    "ZeroRecoveryPruningStrategy",
+    "build_runtime",
+    "check_tasks",
+    "run_doe",
+    "runtime_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.data import TaskData
-from surgery.errors import ConfigError, DataError
-from surgery.heads import new_head_keys
-from surgery.importance import batches_on
+from surgery.core.errors import ConfigError, DataError
+from surgery.data.task_data import TaskData
+from surgery.persist.task_heads import new_head_keys
+from surgery.scoring.importance import batches_on
 from surgery.strategies.doe.soft_prompt import prompt_of
 from surgery.training import EpochHistory, EpochStats, accuracy, fit, scratch_dir, training_arguments
 
@@ -115,7 +115,7 @@ def make_task(model: nn.Module, *, mode: Mode | Literal["auto"] = "auto", tokeni
 
     ``mode="auto"`` picks MLM mode when the model has an MLM head (its logits span the vocabulary)
     and a tokenizer is given, classifier mode otherwise. An MLM head that was newly initialised at
-    load time (:func:`surgery.heads.new_head_keys`) is refused in every mode: it is not trained.
+    load time (:func:`surgery.persist.task_heads.new_head_keys`) is refused in every mode: it is not trained.
     MLM mode takes ``template`` and ``verbalizer`` (one word per label, in label order),
     defaulting to DoE Table 3 for ``task_name``.
 
@@ -202,7 +202,7 @@ def trainable(model: nn.Module, task: PromptTask, *, lr: float, head_lr: float,
 
 
 def with_prompt_mask(model: nn.Module, task: PromptTask) -> Callable[[Mapping[str, torch.Tensor]], Any]:
-    """``token_mask`` for :func:`surgery.importance.linear_input_scores` on a prompted model."""
+    """``token_mask`` for :func:`surgery.scoring.importance.linear_input_scores` on a prompted model."""
     prompt = prompt_of(model)
 
     def mask(batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:

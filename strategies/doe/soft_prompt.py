@@ -23,9 +23,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from surgery.errors import ConfigError, PlanError
-from surgery.report import LayerChange
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.core.errors import ConfigError, PlanError
+from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
+from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
 
 PROMPT_ATTR = "surgery_prompt"
 _HOOKED = "_surgery_prompt_hooked"
@@ -169,7 +170,7 @@ class SoftPromptStrategy(Strategy):
     config_class = SoftPromptConfig
     config: SoftPromptConfig
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         emb = base_of(model).get_input_embeddings()
         if emb is None:
             raise ConfigError("soft-prompt: the model has no input embeddings (get_input_embeddings() is None)")

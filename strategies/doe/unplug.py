@@ -29,12 +29,12 @@ from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.anatomy.removal import MODULE_GROUPS, Undo, commit_reversibly, layer_cuts, restore
-from surgery.errors import ConfigError, ModelLoadError
-from surgery.io import from_pretrained, save_pretrained
-from surgery.ops import check_indices, owner_of
+from surgery.anatomy.slicing import check_indices, owner_of
+from surgery.core.errors import ConfigError, ModelLoadError
+from surgery.persist.model_io import from_pretrained, save_pretrained
 from surgery.strategies.doe.prompt_tuning import head_state
 from surgery.strategies.doe.soft_prompt import PROMPT_ATTR, SoftPrompt, base_of, install_prompt
-from surgery.strategies.doe.zero_recovery import group_width
+from surgery.strategies.doe.zero_recovery_prune import group_width
 
 EXPERTS_DIR = "experts"
 

@@ -15,12 +15,12 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from surgery.anatomy import EncoderAdapter, adapter_for
-from surgery.errors import ConfigError
-from surgery.ops import check_indices
-from surgery.report import LayerChange
-from surgery.run import RunContext
-from surgery.selection import lowest_units, parse_layer_map
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.anatomy.slicing import check_indices
+from surgery.core.errors import ConfigError
+from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
+from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.scoring.selection import lowest_units, parse_layer_map
 
 
 class OneSourceConfig(StrategyConfig):

@@ -2,15 +2,15 @@
 
 * :mod:`.expert_attention`: the Expert Attention layer (router, experts, shared Expander) and the
   ``expert-attention`` step that converts layers;
-* :mod:`.top1`: ``top1-prune``, usage calibration and the cut to the most used expert(s);
-* :mod:`.config`, :mod:`.training`, :mod:`.pipeline`: the ``shrp`` pipeline, its settings and its
+* :mod:`.top1_prune`: ``top1-prune``, usage calibration and the cut to the most used expert(s);
+* :mod:`.shrp`, :mod:`.config`, :mod:`.shrp_training`: the ``shrp`` pipeline, its settings and its
   Trainer pieces (balance loss, progressive conversion, expert dropping, distillation's teacher);
-* :mod:`.embedding`: the same pipeline with the sentence-embedding objective.
+* :mod:`.embedding_shrp`: the same pipeline with the sentence-embedding objective.
 """
 
 from surgery.strategies.shrp.config import ExpertDropping, ShrpConfig
-from surgery.strategies.shrp.pipeline import ShrpStrategy, finetune, finetune_after_cut
-from surgery.strategies.shrp.training import (
+from surgery.strategies.shrp.shrp import ShrpStrategy, finetune, finetune_after_cut
+from surgery.strategies.shrp.shrp_training import (
     ProgressiveConversion,
     ProgressiveExpertDropping,
     ShrpTrainer,

@@ -7,13 +7,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from surgery.core.strategy import StrategyConfig
 from surgery.strategies.shrp.expert_attention import (
     ExpanderInit,
     ExpanderKind,
     RouterGrad,
     RouterInput,
 )
-from surgery.strategy import StrategyConfig
 
 ExpertDropping = Literal["off", "halve"]
 
@@ -44,7 +44,7 @@ class ShrpConfig(StrategyConfig):
     balance_weight: float = Field(default=0.1, ge=0.0, description="λ of the load-balance loss in stage 1")
     keep: int = Field(default=1, ge=1, description="experts kept per layer by Top-1 pruning")
     # "halve" makes the cut exact by construction (docs/shrp.md#safe-top-1-pruning); provisional until the
-    # multi-task comparison (docs/results.md, scripts/compare_top1.py) has all its runs.
+    # multi-task comparison (docs/results.md, experiments/top1_mechanisms/compare_top1.py) has all its runs.
     expert_dropping: ExpertDropping = Field(
         default="halve", description="stage 2: 'halve' masks out the less-used half of each layer's experts step by "
                                      "step (running usage) until `keep` remain, so the cut changes nothing; 'off': "

@@ -36,10 +36,11 @@ from torch import nn
 from surgery.anatomy import AttentionParts, EncoderAdapter, adapter_for
 from surgery.anatomy.calling import CallingConvention, LayerCall, Projection
 from surgery.anatomy.parts import QKV
-from surgery.errors import PlanError
-from surgery.ops import check_indices, head_rows
-from surgery.report import LayerChange
-from surgery.strategy import Data, Plan, Strategy, StrategyConfig
+from surgery.anatomy.slicing import check_indices, head_rows
+from surgery.core.errors import PlanError
+from surgery.core.report import LayerChange
+from surgery.core.run import RunContext
+from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
 
 RouterInput = Literal["cls", "mean"]
 RouterGrad = Literal["straight-through", "switch", "none"]
@@ -411,7 +412,7 @@ class ExpertAttentionConfig(StrategyConfig):
     # The Expander ends in a LayerNorm, so at γ=1 every token gets a unit-variance update, about three
     # times the whole residual update of a MiniLM-L6 layer (std 0.3 on inputs of std 0.6): it swamps the
     # layer input, and the converted model's embeddings start nearly orthogonal to the original's
-    # (mean cosine 0.04 with 3 of 6 layers converted, 0.37 at γ=0.1; docs/results/embed.md).
+    # (mean cosine 0.04 with 3 of 6 layers converted, 0.37 at γ=0.1; experiments/embeddings/results/embed.md).
     expander_gain: float = Field(default=1.0, ge=0.0, description="initial γ of the Expander's LayerNorm (the "
                                  "scale of what each token's update starts at; the paper's 1)")
     seed: int = Field(default=0, description="seed of the random expander/router initialisation")
@@ -441,7 +442,7 @@ class ExpertAttentionStrategy(Strategy):
     config_class = ExpertAttentionConfig
     config: ExpertAttentionConfig
 
-    def plan(self, model: nn.Module, data: Data | None = None) -> Plan:
+    def plan(self, model: nn.Module, data: Data | None = None, context: RunContext | None = None) -> Plan:
         adapter = adapter_for(model)
         layers = self.config.layers if self.config.layers is not None else list(range(adapter.num_layers))
         check_indices(layers, adapter.num_layers, f"{self.name}: layers")

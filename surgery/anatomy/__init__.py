@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from surgery.anatomy.base import AttentionParts, EncoderAdapter, FFNParts, LayerParts
-from surgery.errors import UnsupportedModelError
-from surgery.registry import adapter_class_for
+from surgery.core.errors import UnsupportedModelError
+from surgery.core.registry import adapter_class_for
 
 
 def adapter_for(model: nn.Module) -> EncoderAdapter:

@@ -17,8 +17,8 @@ from torch import nn
 from surgery.anatomy.calling import CallingConvention, hidden_only, parse_call
 from surgery.anatomy.parts import AttentionParts, FFNParts, LayerParts
 from surgery.anatomy.removal import commit, layer_cuts
-from surgery.errors import PlanError
-from surgery.ops import check_indices, complement
+from surgery.anatomy.slicing import check_indices, complement
+from surgery.core.errors import PlanError
 
 
 class EncoderAdapter:

@@ -20,7 +20,7 @@ from torch import nn
 from surgery.anatomy.base import AttentionParts
 from surgery.anatomy.bert import BertAdapter
 from surgery.anatomy.calling import CallingConvention, LayerCall, Projection, parse_call
-from surgery.errors import PlanError
+from surgery.core.errors import PlanError
 
 
 class DebertaV2Adapter(BertAdapter):

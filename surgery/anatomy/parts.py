@@ -16,8 +16,8 @@ from typing import Any
 
 from torch import nn
 
-from surgery.errors import PlanError
-from surgery.ops import head_rows
+from surgery.anatomy.slicing import head_rows
+from surgery.core.errors import PlanError
 
 #: The three per-head parts of attention, in the order a fused projection stacks them.
 QKV = ("q", "k", "v")

@@ -12,7 +12,7 @@ A removal map names, per unit group, the units of one layer to remove:
 * ``o``: output rows of the attention output projection (they feed the residual stream).
 
 ``qk``, ``v`` and ``o`` keep their Linear's output width: it is replaced by a
-:class:`~surgery.ops.ZeroRecoveryLinear` that computes only the kept rows and scatters them into
+:class:`~surgery.anatomy.slicing.ZeroRecoveryLinear` that computes only the kept rows and scatters them into
 zeros, so the head reshape and the residual addition see the shapes they expect (exactly like masking
 those rows).
 
@@ -40,8 +40,7 @@ from typing import Any
 from torch import nn
 
 from surgery.anatomy.parts import LayerParts
-from surgery.errors import PlanError
-from surgery.ops import (
+from surgery.anatomy.slicing import (
     ZeroRecoveryLinear,
     check_indices,
     complement,
@@ -51,6 +50,7 @@ from surgery.ops import (
     replace_module,
     sliced_linear,
 )
+from surgery.core.errors import PlanError
 
 #: Every unit group a removal map may name.
 GROUPS = ("heads", "neurons", "qk", "v", "o")

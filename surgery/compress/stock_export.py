@@ -18,7 +18,7 @@ removed layers are simply fewer layers. :func:`save_stock` writes such a model a
   embeddings, so ``SentenceTransformer(dir)`` loads it with its default torch backend;
 * no ``surgery.json``: nothing in the directory needs surgery.
 
-What a stock config cannot say is refused in one line (:class:`~surgery.errors.StockFormatError`)
+What a stock config cannot say is refused in one line (:class:`~surgery.core.errors.StockFormatError`)
 before anything is written; :func:`stock_structure_problem` gives the reason without raising.
 """
 
@@ -35,10 +35,10 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from surgery.anatomy import adapter_for
-from surgery.atomic import atomic_directory
-from surgery.errors import ConfigError, StockFormatError
-from surgery.io import WEIGHTS_NAME, output_directory, weights_dtype
-from surgery.manifest import source_dir_of, steps_of
+from surgery.core.errors import ConfigError, StockFormatError
+from surgery.core.manifest import source_dir_of, steps_of
+from surgery.persist.atomic import atomic_directory
+from surgery.persist.model_io import WEIGHTS_NAME, output_directory, weights_dtype
 
 __all__ = ["save_stock", "stock_config", "stock_structure_problem"]
 
@@ -184,7 +184,7 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
 
     Args:
         model: a transformers model whose structure a stock config can express (see
-            :func:`stock_structure_problem`); otherwise :class:`~surgery.errors.StockFormatError` is
+            :func:`stock_structure_problem`); otherwise :class:`~surgery.core.errors.StockFormatError` is
             raised and nothing is written.
         out_dir: a new (or empty) directory; never the directory the model was loaded from.
         overwrite: replace a non-empty ``out_dir`` (atomically).
@@ -215,7 +215,7 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
     out = output_directory(model, out_dir)
     source = source_dir_of(model)
     if tokenizer is None and source and Path(source).is_dir():
-        from surgery.tokenizer_files import read_tokenizer
+        from surgery.persist.tokenizer_files import read_tokenizer
 
         tokenizer = read_tokenizer(source)
     sentence = _sentence_files(model, sentence_config)

@@ -32,13 +32,13 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from surgery.core.errors import ConfigError, SurgeryError
+from surgery.core.manifest import steps_of
 from surgery.deploy.names import INFO_NAME, ONNX_NAME, TASKS
-from surgery.deploy.parts import INT8_FP32_PARTS, part_modules
 from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, quantize_int8, quiet_loggers, require_onnx
 from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
-from surgery.errors import ConfigError, SurgeryError
-from surgery.io import atomic_directory
-from surgery.manifest import steps_of
+from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
+from surgery.persist.model_io import atomic_directory
 
 Task = Literal["auto", "base", "seq-cls", "mlm"]
 _TASK_CLASS_SUFFIX = {"seq-cls": "ForSequenceClassification", "mlm": "ForMaskedLM"}
@@ -111,7 +111,7 @@ def check_int8_fp32(parts: Sequence[str], int8: bool, what: str) -> None:
         >>> check_int8_fp32(["mlp"], True, "export")
         Traceback (most recent call last):
         ...
-        surgery.errors.ConfigError: export: --int8-fp32 'mlp' is not one of attention, ffn, ffn-up, ffn-down
+        surgery.core.errors.ConfigError: export: --int8-fp32 'mlp' is not one of attention, ffn, ffn-up, ffn-down
     """
     unknown = [p for p in parts if p not in INT8_FP32_PARTS]
     if unknown:

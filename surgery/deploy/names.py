@@ -10,7 +10,7 @@ INFO_NAME = "surgery-onnx.json"
 #: ``--task`` values: ``auto`` exports the head the model was saved with.
 TASKS: tuple[str, ...] = ("auto", "base", "seq-cls", "mlm")
 #: SmoothQuant's migration strength for ``--calibration`` (surgery.deploy.smooth), chosen on MiniLM
-#: embeddings and fine-tuned MiniLM classifiers (scripts/probe_int8_smoothing.py).
+#: embeddings and fine-tuned MiniLM classifiers (experiments/int8/probe_int8_smoothing.py).
 SMOOTH_ALPHA = 0.85
 #: How many texts calibrate the activation ranges by default (``--calibration-texts``).
 CALIBRATION_TEXTS = 512

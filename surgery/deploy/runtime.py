@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
-from surgery.errors import SurgeryError
+from surgery.core.errors import SurgeryError
 
 #: The packages of the ``onnx`` extra, by import name.
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
@@ -143,7 +143,7 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: 
     ``export_dynamic_quantized_onnx_model`` examples use): on all-MiniLM-L6-v2, per-channel scales
     kept mean cosine 0.992 and recall@10 0.853 against the fp32 embeddings where per-tensor kept
     0.958 and 0.715, at the same speed (2.53x against 2.49x over PyTorch fp32, one thread;
-    docs/deploy.md "int8 granularity", scripts/probe_int8_granularity.py).
+    docs/deploy.md "int8 granularity", experiments/int8/probe_int8_granularity.py).
 
     ``keep_fp32`` names modules (as in :func:`nodes_in_modules`) whose products stay in fp32; the
     names of those nodes are returned.

@@ -7,7 +7,7 @@ input channel of an FFN-up projection peaks at 9 to 15 times the median channel,
 largest before every attention and FFN-up projection), so those channels set the scale and the
 others keep only a few bits. Simulated one source at a time on MiniLM, int8 weights alone keep mean
 cosine 0.9995 to the fp32 embeddings and int8 activations alone 0.9925
-(scripts/probe_int8_error_sources.py, docs/results/int8_error_sources.json).
+(experiments/int8/probe_int8_error_sources.py, experiments/int8/results/int8_error_sources.json).
 
 SmoothQuant (Xiao et al., 2023, "SmoothQuant: Accurate and Efficient Post-Training Quantization for
 Large Language Models", section 4) divides each input channel ``j`` by
@@ -16,7 +16,7 @@ Large Language Models", section 4) divides each input channel ``j`` by
 and the weights, quantized per output channel, absorb the difference. In a post-LayerNorm encoder
 the LayerNorm that could absorb ``1 / s`` also feeds the residual branch, so the division stays an
 explicit elementwise ``Mul`` in front of each product input (2.39x against 2.45x over PyTorch fp32
-for plain int8 on MiniLM, one thread; docs/results/int8_smoothing.md).
+for plain int8 on MiniLM, one thread; experiments/int8/results/int8_smoothing.md).
 
 :func:`smooth_linears` measures ``max|X_j|`` on calibration batches and wraps each attention and
 FFN projection in a :class:`SmoothedLinear`, in place; :func:`surgery.deploy.export_onnx` applies it
@@ -33,8 +33,8 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from surgery.core.errors import ConfigError
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
-from surgery.errors import ConfigError
 
 #: SmoothQuant's migration strength (defined torch-free in :mod:`surgery.deploy.names` for the CLI).
 DEFAULT_ALPHA = SMOOTH_ALPHA
@@ -133,7 +133,7 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     """Smooth the inputs of every attention and FFN projection of ``model`` in place (see the module doc).
 
     Every supported family and every surgered structure (uneven heads, pruned FFNs) is covered
-    (:func:`surgery.deploy.parts.product_groups`). Products that read the same input (q, k and v)
+    (:func:`surgery.deploy.weight_products.product_groups`). Products that read the same input (q, k and v)
     share one scale, so ONNX Runtime still quantizes that input once. Modules named in ``skip``
     (qualified names, e.g. products kept in fp32) are left alone. The model computes the same
     function afterwards, up to float rounding.
@@ -149,7 +149,7 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     """
     if not 0.0 <= alpha <= 1.0:
         raise ConfigError(f"smoothing alpha must be between 0 and 1, got {alpha}")
-    from surgery.deploy.parts import product_groups
+    from surgery.deploy.weight_products import product_groups
 
     groups = [[n for n in group.names if n not in skip] for group in product_groups(model)]
     groups = [group for group in groups if group]

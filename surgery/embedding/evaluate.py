@@ -21,8 +21,8 @@ from pydantic import BaseModel
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from surgery.core.errors import ConfigError, DataError
 from surgery.embedding.pooling import SentenceConfig, pool
-from surgery.errors import ConfigError, DataError
 
 EXTRA_HINT = "pip install 'encoder-surgery[embeddings]'"
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from torch import nn
 
+from surgery.core.errors import ConfigError, ModelLoadError
+from surgery.core.manifest import source_dir_of
 from surgery.deploy.names import SMOOTH_ALPHA
 from surgery.embedding.evaluate import EXTRA_HINT, encoder_of
 from surgery.embedding.pooling import SentenceConfig, read_sentence_config
-from surgery.errors import ConfigError, ModelLoadError
-from surgery.manifest import source_dir_of
 
 _PRELOADED = "surgery_model"  # the model_kwargs key that hands an in-memory model to the module
 
@@ -74,7 +74,7 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
         >>> import tempfile
         >>> from transformers import BertTokenizer
         >>> from surgery.testing import TinySpec, tiny_model
-        >>> from surgery.strategies.pruning.heads import HeadPruningStrategy
+        >>> from surgery.strategies.pruning.head_prune import HeadPruningStrategy
         >>> import surgery
         >>> model = tiny_model(TinySpec("bert"))
         >>> _ = surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))  # uneven heads
@@ -90,7 +90,7 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
     Normalize, Pooling = _modules().Normalize, _modules().Pooling
 
     import surgery
-    from surgery.assets import resolve_model_path
+    from surgery.data.assets import resolve_model_path
 
     if isinstance(model_or_dir, nn.Module):
         model = model_or_dir
@@ -158,7 +158,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     """
     from surgery.deploy.export import export_onnx
     from surgery.embedding.pooling import write_sentence_transformers_files
-    from surgery.io import atomic_directory
+    from surgery.persist.model_io import atomic_directory
 
     config = sentence_config
     source = source_dir_of(model)

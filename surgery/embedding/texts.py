@@ -1,9 +1,9 @@
 """Unlabelled text for the embedding objective: read, de-duplicate, hold out, tokenize.
 
-A ``.txt`` file holds one text per line; any file :func:`surgery.data.read_table` reads (CSV, TSV,
+A ``.txt`` file holds one text per line; any file :func:`surgery.data.task_data.read_table` reads (CSV, TSV,
 JSON/JSONL, parquet, or an embedded name such as ``rotten-tomatoes``) gives its text column, and
 its labels, if any, are ignored. :func:`load_text_data` returns a :class:`TextData`: a
-:class:`~surgery.data.TaskData` without labels whose held-out split is large enough for the
+:class:`~surgery.data.task_data.TaskData` without labels whose held-out split is large enough for the
 retrieval-agreement metric (at least 2,000 texts when the data allows it).
 """
 
@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from surgery.assets import resolve_data_path
-from surgery.data import TaskData, read_table
+from surgery.core.errors import DataError
+from surgery.data.assets import resolve_data_path
+from surgery.data.requirements import describe
+from surgery.data.task_data import TaskData, read_table
 from surgery.embedding.pooling import SentenceConfig
-from surgery.errors import DataError
-from surgery.requirements import describe
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from surgery.progress import ProgressCallback
+    from surgery.core.progress import ProgressCallback
 
 MIN_HELD_OUT = 2000  # retrieval agreement (recall@10) needs a corpus of this size to mean much
 TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2")
@@ -104,14 +104,14 @@ class TextData(TaskData):
 
     def recover(self, model: nn.Module, teacher: nn.Module, config: Any, *,
                 progress: ProgressCallback | None = None) -> Any:
-        """Recovery with the embedding objective (:func:`~surgery.embedding.distill.recover_embeddings`)."""
-        from surgery.embedding.distill import recover_embeddings
+        """Recovery with the embedding objective (:func:`~surgery.embedding.objective.recover_embeddings`)."""
+        from surgery.embedding.objective import recover_embeddings
 
         return recover_embeddings(model, teacher, self, config, progress=progress)
 
     def importance_objective(self) -> Any:
-        """The label-free importance objective (:func:`~surgery.embedding.importance.embedding_sensitivity`)."""
-        from surgery.embedding.importance import embedding_sensitivity
+        """The label-free importance objective (:func:`~surgery.embedding.sensitivity.embedding_sensitivity`)."""
+        from surgery.embedding.sensitivity import embedding_sensitivity
 
         return embedding_sensitivity(self.sentence_config or SentenceConfig(), seed=self.split_seed or 0)
 

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from surgery.data import PaddingCollator
+from surgery.data.task_data import PaddingCollator
 from surgery.training.distill import (
     DistillConfig,
     default_layer_map,
@@ -17,36 +17,29 @@ from surgery.training.distill import (
     hidden_state_loss,
     recording_layer_outputs,
 )
-from surgery.training.evaluate import accuracy
 from surgery.training.recover import RecoveryConfig, RecoveryResult, recover, require_labelled
+from surgery.training.task_accuracy import accuracy
 from surgery.training.trainer import (
     EpochHistory,
     EpochStats,
-    LogitTask,
     SurgeryTrainer,
-    TrainResult,
-    dropout_disabled,
     fit,
     scratch_dir,
     train_columns,
     training_arguments,
-    unwrap,
 )
 
 __all__ = [
     "DistillConfig",
     "EpochHistory",
     "EpochStats",
-    "LogitTask",
     "PaddingCollator",
     "RecoveryConfig",
     "RecoveryResult",
     "SurgeryTrainer",
-    "TrainResult",
     "accuracy",
     "default_layer_map",
     "distillation_loss",
-    "dropout_disabled",
     "fit",
     "hidden_state_loss",
     "recording_layer_outputs",
@@ -55,5 +48,4 @@ __all__ = [
     "scratch_dir",
     "train_columns",
     "training_arguments",
-    "unwrap",
 ]

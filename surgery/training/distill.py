@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.errors import ConfigError
+from surgery.core.errors import ConfigError
 
 
 class DistillConfig(BaseModel):

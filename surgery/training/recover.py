@@ -13,14 +13,14 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.data import TaskData
-from surgery.errors import ConfigError
-from surgery.manifest import steps_of
-from surgery.progress import ProgressCallback, ProgressEvent, no_progress
-from surgery.requirements import require_training_data
+from surgery.core.errors import ConfigError
+from surgery.core.manifest import steps_of
+from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.data.requirements import require_training_data
+from surgery.data.task_data import TaskData
 from surgery.training.distill import DistillConfig, default_layer_map
-from surgery.training.evaluate import accuracy
 from surgery.training.refit import RefitResult, calibration_batches, refit_projections
+from surgery.training.task_accuracy import accuracy
 from surgery.training.trainer import EpochHistory, EpochStats, fit, scratch_dir, training_arguments
 
 
@@ -46,7 +46,7 @@ class RecoveryConfig(DistillConfig):
     refit: bool = Field(default=False, description="before training, re-solve every cut output projection by "
                                                    "least squares against the teacher (surgery.training.refit)")
     refit_batches: int = Field(default=32, ge=1, description="training batches the refit reads")
-    # The embedding objective's neighbour term (surgery.embedding.distill.neighbour_loss); a task
+    # The embedding objective's neighbour term (surgery.embedding.objective.neighbour_loss); a task
     # recovery refuses it rather than ignore it.
     similarity_weight: float = Field(default=0.0, ge=0.0, description="embedding objective only: weight of the "
                                      "in-batch neighbour KL (0: off)")
@@ -113,7 +113,7 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     Example:
         >>> import copy, datasets
         >>> from surgery.testing import TinySpec, tiny_model
-        >>> from surgery.data import TaskData
+        >>> from surgery.data.task_data import TaskData
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
         >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 6, 7, 3]], "labels": [0, 2]})
         >>> result = recover(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b", "c"]), epochs=1)

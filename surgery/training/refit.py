@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.manifest import steps_of
+from surgery.core.manifest import steps_of
 from surgery.training.distill import default_layer_map
 
 #: The projections a refit solves, by the anatomy's names: attention output, then FFN down.
@@ -57,7 +57,7 @@ def calibration_batches(data: Any, batches: int, *, batch_size: int | None = Non
 
     Example:
         >>> import datasets
-        >>> from surgery.data import TaskData
+        >>> from surgery.data.task_data import TaskData
         >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 5, "labels": [0] * 5})
         >>> [len(b["input_ids"]) for b in calibration_batches(TaskData(rows, None, ["a"]), 2, batch_size=2)]
         [2, 2]

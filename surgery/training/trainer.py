@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-from surgery.data import MODEL_COLUMNS, PaddingCollator, TaskData
+from surgery.data.task_data import MODEL_COLUMNS, PaddingCollator, TaskData
 from surgery.training.distill import DistillConfig, distillation_loss, hidden_state_loss, recording_layer_outputs
 
 

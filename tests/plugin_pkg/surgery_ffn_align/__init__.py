@@ -22,7 +22,7 @@ from pydantic import Field
 from torch import nn
 
 from surgery import LayerChange, PlanError, RunContext, Strategy, StrategyConfig, adapter_for
-from surgery.ops import check_indices, complement
+from surgery.anatomy.slicing import check_indices, complement
 
 __all__ = ["FFNAlignConfig", "FFNAlignStrategy"]
 __version__ = "0.1.0"

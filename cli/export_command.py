@@ -1,0 +1,249 @@
+"""``surgery export``: a saved model to ONNX (parity-checked, optionally int8 and graph-optimized).
+
+Example:
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from typer.testing import CliRunner
+    >>> import surgery
+    >>> from surgery.cli.app import app
+    >>> from surgery.testing import TinySpec, tiny_model
+    >>> root = Path(tempfile.mkdtemp())
+    >>> saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), root / "m")
+    >>> result = CliRunner().invoke(app, ["export", str(saved), "--out", str(root / "onnx"), "--seq", "8"])
+    >>> result.exit_code, sorted(p.name for p in (root / "onnx").iterdir())
+    (0, ['model.onnx', 'surgery-onnx.json'])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
+from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
+from surgery.cli.options import (
+    Calibration,
+    CalibrationTexts,
+    EvalData,
+    Int8Fp32,
+    LabelColumn,
+    MaxLength,
+    Overwrite,
+    SmoothAlpha,
+    TextColumn,
+    TextPairColumn,
+)
+from surgery.core.errors import ConfigError
+from surgery.data.assets import resolve_model_path
+from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
+
+FORMATS = ("onnx", "sentence-transformers", "stock")
+
+if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must not
+    from surgery.deploy.export import ExportReport
+
+
+def int8_label(report: ExportReport) -> str:
+    """How the graph was quantized, e.g. ``int8 (dynamic, per-channel weights)``."""
+    kept = f", {', '.join(report.int8_fp32)} in fp32 ({report.int8_fp32_nodes} products)" if report.int8_fp32 else ""
+    smooth = report.int8_smoothing
+    smoothed = f", activations smoothed (alpha {smooth.alpha:g}, {smooth.modules} products)" if smooth else ""
+    return (f"int8 (dynamic, per-{'channel' if report.int8_per_channel is not False else 'tensor'} weights"
+            f"{smoothed}{kept})")
+
+
+def export_view(report: ExportReport, out: Path) -> RenderableType:
+    """What was written and how closely it agrees with PyTorch."""
+    table = Table(title=f"Exported to {out}", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    rows = [
+        ("graph", f"{report.onnx_file} ({report.onnx_bytes / 2**20:,.1f} MiB), opset {report.opset}, "
+                  f"{int8_label(report) if report.int8 else 'fp32'}"),
+        ("task", f"{report.task}: {report.model_class} -> {report.output}"),
+        ("inputs", ", ".join(report.inputs) + " (dynamic batch and sequence)"),
+        ("steps", ", ".join(report.steps) or "none"),
+        ("parity (fp32)", f"max abs {report.parity.max_abs_diff:.2e}, min cosine {report.parity.min_cosine:.6f} "
+                          f"on a padded {report.parity_batch[0]}x{report.parity_batch[1]} batch "
+                          f"(tolerance {report.tolerance:g})"),
+    ]
+    if report.optimized is not None:
+        fused = {k: v for k, v in report.optimized.items() if k in FUSED_OPS}
+        rows.append(("optimized", ", ".join(f"{k} x{v}" for k, v in fused.items()) or "no fused operators"))
+    if report.int8_drift is not None:
+        rows.append(("int8 drift", f"on real tokens: max abs {report.int8_drift.max_abs_diff:.2e}, min cosine "
+                                   f"{report.int8_drift.min_cosine:.6f}"))
+    if report.int8_smoothing is not None:
+        smooth = report.int8_smoothing
+        rows.append(("calibration", f"{smooth.calibration_tokens:,} tokens in {smooth.calibration_batches} batches; "
+                                    f"largest activation outlier {smooth.outlier_ratio:.1f}x the median channel"))
+    elif report.int8:
+        rows.append(("calibration", "none: activations quantized as they are; --calibration YOUR_TEXTS smooths "
+                                    "them first (more faithful int8, see docs/deploy.md)"))
+    if report.accuracy_torch is not None:
+        rows.append(("accuracy", f"PyTorch fp32 {report.accuracy_torch:.2%}, this graph {report.accuracy_onnx:.2%}"))
+    rows.append(("export time", f"{report.export_seconds:.1f} s"))
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    return Group(table)
+
+
+#: Operators that ONNX Runtime's optimizer creates by fusing several nodes.
+FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "EmbedLayerNormalization",
+             "LayerNormalization", "SimplifiedLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "FusedMatMul",
+             "Gemm", "QAttention", "BiasSoftmax", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm")
+
+
+def export_command(
+    ctx: typer.Context,
+    model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write model.onnx, the tokenizer and "
+                                      "surgery-onnx.json to (new or empty).")],
+    int8: Annotated[bool, typer.Option("--int8", help="Write ONNX Runtime's dynamic int8 graph; its drift from "
+                                       "PyTorch is recorded.")] = False,
+    format: Annotated[str, typer.Option("--format", help="onnx: model.onnx and its report; sentence-transformers: "
+                                        "a directory stock SentenceTransformer(DIR, backend='onnx') loads, for a "
+                                        "sentence-embedding model; stock: a plain Hugging Face directory that "
+                                        "AutoModel loads without surgery (uniform FFN width, dropped layers, all "
+                                        "heads).")] = "onnx",
+    per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
+                                             "instead of per output channel (less faithful, same speed).")] = False,
+    int8_fp32: Int8Fp32 = None,
+    calibration: Calibration = None,
+    calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
+    smooth_alpha: SmoothAlpha = SMOOTH_ALPHA,
+    optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
+                                           "optimizations (fusions).")] = False,
+    task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
+    batch: Annotated[int, typer.Option(min=1, help="Parity batch: sequences.")] = 4,
+    seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,
+    tolerance: Annotated[float, typer.Option(help="Largest fp32 max-abs difference accepted.")] = 1e-4,
+    opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the exporter's).")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="Labelled data; records the accuracy of PyTorch and "
+                                             "of the graph on its held-out split (or rotten-tomatoes).")] = None,
+    eval_data: EvalData = None,
+    text_column: TextColumn = "text",
+    text_pair_column: TextPairColumn = None,
+    label_column: LabelColumn = "label",
+    max_length: MaxLength = 64,
+    threads: Annotated[int | None, typer.Option(min=1, help="ONNX Runtime threads for the checks.")] = None,
+    overwrite: Overwrite = False,
+) -> None:
+    """Export a model to ONNX with a parity check (optionally int8 / optimized), or as a stock HF directory."""
+    import surgery
+
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
+    if format == "stock":
+        export_stock(model_dir, out, overwrite=overwrite,
+                     onnx_flags=[flag for flag, given in (("--int8", int8), ("--calibration", calibration),
+                                                          ("--optimize", optimize), ("--data", data),
+                                                          ("--task", task != "auto")) if given])
+        return
+    from surgery.deploy import export_onnx
+    from surgery.deploy.runtime import require_onnx
+
+    require_onnx()  # before anything is loaded: a missing extra is one line
+    if format == "sentence-transformers" and (data is not None or optimize or task not in ("auto", "base")):
+        raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop "
+                          "--data, --optimize and --task")
+    if calibration is not None and not int8:
+        raise ConfigError("--calibration smooths the activations for int8; add --int8 (or drop --calibration)")
+    source = resolve_model_path(model_dir)
+    target = check_output_dir(source, out, overwrite=overwrite)
+    read_model_config(source)
+    needs = "--data" if data is not None else "--calibration" if calibration is not None else None
+    tokenizer = load_tokenizer(source, required_by=needs)
+    smoothing_batches = calibration_texts_batches(ctx, calibration, tokenizer, max_texts=calibration_texts,
+                                                  max_length=max_length, text_column=text_column)
+    batches = None
+    if data is not None:
+        from surgery.cli.prepare import DataFiles, DataOptions, load_task
+
+        with quiet_datasets(ctx.ensure_object(CliState).debug):
+            task_data = load_task(DataFiles(data, eval_data), tokenizer, DataOptions.from_command(ctx))
+        batches = task_data.loader("eval")
+    model = surgery.from_pretrained(source)
+    if format == "sentence-transformers":
+        from surgery.embedding import read_sentence_config
+        from surgery.embedding.interop import export_sentence_transformers
+
+        sentence = read_sentence_config(source)
+        if sentence is None:
+            raise ConfigError(f"--format sentence-transformers: {source} is not a sentence-embedding model (no "
+                              "modules.json or sentence_embedding.json); use --format onnx")
+        with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
+            report = export_sentence_transformers(model, target, tokenizer=tokenizer, sentence_config=sentence,
+                                                  int8=int8, per_channel=not per_tensor, int8_fp32=int8_fp32 or (),
+                                                  calibration=smoothing_batches, smooth_alpha=smooth_alpha,
+                                                  threads=threads, overwrite=overwrite)
+        stdout().print(export_view(report, target / "onnx"))
+        stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend='onnx') "
+                       f"loads it ({sentence.describe()}); needs sentence-transformers[onnx], not surgery",
+                       markup=False)
+        return
+    with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
+        report = export_onnx(model, target, tokenizer=tokenizer, task=task, int8=int8, per_channel=not per_tensor,
+                             int8_fp32=int8_fp32 or (), calibration=smoothing_batches, smooth_alpha=smooth_alpha,
+                             optimize=optimize, batch=batch, seq=seq,
+                             tolerance=tolerance, opset=opset, data=batches, threads=threads, overwrite=overwrite)
+    stdout().print(export_view(report, target))
+
+
+def export_stock(model_dir: str, out: Path, *, overwrite: bool, onnx_flags: list[str]) -> None:
+    """``surgery export --format stock``: the model as a plain Hugging Face directory (no surgery needed to load)."""
+    import surgery
+    from surgery.compress.stock_export import save_stock
+
+    if onnx_flags:
+        raise ConfigError(f"--format stock writes PyTorch weights; {', '.join(onnx_flags)} belong to the ONNX formats, "
+                          "drop them")
+    source = resolve_model_path(model_dir)
+    target = check_output_dir(source, out, overwrite=overwrite)
+    read_model_config(source)
+    saved = save_stock(surgery.from_pretrained(source), target, overwrite=overwrite, tokenizer=load_tokenizer(source))
+    loaders = "AutoModel.from_pretrained(DIR)" + (" and SentenceTransformer(DIR)" if (saved / "modules.json").is_file()
+                                                  else "")
+    stdout().print(f"stock Hugging Face directory {saved}: {loaders} load it without surgery", markup=False)
+
+
+def calibration_texts_batches(ctx: typer.Context, calibration: str | None, tokenizer: object, *, max_texts: int,
+                              max_length: int, text_column: str) -> list | None:
+    """``--calibration``'s texts (a seeded sample of ``max_texts``) as tokenized batches; None without it."""
+    if calibration is None:
+        return None
+    from surgery.deploy.smooth import calibration_batches
+    from surgery.embedding.texts import read_texts
+
+    with quiet_datasets(ctx.ensure_object(CliState).debug):
+        texts = read_texts(calibration, text_column=text_column)
+    return calibration_batches(texts, tokenizer, max_texts=max_texts, max_length=max_length)
+
+
+def bench_tokenizer(paths: list[str], needed_by: str = "--calibration") -> object:
+    """The tokenizer of the last of ``paths`` that has one (the model under test before its reference)."""
+    from surgery.core.errors import ModelLoadError
+
+    sources = [resolve_model_path(p) for p in paths]
+    source = next((s for s in reversed(sources) if has_tokenizer(s)), None)
+    if source is None:
+        raise ModelLoadError(f"{needed_by} needs a tokenizer, but none of {', '.join(paths)} has tokenizer files")
+    return load_tokenizer(source)
+
+
+def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_column: str, label_column: str,
+                  max_length: int) -> object:
+    """The held-out split of ``data`` as labelled batches, tokenized with the first model's tokenizer that exists."""
+    from surgery.cli.prepare import DataFiles, DataOptions, load_task
+
+    tokenizer = bench_tokenizer(paths, "--data")
+    with quiet_datasets(ctx.ensure_object(CliState).debug):
+        # Not DataOptions.from_command: bench's --batch-size is the benchmark's, not the data loader's.
+        options = DataOptions(text_column=text_column, label_column=label_column, max_length=max_length)
+        task_data = load_task(DataFiles(data), tokenizer, options)
+    return task_data.loader("eval")

@@ -1,0 +1,492 @@
+"""Side-by-side inference benchmarks: throughput, latency, parameters, FLOPs and peak memory.
+
+Method (what :func:`bench_models` does, in this order):
+
+1. **One process, same inputs.** Every model gets the same random batch: ``input_ids`` drawn
+   uniformly from the vocabulary all models share (seeded) and an ``attention_mask`` of ones, so
+   every sequence has the full length and no model can profit from padding. Models run in eval mode
+   under ``torch.inference_mode``; their previous train/eval mode is restored afterwards.
+   The device is checked first (``cuda`` without a GPU, an unknown name) and so is ``seq_len``
+   against each model's ``max_position_embeddings``: one-line errors, not tracebacks.
+2. **Counting, outside the timed region.** Parameters come from :func:`surgery.count_params` (with
+   and without embeddings). FLOPs per batch come from one forward under
+   :class:`torch.utils.flop_counter.FlopCounterMode`, which counts matrix multiplications (one
+   multiply-add = 2 FLOPs); torch has no formula for the CPU flash-attention kernel that SDPA picks,
+   so one is added here (the same formula torch uses for the CUDA kernels). Element-wise work
+   (softmax, GELU, LayerNorm) is not counted, as is usual.
+3. **Peak memory, outside the timed region.** On CUDA: ``torch.cuda.max_memory_allocated`` during
+   one forward. On CPU there is no allocator high-water mark, so one forward runs under
+   ``torch.profiler`` with ``profile_memory=True`` and the allocator's alloc/free events are summed in
+   time order; the maximum is the activation peak (the profiler's native ``USDT`` chatter on
+   stderr is sent to ``/dev/null`` for that one forward). Both report ``weights_bytes + activation_peak_bytes``
+   (parameters and buffers, plus the most tensor memory the forward held at once). It is tensor
+   memory, not process RSS, which would mix every model in the process.
+4. **Timing, interleaved.** ``warmup`` untimed rounds, then ``repeats`` rounds; each round runs one
+   batch on every model, and the order rotates each round (A B C, B C A, ...), so drifting machine
+   load and cache effects hit all models alike. Each batch is timed with ``time.perf_counter`` (with
+   a CUDA synchronise on GPU). Throughput is the median over rounds of ``batch_size / latency``;
+   latency p50/p95 are percentiles of the per-batch times.
+5. **Ratios against the first model** (the reference): speedup (ratio of median throughputs), the
+   paired speedup (median and quartiles of the same-round throughput ratios, which cancels most
+   load from other processes), parameter and FLOP ratios, the FLOP-bound speedup
+   ``reference FLOPs / model FLOPs`` and the fraction of it that was realised. The paired speedup
+   gets a 95% percentile-bootstrap interval over rounds (:mod:`surgery.measure.stats`).
+6. **Warnings as data**: a model that is smaller (parameters or FLOPs) but not faster, timings that
+   vary a lot between rounds, a machine whose load exceeds its CPU count, and a paired speedup whose
+   interval is wider than +-5% (with the rounds likely to narrow it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+from torch import nn
+
+from surgery.core.api import count_params
+from surgery.core.errors import ConfigError
+from surgery.core.report import ParamCount
+from surgery.measure.flops import count_flops
+from surgery.measure.memory import memory_use
+from surgery.measure.stats import Interval, bootstrap_median, interval_warning
+
+#: A model counts as "smaller" when it has at most this fraction of the reference's parameters or FLOPs.
+SMALLER_BELOW = 0.95
+#: ... and as "not faster" when its speedup is below ``1 + NOT_FASTER_MARGIN``.
+NOT_FASTER_MARGIN = 0.05
+#: Relative spread (interquartile range / median) of per-round throughput above which timings are noisy.
+NOISY_SPREAD = 0.15
+
+
+class BenchSettings(BaseModel):
+    """How a benchmark was run, and on what."""
+
+    batch_size: int
+    seq_len: int
+    repeats: int
+    warmup: int
+    device: str
+    threads: int
+    seed: int
+    torch_version: str
+    cpu_count: int | None
+    machine: str
+    load_average_before: float | None = None
+    load_average_after: float | None = None
+
+
+class ModelBench(BaseModel):
+    """Measurements of one model."""
+
+    name: str
+    model_class: str
+    runtime: str = Field(default="torch", description="torch, or onnxruntime for an exported graph")
+    attention: str | None = Field(default=None, description="config._attn_implementation (eager, sdpa ...)")
+    params: ParamCount
+    flops_per_batch: int
+    throughput: float = Field(description="samples/s, median over rounds")
+    throughput_rounds: list[float] = Field(description="samples/s of each timed round")
+    latency_p50_ms: float
+    latency_p95_ms: float
+    weights_bytes: int
+    activation_peak_bytes: int | None
+    peak_memory_bytes: int | None
+    memory_method: str
+    accuracy: float | None = Field(default=None, description="accuracy on labelled data, when given")
+
+    @property
+    def throughput_spread(self) -> float:
+        """Interquartile range of per-round throughput relative to its median (0 = perfectly stable)."""
+        return _spread(self.throughput_rounds)
+
+
+class Comparison(BaseModel):
+    """One model against the reference (the first model)."""
+
+    name: str
+    reference: str
+    speedup: float = Field(description="throughput / reference throughput (ratio of the medians)")
+    paired_speedup: float = Field(description="median over rounds of the same-round throughput ratio")
+    paired_speedup_iqr: tuple[float, float] = Field(description="quartiles (25%, 75%) of the same-round ratios")
+    paired_speedup_ci: tuple[float, float] | None = Field(
+        default=None, description="95% bootstrap confidence interval of the paired speedup (surgery.measure.stats)")
+    params_ratio: float = Field(description="total parameters / reference")
+    params_ratio_without_embeddings: float
+    flops_ratio: float = Field(description="FLOPs per batch / reference")
+    flop_bound_speedup: float = Field(description="reference FLOPs / FLOPs: the speedup if time followed FLOPs")
+    fraction_of_flop_bound: float = Field(description="speedup / flop_bound_speedup")
+    memory_ratio: float | None = None
+
+
+class BenchReport(BaseModel):
+    """Result of :func:`bench_models`: settings, per-model measurements, ratios and warnings."""
+
+    settings: BenchSettings
+    models: list[ModelBench]
+    comparisons: list[Comparison]
+    warnings: list[str]
+
+    def model(self, name: str) -> ModelBench:
+        """The measurements of the model called ``name``."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def write_json(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as indented JSON to ``path`` (parent directories are created)."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
+        return out
+
+
+# -- warnings -----------------------------------------------------------------------------------
+def not_faster_warning(comparison: Comparison) -> str | None:
+    """A warning when a model is smaller than the reference but not faster, else ``None``.
+
+    "Smaller" means at most 95% of the reference's parameters or FLOPs; "not faster" means a speedup
+    below 1.05x by both estimates, the ratio of medians and the paired one (timing noise on a shared
+    machine easily reaches a few percent).
+
+    Example:
+        >>> c = Comparison(name="pruned", reference="base", speedup=0.98, paired_speedup=0.99,
+        ...                paired_speedup_iqr=(0.97, 1.01), params_ratio=0.6, params_ratio_without_embeddings=0.5,
+        ...                flops_ratio=0.55, flop_bound_speedup=1 / 0.55, fraction_of_flop_bound=0.98 * 0.55)
+        >>> not_faster_warning(c)
+        'pruned has 40% fewer parameters and 45% fewer FLOPs than base but is not faster (speedup 0.98x, paired 0.99x)'
+    """
+    fewer = []
+    if comparison.params_ratio <= SMALLER_BELOW:
+        fewer.append(f"{1 - comparison.params_ratio:.0%} fewer parameters")
+    if comparison.flops_ratio <= SMALLER_BELOW:
+        fewer.append(f"{1 - comparison.flops_ratio:.0%} fewer FLOPs")
+    if not fewer or max(comparison.speedup, comparison.paired_speedup) >= 1 + NOT_FASTER_MARGIN:
+        return None
+    return (f"{comparison.name} has {' and '.join(fewer)} than {comparison.reference} but is not faster "
+            f"(speedup {comparison.speedup:.2f}x, paired {comparison.paired_speedup:.2f}x)")
+
+
+def paired_interval(comparison: Comparison, rounds: int) -> Interval:
+    """The paired speedup of ``comparison`` with its bootstrap interval (:class:`surgery.measure.stats.Interval`)."""
+    low, high = comparison.paired_speedup_ci or (comparison.paired_speedup,) * 2
+    return Interval(estimate=comparison.paired_speedup, low=low, high=high, level=0.95, rounds=rounds)
+
+
+def noise_warning(bench: ModelBench) -> str | None:
+    """A warning when a model's per-round throughput varies by more than 15% (IQR / median)."""
+    spread = bench.throughput_spread
+    if spread <= NOISY_SPREAD:
+        return None
+    return (f"timings of {bench.name} vary by {spread:.0%} between rounds (IQR/median); the machine is busy or "
+            "repeats are too few, so read its ratios with care")
+
+
+def load_warning(settings: BenchSettings) -> str | None:
+    """A warning when the machine's 1-minute load average exceeded its CPU count during the run."""
+    loads = [x for x in (settings.load_average_before, settings.load_average_after) if x is not None]
+    if not loads or not settings.cpu_count or max(loads) <= settings.cpu_count:
+        return None
+    return (f"load average reached {max(loads):.1f} on {settings.cpu_count} CPUs: other processes competed for the "
+            "CPU; interleaving spreads that over all models, but absolute throughput is lower than on an idle machine")
+
+
+# -- measuring ----------------------------------------------------------------------------------
+def _spread(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    median = statistics.median(values)
+    return (q3 - q1) / median if median else 0.0
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def check_device(device: str) -> torch.device:
+    """The torch device named ``device``, checked to exist on this machine.
+
+    Example:
+        >>> check_device("cpu")
+        device(type='cpu')
+        >>> check_device("tpu9")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: bench: unknown device 'tpu9'; use cpu, cuda or cuda:N
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"bench: unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"bench: device {device!r} is not supported; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"bench: --device {device} but torch sees no CUDA GPU on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"bench: --device {device} but this machine has {count} CUDA GPU(s) (cuda:0 to "
+                              f"cuda:{count - 1})")
+    return dev
+
+
+def check_seq_len(models: Mapping[str, nn.Module], seq_len: int) -> None:
+    """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward)."""
+    for name, model in models.items():
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(limit, int) and 0 < limit < seq_len:
+            raise ConfigError(f"bench: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
+                              f"use --seq-len {limit} or less")
+
+
+def _counts(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: torch.device) -> tuple[Any, ...]:
+    # A model whose weights live outside torch (an ONNX Runtime graph) reports its own counts.
+    own = getattr(model, "bench_counts", None)
+    if callable(own):
+        return own(inputs)
+    return (count_params(model), count_flops(model, inputs), *memory_use(model, inputs, device))
+
+
+def make_inputs(vocab_size: int, *, batch_size: int, seq_len: int, seed: int = 0, device: str | torch.device = "cpu"
+                ) -> dict[str, torch.Tensor]:
+    """A full-length random batch: ``input_ids`` (seeded) and an ``attention_mask`` of ones.
+
+    Ids avoid the first few vocabulary entries, where special tokens usually live.
+
+    Example:
+        >>> batch = make_inputs(99, batch_size=2, seq_len=5)
+        >>> batch["input_ids"].shape, int(batch["attention_mask"].sum())
+        (torch.Size([2, 5]), 10)
+    """
+    gen = torch.Generator().manual_seed(seed)
+    low = min(5, vocab_size - 1)
+    ids = torch.randint(low, vocab_size, (batch_size, seq_len), generator=gen)
+    return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+
+
+def _shared_vocab(models: Mapping[str, nn.Module]) -> int:
+    sizes = [getattr(getattr(m, "config", None), "vocab_size", None) for m in models.values()]
+    known = [int(s) for s in sizes if s]
+    if not known:
+        raise ConfigError("bench: no model has config.vocab_size; pass Hugging Face models")
+    return min(known)
+
+
+@contextmanager
+def _threads(threads: int | None):
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def _time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, repeats: int,
+                 warmup: int, device: torch.device) -> dict[str, list[float]]:
+    names = list(models)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    with torch.inference_mode():
+        for round_ in range(warmup + repeats):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:  # rotate the order every round
+                sync(device)
+                start = time.perf_counter()
+                models[name](**inputs)
+                sync(device)
+                if round_ >= warmup:
+                    times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _compare(model: ModelBench, ref: ModelBench) -> Comparison:
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else float("nan")
+
+    flops_ratio = ratio(model.flops_per_batch, ref.flops_per_batch)
+    bound = ratio(ref.flops_per_batch, model.flops_per_batch)
+    speedup = ratio(model.throughput, ref.throughput)
+    # Both models ran within the same round, moments apart, so a burst of load from other processes
+    # hits both; the per-round ratio is therefore far steadier than either throughput on a busy machine.
+    paired = [ratio(a, b) for a, b in zip(model.throughput_rounds, ref.throughput_rounds, strict=True)]
+    q1, _, q3 = statistics.quantiles(paired, n=4, method="inclusive") if len(paired) > 1 else (paired[0],) * 3
+    interval = bootstrap_median(paired)
+    memory = (ratio(model.peak_memory_bytes, ref.peak_memory_bytes)
+              if model.peak_memory_bytes is not None and ref.peak_memory_bytes is not None else None)
+    return Comparison(
+        name=model.name,
+        reference=ref.name,
+        speedup=speedup,
+        paired_speedup=statistics.median(paired),
+        paired_speedup_iqr=(q1, q3),
+        paired_speedup_ci=(interval.low, interval.high),
+        params_ratio=ratio(model.params.total, ref.params.total),
+        params_ratio_without_embeddings=ratio(model.params.without_embeddings, ref.params.without_embeddings),
+        flops_ratio=flops_ratio,
+        flop_bound_speedup=bound,
+        fraction_of_flop_bound=ratio(speedup, bound),
+        memory_ratio=memory,
+    )
+
+
+def bench_models(
+    models: Mapping[str, nn.Module],
+    *,
+    batch_size: int = 32,
+    seq_len: int = 64,
+    repeats: int = 10,
+    warmup: int = 2,
+    device: str = "cpu",
+    threads: int | None = None,
+    seed: int = 0,
+) -> BenchReport:
+    """Benchmark ``models`` side by side in this process and compare each with the first one.
+
+    See the module docstring for the method. Models are moved to ``device`` and put in eval mode
+    while measured (their previous mode is restored afterwards; the device is not).
+
+    Args:
+        models: name -> Hugging Face encoder; the first entry is the reference for all ratios.
+        batch_size: sequences per batch.
+        seq_len: tokens per sequence (all real tokens, no padding).
+        repeats: timed rounds; each round runs one batch on every model.
+        warmup: untimed rounds before them.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        threads: torch intra-op threads during the benchmark (default: leave as is).
+        seed: seed of the random input ids.
+
+    Returns:
+        A :class:`BenchReport` with settings, per-model measurements, comparisons and warnings.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.strategies import FFNPruningStrategy
+        >>> import surgery
+        >>> base, pruned = tiny_model(TinySpec("bert")), tiny_model(TinySpec("bert"))
+        >>> _ = surgery.convert(pruned, FFNPruningStrategy(neurons={0: list(range(30))}))
+        >>> report = bench_models({"base": base, "pruned": pruned}, batch_size=2, seq_len=8, repeats=3, warmup=1)
+        >>> report.comparisons[0].flops_ratio < 1
+        True
+    """
+    if not models:
+        raise ConfigError("bench: pass at least one model")
+    for field, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("repeats", repeats, 1),
+                                ("warmup", warmup, 0)):
+        if value < least:
+            raise ConfigError(f"bench: {field} must be at least {least}, got {value}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"bench: threads must be at least 1, got {threads}")
+    dev = check_device(device)
+    check_seq_len(models, seq_len)
+    modes = {name: m.training for name, m in models.items()}
+    load_before = _load()
+    try:
+        with _threads(threads) as used_threads:
+            for model in models.values():
+                model.to(dev).eval()
+            inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
+                                 device=dev)
+            counted = {name: _counts(m, inputs, dev) for name, m in models.items()}
+            times = _time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
+    finally:
+        for name, model in models.items():
+            model.train(modes[name])
+    settings = BenchSettings(
+        batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, device=str(dev),
+        threads=used_threads, seed=seed, torch_version=torch.__version__, cpu_count=os.cpu_count(),
+        machine=f"{platform.system()} {platform.machine()}"
+        + (f", {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""),
+        load_average_before=load_before, load_average_after=_load(),
+    )
+    benches = []
+    for name, (params, flops, weights, act_peak, peak, method) in counted.items():
+        rounds = [batch_size / t for t in times[name]]
+        config = getattr(models[name], "config", None)
+        benches.append(ModelBench(
+            name=name, model_class=type(models[name]).__name__, runtime=getattr(models[name], "runtime", "torch"),
+            attention=getattr(config, "_attn_implementation", None), params=params, flops_per_batch=flops,
+            throughput=statistics.median(rounds), throughput_rounds=rounds,
+            latency_p50_ms=1000 * _percentile(times[name], 50), latency_p95_ms=1000 * _percentile(times[name], 95),
+            weights_bytes=weights, activation_peak_bytes=act_peak, peak_memory_bytes=peak, memory_method=method,
+        ))
+    comparisons = [_compare(b, benches[0]) for b in benches[1:]]
+    warnings = [w for w in [load_warning(settings), *(noise_warning(b) for b in benches),
+                            *(not_faster_warning(c) for c in comparisons),
+                            *(interval_warning(c.name, paired_interval(c, settings.repeats)) for c in comparisons)]
+                if w]
+    return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings)
+
+
+def model_names(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None) -> list[str]:
+    """Display names of the models at ``paths``, checked to be one per path and distinct."""
+    labels = [str(p) for p in paths] if names is None else list(names)
+    if len(labels) != len(paths):
+        raise ConfigError(f"bench: got {len(paths)} paths but {len(labels)} names; give one name per path")
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"bench: model names must be distinct, got {labels}")
+    return labels
+
+
+def bench_dirs(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    names: Sequence[str] | None = None,
+    model_class: str | None = None,
+    allow_pickle: bool = False,
+    **kwargs: Any,
+) -> BenchReport:
+    """Load saved models (directories or embedded names like ``"minilm-l6"``) and bench them side by side.
+
+    Args:
+        paths: model directories; the first is the reference.
+        names: display names (default: the paths as given).
+        model_class: transformers class name for every model (default: as each directory records).
+        allow_pickle: see :func:`surgery.from_pretrained`.
+        **kwargs: passed to :func:`bench_models` (``batch_size``, ``seq_len``, ``repeats`` ...).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> import surgery
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> out = surgery.save_pretrained(tiny_model(TinySpec("bert")), Path(tempfile.mkdtemp()) / "m")
+        >>> bench_dirs([out], names=["tiny"], batch_size=2, seq_len=8, repeats=2, warmup=0).models[0].name
+        'tiny'
+    """
+    labels = model_names(paths, names)
+    if "device" in kwargs:
+        check_device(kwargs["device"])  # before minutes of loading
+    return bench_models(load_dirs(paths, labels, model_class=model_class, allow_pickle=allow_pickle), **kwargs)
+
+
+def load_dirs(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None, *,
+              model_class: str | None = None, allow_pickle: bool = False) -> dict[str, nn.Module]:
+    """The models at ``paths`` by name (:func:`model_names`), loaded by :func:`surgery.from_pretrained`."""
+    from surgery.persist.model_io import from_pretrained
+
+    return {label: from_pretrained(path, model_class=model_class, allow_pickle=allow_pickle)
+            for label, path in zip(model_names(paths, names), paths, strict=True)}

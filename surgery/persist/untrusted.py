@@ -1,0 +1,170 @@
+"""A model directory is untrusted input: no custom code runs, no pickle is read, safetensors are checked.
+
+A ``config.json`` (or ``tokenizer_config.json``) whose ``auto_map`` points at Python files in the
+directory asks transformers to run them; surgery always passes ``trust_remote_code=False`` and, for a
+model type transformers does not know itself, refuses the directory in one line before transformers
+could prompt. surgery reads weights from safetensors only: a ``pytorch_model.bin``/``.pt``/``.pth`` file is a
+pickle, and unpickling runs code. Such a directory is refused with a line that says how to convert
+it, unless the caller opts in to torch's weights-only loader. A safetensors file is checked before it
+is read: its header must parse and its tensors must lie within the file, so a corrupt or truncated
+download is reported in one line instead of a ``SafetensorError`` traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+from surgery.core.errors import ModelLoadError
+
+SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+CONVERT_HINT = (
+    "convert it once, in an environment you trust: python -c \"import torch, safetensors.torch as s; "
+    "s.save_file(torch.load('pytorch_model.bin', weights_only=True), 'model.safetensors')\" "
+    "(or pass allow_pickle=True / --allow-pickle to load it with torch's weights-only loader)"
+)
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _json_file(file: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}  # unreadable files are reported by whoever reads them for real
+    return value if isinstance(value, dict) else {}
+
+
+def refuse_custom_code(path: Path) -> None:
+    """Refuse a directory that needs its own Python code (``auto_map`` with an unknown model type).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "config.json").write_text('{"model_type": "evil", "auto_map": {"AutoConfig": "evil.Config"}}')
+        >>> refuse_custom_code(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: ... asks to run Python code from the model directory (auto_map: ...
+    """
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = _json_file(path / "config.json").get("model_type")
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES:
+        return  # transformers' own classes are used and any auto_map is ignored (trust_remote_code=False)
+    for name in ("config.json", "tokenizer_config.json"):
+        auto_map = _json_file(path / name).get("auto_map")
+        if auto_map:
+            shown = json.dumps(auto_map)[:120] if not isinstance(auto_map, dict) else ", ".join(
+                sorted({str(v) for v in auto_map.values()}))[:120]
+            raise ModelLoadError(
+                f"{path / name} asks to run Python code from the model directory (auto_map: {shown}); surgery never "
+                "runs code from a model directory: use a model whose model_type transformers supports"
+            )
+
+
+def pickled_weights(path: Path) -> list[Path]:
+    """The pickle-format weight files in a model directory."""
+    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in PICKLE_SUFFIXES
+                  and not p.name.startswith("training_args"))
+
+
+def require_safetensors(path: Path, *, allow_pickle: bool = False) -> None:
+    """Refuse a directory whose weights exist only as pickles (unless ``allow_pickle``).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "pytorch_model.bin").write_bytes(b"x")
+        >>> require_safetensors(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: ... holds only pickled weights (pytorch_model.bin), which ...not load ...
+    """
+    if any((path / name).exists() for name in SAFETENSORS):
+        return
+    pickles = pickled_weights(path)
+    if pickles and not allow_pickle:
+        raise ModelLoadError(f"{path} holds only pickled weights ({', '.join(p.name for p in pickles[:3])}), which "
+                             f"surgery does not load because unpickling can run code; {CONVERT_HINT}")
+
+
+def safetensors_shapes(file: Path) -> dict[str, list[int]]:
+    """Tensor shapes from a safetensors header, after checking that the file is complete.
+
+    Raises :class:`~surgery.core.errors.ModelLoadError` for a file that is truncated, corrupt or not
+    safetensors at all.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from safetensors.torch import save_file
+        >>> f = Path(tempfile.mkdtemp()) / "w.safetensors"
+        >>> save_file({"a": torch.zeros(2, 3)}, str(f))
+        >>> safetensors_shapes(f)
+        {'a': [2, 3]}
+        >>> _ = f.write_bytes(f.read_bytes()[:-4])
+        >>> safetensors_shapes(f)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: ... is truncated or corrupt ...
+    """
+    damaged = f"{file} is truncated or corrupt"
+    fix = "re-download or re-save the model"
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                raise ModelLoadError(f"{damaged} ({size} bytes, no safetensors header); {fix}")
+            (length,) = struct.unpack("<Q", head)
+            if length > size - 8 or length > 100_000_000:
+                raise ModelLoadError(f"{damaged} (header length {length} exceeds the file); {fix}")
+            header = json.loads(handle.read(length))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {file}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ModelLoadError(f"{damaged} (its header is not valid JSON); {fix}") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{damaged} (its header is not a mapping); {fix}")
+    shapes: dict[str, list[int]] = {}
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shape = [int(x) for x in info["shape"]]
+            start, stop = (int(x) for x in info["data_offsets"])
+            width = _DTYPE_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            raise ModelLoadError(f"{damaged} (tensor {name!r} has a malformed header entry); {fix}") from None
+        if stop - start != math.prod(shape) * width or start < 0:
+            raise ModelLoadError(f"{damaged} (tensor {name!r} has inconsistent offsets); {fix}")
+        shapes[name] = shape
+        end = max(end, stop)
+    if 8 + length + end != size:
+        raise ModelLoadError(f"{damaged} ({size} bytes, the header describes {8 + length + end}); {fix}")
+    return shapes
+
+
+def check_safetensors_dir(path: Path) -> None:
+    """Check every safetensors file of a plain model directory (single file or shards)."""
+    index = path / "model.safetensors.index.json"
+    files = [path / "model.safetensors"] if (path / "model.safetensors").exists() else []
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise ModelLoadError(f"{index} is damaged (no weight_map); re-download or re-save the model") from None
+        for shard in shards:
+            file = (path / str(shard)).resolve()
+            if file.parent != path.resolve():
+                raise ModelLoadError(f"{index} names a shard outside the model directory ({shard!r})")
+            if not file.exists():
+                raise ModelLoadError(f"{index} names the shard {shard}, which is missing; re-download the model")
+            files.append(file)
+    for file in files:
+        safetensors_shapes(file)

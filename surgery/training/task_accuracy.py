@@ -1,0 +1,52 @@
+"""The one accuracy measure every strategy, guard and benchmark uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.scoring.importance import batches_on, model_device
+
+Prepare = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+ClassLogits = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, loader: Iterable[Mapping[str, Any]], *,
+             progress: Callable[[int, int | None], None] | None = None,
+             prepare: Prepare | None = None, class_logits: ClassLogits | None = None) -> float:
+    """Accuracy (a fraction in [0, 1]) of a classifier over a loader of labelled batches.
+
+    ``prepare`` rewrites each batch before the forward pass (a prompt template) and
+    ``class_logits`` picks the ``[B, classes]`` logits from the outputs (a verbalizer); by default
+    the batch goes in as it is and ``outputs.logits`` is used. NaN for an empty loader.
+
+    Example:
+        >>> import datasets
+        >>> from surgery.data.task_data import TaskData
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
+        >>> loader = TaskData(rows, rows, ["a", "b", "c"]).loader()
+        >>> 0.0 <= accuracy(tiny_model(TinySpec("bert", task="seq-cls")), loader) <= 1.0
+        True
+    """
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    n_batches = len(loader) if hasattr(loader, "__len__") else None
+    try:
+        for n, batch in enumerate(batches_on(loader, model_device(model))):
+            if prepare is not None:
+                batch = prepare(batch)
+            outputs = model(**{k: v for k, v in batch.items() if k != "labels"})
+            logits = class_logits(outputs, batch) if class_logits is not None else outputs.logits
+            correct += int((logits.argmax(-1) == batch["labels"]).sum())
+            total += int(batch["labels"].numel())
+            if progress is not None:
+                progress(n + 1, n_batches)
+    finally:
+        model.train(was_training)
+    return correct / total if total else float("nan")
