@@ -35,10 +35,11 @@ from pydantic import ValidationError
 import surgery
 from surgery import registry
 from surgery.assets import resolve_model_path
+from surgery.atomic import atomic_write
 from surgery.cli import render
 from surgery.cli.console import CliState, note, stderr, stdout
 from surgery.cli.export import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
-from surgery.cli.inputs import check_writable_file, model_paths, read_model_config, strategy_settings
+from surgery.cli.inputs import read_model_config, strategy_settings
 from surgery.cli.options import (
     BatchSize,
     Calibration,
@@ -53,6 +54,7 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.cli.outputs import decide_outputs
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
@@ -315,8 +317,10 @@ def apply_command(
     """Run a strategy on a model and save the result (or, with --dry-run, only print its plan)."""
     # Cheap checks first: paths, then the strategy and its settings (which import torch), then the
     # model's config; a typo fails in a second, before any loading, and nothing is written.
-    source, target = model_paths(model_dir, None if dry_run else _require_out(out), overwrite=overwrite)
-    report_file = check_writable_file(report_file, "--report")
+    source = resolve_model_path(model_dir)
+    outputs = decide_outputs([source, data, eval_data, config], out=None if dry_run else ("--out", _require_out(out)),
+                             files=[("--report", report_file)], overwrite=overwrite)
+    target, report_file = outputs.directory, outputs.file("--report")
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
     strategy_class = registry.get_strategy(strategy)
@@ -351,8 +355,7 @@ def apply_command(
     saved = surgery.save_pretrained(inputs.model, target, tokenizer=inputs.tokenizer, overwrite=overwrite,
                                     extra=(lambda d: write_sentence_config(sentence, d)) if sentence else None)
     if report_file is not None:
-        report_file.parent.mkdir(parents=True, exist_ok=True)
-        report_file.write_text(report.model_dump_json(indent=2) + "\n")
+        atomic_write(report_file, report.model_dump_json(indent=2) + "\n", overwrite=overwrite)
     stdout().print(render.report_view(report, saved_to=saved))
     if report.warnings:
         typer.echo(f"warning: accuracy loss remains: {'; '.join(report.warnings)}", err=True)
@@ -412,12 +415,14 @@ def bench_command(
     text_column: TextColumn = "text",
     label_column: LabelColumn = "label",
     max_length: MaxLength = 64,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --json file.")] = False,
 ) -> None:
     """Measure throughput, latency, parameters, FLOPs and peak memory, side by side with --against."""
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
         resolve_model_path(path)
-    json_file = check_writable_file(json_file, "--json")
+    json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],
+                               files=[("--json", json_file)], overwrite=overwrite).file("--json")
     from surgery.bench import bench_models, check_device, check_seq_len, load_dirs, model_names
 
     check_device(device)
@@ -452,7 +457,7 @@ def bench_command(
         with console.status("benchmarking (interleaved rounds)"):
             report = bench_models(models, **settings)
     if json_file is not None:
-        report.write_json(json_file)
+        report.write_json(json_file, overwrite=overwrite)
     stdout().print(render.bench_view(report))
 
 

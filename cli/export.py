@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 from rich.console import Group, RenderableType
@@ -26,7 +26,7 @@ from rich.text import Text
 
 from surgery.assets import resolve_model_path
 from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
-from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
+from surgery.cli.inputs import has_tokenizer, load_tokenizer, read_model_config
 from surgery.cli.options import (
     Calibration,
     CalibrationTexts,
@@ -39,6 +39,7 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.cli.outputs import decide_outputs
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.errors import ConfigError
 
@@ -146,7 +147,8 @@ def export_command(
     if calibration is not None and not int8:
         raise ConfigError("--calibration smooths the activations for int8; add --int8 (or drop --calibration)")
     source = resolve_model_path(model_dir)
-    target = check_output_dir(source, out, overwrite=overwrite)
+    target = cast(Path, decide_outputs([source, data, eval_data, calibration], out=("--out", out),
+                                       overwrite=overwrite).directory)
     read_model_config(source)
     needs = "--data" if data is not None else "--calibration" if calibration is not None else None
     tokenizer = load_tokenizer(source, required_by=needs)

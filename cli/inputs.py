@@ -114,7 +114,7 @@ def strategy_settings(config_file: str | Path | None, sets: Sequence[str]) -> di
 
 
 # -- paths -------------------------------------------------------------------------------
-def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
+def check_output_dir(source: Path | None, out: str | Path, *, overwrite: bool, flag: str = "--out") -> Path:
     """Refuse an output directory that would destroy the input or the user's files, before any work.
 
     Example:
@@ -125,11 +125,11 @@ def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
         ...
         surgery.errors.OutputPathError: --out ... is the input model directory; choose another directory
     """
-    target = check_separate(source, out, flag="--out")
+    target = Path(out).expanduser().resolve() if source is None else check_separate(source, out, flag=flag)
     if target.exists() and not target.is_dir():
-        raise OutputPathError(f"--out {target} is a file; choose a directory path")
+        raise OutputPathError(f"{flag} {target} is a file; choose a directory path")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise OutputPathError(f"--out {target} exists and is not empty; pass --overwrite to replace it, or choose "
+        raise OutputPathError(f"{flag} {target} exists and is not empty; pass --overwrite to replace it, or choose "
                               "a new directory")
     return target
 

@@ -55,6 +55,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from surgery.api import count_params
+from surgery.atomic import atomic_write
 from surgery.errors import ConfigError
 from surgery.report import ParamCount
 from surgery.stats import Interval, bootstrap_median, interval_warning
@@ -142,12 +143,12 @@ class BenchReport(BaseModel):
                 return m
         raise KeyError(name)
 
-    def write_json(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report as indented JSON to ``path`` (parent directories are created)."""
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
-        return out
+    def write_json(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write the report as indented JSON to ``path`` atomically (parent directories are created).
+
+        An existing file is replaced only with ``overwrite``.
+        """
+        return atomic_write(path, json.dumps(self.model_dump(mode="json"), indent=2) + "\n", overwrite=overwrite)
 
 
 # -- warnings -----------------------------------------------------------------------------------

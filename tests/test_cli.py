@@ -454,3 +454,71 @@ def test_hostile_input_gives_one_line_and_exit_2(ws: dict[str, Path], hostile: d
     assert not (hostile["remote_code"] / "PWNED").exists()  # evil.py never ran
     assert sorted(p.name for p in ws["bare"].iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
                                                              "tokenizer_config.json"]
+
+
+# -- issue 22: outputs never destroy inputs, weights and configs are checked ------------
+def _digest(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def careless(ws: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Files a careless user names as outputs: ones they own, links into an input model."""
+    root = tmp_path_factory.mktemp("careless")
+    paths = {"mine": root / "mine.json", "plots": root / "plots", "report": root / "report.json"}
+    paths["mine"].write_text("mine")
+    paths["plots"].mkdir()
+    (paths["plots"] / "pareto.png").write_text("mine")
+    paths["report"].write_text(json.dumps({"strategy": "s", "metrics": {
+        "accuracy_input": 0.5, "accuracy_pruned": 0.5, "bench": {"comparisons": [{"speedup": 1.5}]}}}))
+    paths["link"] = root / "link.json"
+    paths["link"].symlink_to(ws["bare"] / "config.json")
+    return paths
+
+
+def _output_cases(ws: dict[str, Path], c: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
+    bare, out = str(ws["bare"]), tmp / "a"
+    hp = ["-s", "head-prune", "--set", "ratio=0.5"]
+    return [
+        # 1. the report over the input model's config.json (also through a symlink, also with --overwrite)
+        (["apply", bare, *hp, "-o", str(out), "--report", str(ws["bare"] / "config.json")],
+         "is inside the input model directory"),
+        (["apply", bare, *hp, "-o", str(out), "--report", str(c["link"]), "--overwrite"],
+         "is inside the input model directory"),
+        # 2. bench JSON over the input's weights
+        (["bench", bare, "--json", str(ws["bare"] / "model.safetensors")], "is inside the input model directory"),
+        (["bench", bare, "--against", str(ws["classifier"]), "--json", str(ws["classifier"] / "x.json")],
+         "is inside the input model directory"),
+        # 3. the report over the manifest that the save has just written
+        (["apply", bare, *hp, "-o", str(out), "--report", str(out / "surgery.json")], "is inside --out"),
+        # 4. any existing file, unless --overwrite; an input data file even then
+        (["apply", bare, *hp, "-o", str(out), "--report", str(c["mine"])], "exists; pass --overwrite"),
+        (["bench", bare, "--json", str(c["mine"])], "exists; pass --overwrite"),
+        (["apply", bare, *hp, "--data", str(ws["data"]), "-o", str(out), "--report", str(ws["data"]),
+          "--overwrite"], "is an input of this command"),
+        (["plot", str(c["report"]), "--out", str(c["plots"])], "pareto.png exists; pass --overwrite"),
+        (["plot", str(c["report"]), "--out", str(c["report"])], "is a file, so the directory cannot be created"),
+        (["export", bare, "-o", str(ws["bare"] / "onnx")], "is inside the input model directory"),
+    ]
+
+
+def test_outputs_never_replace_inputs_or_user_files(ws: dict[str, Path], careless: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    before = {name: _digest(ws[name]) for name in ("bare", "classifier")}
+    failures = _refusals(_output_cases(ws, careless, tmp_path))
+    assert not failures, "\n".join(failures)
+    assert not (tmp_path / "a").exists()
+    assert {name: _digest(ws[name]) for name in ("bare", "classifier")} == before
+    assert careless["mine"].read_text() == "mine" and (careless["plots"] / "pareto.png").read_text() == "mine"
+
+
+def test_report_and_json_are_written_atomically_and_replace_only_with_overwrite(ws: dict[str, Path],
+                                                                                 tmp_path: Path) -> None:
+    out, report = tmp_path / "pruned", tmp_path / "report.json"
+    args = ["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [1]}", "-o", str(out),
+            "--report", str(report)]
+    ok(args)
+    first = json.loads(report.read_text())
+    ok([*args, "--overwrite"])
+    assert json.loads(report.read_text())["plan"] == first["plan"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pruned", "report.json"]  # no temporary left behind
