@@ -184,14 +184,10 @@ def check_writable_file(path: Path | None, flag: str) -> Path | None:
 # -- model and tokenizer -----------------------------------------------------------------
 def read_model_config(path: Path) -> PretrainedConfig:
     """The HF config of a model directory, checked against the supported families (no weights read)."""
-    from transformers import AutoConfig
+    from surgery.config_values import load_config
 
     refuse_custom_code(path)
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        detail = " ".join(str(exc).split())[:200]
-        raise ModelLoadError(f"cannot read a model config from {path}: {detail}") from None
+    config = load_config(path)
     adapter_class_for(config.model_type)  # UnsupportedModelError names the supported types
     return config
 

@@ -14,6 +14,7 @@ import json
 import os
 import pickle  # only for its exception type: nothing is unpickled here
 import re
+import warnings
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -24,11 +25,12 @@ import transformers
 from pydantic import ValidationError
 from safetensors.torch import load_model, save_model
 from torch import nn
-from transformers import AutoConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from surgery.atomic import atomic_directory, check_separate
+from surgery.config_values import load_config
 from surgery.errors import ConfigError, ModelLoadError, OutputPathError, SurgeryError
-from surgery.heads import choose_class, record_new_head, warn_choice
+from surgery.heads import HeadWarning, choose_class, record_new_head, warn_choice
 from surgery.manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -43,7 +45,14 @@ from surgery.manifest import (
 )
 from surgery.registry import get_strategy
 from surgery.strategy import Strategy
-from surgery.untrusted import check_safetensors_dir, refuse_custom_code, require_safetensors, safetensors_shapes
+from surgery.untrusted import (
+    check_safetensors_dir,
+    read_json_file,
+    refuse_custom_code,
+    require_safetensors,
+    safetensors_shapes,
+)
+from surgery.weights import check_finite, check_loading_info
 
 __all__ = ["WEIGHTS_NAME", "atomic_directory", "build_manifest", "from_pretrained", "resolve_model_class",
            "save_pretrained"]
@@ -160,6 +169,14 @@ def resolve_model_class(name: str | type[nn.Module] | None, config: Any) -> type
         cls = getattr(transformers, candidate, None)
         # Only transformers' own model classes (or its AutoModel* factories) are accepted.
         if isinstance(cls, type) and (issubclass(cls, PreTrainedModel) or candidate.startswith("AutoModel")):
+            family = getattr(cls, "config_class", None)
+            if isinstance(family, type) and not isinstance(config, family):
+                # GPT2Model built from a BERT config would fail deep inside transformers, or build nonsense.
+                raise ModelLoadError(
+                    f"model class {candidate!r} is for {getattr(family, 'model_type', family.__name__)!r} models, "
+                    f"but the config is {getattr(config, 'model_type', None)!r}; name a "
+                    f"{type(config).__name__.removesuffix('Config')} class (or fix surgery.json's model_class)"
+                )
             return cls
         raise ModelLoadError(
             f"model class {candidate!r} is not a transformers model class; pass model_class= explicitly"
@@ -171,11 +188,7 @@ def _read_manifest(path: Path) -> Manifest | None:
     file = path / MANIFEST_NAME
     if not file.exists():
         return None
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        detail = " ".join(str(exc).split())[:120]
-        raise ModelLoadError(f"{file} is not valid JSON ({detail}); the save is damaged, re-create it") from None
+    raw = read_json_file(file, what="surgery manifest", fix="the save is damaged, re-create it")
     return parse_manifest(raw, file)
 
 
@@ -274,10 +287,7 @@ def from_pretrained(
             f"{where} was saved by surgery; extra loading options {sorted({*config_kwargs, *kwargs})} cannot be "
             "applied when replaying its steps (load it as saved)"
         )
-    try:
-        config = AutoConfig.from_pretrained(where, trust_remote_code=False, **config_kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
+    config = load_config(where, **config_kwargs)
     cls = resolve_model_class(model_class or (manifest.model_class if manifest else None), config)
     if dtype is not None:
         kwargs["dtype"] = _dtype(dtype, "from_pretrained")
@@ -289,15 +299,22 @@ def from_pretrained(
             warn_choice(choice)
         cls = choice.cls
         try:
-            model = cls.from_pretrained(where, config=config, trust_remote_code=False,
-                                        use_safetensors=None if allow_pickle else True, **kwargs)
+            # Mismatched shapes are reported by check_loading_info, naming the tensor.
+            model, info = cls.from_pretrained(where, config=config, trust_remote_code=False,
+                                              use_safetensors=None if allow_pickle else True,
+                                              output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as exc:
             # UnpicklingError: torch's weights-only loader refused a pickle that asks for code (allow_pickle).
             detail = " ".join(str(exc).split())[:200]
             raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
+        pooler = check_loading_info(model, info, where, new_head=choice.new_head or [])
+        check_finite(model, where)
+        if pooler:
+            warnings.warn(f"the weights in {where} hold no pooler ({pooler[0]}); it is new and randomly initialised",
+                          HeadWarning, stacklevel=2)
         set_source_dir(model, str(where))
         set_steps(model, [])
-        record_new_head(model, choice.new_head or [])
+        record_new_head(model, [*(choice.new_head or []), *pooler])
         return model
     weights = where / WEIGHTS_NAME
     if not weights.exists():
@@ -326,6 +343,7 @@ def from_pretrained(
     if missing or unexpected:
         detail = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
         raise ModelLoadError(f"{weights} does not match the rebuilt model: {detail}")
+    check_finite(model, weights)
     model.eval()
     steps = [step.model_dump(mode="json") for step in manifest.steps]
     set_steps(model, steps)

@@ -20,6 +20,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from surgery.config_values import usable_positions
 from surgery.errors import SurgeryError
 
 #: transformers' "no limit" model_max_length (``VERY_LARGE_INTEGER``) and anything close to it.
@@ -60,13 +61,7 @@ def serving_max_length(config: Any, tokenizer: Any, max_seq_length: int | None =
     limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(limit, int) and 0 < limit < NO_LIMIT:
         return limit
-    positions = getattr(config, "max_position_embeddings", None)
-    if not isinstance(positions, int) or positions <= 0:
-        return None
-    # RoBERTa-style position ids start after the padding index, so two positions are never a token's.
-    offset = int(config.pad_token_id) + 1 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta") and \
-        isinstance(getattr(config, "pad_token_id", None), int) else 0
-    return positions - offset
+    return usable_positions(config)
 
 
 def save_serving_tokenizer(tokenizer: Any, out_dir: Path, max_length: int | None) -> None:
