@@ -41,6 +41,9 @@ from surgery.cli.console import CliState, note, stderr, stdout
 from surgery.cli.export import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
 from surgery.cli.inputs import read_model_config, strategy_settings
 from surgery.cli.options import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_ROUNDS,
     BatchSize,
     Calibration,
     CalibrationTexts,
@@ -57,6 +60,7 @@ from surgery.cli.options import (
 from surgery.cli.outputs import decide_outputs
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
+from surgery.config_values import check_length
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.errors import ConfigError, SurgeryError
 
@@ -304,8 +308,9 @@ def apply_command(
     overwrite: Overwrite = False,
     report_file: Annotated[Path | None, typer.Option("--report", help="Also write the report as JSON to this "
                                                      "file.")] = None,
-    recover_epochs: Annotated[int | None, typer.Option(min=0, help="Recovery after surgery: epochs of distillation "
-                                                       "from the model before it (needs --data).")] = None,
+    recover_epochs: Annotated[int | None, typer.Option(
+        min=0, max=MAX_EPOCHS, help="Recovery after surgery: epochs of distillation from the model before it (needs "
+        "--data).")] = None,
     max_drop: Annotated[float | None, typer.Option(min=0.0, help="Accuracy points a step may lose; a step that "
                                                    "loses more is recovered (needs --data).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 when a step's loss remains above "
@@ -395,10 +400,11 @@ def bench_command(
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     against: Annotated[str | None, typer.Option("--against", help="Reference model to compare with (ratios are "
                                                 "MODEL_DIR / reference).")] = None,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per batch.")] = 32,
+    batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Sequences per batch.")] = 32,
     seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence (no padding).")] = 64,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed rounds; each runs one batch on every model.")] = 10,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed rounds before them.")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, max=MAX_ROUNDS, help="Timed rounds; each runs one batch on every "
+                                         "model.")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, max=MAX_ROUNDS, help="Untimed rounds before them.")] = 2,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     json_file: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON to this "
@@ -428,7 +434,9 @@ def bench_command(
     check_device(device)
     model_names(paths)
     for path in paths:
-        read_model_config(resolve_model_path(path))
+        model_config = read_model_config(resolve_model_path(path))
+        if data is not None or calibration is not None:
+            check_length(model_config, max_length, "--max-length", path)
     settings = dict(batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, threads=threads,
                     device=device)
     console = stderr()

@@ -28,6 +28,7 @@ from surgery.assets import resolve_model_path
 from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import has_tokenizer, load_tokenizer, read_model_config
 from surgery.cli.options import (
+    MAX_BATCH,
     Calibration,
     CalibrationTexts,
     EvalData,
@@ -40,6 +41,7 @@ from surgery.cli.options import (
     TextPairColumn,
 )
 from surgery.cli.outputs import decide_outputs
+from surgery.config_values import check_length
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.errors import ConfigError
 
@@ -119,7 +121,7 @@ def export_command(
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
-    batch: Annotated[int, typer.Option(min=1, help="Parity batch: sequences.")] = 4,
+    batch: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Parity batch: sequences.")] = 4,
     seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,
     tolerance: Annotated[float, typer.Option(help="Largest fp32 max-abs difference accepted.")] = 1e-4,
     opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the exporter's).")] = None,
@@ -149,7 +151,10 @@ def export_command(
     source = resolve_model_path(model_dir)
     target = cast(Path, decide_outputs([source, data, eval_data, calibration], out=("--out", out),
                                        overwrite=overwrite).directory)
-    read_model_config(source)
+    model_config = read_model_config(source)
+    check_length(model_config, seq, "--seq", source)
+    if data is not None or calibration is not None:
+        check_length(model_config, max_length, "--max-length", source)
     needs = "--data" if data is not None else "--calibration" if calibration is not None else None
     tokenizer = load_tokenizer(source, required_by=needs)
     smoothing_batches = calibration_texts_batches(ctx, calibration, tokenizer, max_texts=calibration_texts,

@@ -21,7 +21,7 @@ from surgery.atomic import check_separate
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.manifest import MANIFEST_NAME
 from surgery.registry import adapter_class_for
-from surgery.untrusted import refuse_custom_code
+from surgery.untrusted import read_regular, refuse_custom_code
 
 if TYPE_CHECKING:  # torch, transformers and datasets are imported when a command needs them, not for --help
     from torch import nn
@@ -40,6 +40,60 @@ SEQUENCE_CLASSIFIER_SUFFIX = "ForSequenceClassification"
 
 
 # -- strategy settings -------------------------------------------------------------------
+#: Largest settings file read (--config): real ones are a few hundred bytes.
+MAX_SETTINGS_BYTES = 2**20
+
+
+class SettingsSyntaxError(ConfigError):
+    """A settings file that parses but is ambiguous or unsafe: a key given twice, a YAML alias."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML without aliases (a billion-laughs file expands exponentially) and without duplicate keys."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise SettingsSyntaxError(f"line {mark.line + 1}: YAML aliases (*name) are not accepted in settings; "
+                                      "write the value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise SettingsSyntaxError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice; keep "
+                                          "one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise SettingsSyntaxError(f"key {key!r} is given twice; keep one")
+    return dict(pairs)
+
+
+def load_settings_text(text: str, *, as_json: bool) -> Any:
+    """Parse settings as JSON or YAML, refusing duplicate keys and YAML aliases.
+
+    Example:
+        >>> load_settings_text("ratio: 0.5\\nratio: 0.7", as_json=False)
+        Traceback (most recent call last):
+        ...
+        surgery.cli.inputs.SettingsSyntaxError: line 2: key 'ratio' is given twice; keep one
+    """
+    if as_json:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds no Python objects
+
+
 def parse_value(text: str) -> Any:
     """Read one ``--set`` value: JSON first, then YAML flow syntax, else the text itself.
 
@@ -57,8 +111,8 @@ def parse_value(text: str) -> Any:
     except ValueError:
         pass
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = load_settings_text(text, as_json=False)
+    except (yaml.YAMLError, RecursionError):
         return text
     if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
         return text
@@ -80,7 +134,10 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set ratio=0.5")
-        values[key] = parse_value(raw.strip())
+        try:
+            values[key] = parse_value(raw.strip())
+        except SettingsSyntaxError as exc:
+            raise ConfigError(f"--set {item!r}: {exc}") from None
     return values
 
 
@@ -93,9 +150,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if suffix not in (".json", ".yaml", ".yml"):
         raise ConfigError(f"config file {file}: unsupported format {suffix or '(none)'}; use .json, .yaml or .yml")
     try:
-        text = file.read_text()
-        values = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        text = read_regular(file, MAX_SETTINGS_BYTES).decode("utf-8")
+        values = load_settings_text(text, as_json=suffix == ".json")
+    except RecursionError:
+        raise ConfigError(f"config file {file} nests too deeply; settings are a flat mapping") from None
+    except (ModelLoadError, SettingsSyntaxError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"config file {file} cannot be read: {detail}") from None
     if values is None:

@@ -56,6 +56,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from surgery.api import count_params
 from surgery.atomic import atomic_write
+from surgery.config_values import usable_positions
 from surgery.errors import ConfigError
 from surgery.report import ParamCount
 from surgery.stats import Interval, bootstrap_median, interval_warning
@@ -356,8 +357,8 @@ def check_device(device: str) -> torch.device:
 def check_seq_len(models: Mapping[str, nn.Module], seq_len: int) -> None:
     """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward)."""
     for name, model in models.items():
-        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if isinstance(limit, int) and 0 < limit < seq_len:
+        limit = usable_positions(getattr(model, "config", None))
+        if limit is not None and limit < seq_len:
             raise ConfigError(f"bench: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
                               f"use --seq-len {limit} or less")
 

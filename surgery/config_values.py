@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from surgery.errors import ModelLoadError
+from surgery.errors import ConfigError, ModelLoadError
 from surgery.manifest import ATTENTION_IMPLEMENTATIONS
 from surgery.untrusted import read_json_file
 
@@ -70,7 +70,7 @@ def estimated_params(config: Any) -> int:
     Example:
         >>> from transformers import BertConfig
         >>> round(estimated_params(BertConfig()) / 1e6)  # bert-base has 110M
-        139
+        138
     """
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     width = int(getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None) or 4 * hidden)
@@ -117,6 +117,10 @@ def check_config_values(config: Any, where: Path) -> None:
     value = getattr(config, "initializer_range", None)
     if value is not None and not (_is_number(value) and math.isfinite(value) and value >= 0):
         raise bad("initializer_range", "a finite number >= 0")
+    pad, vocab = getattr(config, "pad_token_id", None), config.vocab_size
+    if _is_int(pad) and not -vocab <= pad < vocab:
+        raise ModelLoadError(f"{where}: pad_token_id {pad} is not a row of the {vocab}-token vocabulary; fix "
+                             "config.json (pad_token_id or vocab_size)")
     hidden, heads = config.hidden_size, config.num_attention_heads
     if hidden % heads:
         raise ModelLoadError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; "
@@ -152,6 +156,21 @@ def usable_positions(config: Any) -> int | None:
     return positions - offset
 
 
+def check_length(config: Any, length: int, flag: str, name: str | Path) -> None:
+    """Refuse a token count beyond the positions the model has (it would fail inside the forward pass).
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> check_length(BertConfig(max_position_embeddings=128), 1000, "--max-length", "m")
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ConfigError: --max-length 1000 exceeds the 128 positions m supports; use --max-length 128 or less
+    """
+    limit = usable_positions(config)
+    if limit is not None and length > limit:
+        raise ConfigError(f"{flag} {length} exceeds the {limit} positions {name} supports; use {flag} {limit} or less")
+
+
 def load_config(where: Path, **kwargs: Any) -> Any:
     """The checked HF config of a model directory (``kwargs`` such as ``num_labels`` go to transformers).
 
@@ -164,6 +183,7 @@ def load_config(where: Path, **kwargs: Any) -> Any:
         ...
         surgery.errors.ModelLoadError: .../config.json: num_attention_heads must be a positive integer, got 0 ...
     """
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     file = where / "config.json"
@@ -175,6 +195,10 @@ def load_config(where: Path, **kwargs: Any) -> Any:
         check_raw_config(raw, file)
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=False, **kwargs)
+    except StrictDataclassError as exc:  # transformers' own type checks of the config's fields
+        detail = " ".join(str(exc).split())[:200]
+        raise ModelLoadError(f"{file}: {detail}; fix config.json (the family's default is used where the key is "
+                             "absent)") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
     check_config_values(config, file)

@@ -298,6 +298,9 @@ def from_pretrained(
         if choice.cls is not cls:
             warn_choice(choice)
         cls = choice.cls
+        attn = getattr(config, "_attn_implementation_internal", None)  # checked against the allow-list
+        if attn is not None:
+            kwargs.setdefault("attn_implementation", attn)
         try:
             # Mismatched shapes are reported by check_loading_info, naming the tensor.
             model, info = cls.from_pretrained(where, config=config, trust_remote_code=False,
