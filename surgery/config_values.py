@@ -38,6 +38,8 @@ FAMILY_SIZES = ("intermediate_size", "hidden_dim", "embedding_size", "global_att
                 "relative_attention_num_buckets", "local_attention")
 #: Integers that may be zero or negative by design (-1: "use the default"), but must be integers.
 SIGNED = ("type_vocab_size", "position_buckets", "max_relative_positions", "pad_token_id")
+#: The dtypes a config may name (transformers reads "auto" and torch's floating dtype names).
+DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 EPSILONS = ("layer_norm_eps", "norm_eps")
 PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
                  "seq_classif_dropout", "qa_dropout", "classifier_dropout", "embedding_dropout", "mlp_dropout",
@@ -56,6 +58,10 @@ def check_raw_config(raw: Any, file: Path) -> None:
     """Checks on the file's own mapping, before transformers reads it (it would act on them)."""
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{file} must hold a JSON object (a mapping of settings), not a {type(raw).__name__}")
+    for key in ("dtype", "torch_dtype"):
+        value = raw.get(key)
+        if value is not None and value not in DTYPES:
+            raise ModelLoadError(f"{file}: {key} {value!r} is not one of {', '.join(DTYPES)}; fix config.json")
     for key in ("_attn_implementation", "attn_implementation"):
         value = raw.get(key)
         if value is not None and value not in ATTENTION_IMPLEMENTATIONS:
