@@ -715,3 +715,24 @@ def test_a_new_head_stays_allowed_and_a_missing_pooler_is_announced(ws: dict[str
     assert result.exit_code == 0, result.output
     assert "new randomly initialised head for 2 labels" in result.stderr
     assert "hold no pooler (bert.pooler.dense.bias); it is new and randomly initialised" in result.stderr
+
+
+def test_unreadable_data_files_name_the_file_the_line_and_the_fix(ws: dict[str, Path], tmp_path: Path) -> None:
+    files = {
+        "empty.csv": (b"", "is empty; it needs a header row"),
+        "junk.csv": (bytes(range(128, 256)) * 3, "line 1 is not UTF-8 text (byte 0x80 at column 1)"),
+        "latin.csv": ("text,label\nw1 w2,pos\nh\xe9llo,neg\n".encode("latin-1"),
+                      "line 3 is not UTF-8 text (byte 0xe9 at column 2); save the file as UTF-8"),
+        "broken.jsonl": (b'{"text": "w1", "label": "pos"}\n{"text": "w2", "label": \n',
+                         "line 2 is not valid JSON (Expecting value at column"),
+        "fake.csv.gz": (b"text,label\nw1,pos\n", "is named .gz but is not gzip-compressed"),
+        "ragged.csv": (b"text,label\nw1,pos\nw2,neg,extra\n", "Expected 2 fields in line 3, saw 3"),
+    }
+    cases = []
+    for name, (content, expected) in files.items():
+        (tmp_path / name).write_bytes(content)
+        cases.append((["apply", str(ws["bare"]), "-s", "head-prune", "--set", "ratio=0.5", "--data",
+                       str(tmp_path / name), "-o", str(tmp_path / "a")], f"{tmp_path / name}"))
+        cases.append((cases[-1][0], expected))
+    failures = _refusals(cases)
+    assert not failures, "\n".join(failures)
