@@ -62,6 +62,7 @@ from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
 from surgery.config_values import check_length
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
+from surgery.distributed import is_main_process, release_process_group
 from surgery.errors import ConfigError, SurgeryError
 
 EXIT_BAD_INPUT = 2
@@ -195,7 +196,10 @@ class SurgeryGroup(typer.core.TyperGroup):
             typer.echo(f"warning: {problem}", err=True)
         try:
             with _signals_interrupt(), _quiet_libraries(state.debug):
-                result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+                try:
+                    result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+                finally:
+                    release_process_group()  # under torchrun: leave the training's process group together
             code = result if isinstance(result, int) else 0
         except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -356,6 +360,8 @@ def apply_command(
         with stderr().status("embedding evaluation against the input model (held-out texts)"):
             report.metrics["embedding"] = evaluate_against(teacher, inputs.model, task_data, inputs.tokenizer,
                                                            max_length)
+    if not is_main_process():  # under torchrun every process computed the same model; the main one writes it
+        return
     sentence = inputs.objective.sentence if inputs.objective is not None else None
     saved = surgery.save_pretrained(inputs.model, target, tokenizer=inputs.tokenizer, overwrite=overwrite,
                                     extra=(lambda d: write_sentence_config(sentence, d)) if sentence else None)

@@ -40,6 +40,7 @@ from surgery.cli.options import (
     TextPairColumn,
 )
 from surgery.cli.outputs import decide_outputs
+from surgery.distributed import is_main_process
 from surgery.errors import ConfigError
 
 experts_app = typer.Typer(
@@ -120,6 +121,8 @@ def build_command(
                             check=lambda model, data: check_tasks(model, data, doe_config))
     with render.ProgressDisplay(stderr()) as progress:
         runtime, metrics = build_runtime(inputs.model, inputs.data, doe_config, progress=progress)
+    if not is_main_process():  # under torchrun every process built the same runtime; the main one writes it
+        return
     saved = runtime.save(target, tokenizer=inputs.tokenizer, overwrite=overwrite)
     rows = {}
     for name, m in metrics.items():
