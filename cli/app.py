@@ -62,7 +62,7 @@ from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
 from surgery.config_values import check_length
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
-from surgery.distributed import is_main_process, release_process_group
+from surgery.distributed import end_process, is_main_process, leave_process_group
 from surgery.errors import ConfigError, SurgeryError
 
 EXIT_BAD_INPUT = 2
@@ -194,12 +194,13 @@ class SurgeryGroup(typer.core.TyperGroup):
         extra.setdefault("obj", state)
         for problem in PLUGIN_PROBLEMS:
             typer.echo(f"warning: {problem}", err=True)
+        joined = False
         try:
             with _signals_interrupt(), _quiet_libraries(state.debug):
                 try:
                     result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
                 finally:
-                    release_process_group()  # under torchrun: leave the training's process group together
+                    joined = leave_process_group()  # under torchrun: every process finishes before any exits
             code = result if isinstance(result, int) else 0
         except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -214,6 +215,8 @@ class SurgeryGroup(typer.core.TyperGroup):
                 traceback.print_exception(exc, file=sys.stderr)
             typer.echo(f"error: {message}", err=True)
             code = EXIT_BAD_INPUT
+        if joined:
+            end_process(code)  # not sys.exit: torch's gloo teardown can deadlock (surgery.distributed)
         if standalone_mode:
             sys.exit(code)
         return code

@@ -11,8 +11,10 @@ Only the main process (rank 0) writes results; the others compute the same model
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from typing import NoReturn
 
 from surgery.errors import ConfigError
 
@@ -56,17 +58,39 @@ def per_process_batch(batch_size: int, processes: int | None = None) -> int:
     return batch_size // count
 
 
-def release_process_group() -> None:
-    """Leave the process group (if training joined one) together with the other processes, then tear it down.
+def leave_process_group() -> bool:
+    """Wait at a barrier until every process of the group (if training joined one) is done; whether there was one.
 
-    Called when a command ends. Left to interpreter exit, gloo's threads can abort a process after its
-    work is done, or a process can leave while another still waits in the last collective; a barrier
-    first lets every process finish (the main one writes the results meanwhile).
+    A process that joined a gloo group must then end with :func:`end_process`, not a normal exit:
+    torch's ``ProcessGroupGloo`` destructor joins its worker threads while holding the GIL, and a worker
+    may at that moment still be releasing a finished collective whose tensors were created in Python,
+    which needs the GIL: a deadlock (seen with gdb: the main thread in ``~ProcessGroupGloo`` ->
+    ``std::thread::join``, a ``pt_gloo_runloop`` thread in ``~AsyncBarrierWork`` ->
+    ``~AsyncAllgatherWork`` -> ``decref`` -> ``take_gil``). It hung about one two-process run in
+    fifteen here, at exit, after all the work was done. ``destroy_process_group`` does not avoid it (the
+    trainer's DDP reducer holds the last reference, dropped later in a destructor).
+
+    Example:
+        >>> leave_process_group()  # no launcher, no group
+        False
     """
     if "torch.distributed" not in sys.modules:  # nothing joined a group; do not import torch for that
-        return
+        return False
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    dist.barrier()
+    return True
+
+
+def end_process(code: int) -> NoReturn:
+    """End this process now with ``code``, after flushing its output, without running teardown code.
+
+    For a process that joined a process group (see :func:`leave_process_group`): its results are written
+    and its output flushed, so nothing is lost by skipping the destructors that can deadlock.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
