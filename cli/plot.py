@@ -27,6 +27,7 @@ from surgery.atomic import atomic_write
 from surgery.cli.console import stdout
 from surgery.cli.outputs import decide_outputs
 from surgery.errors import ConfigError, DataError
+from surgery.untrusted import MAX_JSON_BYTES, read_regular
 
 PLOT_HINT = "matplotlib is needed for plots; install it with: pip install 'encoder-surgery[plot]'"
 
@@ -156,11 +157,11 @@ def plot_report(report: Path, out: Path, *, overwrite: bool = False) -> list[Pat
     Which files will be written is decided (and checked: never an existing file without ``overwrite``,
     never the report itself) before anything is drawn.
     """
+    if not report.exists():
+        raise DataError(f"plot: {report} does not exist; pass a report from 'surgery apply --report'")
     try:
-        data = json.loads(report.read_text())
-    except FileNotFoundError:
-        raise DataError(f"plot: {report} does not exist; pass a report from 'surgery apply --report'") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(read_regular(report, MAX_JSON_BYTES))  # a regular file of bounded size: no FIFO hang
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise DataError(f"plot: {report} is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise DataError(f"plot: {report} holds no report object")
