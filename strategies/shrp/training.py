@@ -326,10 +326,12 @@ def prepare_progressive(model: nn.Module, originals: dict[int, nn.Module]) -> di
 
 def training_arguments(config: ShrpConfig, epochs: int, output_dir: str, **overrides: Any) -> TrainingArguments:
     """The Trainer settings of an SHRP run (no checkpoints; unused parameters found on purpose)."""
-    # Bypassed layers' experts and activated layers' originals get no gradient in a step.
-    settings: dict[str, Any] = {"ddp_find_unused_parameters": True, **overrides}
-    return surgery_training_arguments(output_dir, epochs=epochs, batch_size=config.batch_size,
-                                      learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-                                      warmup_ratio=config.warmup_ratio, seed=config.seed, **settings)
+    settings: dict[str, Any] = {
+        "epochs": epochs, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
+        "weight_decay": config.weight_decay, "warmup_ratio": config.warmup_ratio, "seed": config.seed,
+        # Bypassed layers' experts and activated layers' originals get no gradient in a step.
+        "ddp_find_unused_parameters": True, **overrides,
+    }
+    return surgery_training_arguments(output_dir, **settings)
 
 
