@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import surgery
-from surgery.assets import resolve_model_path
-from surgery.atomic import check_separate
 from surgery.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.manifest import MANIFEST_NAME
 from surgery.registry import adapter_class_for
@@ -173,41 +171,25 @@ def strategy_settings(config_file: str | Path | None, sets: Sequence[str]) -> di
 
 
 # -- paths -------------------------------------------------------------------------------
-def check_output_dir(source: Path | None, out: str | Path, *, overwrite: bool, flag: str = "--out") -> Path:
-    """Refuse an output directory that would destroy the input or the user's files, before any work.
+def check_output_dir(out: str | Path, *, overwrite: bool, flag: str = "--out") -> Path:
+    """Refuse an output directory that is a file, or that holds files without ``overwrite`` (see surgery.cli.outputs).
 
     Example:
         >>> import tempfile
-        >>> src = Path(tempfile.mkdtemp())
-        >>> check_output_dir(src, src, overwrite=True)  # doctest: +ELLIPSIS
+        >>> full = Path(tempfile.mkdtemp())
+        >>> _ = (full / "mine.txt").write_text("x")
+        >>> check_output_dir(full, overwrite=False)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.errors.OutputPathError: --out ... is the input model directory; choose another directory
+        surgery.errors.OutputPathError: --out ... exists and is not empty; pass --overwrite to replace it, or ...
     """
-    target = Path(out).expanduser().resolve() if source is None else check_separate(source, out, flag=flag)
+    target = Path(out).expanduser().resolve()
     if target.exists() and not target.is_dir():
         raise OutputPathError(f"{flag} {target} is a file; choose a directory path")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise OutputPathError(f"{flag} {target} exists and is not empty; pass --overwrite to replace it, or choose "
                               "a new directory")
     return target
-
-
-def model_paths(model_dir: str, out: str | Path | None, *, overwrite: bool) -> tuple[Path, Path | None]:
-    """The model directory (or embedded name) resolved, and ``--out`` checked against it (None: no output).
-
-    Example:
-        >>> import tempfile
-        >>> src = Path(tempfile.mkdtemp()).resolve()
-        >>> _ = (src / "config.json").write_text("{}")
-        >>> model_paths(str(src), None, overwrite=False) == (src, None)
-        True
-        >>> out = Path(tempfile.mkdtemp()).resolve() / "out"
-        >>> model_paths(str(src), out, overwrite=False)[1] == out
-        True
-    """
-    source = resolve_model_path(model_dir)
-    return source, None if out is None else check_output_dir(source, out, overwrite=overwrite)
 
 
 def check_writable_file(path: Path | None, flag: str) -> Path | None:

@@ -87,7 +87,7 @@ def decide_outputs(inputs: Sequence[str | Path | None], *, out: tuple[str, str |
         out_flag = out[0]
         for source in dirs:
             check_separate(source, out[1], flag=out_flag)
-        directory = check_output_dir(None, out[1], overwrite=overwrite, flag=out_flag)
+        directory = check_output_dir(out[1], overwrite=overwrite, flag=out_flag)
         for file in input_files:
             if directory is not None and directory in file.parents:
                 raise OutputPathError(f"{out_flag} {directory} contains the input file {file}, which writing there "
