@@ -36,8 +36,11 @@ import surgery
 from surgery.cli import render
 from surgery.cli.console import CliState, note, stderr, stdout
 from surgery.cli.export_command import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
-from surgery.cli.inputs import check_writable_file, model_paths, read_model_config, strategy_settings
+from surgery.cli.inputs import read_model_config, strategy_settings
 from surgery.cli.options import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_ROUNDS,
     BatchSize,
     Calibration,
     CalibrationTexts,
@@ -51,13 +54,17 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.cli.outputs import decide_outputs
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
 from surgery.cli.reference import teacher_path
 from surgery.core import registry
+from surgery.core.distributed import end_process, is_main_process, leave_process_group
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
+from surgery.persist.atomic import atomic_write
+from surgery.persist.config_values import check_length
 
 EXIT_BAD_INPUT = 2
 #: Exit status after SIGINT / SIGTERM, as a shell reports a process killed by that signal (128 + number).
@@ -188,9 +195,13 @@ class SurgeryGroup(typer.core.TyperGroup):
         extra.setdefault("obj", state)
         for problem in PLUGIN_PROBLEMS:
             typer.echo(f"warning: {problem}", err=True)
+        joined = False
         try:
             with _signals_interrupt(), _quiet_libraries(state.debug):
-                result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+                try:
+                    result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+                finally:
+                    joined = leave_process_group()  # under torchrun: every process finishes before any exits
             code = result if isinstance(result, int) else 0
         except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -205,6 +216,8 @@ class SurgeryGroup(typer.core.TyperGroup):
                 traceback.print_exception(exc, file=sys.stderr)
             typer.echo(f"error: {message}", err=True)
             code = EXIT_BAD_INPUT
+        if joined:
+            end_process(code)  # not sys.exit: torch's gloo teardown can deadlock (surgery.core.distributed)
         if standalone_mode:
             sys.exit(code)
         return code
@@ -303,8 +316,9 @@ def apply_command(
     overwrite: Overwrite = False,
     report_file: Annotated[Path | None, typer.Option("--report", help="Also write the report as JSON to this "
                                                      "file.")] = None,
-    recover_epochs: Annotated[int | None, typer.Option(min=0, help="Recovery after surgery: epochs of distillation "
-                                                       "from the model before it (needs --data).")] = None,
+    recover_epochs: Annotated[int | None, typer.Option(
+        min=0, max=MAX_EPOCHS, help="Recovery after surgery: epochs of distillation from the model before it (needs "
+        "--data).")] = None,
     max_drop: Annotated[float | None, typer.Option(min=0.0, help="Accuracy points a step may lose; a step that "
                                                    "loses more is recovered (needs --data).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 when a step's loss remains above "
@@ -320,8 +334,10 @@ def apply_command(
     """Run a strategy on a model and save the result (or, with --dry-run, only print its plan)."""
     # Cheap checks first: paths, then the strategy and its settings (which import torch), then the
     # model's config; a typo fails in a second, before any loading, and nothing is written.
-    source, target = model_paths(model_dir, None if dry_run else _require_out(out), overwrite=overwrite)
-    report_file = check_writable_file(report_file, "--report")
+    source = resolve_model_path(model_dir)
+    outputs = decide_outputs([source, data, eval_data, config], out=None if dry_run else ("--out", _require_out(out)),
+                             files=[("--report", report_file)], overwrite=overwrite)
+    target, report_file = outputs.directory, outputs.file("--report")
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
     original = teacher_path(teacher, source, target, has_data=data is not None)
@@ -359,12 +375,13 @@ def apply_command(
         with stderr().status(f"embedding evaluation against the {report.reference} (held-out texts)"):
             report.metrics["embedding"] = evaluate_against(against, inputs.model, task_data, inputs.tokenizer,
                                                            max_length)
+    if not is_main_process():  # under torchrun every process computed the same model; the main one writes it
+        return
     sentence = inputs.objective.sentence if inputs.objective is not None else None
     saved = surgery.save_pretrained(inputs.model, target, tokenizer=inputs.tokenizer, overwrite=overwrite,
                                     extra=(lambda d: write_sentence_config(sentence, d)) if sentence else None)
     if report_file is not None:
-        report_file.parent.mkdir(parents=True, exist_ok=True)
-        report_file.write_text(report.model_dump_json(indent=2) + "\n")
+        atomic_write(report_file, report.model_dump_json(indent=2) + "\n", overwrite=overwrite)
     stdout().print(render.report_view(report, saved_to=saved))
     if report.warnings:
         typer.echo(f"warning: accuracy loss remains: {'; '.join(report.warnings)}", err=True)
@@ -404,10 +421,11 @@ def bench_command(
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     against: Annotated[str | None, typer.Option("--against", help="Reference model to compare with (ratios are "
                                                 "MODEL_DIR / reference).")] = None,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per batch.")] = 32,
+    batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Sequences per batch.")] = 32,
     seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence (no padding).")] = 64,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed rounds; each runs one batch on every model.")] = 10,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed rounds before them.")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, max=MAX_ROUNDS, help="Timed rounds; each runs one batch on every "
+                                         "model.")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, max=MAX_ROUNDS, help="Untimed rounds before them.")] = 2,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     json_file: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON to this "
@@ -424,18 +442,22 @@ def bench_command(
     text_column: TextColumn = "text",
     label_column: LabelColumn = "label",
     max_length: MaxLength = 64,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --json file.")] = False,
 ) -> None:
     """Measure throughput, latency, parameters, FLOPs and peak memory, side by side with --against."""
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
         resolve_model_path(path)
-    json_file = check_writable_file(json_file, "--json")
+    json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],
+                               files=[("--json", json_file)], overwrite=overwrite).file("--json")
     from surgery.measure.side_by_side import bench_models, check_device, check_seq_len, load_dirs, model_names
 
     check_device(device)
     model_names(paths)
     for path in paths:
-        read_model_config(resolve_model_path(path))
+        model_config = read_model_config(resolve_model_path(path))
+        if data is not None or calibration is not None:
+            check_length(model_config, max_length, "--max-length", path)
     settings = dict(batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, threads=threads,
                     device=device)
     console = stderr()
@@ -464,7 +486,7 @@ def bench_command(
         with console.status("benchmarking (interleaved rounds)"):
             report = bench_models(models, **settings)
     if json_file is not None:
-        report.write_json(json_file)
+        report.write_json(json_file, overwrite=overwrite)
     stdout().print(render.bench_view(report))
 
 

@@ -16,6 +16,8 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
+from surgery.core.distributed import is_main_process
+
 
 @dataclass
 class CliState:
@@ -52,7 +54,12 @@ def stderr() -> Console:
 
 
 def note(message: str) -> None:
-    """Print ``note: message`` to stderr, on one line whatever the width (a note is grep-able progress)."""
+    """Print ``note: message`` to stderr, on one line whatever the width (a note is grep-able progress).
+
+    Under torchrun only the main process notes: the others would repeat every line.
+    """
+    if not is_main_process():
+        return
     stderr().print(Text.assemble(("note: ", "bold blue"), message), soft_wrap=True)
 
 

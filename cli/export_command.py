@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 from rich.console import Group, RenderableType
@@ -25,8 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
-from surgery.cli.inputs import check_output_dir, has_tokenizer, load_tokenizer, read_model_config
+from surgery.cli.inputs import has_tokenizer, load_tokenizer, read_model_config
 from surgery.cli.options import (
+    MAX_BATCH,
     Calibration,
     CalibrationTexts,
     EvalData,
@@ -38,9 +39,11 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
 from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
+from surgery.persist.config_values import check_length
 
 FORMATS = ("onnx", "sentence-transformers", "stock")
 
@@ -120,7 +123,7 @@ def export_command(
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
-    batch: Annotated[int, typer.Option(min=1, help="Parity batch: sequences.")] = 4,
+    batch: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Parity batch: sequences.")] = 4,
     seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,
     tolerance: Annotated[float, typer.Option(help="Largest fp32 max-abs difference accepted.")] = 1e-4,
     opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the exporter's).")] = None,
@@ -155,8 +158,12 @@ def export_command(
     if calibration is not None and not int8:
         raise ConfigError("--calibration smooths the activations for int8; add --int8 (or drop --calibration)")
     source = resolve_model_path(model_dir)
-    target = check_output_dir(source, out, overwrite=overwrite)
-    read_model_config(source)
+    target = cast(Path, decide_outputs([source, data, eval_data, calibration], out=("--out", out),
+                                       overwrite=overwrite).directory)
+    model_config = read_model_config(source)
+    check_length(model_config, seq, "--seq", source)
+    if data is not None or calibration is not None:
+        check_length(model_config, max_length, "--max-length", source)
     needs = "--data" if data is not None else "--calibration" if calibration is not None else None
     tokenizer = load_tokenizer(source, required_by=needs)
     smoothing_batches = calibration_texts_batches(ctx, calibration, tokenizer, max_texts=calibration_texts,
@@ -204,7 +211,7 @@ def export_stock(model_dir: str, out: Path, *, overwrite: bool, onnx_flags: list
         raise ConfigError(f"--format stock writes PyTorch weights; {', '.join(onnx_flags)} belong to the ONNX formats, "
                           "drop them")
     source = resolve_model_path(model_dir)
-    target = check_output_dir(source, out, overwrite=overwrite)
+    target = cast(Path, decide_outputs([source], out=("--out", out), overwrite=overwrite).directory)
     read_model_config(source)
     saved = save_stock(surgery.from_pretrained(source), target, overwrite=overwrite, tokenizer=load_tokenizer(source))
     loaders = "AutoModel.from_pretrained(DIR)" + (" and SentenceTransformer(DIR)" if (saved / "modules.json").is_file()

@@ -19,10 +19,8 @@ import surgery
 from surgery.core.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.core.manifest import MANIFEST_NAME
 from surgery.core.registry import adapter_class_for
-from surgery.data.assets import resolve_model_path
-from surgery.persist.atomic import check_separate
 from surgery.persist.tokenizer_files import TOKENIZER_FILES, has_tokenizer, read_tokenizer
-from surgery.persist.untrusted import refuse_custom_code
+from surgery.persist.untrusted import read_regular, refuse_custom_code
 
 if TYPE_CHECKING:  # torch, transformers and datasets are imported when a command needs them, not for --help
     from torch import nn
@@ -34,6 +32,60 @@ SEQUENCE_CLASSIFIER_SUFFIX = "ForSequenceClassification"
 
 
 # -- strategy settings -------------------------------------------------------------------
+#: Largest settings file read (--config): real ones are a few hundred bytes.
+MAX_SETTINGS_BYTES = 2**20
+
+
+class SettingsSyntaxError(ConfigError):
+    """A settings file that parses but is ambiguous or unsafe: a key given twice, a YAML alias."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML without aliases (a billion-laughs file expands exponentially) and without duplicate keys."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise SettingsSyntaxError(f"line {mark.line + 1}: YAML aliases (*name) are not accepted in settings; "
+                                      "write the value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise SettingsSyntaxError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice; keep "
+                                          "one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise SettingsSyntaxError(f"key {key!r} is given twice; keep one")
+    return dict(pairs)
+
+
+def load_settings_text(text: str, *, as_json: bool) -> Any:
+    """Parse settings as JSON or YAML, refusing duplicate keys and YAML aliases.
+
+    Example:
+        >>> load_settings_text("ratio: 0.5\\nratio: 0.7", as_json=False)
+        Traceback (most recent call last):
+        ...
+        surgery.cli.inputs.SettingsSyntaxError: line 2: key 'ratio' is given twice; keep one
+    """
+    if as_json:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds no Python objects
+
+
 def parse_value(text: str) -> Any:
     """Read one ``--set`` value: JSON first, then YAML flow syntax, else the text itself.
 
@@ -51,8 +103,8 @@ def parse_value(text: str) -> Any:
     except ValueError:
         pass
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = load_settings_text(text, as_json=False)
+    except (yaml.YAMLError, RecursionError):
         return text
     if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
         return text
@@ -74,7 +126,10 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set ratio=0.5")
-        values[key] = parse_value(raw.strip())
+        try:
+            values[key] = parse_value(raw.strip())
+        except SettingsSyntaxError as exc:
+            raise ConfigError(f"--set {item!r}: {exc}") from None
     return values
 
 
@@ -87,9 +142,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if suffix not in (".json", ".yaml", ".yml"):
         raise ConfigError(f"config file {file}: unsupported format {suffix or '(none)'}; use .json, .yaml or .yml")
     try:
-        text = file.read_text()
-        values = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        text = read_regular(file, MAX_SETTINGS_BYTES).decode("utf-8")
+        values = load_settings_text(text, as_json=suffix == ".json")
+    except RecursionError:
+        raise ConfigError(f"config file {file} nests too deeply; settings are a flat mapping") from None
+    except (ModelLoadError, SettingsSyntaxError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"config file {file} cannot be read: {detail}") from None
     if values is None:
@@ -108,41 +165,25 @@ def strategy_settings(config_file: str | Path | None, sets: Sequence[str]) -> di
 
 
 # -- paths -------------------------------------------------------------------------------
-def check_output_dir(source: Path, out: str | Path, *, overwrite: bool) -> Path:
-    """Refuse an output directory that would destroy the input or the user's files, before any work.
+def check_output_dir(out: str | Path, *, overwrite: bool, flag: str = "--out") -> Path:
+    """Refuse an output directory that is a file, or that holds files without ``overwrite`` (see surgery.cli.outputs).
 
     Example:
         >>> import tempfile
-        >>> src = Path(tempfile.mkdtemp())
-        >>> check_output_dir(src, src, overwrite=True)  # doctest: +ELLIPSIS
+        >>> full = Path(tempfile.mkdtemp())
+        >>> _ = (full / "mine.txt").write_text("x")
+        >>> check_output_dir(full, overwrite=False)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.core.errors.OutputPathError: --out ... is the input model directory; choose another directory
+        surgery.core.errors.OutputPathError: --out ... exists and is not empty; pass --overwrite to replace it, or ...
     """
-    target = check_separate(source, out, flag="--out")
+    target = Path(out).expanduser().resolve()
     if target.exists() and not target.is_dir():
-        raise OutputPathError(f"--out {target} is a file; choose a directory path")
+        raise OutputPathError(f"{flag} {target} is a file; choose a directory path")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise OutputPathError(f"--out {target} exists and is not empty; pass --overwrite to replace it, or choose "
+        raise OutputPathError(f"{flag} {target} exists and is not empty; pass --overwrite to replace it, or choose "
                               "a new directory")
     return target
-
-
-def model_paths(model_dir: str, out: str | Path | None, *, overwrite: bool) -> tuple[Path, Path | None]:
-    """The model directory (or embedded name) resolved, and ``--out`` checked against it (None: no output).
-
-    Example:
-        >>> import tempfile
-        >>> src = Path(tempfile.mkdtemp()).resolve()
-        >>> _ = (src / "config.json").write_text("{}")
-        >>> model_paths(str(src), None, overwrite=False) == (src, None)
-        True
-        >>> out = Path(tempfile.mkdtemp()).resolve() / "out"
-        >>> model_paths(str(src), out, overwrite=False)[1] == out
-        True
-    """
-    source = resolve_model_path(model_dir)
-    return source, None if out is None else check_output_dir(source, out, overwrite=overwrite)
 
 
 def check_writable_file(path: Path | None, flag: str) -> Path | None:
@@ -178,14 +219,10 @@ def check_writable_file(path: Path | None, flag: str) -> Path | None:
 # -- model and tokenizer -----------------------------------------------------------------
 def read_model_config(path: Path) -> PretrainedConfig:
     """The HF config of a model directory, checked against the supported families (no weights read)."""
-    from transformers import AutoConfig
+    from surgery.persist.config_values import load_config
 
     refuse_custom_code(path)
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        detail = " ".join(str(exc).split())[:200]
-        raise ModelLoadError(f"cannot read a model config from {path}: {detail}") from None
+    config = load_config(path)
     adapter_class_for(config.model_type)  # UnsupportedModelError names the supported types
     return config
 

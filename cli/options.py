@@ -16,11 +16,17 @@ from typing import Annotated
 
 import typer
 
+#: Upper bounds of counts, so that a typo (an extra zero or six) is refused in one line instead of running for days.
+MAX_BATCH = 65_536
+MAX_ROUNDS = 10_000
+MAX_EPOCHS = 1_000
+MAX_TEXTS = 1_000_000
+
 TextColumn = Annotated[str, typer.Option(help="Column holding the text.")]
 TextPairColumn = Annotated[str | None, typer.Option(help="Column holding the second text of a pair.")]
 LabelColumn = Annotated[str, typer.Option(help="Column holding the label.")]
 MaxLength = Annotated[int, typer.Option(min=1, help="Tokens per text (longer texts are truncated).")]
-BatchSize = Annotated[int, typer.Option(min=1, help="Batch size of the data loaders.")]
+BatchSize = Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Batch size of the data loaders.")]
 Seed = Annotated[int, typer.Option(help="Seed of the evaluation split(s), new heads and the strategy.")]
 MaxTrain = Annotated[int | None, typer.Option(min=1, help="Use at most N training examples (per task).")]
 EvalData = Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% split of "
@@ -33,7 +39,7 @@ Calibration = Annotated[str | None, typer.Option(
     "--calibration", help="With --int8: texts like the ones the model will serve (.txt, one per line, or a table's "
     "--text-column; labels ignored); the activations are smoothed on them before quantization (SmoothQuant), "
     "which keeps int8 closer to fp32.")]
-CalibrationTexts = Annotated[int, typer.Option(min=1, help="With --calibration: how many texts to calibrate on (a "
-                                               "seeded sample).")]
+CalibrationTexts = Annotated[int, typer.Option(min=1, max=MAX_TEXTS, help="With --calibration: how many texts to "
+                                               "calibrate on (a seeded sample).")]
 SmoothAlpha = Annotated[float, typer.Option(min=0.0, max=1.0, help="With --calibration: SmoothQuant's migration "
                                             "strength (0 leaves activations alone, 1 flattens them fully).")]

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,7 +24,10 @@ from typing import Annotated, Any
 import typer
 
 from surgery.cli.console import stdout
+from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError, DataError
+from surgery.persist.atomic import atomic_write
+from surgery.persist.untrusted import MAX_JSON_BYTES, read_regular
 
 PLOT_HINT = "matplotlib is needed for plots; install it with: pip install 'encoder-surgery[plot]'"
 
@@ -83,10 +87,18 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path, overwrite: bool) -> Path:
+    """Render ``fig`` to PNG bytes and write them atomically (an existing file only with ``overwrite``)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=120, format="png")
+    plt.close(fig)
+    return atomic_write(path, buffer.getvalue(), overwrite=overwrite)
+
+
 def write_pareto(points: list[dict[str, Any]], path: Path,
                  title: str = "accuracy retained vs measured speedup",
                  xlabel: str = "measured speedup (x, against the fine-tuned model)",
-                 ylabel: str = "accuracy retained (% of the fine-tuned model)") -> Path:
+                 ylabel: str = "accuracy retained (% of the fine-tuned model)", *, overwrite: bool = False) -> Path:
     """A scatter of ``points`` (one colour per label, one marker per group) saved as PNG at ``path``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -111,13 +123,10 @@ def write_pareto(points: list[dict[str, Any]], path: Path,
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, overwrite)
 
 
-def write_usage(panels: dict[str, dict[str, list[int]]], path: Path) -> Path:
+def write_usage(panels: dict[str, dict[str, list[int]]], path: Path, *, overwrite: bool = False) -> Path:
     """One bar chart per (phase, layer): the share of sequences each expert took; PNG at ``path``."""
     plt = _pyplot()
     rows = list(panels)
@@ -139,31 +148,34 @@ def write_usage(panels: dict[str, dict[str, list[int]]], path: Path) -> Path:
                 ax.set_ylabel("% of sequences", fontsize=7)
                 ax.annotate(phase, xy=(0.0, 1.22), xycoords="axes fraction", fontsize=8, fontweight="bold")
     fig.tight_layout(h_pad=2.5)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, overwrite)
 
 
-def plot_report(report: Path, out: Path) -> list[Path]:
-    """Render the Pareto and usage PNGs of a report or suite JSON into ``out``; returns the files written."""
+def plot_report(report: Path, out: Path, *, overwrite: bool = False) -> list[Path]:
+    """Render the Pareto and usage PNGs of a report or suite JSON into ``out``; returns the files written.
+
+    Which files will be written is decided (and checked: never an existing file without ``overwrite``,
+    never the report itself) before anything is drawn.
+    """
+    if not report.exists():
+        raise DataError(f"plot: {report} does not exist; pass a report from 'surgery apply --report'")
     try:
-        data = json.loads(report.read_text())
-    except FileNotFoundError:
-        raise DataError(f"plot: {report} does not exist; pass a report from 'surgery apply --report'") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(read_regular(report, MAX_JSON_BYTES))  # a regular file of bounded size: no FIFO hang
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise DataError(f"plot: {report} is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise DataError(f"plot: {report} holds no report object")
-    written = []
-    points = pareto_points(data)
-    if points:
-        written.append(write_pareto(points, out / "pareto.png"))
-    panels = usage_panels(data)
-    if panels:
-        written.append(write_usage(panels, out / "usage.png"))
-    if not written:
+    points, panels = pareto_points(data), usage_panels(data)
+    if not points and not panels:
         raise DataError(f"plot: {report} has neither a benchmark with accuracy nor expert usage to draw")
+    pareto, usage = out / "pareto.png", out / "usage.png"
+    decide_outputs([report], files=[("--out", file) for file, wanted in ((pareto, points), (usage, panels))
+                                    if wanted], overwrite=overwrite)
+    written = []
+    if points:
+        written.append(write_pareto(points, pareto, overwrite=overwrite))
+    if panels:
+        written.append(write_usage(panels, usage, overwrite=overwrite))
     return written
 
 
@@ -171,7 +183,8 @@ def plot_command(
     report: Annotated[Path, typer.Argument(
         help="A report JSON (surgery apply --report) or experiments/suite/results/suite.json.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for pareto.png and usage.png.")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing pareto.png / usage.png.")] = False,
 ) -> None:
     """Draw accuracy retained vs measured speedup, and per-layer expert usage, as PNG files."""
-    for path in plot_report(report, out):
+    for path in plot_report(report, out, overwrite=overwrite):
         stdout().print(str(path))

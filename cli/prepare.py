@@ -34,6 +34,7 @@ import typer
 from surgery.cli.console import CliState, note, quiet_datasets
 from surgery.cli.embedding_apply import Objective, choose_objective, load_embedding_data
 from surgery.cli.inputs import load_model, load_tokenizer, read_model_config
+from surgery.persist.config_values import check_length
 
 if TYPE_CHECKING:
     from torch import nn
@@ -143,6 +144,8 @@ def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles],
     import torch
 
     model_config = read_model_config(source)  # an unsupported family fails here, before anything is read
+    if data:
+        check_length(model_config, options.max_length, "--max-length", source)
     objective = None if strategy is None else choose_objective(source, model_config, requested_objective, strategy)
     embedding = objective is not None and objective.is_embedding
     torch.manual_seed(options.seed)

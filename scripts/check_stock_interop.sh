@@ -29,7 +29,7 @@ import surgery
 from surgery.compress.stock_export import save_stock
 from surgery.embedding import embed_texts, read_sentence_config
 from surgery.embedding.suite import corpus_texts
-from surgery.manifest import source_dir_of
+from surgery.core.manifest import source_dir_of
 from surgery.strategies import FFNPruningStrategy, LayerDropStrategy
 from transformers import AutoTokenizer
 work = Path(sys.argv[1])

@@ -11,4 +11,4 @@ surgery apply --strategy shrp minilm-l6 --data rotten-tomatoes --max-train 2400 
     --set objective=task --set num_layers=3 --set finetune_epochs=1 --set learning_rate=1e-4 \
     --out out/minilm-shrp --overwrite --report out/minilm-shrp-report.json
 surgery inspect out/minilm-shrp
-surgery bench out/minilm-shrp --against minilm-l6 --repeats 10 --json out/minilm-shrp-bench.json
+surgery bench out/minilm-shrp --against minilm-l6 --repeats 10 --json out/minilm-shrp-bench.json --overwrite

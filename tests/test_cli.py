@@ -454,3 +454,285 @@ def test_hostile_input_gives_one_line_and_exit_2(ws: dict[str, Path], hostile: d
     assert not (hostile["remote_code"] / "PWNED").exists()  # evil.py never ran
     assert sorted(p.name for p in ws["bare"].iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
                                                              "tokenizer_config.json"]
+
+
+# -- issue 22: outputs never destroy inputs, weights and configs are checked ------------
+def _digest(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def careless(ws: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Files a careless user names as outputs: ones they own, links into an input model."""
+    root = tmp_path_factory.mktemp("careless")
+    paths = {"mine": root / "mine.json", "plots": root / "plots", "report": root / "report.json"}
+    paths["mine"].write_text("mine")
+    paths["plots"].mkdir()
+    (paths["plots"] / "pareto.png").write_text("mine")
+    paths["report"].write_text(json.dumps({"strategy": "s", "metrics": {
+        "accuracy_input": 0.5, "accuracy_pruned": 0.5, "bench": {"comparisons": [{"speedup": 1.5}]}}}))
+    paths["link"] = root / "link.json"
+    paths["link"].symlink_to(ws["bare"] / "config.json")
+    return paths
+
+
+def _output_cases(ws: dict[str, Path], c: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
+    bare, out = str(ws["bare"]), tmp / "a"
+    hp = ["-s", "head-prune", "--set", "ratio=0.5"]
+    return [
+        # 1. the report over the input model's config.json (also through a symlink, also with --overwrite)
+        (["apply", bare, *hp, "-o", str(out), "--report", str(ws["bare"] / "config.json")],
+         "is inside the input model directory"),
+        (["apply", bare, *hp, "-o", str(out), "--report", str(c["link"]), "--overwrite"],
+         "is inside the input model directory"),
+        # 2. bench JSON over the input's weights
+        (["bench", bare, "--json", str(ws["bare"] / "model.safetensors")], "is inside the input model directory"),
+        (["bench", bare, "--against", str(ws["classifier"]), "--json", str(ws["classifier"] / "x.json")],
+         "is inside the input model directory"),
+        # 3. the report over the manifest that the save has just written
+        (["apply", bare, *hp, "-o", str(out), "--report", str(out / "surgery.json")], "is inside --out"),
+        # 4. any existing file, unless --overwrite; an input data file even then
+        (["apply", bare, *hp, "-o", str(out), "--report", str(c["mine"])], "exists; pass --overwrite"),
+        (["bench", bare, "--json", str(c["mine"])], "exists; pass --overwrite"),
+        (["apply", bare, *hp, "--data", str(ws["data"]), "-o", str(out), "--report", str(ws["data"]),
+          "--overwrite"], "is an input of this command"),
+        (["plot", str(c["report"]), "--out", str(c["plots"])], "pareto.png exists; pass --overwrite"),
+        (["plot", str(c["report"]), "--out", str(c["report"])], "is a file, so the directory cannot be created"),
+        (["export", bare, "-o", str(ws["bare"] / "onnx")], "is inside the input model directory"),
+    ]
+
+
+def test_outputs_never_replace_inputs_or_user_files(ws: dict[str, Path], careless: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    before = {name: _digest(ws[name]) for name in ("bare", "classifier")}
+    failures = _refusals(_output_cases(ws, careless, tmp_path))
+    assert not failures, "\n".join(failures)
+    assert not (tmp_path / "a").exists()
+    assert {name: _digest(ws[name]) for name in ("bare", "classifier")} == before
+    assert careless["mine"].read_text() == "mine" and (careless["plots"] / "pareto.png").read_text() == "mine"
+
+
+def test_report_and_json_are_written_atomically_and_replace_only_with_overwrite(ws: dict[str, Path],
+                                                                                 tmp_path: Path) -> None:
+    out, report = tmp_path / "pruned", tmp_path / "report.json"
+    args = ["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [1]}", "-o", str(out),
+            "--report", str(report)]
+    ok(args)
+    first = json.loads(report.read_text())
+    ok([*args, "--overwrite"])
+    assert json.loads(report.read_text())["plan"] == first["plan"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pruned", "report.json"]  # no temporary left behind
+
+
+def _safetensors_bytes(spans: list[tuple[str, int, int]], data: bytes) -> bytes:
+    """A hand-made safetensors file: F32 vectors at the given byte spans of ``data``."""
+    import struct
+
+    header = json.dumps({name: {"dtype": "F32", "shape": [(stop - start) // 4], "data_offsets": [start, stop]}
+                         for name, start, stop in spans}).encode()
+    return struct.pack("<Q", len(header)) + header + data
+
+
+@pytest.fixture(scope="module")
+def broken(ws: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Model directories whose weights or config.json are damaged, hostile or describe something else."""
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("broken")
+    weights = load_file(ws["bare"] / "model.safetensors")
+    config = json.loads((ws["bare"] / "config.json").read_text())
+
+    def variant(name: str, tensors: dict[str, torch.Tensor] | None = None, **edits: object) -> Path:
+        target = root / name
+        shutil.copytree(ws["bare"], target)
+        if tensors is not None:
+            save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+        if edits:
+            (target / "config.json").write_text(json.dumps({**config, **edits}))
+        return target
+
+    paths = {
+        "no_tensors": variant("no_tensors", {}),
+        "no_layer_1": variant("no_layer_1", {k: v for k, v in weights.items() if not k.startswith("encoder.layer.1.")}),
+        "nan": variant("nan", {**weights, "encoder.layer.0.output.dense.weight":
+                               weights["encoder.layer.0.output.dense.weight"].clone().fill_(float("nan"))}),
+        "extra_layer": variant("extra_layer", {**weights, "encoder.layer.5.output.dense.bias": torch.zeros(32)}),
+        "eps_nan": variant("eps_nan", layer_norm_eps=float("nan")),
+        "heads_0": variant("heads_0", num_attention_heads=0),
+        "heads_5": variant("heads_5", num_attention_heads=5),
+        "heads_negative": variant("heads_negative", num_attention_heads=-4),
+        "ffn_negative": variant("ffn_negative", intermediate_size=-1),
+        "layers_text": variant("layers_text", num_hidden_layers="2"),
+        "layers_100k": variant("layers_100k", num_hidden_layers=100000),
+        "huge": variant("huge", hidden_size=65536, num_attention_heads=64, num_hidden_layers=1000),
+        "pad_outside": variant("pad_outside", pad_token_id=5000),
+        "evil_attention": variant("evil_attention", _attn_implementation="kernels-community/evil"),
+        "mismatch": variant("mismatch", intermediate_size=40),
+        "overlap": variant("overlap"),
+        "gap": variant("gap"),
+        "fifo": variant("fifo"),
+        "dev_zero": variant("dev_zero"),
+        "deep_config": variant("deep_config"),
+    }
+    (paths["overlap"] / "model.safetensors").write_bytes(
+        _safetensors_bytes([("a", 0, 16), ("b", 0, 16)], bytes(16)))
+    (paths["gap"] / "model.safetensors").write_bytes(_safetensors_bytes([("a", 0, 16), ("b", 32, 48)], bytes(48)))
+    (paths["fifo"] / "model.safetensors").unlink()
+    os.mkfifo(paths["fifo"] / "model.safetensors")
+    (paths["dev_zero"] / "config.json").unlink()
+    (paths["dev_zero"] / "config.json").symlink_to("/dev/zero")
+    (paths["deep_config"] / "config.json").write_text(
+        json.dumps(config)[:-1] + ', "task_specific_params": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    saved = root / "saved"
+    model = tiny_model(TinySpec("bert"))
+    surgery.convert(model, surgery.strategies.HeadPruningStrategy(heads={0: [1]}))
+    surgery.save_pretrained(model, saved)
+    manifest = json.loads((saved / "surgery.json").read_text())
+    deep = "[" * 100_000 + "]" * 100_000
+    for name, text in (("gpt2_class", json.dumps({**manifest, "model_class": "GPT2Model"})),
+                       ("deep_manifest", json.dumps(manifest)[:-1] + f', "deep": {deep}}}')):
+        shutil.copytree(saved, root / name)
+        (root / name / "surgery.json").write_text(text)
+        paths[name] = root / name
+    paths["duplicate_yaml"] = root / "dup.yaml"
+    paths["duplicate_yaml"].write_text("ratio: 0.5\nscope: global\nratio: 0.1\n")
+    paths["laughs_yaml"] = root / "laughs.yaml"
+    paths["laughs_yaml"].write_text("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(9)) + "ratio: 0.5\n")
+    return paths
+
+
+def _weights_and_config_cases(ws: dict[str, Path], b: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
+    bare, data, out = str(ws["bare"]), str(ws["data"]), str(tmp / "a")
+    hp = ["-s", "head-prune", "--set", "ratio=0.5"]
+    inspect = {
+        # 5. missing weights
+        "no_tensors": "lacks 37 encoder weight(s) (embeddings.LayerNorm.bias,",
+        "no_layer_1": "lacks 16 encoder weight(s) (encoder.layer.1.attention.output.LayerNorm.bias,",
+        # 6. non-finite weights and config values, tensors for a layer the config lacks
+        "nan": "encoder.layer.0.output.dense.weight holds 1184 NaN or infinite value(s)",
+        "extra_layer": "no place for (encoder.layer.5.output.dense.bias)",
+        "eps_nan": "layer_norm_eps must be a finite number between 0 and 1, got nan",
+        # 8. config values
+        "heads_0": "num_attention_heads must be a positive integer, got 0",
+        "heads_5": "hidden_size 32 is not divisible by num_attention_heads 5",
+        "heads_negative": "num_attention_heads must be a positive integer, got -4",
+        "ffn_negative": "intermediate_size must be a positive integer, got -1",
+        "layers_text": "Field 'num_hidden_layers' expected int, got str (value: '2')",
+        "pad_outside": "pad_token_id 5000 is not a row of the 99-token vocabulary",
+        "mismatch": "encoder.layer.0.intermediate.dense.bias has shape [37] in the file but [40] in the model",
+        # 10., 11. manifests
+        "gpt2_class": "model class 'GPT2Model' is for 'gpt2' models, but the config is 'bert'",
+        "deep_manifest": "surgery.json nests deeper than 32 levels",
+        "deep_config": "config.json nests deeper than 32 levels",
+        # 12. safetensors headers
+        "overlap": "(tensor 'b' overlaps the tensor before it)",
+        "gap": "(tensor 'b' leaves a gap of 16 bytes before it)",
+        # 15. code-load path
+        "evil_attention": "_attn_implementation 'kernels-community/evil' is not one of transformers' built-in",
+    }
+    return [
+        *[(["inspect", str(b[name])], expected) for name, expected in inspect.items()],
+        (["apply", str(b["no_layer_1"]), *hp, "-o", out], "lacks 16 encoder weight(s)"),
+        (["apply", str(b["nan"]), *hp, "--data", data, "-o", out], "NaN or infinite"),
+        (["apply", str(b["evil_attention"]), *hp, "-o", out], "kernels-community/evil"),
+        # 13. --max-length beyond the positions, like bench --seq-len
+        (["apply", bare, *hp, "--data", data, "--max-length", "1000", "-o", out],
+         "--max-length 1000 exceeds the 72 positions"),
+        (["export", bare, "--seq", "1000", "-o", out], "--seq 1000 exceeds the 72 positions"),
+        # 6. duplicate keys; 14. billion laughs
+        (["apply", bare, "-s", "head-prune", "--config", str(b["duplicate_yaml"]), "-o", out],
+         "line 3: key 'ratio' is given twice"),
+        (["apply", bare, "-s", "head-prune", "--set", "heads={0: [1], 0: [2]}", "-o", out], "is given twice"),
+    ]
+
+
+def _unbounded_cases(ws: dict[str, Path], b: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
+    """14. Inputs that used to hang or fill memory: refused before any unbounded work."""
+    bare, out = str(ws["bare"]), str(tmp / "a")
+    return [
+        (["inspect", str(b["layers_100k"])], "num_hidden_layers 100000 is more than the 1024 layers surgery builds"),
+        (["inspect", str(b["huge"])], "describes about 17191 billion parameters, more than the 20 billion surgery "
+         "builds"),
+        (["inspect", str(b["fifo"])], "model.safetensors is not a regular file (a FIFO)"),
+        (["bench", str(b["fifo"])], "is not a regular file (a FIFO)"),
+        (["inspect", str(b["dev_zero"])], "config.json is not a regular file (a device)"),
+        (["bench", bare, "--repeats", "1000000000"], "--repeats': Input should be less than or equal to 10000"),
+        (["apply", bare, "-s", "head-prune", "--config", str(b["laughs_yaml"]), "-o", out],
+         "YAML aliases (*name) are not accepted"),
+    ]
+
+
+#: Runs CLI cases in a child process, so that a hang fails the test at the time limit instead of blocking it.
+CHILD = """
+import json, sys
+from typer.testing import CliRunner
+from surgery.cli.app import app
+runner = CliRunner()
+print(json.dumps([[r.exit_code, r.stderr, r.stdout] for r in (runner.invoke(app, a) for a in json.loads(sys.argv[1]))]))
+"""
+
+
+def test_unbounded_inputs_are_refused_within_a_time_limit(ws: dict[str, Path], broken: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cases = _unbounded_cases(ws, broken, tmp_path)
+    child = subprocess.run([sys.executable, "-c", CHILD, json.dumps([args for args, _ in cases])],
+                           capture_output=True, text=True, timeout=180)
+    assert child.returncode == 0, child.stderr[-2000:]
+    failures = []
+    for (args, expected), (code, stderr, stdout) in zip(cases, json.loads(child.stdout), strict=True):
+        lines = stderr.strip().splitlines()
+        if code != 2 or len(lines) != 1 or expected not in lines[0] or stdout:
+            failures.append(f"{args} -> exit {code}: {stderr!r}")
+    assert not failures, "\n".join(failures)
+    assert not (tmp_path / "a").exists()
+
+
+def test_damaged_weights_and_configs_give_one_line_and_exit_2(ws: dict[str, Path], broken: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    failures = _refusals(_weights_and_config_cases(ws, broken, tmp_path))
+    assert not failures, "\n".join(failures)
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_new_head_stays_allowed_and_a_missing_pooler_is_announced(ws: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(ws["bare"], tmp_path / "no_pooler")
+    weights = load_file(ws["bare"] / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")},
+              str(tmp_path / "no_pooler" / "model.safetensors"), metadata={"format": "pt"})
+    result = runner.invoke(app, ["apply", str(tmp_path / "no_pooler"), "-s", "head-prune", "--set", "ratio=0.5",
+                                 "--data", str(ws["data"]), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "new randomly initialised head for 2 labels" in result.stderr
+    assert "hold no pooler (bert.pooler.dense.bias); it is new and randomly initialised" in result.stderr
+
+
+def test_unreadable_data_files_name_the_file_the_line_and_the_fix(ws: dict[str, Path], tmp_path: Path) -> None:
+    files = {
+        "empty.csv": (b"", "is empty; it needs a header row"),
+        "junk.csv": (bytes(range(128, 256)) * 3, "line 1 is not UTF-8 text (byte 0x80 at column 1)"),
+        "latin.csv": ("text,label\nw1 w2,pos\nh\xe9llo,neg\n".encode("latin-1"),
+                      "line 3 is not UTF-8 text (byte 0xe9 at column 2); save the file as UTF-8"),
+        "broken.jsonl": (b'{"text": "w1", "label": "pos"}\n{"text": "w2", "label": \n',
+                         "line 2 is not valid JSON (Expecting value at column"),
+        "fake.csv.gz": (b"text,label\nw1,pos\n", "is named .gz but is not gzip-compressed"),
+        "ragged.csv": (b"text,label\nw1,pos\nw2,neg,extra\n", "Expected 2 fields in line 3, saw 3"),
+    }
+    cases = []
+    for name, (content, expected) in files.items():
+        (tmp_path / name).write_bytes(content)
+        cases.append((["apply", str(ws["bare"]), "-s", "head-prune", "--set", "ratio=0.5", "--data",
+                       str(tmp_path / name), "-o", str(tmp_path / "a")], f"{tmp_path / name}"))
+        cases.append((cases[-1][0], expected))
+    failures = _refusals(cases)
+    assert not failures, "\n".join(failures)

@@ -218,3 +218,58 @@ def test_cli_bench_int8_fp32_benches_the_mixed_precision_graph(tmp_path) -> None
     assert result.exit_code == 2 and "needs --int8" in result.stderr
     result = CliRunner().invoke(app, [*args, "--int8", "--int8-fp32", "mlp"])
     assert result.exit_code == 2 and "'mlp' is not one of" in result.stderr
+
+
+# -- issue 22: the exported tokenizer.json serves as the source model's tokenizer does -------
+LONG_TEXTS = [" ".join(f"w{(i * 7 + j) % 90}" for j in range(n)) for i, n in enumerate((75, 3, 40, 33, 12))]
+
+
+def _source_with_tokenizer(root, *, model_max_length: int, sentence_max: int | None = None):
+    """A plain HF directory (tiny BERT, 72 positions) with a word-level tokenizer; a sentence-transformers one too."""
+    from transformers import BertTokenizer
+
+    from surgery.embedding import SentenceConfig
+    from surgery.embedding.pooling import write_sentence_transformers_files
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(94)])}
+    model = tiny_model(TinySpec("bert"))
+    model.save_pretrained(root)
+    BertTokenizer(vocab=vocab, model_max_length=model_max_length).save_pretrained(root)
+    if sentence_max is not None:
+        write_sentence_transformers_files(SentenceConfig(max_seq_length=sentence_max), root,
+                                          model.config.hidden_size)
+    return root
+
+
+def _served_ids(directory) -> list[list[int]]:
+    """What a stock server gets: tokenizer.json loaded as it is, by the tokenizers library."""
+    from tokenizers import Tokenizer
+
+    return [e.ids for e in Tokenizer.from_file(str(directory / "tokenizer.json")).encode_batch(LONG_TEXTS)]
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "sentence-transformers"])
+def test_exported_tokenizer_json_encodes_long_texts_as_the_source(fmt: str, tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    sentence_max = 40 if fmt == "sentence-transformers" else None
+    source = _source_with_tokenizer(tmp_path / "src", model_max_length=48, sentence_max=sentence_max)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", str(source), "--out", str(out), "--format", fmt])
+    assert result.exit_code == 0, result.output
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    # The source as its consumers call it: transformers truncates at model_max_length, sentence-transformers
+    # at its max_seq_length; both pad to the longest text of the batch.
+    expected = tokenizer(LONG_TEXTS, truncation=True, padding=True,
+                         **({"max_length": sentence_max} if sentence_max else {}))["input_ids"]
+    assert max(len(tokenizer(t)["input_ids"]) for t in LONG_TEXTS) > 48 > 32  # texts longer than both limits
+    assert _served_ids(out) == expected
+    assert len(expected[0]) == (sentence_max or 48)
+    if fmt == "sentence-transformers":
+        pytest.importorskip("sentence_transformers")
+        from sentence_transformers import SentenceTransformer
+
+        served = SentenceTransformer(str(source), device="cpu").tokenize(LONG_TEXTS)["input_ids"].tolist()
+        assert _served_ids(out) == served
+        assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == sentence_max

@@ -356,3 +356,46 @@ def test_bench_writes_nothing_to_stderr_below_python(capfd: pytest.CaptureFixtur
     report = bench_models({"tiny": tiny_model(TinySpec("bert"))}, batch_size=2, seq_len=8, repeats=1, warmup=0)
     assert report.models[0].activation_peak_bytes
     assert "USDT" not in capfd.readouterr().err
+
+
+# -- config.json values (issue 22) -------------------------------------------------------------------
+CONFIG_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+               "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_dropout_prob",
+               "attention_probs_dropout_prob", "initializer_range", "pad_token_id", "hidden_act",
+               "_attn_implementation", "position_embedding_type", "model_type", "architectures", "dtype")
+
+
+def _config_values() -> st.SearchStrategy[object]:
+    scalars = (st.none() | st.booleans() | st.integers(-3, 40) | st.sampled_from([0, -1, 100_000, 10**12])
+               | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
+               | st.sampled_from(["gelu", "relu", "eager", "sdpa", "bert", "gpt2", "kernels-community/x"]))
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=4)
+
+
+@pytest.fixture(scope="module")
+def plain_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plain") / "bert"
+    tiny_model(TinySpec("bert")).save_pretrained(path)
+    return path
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(saved_by_surgery=st.booleans(), edits=st.dictionaries(st.sampled_from(CONFIG_KEYS), _config_values(),
+                                                            min_size=1, max_size=3))
+def test_fuzzed_config_loads_or_fails_in_one_line(pruned: tuple[nn.Module, Path], plain_dir: Path, tmp_path: Path,
+                                                  saved_by_surgery: bool, edits: dict[str, object]) -> None:
+    """Any config.json values: the model loads and runs, or loading fails with one SurgeryError line."""
+    source = pruned[1] if saved_by_surgery else plain_dir
+    target = tmp_path / f"fuzz-{time.monotonic_ns()}"
+    shutil.copytree(source, target)
+    config = json.loads((source / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, **edits}))
+    try:
+        loaded = surgery.from_pretrained(target)
+    except SurgeryError as exc:
+        assert "\n" not in str(exc) and str(exc), repr(exc)
+        return
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    assert sum(p.numel() for p in loaded.parameters()) > 0

@@ -8,6 +8,7 @@ i.e. the gradients of routed experts (and of bypassed, unused layers) were reduc
 
 from __future__ import annotations
 
+import sys
 import tempfile
 
 import datasets
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import surgery
+from surgery.core.distributed import end_process, leave_process_group
 from surgery.data.task_data import PaddingCollator
 from surgery.strategies import ExpertAttentionStrategy
 from surgery.strategies.shrp import (
@@ -54,12 +56,12 @@ def main() -> None:
     same = all(torch.equal(gathered[0], g) for g in gathered[1:])
     if dist.get_rank() == 0:
         print(f"world={dist.get_world_size()} epochs={len(state.history)} weights identical across ranks: {same}")
-    # Tear the gloo group down before the interpreter exits: left to process teardown, its threads
-    # can abort the process ("terminate called without an active exception") after the work is done.
-    dist.barrier()
-    dist.destroy_process_group()
+    # Every rank waits for the others, then ends without torch's gloo teardown, which can deadlock at
+    # exit (about one run in fifteen; see surgery.core.distributed.leave_process_group).
+    leave_process_group()
     if not same:
-        raise SystemExit("DDP ranks diverged")
+        print("DDP ranks diverged", file=sys.stderr)
+    end_process(0 if same else 1)
 
 
 if __name__ == "__main__":

@@ -376,10 +376,10 @@ def step_render(args: argparse.Namespace, results: dict[str, Any]) -> None:
     results["suite"] = summarise(results)
     save_results(args.out, results)
     if results["suite"]["pareto"]:
-        write_pareto(results["suite"]["pareto"], args.out.with_name(f"{args.out.stem}_pareto.png"),
+        write_pareto(results["suite"]["pareto"], args.out.with_name(f"{args.out.stem}_pareto.png"), overwrite=True,
                      title="suite: accuracy retained vs measured speedup (mean over seeds)")
     if results["suite"]["usage"]:
-        write_usage(dict(results["suite"]["usage"]), args.out.with_name(f"{args.out.stem}_usage.png"))
+        write_usage(dict(results["suite"]["usage"]), args.out.with_name(f"{args.out.stem}_usage.png"), overwrite=True)
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_results.py")], check=True)
 
 

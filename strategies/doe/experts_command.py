@@ -26,7 +26,7 @@ from rich.text import Text
 
 from surgery.cli import render
 from surgery.cli.console import CliState, stderr, stdout
-from surgery.cli.inputs import model_paths, read_model_config, strategy_settings
+from surgery.cli.inputs import read_model_config, strategy_settings
 from surgery.cli.options import (
     BatchSize,
     LabelColumn,
@@ -37,8 +37,11 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
+from surgery.cli.outputs import decide_outputs
+from surgery.core.distributed import is_main_process
 from surgery.core.errors import ConfigError
 from surgery.data.assets import resolve_model_path
+from surgery.persist.atomic import atomic_write
 
 experts_app = typer.Typer(
     help="Unplug-and-play task experts (DoE): one full model, one small expert per task.",
@@ -108,13 +111,18 @@ def build_command(
     from surgery.strategies.doe import build_runtime, check_tasks, runtime_config
 
     doe_config = runtime_config(settings)  # doe's own checks of the shared settings, before anything is loaded
-    source, target = model_paths(model_dir, out, overwrite=overwrite)
+    source = resolve_model_path(model_dir)
+    outputs = decide_outputs([source, config, *tasks.values(), *evals.values()], out=("--out", out),
+                             files=[("--report", report_file)], overwrite=overwrite)
+    target, report_file = outputs.directory, outputs.file("--report")
     inputs = prepare_inputs(ctx.ensure_object(CliState), source,
                             {name: DataFiles(path, evals.get(name)) for name, path in tasks.items()},
                             DataOptions.from_command(ctx), required_by="--task", data_label="task {name}",
                             check=lambda model, data: check_tasks(model, data, doe_config))
     with render.ProgressDisplay(stderr()) as progress:
         runtime, metrics = build_runtime(inputs.model, inputs.data, doe_config, progress=progress)
+    if not is_main_process():  # under torchrun every process built the same runtime; the main one writes it
+        return
     saved = runtime.save(target, tokenizer=inputs.tokenizer, overwrite=overwrite)
     rows = {}
     for name, m in metrics.items():
@@ -126,9 +134,8 @@ def build_command(
             "expert_bytes": sum(p.stat().st_size for p in (saved / "experts").glob(f"{name}.*")),
         }
     if report_file is not None:
-        report_file.parent.mkdir(parents=True, exist_ok=True)
-        report_file.write_text(json.dumps({"runtime": str(saved), "tasks": rows, "metrics": metrics}, indent=2,
-                                          default=str) + "\n")
+        atomic_write(report_file, json.dumps({"runtime": str(saved), "tasks": rows, "metrics": metrics}, indent=2,
+                                             default=str) + "\n", overwrite=overwrite)
     stdout().print(tasks_table("Task experts", rows))
     stdout().print(Text.assemble(("saved to ", "green"), str(saved)))
 

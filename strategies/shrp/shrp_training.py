@@ -31,6 +31,7 @@ from surgery.training import (
     SurgeryTrainer,
     accuracy,
 )
+from surgery.training import training_arguments as surgery_training_arguments
 
 
 # -- Trainer integration -----------------------------------------------------------------------
@@ -325,16 +326,12 @@ def prepare_progressive(model: nn.Module, originals: dict[int, nn.Module]) -> di
 
 def training_arguments(config: ShrpConfig, epochs: int, output_dir: str, **overrides: Any) -> TrainingArguments:
     """The Trainer settings of an SHRP run (no checkpoints; unused parameters found on purpose)."""
-    values: dict[str, Any] = dict(
-        output_dir=output_dir, num_train_epochs=epochs, per_device_train_batch_size=config.batch_size,
-        per_device_eval_batch_size=config.batch_size, learning_rate=config.learning_rate,
-        weight_decay=config.weight_decay, warmup_steps=config.warmup_ratio, lr_scheduler_type="linear",
-        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[], seed=config.seed,
-        data_seed=config.seed, disable_tqdm=True, remove_unused_columns=False,
+    settings: dict[str, Any] = {
+        "epochs": epochs, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
+        "weight_decay": config.weight_decay, "warmup_ratio": config.warmup_ratio, "seed": config.seed,
         # Bypassed layers' experts and activated layers' originals get no gradient in a step.
-        ddp_find_unused_parameters=True, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-    )
-    values.update(overrides)
-    return TrainingArguments(**values)
+        "ddp_find_unused_parameters": True, **overrides,
+    }
+    return surgery_training_arguments(output_dir, **settings)
 
 

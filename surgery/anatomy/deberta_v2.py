@@ -72,7 +72,8 @@ class DebertaV2Adapter(BertAdapter):
         max_relative = getattr(cfg, "max_relative_positions", -1)
         max_relative = max_relative if max_relative and max_relative > 0 else cfg.max_position_embeddings
         parse = partial(parse_deberta_call, relative=relative, shared=bool(getattr(cfg, "share_att_key", False)),
-                        buckets=cfg.position_buckets, max_relative=max_relative, types=types)
+                        buckets=getattr(cfg, "position_buckets", -1), max_relative=max_relative,
+                        types=types)
         return replace(super().calling_convention(layer), parse=parse, result=hidden_and_no_attention,
                        scale=(head_dim * score_factor(types, relative)) ** -0.5)
 

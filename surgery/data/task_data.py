@@ -7,6 +7,7 @@ works wherever a plain ``data`` iterable of model inputs is accepted.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
 from surgery.data.assets import DATASETS, resolve_data_path
+from surgery.data.data_diagnosis import diagnose
 
 _BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "labels")
@@ -41,10 +43,16 @@ def read_table(name_or_path: str | Path) -> datasets.Dataset:
     """
     path = resolve_data_path(name_or_path)
     kind, extra = _builder(path)
+    # datasets logs its own "Failed to read file" line before raising; the DataError below says it in one line.
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
         table = datasets.load_dataset(kind, data_files=str(path), split="train", **extra)
     except Exception as exc:  # datasets raises many types for unreadable files
-        raise DataError(f"cannot read data file {path}: {' '.join(str(exc).split())[:200]}") from None
+        raise DataError(diagnose(path, exc)) from None
+    finally:
+        log.setLevel(level)
     if str(name_or_path) == "rotten-tomatoes" or path == DATASETS["rotten-tomatoes"].locate():
         table = _rotten_tomatoes(table)
     return table

@@ -33,10 +33,11 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from surgery.core.errors import ConfigError, SurgeryError
-from surgery.core.manifest import steps_of
+from surgery.core.manifest import source_dir_of, steps_of
 from surgery.deploy.names import INFO_NAME, ONNX_NAME, TASKS
 from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, quantize_int8, quiet_loggers, require_onnx
 from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
+from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
 from surgery.persist.model_io import atomic_directory
 
@@ -199,7 +200,9 @@ def parity_inputs(config: Any, names: list[str], *, batch: int, seq: int, tokeni
     """
     if tokenizer is not None:
         texts = [SAMPLE_TEXTS[i % len(SAMPLE_TEXTS)] for i in range(batch)]
-        enc = tokenizer(texts, padding="max_length", truncation=True, max_length=seq, return_tensors="pt")
+        # On a copy: the call leaves its fixed padding and truncation in a fast tokenizer's backend.
+        enc = copy.deepcopy(tokenizer)(texts, padding="max_length", truncation=True, max_length=seq,
+                                       return_tensors="pt")
         out = {name: enc[name] if name in enc else torch.zeros_like(enc["input_ids"]) for name in names}
         return {k: v.long() for k, v in out.items()}
     gen = torch.Generator().manual_seed(seed)
@@ -330,6 +333,7 @@ def export_onnx(
     data: Iterable[Mapping[str, torch.Tensor]] | None = None,
     threads: int | None = None,
     overwrite: bool = False,
+    max_length: int | None = None,
 ) -> ExportReport:
     """Export ``model`` to ``out_dir/model.onnx``, check ONNX Runtime against PyTorch, optionally quantize.
 
@@ -354,6 +358,9 @@ def export_onnx(
         data: labelled batches (``labels`` key); the accuracy of PyTorch and of the written graph is recorded.
         threads: ONNX Runtime threads for the checks (default: torch's).
         overwrite: replace a non-empty ``out_dir``.
+        max_length: the tokens the saved ``tokenizer.json`` truncates at; default: ``max_seq_length`` of
+            the source's ``sentence_bert_config.json``, else the tokenizer's own limit, else the model's
+            positions (:mod:`surgery.deploy.tokenizer`); it pads to the longest text of each batch.
 
     Example:
         >>> import tempfile
@@ -431,7 +438,8 @@ def export_onnx(
                 accuracy_torch = _accuracy(module, batches)
                 accuracy_onnx = _accuracy(runtime, batches)
             if tokenizer is not None and save_tokenizer:
-                tokenizer.save_pretrained(tmp)
+                limit = max_length or source_max_seq_length(source_dir_of(model))
+                save_serving_tokenizer(tokenizer, tmp, serving_max_length(module.config, tokenizer, limit))
             report = ExportReport(
                 task=task, model_class=type(module).__name__, model_type=getattr(module.config, "model_type", None),
                 source_dtype=source_dtype, inputs=names, output=output,

@@ -11,6 +11,7 @@ normalisation are sentence-transformers' own.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         (['1_Pooling', 'config.json', 'modules.json', 'onnx'], 'last_hidden_state')
     """
     from surgery.deploy.export import export_onnx
+    from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length
     from surgery.embedding.pooling import write_sentence_transformers_files
     from surgery.persist.model_io import atomic_directory
 
@@ -172,7 +174,11 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False, task="base",
                              int8=int8, per_channel=per_channel, int8_fp32=int8_fp32, calibration=calibration,
                              smooth_alpha=smooth_alpha, threads=threads)
-        tokenizer.save_pretrained(tmp)  # at the top, where sentence-transformers' Transformer module reads it
+        # At the top, where sentence-transformers' Transformer module reads it; truncating where it does, and
+        # sentence_bert_config.json says the same length.
+        limit = serving_max_length(encoder.config, tokenizer, config.max_seq_length)
+        save_serving_tokenizer(tokenizer, tmp, limit)
         encoder.config.to_json_file(str(tmp / "config.json"))
-        write_sentence_transformers_files(config, tmp, encoder.config.hidden_size, source=source)
+        write_sentence_transformers_files(replace(config, max_seq_length=limit), tmp, encoder.config.hidden_size,
+                                          source=source)
     return report

@@ -58,6 +58,8 @@ from surgery.core.report import ParamCount
 from surgery.measure.flops import count_flops
 from surgery.measure.memory import memory_use
 from surgery.measure.stats import Interval, bootstrap_median, interval_warning
+from surgery.persist.atomic import atomic_write
+from surgery.persist.config_values import usable_positions
 
 #: A model counts as "smaller" when it has at most this fraction of the reference's parameters or FLOPs.
 SMALLER_BELOW = 0.95
@@ -142,12 +144,12 @@ class BenchReport(BaseModel):
                 return m
         raise KeyError(name)
 
-    def write_json(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report as indented JSON to ``path`` (parent directories are created)."""
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
-        return out
+    def write_json(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write the report as indented JSON to ``path`` atomically (parent directories are created).
+
+        An existing file is replaced only with ``overwrite``.
+        """
+        return atomic_write(path, json.dumps(self.model_dump(mode="json"), indent=2) + "\n", overwrite=overwrite)
 
 
 # -- warnings -----------------------------------------------------------------------------------
@@ -248,8 +250,8 @@ def check_device(device: str) -> torch.device:
 def check_seq_len(models: Mapping[str, nn.Module], seq_len: int) -> None:
     """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward)."""
     for name, model in models.items():
-        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if isinstance(limit, int) and 0 < limit < seq_len:
+        limit = usable_positions(getattr(model, "config", None))
+        if limit is not None and limit < seq_len:
             raise ConfigError(f"bench: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
                               f"use --seq-len {limit} or less")
 

@@ -158,3 +158,56 @@ def _place(tmp: Path, out: Path, overwrite: bool) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, overwrite: bool = False) -> Path:
+    """Write ``data`` to the file ``path`` so that a reader sees the old file or the whole new one, never a part.
+
+    The bytes go to a temporary sibling first (``.NAME.tmp-*``, flushed to disk), which then takes
+    the name: with ``overwrite`` by ``rename(2)``, which replaces atomically; without it by
+    ``link(2)``, which fails if the name exists, so a file that appeared meanwhile is never replaced.
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "report.json"
+        >>> atomic_write(f, "{}\\n").read_text()
+        '{}\\n'
+        >>> atomic_write(f, "[]")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.OutputPathError: .../report.json exists; pass --overwrite to replace it, ...
+        >>> atomic_write(f, "[]", overwrite=True).read_text()
+        '[]'
+    """
+    out = Path(path).expanduser().absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    payload = data.encode() if isinstance(data, str) else data
+    try:
+        with tmp.open("xb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if overwrite:
+            if out.is_dir():
+                raise OutputPathError(f"{out} is a directory; pass a file path")
+            os.replace(tmp, out)
+        else:
+            try:
+                os.link(tmp, out)
+            except FileExistsError:
+                raise OutputPathError(f"{out} exists; pass --overwrite to replace it, ...") from None
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                # A file system without hard links: O_EXCL still never replaces a file, though a reader
+                # could see it half-written.
+                try:
+                    with out.open("xb") as handle:
+                        handle.write(payload)
+                except FileExistsError:
+                    raise OutputPathError(f"{out} exists; pass --overwrite to replace it, or choose a new "
+                                          "file") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out

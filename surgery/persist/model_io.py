@@ -14,6 +14,7 @@ import json
 import os
 import pickle  # only for its exception type: nothing is unpickled here
 import re
+import warnings
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -24,7 +25,7 @@ import transformers
 from pydantic import ValidationError
 from safetensors.torch import load_model, save_model
 from torch import nn
-from transformers import AutoConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from surgery.core.errors import ConfigError, ModelLoadError, OutputPathError, SurgeryError
 from surgery.core.manifest import (
@@ -42,8 +43,16 @@ from surgery.core.manifest import (
 from surgery.core.registry import get_strategy
 from surgery.core.strategy import Strategy
 from surgery.persist.atomic import atomic_directory, check_separate
-from surgery.persist.task_heads import choose_class, record_new_head, warn_choice
-from surgery.persist.untrusted import check_safetensors_dir, refuse_custom_code, require_safetensors, safetensors_shapes
+from surgery.persist.config_values import load_config
+from surgery.persist.task_heads import HeadWarning, choose_class, record_new_head, warn_choice
+from surgery.persist.untrusted import (
+    check_safetensors_dir,
+    read_json_file,
+    refuse_custom_code,
+    require_safetensors,
+    safetensors_shapes,
+)
+from surgery.persist.weight_checks import check_finite, check_loading_info
 
 __all__ = ["WEIGHTS_NAME", "atomic_directory", "build_manifest", "from_pretrained", "output_directory",
            "resolve_model_class", "save_pretrained"]
@@ -172,6 +181,14 @@ def resolve_model_class(name: str | type[nn.Module] | None, config: Any) -> type
         cls = getattr(transformers, candidate, None)
         # Only transformers' own model classes (or its AutoModel* factories) are accepted.
         if isinstance(cls, type) and (issubclass(cls, PreTrainedModel) or candidate.startswith("AutoModel")):
+            family = getattr(cls, "config_class", None)
+            if isinstance(family, type) and not isinstance(config, family):
+                # GPT2Model built from a BERT config would fail deep inside transformers, or build nonsense.
+                raise ModelLoadError(
+                    f"model class {candidate!r} is for {getattr(family, 'model_type', family.__name__)!r} models, "
+                    f"but the config is {getattr(config, 'model_type', None)!r}; name a "
+                    f"{type(config).__name__.removesuffix('Config')} class (or fix surgery.json's model_class)"
+                )
             return cls
         raise ModelLoadError(
             f"model class {candidate!r} is not a transformers model class; pass model_class= explicitly"
@@ -183,11 +200,7 @@ def _read_manifest(path: Path) -> Manifest | None:
     file = path / MANIFEST_NAME
     if not file.exists():
         return None
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        detail = " ".join(str(exc).split())[:120]
-        raise ModelLoadError(f"{file} is not valid JSON ({detail}); the save is damaged, re-create it") from None
+    raw = read_json_file(file, what="surgery manifest", fix="the save is damaged, re-create it")
     return parse_manifest(raw, file)
 
 
@@ -286,10 +299,7 @@ def from_pretrained(
             f"{where} was saved by surgery; extra loading options {sorted({*config_kwargs, *kwargs})} cannot be "
             "applied when replaying its steps (load it as saved)"
         )
-    try:
-        config = AutoConfig.from_pretrained(where, trust_remote_code=False, **config_kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
+    config = load_config(where, **config_kwargs)
     cls = resolve_model_class(model_class or (manifest.model_class if manifest else None), config)
     if dtype is not None:
         kwargs["dtype"] = _dtype(dtype, "from_pretrained")
@@ -300,16 +310,26 @@ def from_pretrained(
         if choice.cls is not cls:
             warn_choice(choice)
         cls = choice.cls
+        attn = getattr(config, "_attn_implementation_internal", None)  # checked against the allow-list
+        if attn is not None:
+            kwargs.setdefault("attn_implementation", attn)
         try:
-            model = cls.from_pretrained(where, config=config, trust_remote_code=False,
-                                        use_safetensors=None if allow_pickle else True, **kwargs)
+            # Mismatched shapes are reported by check_loading_info, naming the tensor.
+            model, info = cls.from_pretrained(where, config=config, trust_remote_code=False,
+                                              use_safetensors=None if allow_pickle else True,
+                                              output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
         except (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError, pickle.UnpicklingError) as exc:
             # UnpicklingError: torch's weights-only loader refused a pickle that asks for code (allow_pickle).
             detail = " ".join(str(exc).split())[:200]
             raise ModelLoadError(f"cannot load model weights from {where}: {detail}") from None
+        pooler = check_loading_info(model, info, where, new_head=choice.new_head or [])
+        check_finite(model, where)
+        if pooler:
+            warnings.warn(f"the weights in {where} hold no pooler ({pooler[0]}); it is new and randomly initialised",
+                          HeadWarning, stacklevel=2)
         set_source_dir(model, str(where))
         set_steps(model, [])
-        record_new_head(model, choice.new_head or [])
+        record_new_head(model, [*(choice.new_head or []), *pooler])
         return model
     weights = where / WEIGHTS_NAME
     if not weights.exists():
@@ -338,6 +358,7 @@ def from_pretrained(
     if missing or unexpected:
         detail = f"missing {sorted(missing)[:3]}" if missing else f"unexpected {sorted(unexpected)[:3]}"
         raise ModelLoadError(f"{weights} does not match the rebuilt model: {detail}")
+    check_finite(model, weights)
     model.eval()
     steps = [step.model_dump(mode="json") for step in manifest.steps]
     set_steps(model, steps)

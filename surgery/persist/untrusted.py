@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -31,10 +33,121 @@ _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 
                 "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
-def _json_file(file: Path) -> dict[str, Any]:
+#: Largest JSON file (config.json, surgery.json, tokenizer_config.json) read: real ones are kilobytes.
+MAX_JSON_BYTES = 16 * 2**20
+#: Deepest nesting accepted in such a file: real configs and manifests nest 6 levels at most.
+MAX_JSON_DEPTH = 32
+
+
+def read_regular(file: Path, limit: int) -> bytes:
+    """The bytes of ``file`` if it is a regular file (symlinks followed) of at most ``limit`` bytes.
+
+    A FIFO would block the reader and ``/dev/zero`` would fill memory, so only regular files are read,
+    and no more than ``limit`` bytes of them.
+
+    Example:
+        >>> read_regular(Path("/dev/zero"), 10)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: /dev/zero is not a regular file (a device); ...
+    """
     try:
-        value = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {file}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelLoadError(f"{file} is not a regular file ({_kind(info.st_mode)}); replace it with the real file")
+        if info.st_size > limit:
+            raise ModelLoadError(f"{file} is {info.st_size} bytes, more than the {limit} surgery reads for it; it is "
+                                 "not a real file of its kind")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ModelLoadError(f"{file} is larger than the {limit} bytes surgery reads for it")
+    return data
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and mappings (0 for a scalar), without recursion.
+
+    Example:
+        >>> json_depth({"a": [1, {"b": 2}]}), json_depth(3)
+        (3, 0)
+    """
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def read_json_file(file: Path, *, what: str = "file", fix: str = "re-download or re-save the model") -> Any:
+    """Parse a JSON file of a model directory: a regular file, at most MAX_JSON_BYTES, nested MAX_JSON_DEPTH deep.
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "config.json"
+        >>> _ = f.write_text("[" * 100_000 + "]" * 100_000)
+        >>> read_json_file(f)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: .../config.json nests deeper than 32 levels; ...
+    """
+    data = read_regular(file, MAX_JSON_BYTES)
+    deep = f"{file} nests deeper than {MAX_JSON_DEPTH} levels; it is not a real {what}, {fix}"
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ModelLoadError(deep) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())[:120]
+        raise ModelLoadError(f"{file} is not valid JSON ({detail}); {fix}") from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ModelLoadError(deep)
+    return value
+
+
+def check_regular_files(path: Path) -> None:
+    """Refuse a model directory holding a FIFO, device or socket where files belong (symlinks followed).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> os.mkfifo(d / "model.safetensors")
+        >>> check_regular_files(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: .../model.safetensors is not a regular file (a FIFO); ...
+    """
+    if not path.is_dir():
+        return
+    for entry in path.iterdir():
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: whoever needs the file reports it missing
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ModelLoadError(f"{entry} is not a regular file ({_kind(mode)}); replace it with the real file")
+
+
+def _json_file(file: Path) -> dict[str, Any]:
+    if not file.exists():
+        return {}
+    try:
+        value = read_json_file(file)
+    except ModelLoadError:
         return {}  # unreadable files are reported by whoever reads them for real
     return value if isinstance(value, dict) else {}
 
@@ -53,6 +166,7 @@ def refuse_custom_code(path: Path) -> None:
     """
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
+    check_regular_files(path)  # before anything in it is read
     model_type = _json_file(path / "config.json").get("model_type")
     if isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES:
         return  # transformers' own classes are used and any auto_map is ignored (trust_remote_code=False)
@@ -116,6 +230,8 @@ def safetensors_shapes(file: Path) -> dict[str, list[int]]:
     fix = "re-download or re-save the model"
     try:
         size = file.stat().st_size
+        if not stat.S_ISREG(file.stat().st_mode):
+            raise ModelLoadError(f"{file} is not a regular file ({_kind(file.stat().st_mode)}); {fix}")
         with file.open("rb") as handle:
             head = handle.read(8)
             if len(head) < 8:
@@ -131,7 +247,7 @@ def safetensors_shapes(file: Path) -> dict[str, list[int]]:
     if not isinstance(header, dict):
         raise ModelLoadError(f"{damaged} (its header is not a mapping); {fix}")
     shapes: dict[str, list[int]] = {}
-    end = 0
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -144,7 +260,14 @@ def safetensors_shapes(file: Path) -> dict[str, list[int]]:
         if stop - start != math.prod(shape) * width or start < 0:
             raise ModelLoadError(f"{damaged} (tensor {name!r} has inconsistent offsets); {fix}")
         shapes[name] = shape
-        end = max(end, stop)
+        spans.append((start, stop, name))
+    end = 0
+    # Like safetensors itself: the tensors tile the data area in order, no overlap and no gap.
+    for start, stop, name in sorted(spans):
+        if start != end:
+            kind = "overlaps the tensor before it" if start < end else f"leaves a gap of {start - end} bytes before it"
+            raise ModelLoadError(f"{damaged} (tensor {name!r} {kind}); {fix}")
+        end = stop
     if 8 + length + end != size:
         raise ModelLoadError(f"{damaged} ({size} bytes, the header describes {8 + length + end}); {fix}")
     return shapes

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
+from surgery.core.distributed import per_process_batch
 from surgery.data.task_data import MODEL_COLUMNS, PaddingCollator, TaskData
 from surgery.training.distill import DistillConfig, distillation_loss, hidden_state_loss, recording_layer_outputs
 
@@ -50,6 +51,20 @@ class EpochStats:
     def reset(self) -> None:
         self.loss_sum = self.kd_sum = 0.0
         self.steps = self.correct = self.seen = 0
+
+    def gathered(self) -> EpochStats:
+        """The figures summed over every process of a torchrun group (each holds its share of the batches).
+
+        Without a process group, or alone in one, the figures themselves. Every process must call it.
+        """
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self
+        totals = torch.tensor([self.loss_sum, self.kd_sum, self.steps, self.correct, self.seen], dtype=torch.float64)
+        dist.all_reduce(totals)
+        loss_sum, kd_sum, steps, correct, seen = totals.tolist()
+        return EpochStats(loss_sum, kd_sum, int(steps), int(correct), int(seen))
 
 
 @contextmanager
@@ -214,7 +229,8 @@ class EpochHistory(TrainerCallback):
             self.emit(self._task(), self.stats.steps, self.steps_per_epoch, **self.stats.summary())
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        info: dict[str, Any] = {"epoch": len(self.history) + 1, **self.stats.summary()}
+        # Each process counted its own batches; the epoch's figures are those of all of them.
+        info: dict[str, Any] = {"epoch": len(self.history) + 1, **self.stats.gathered().summary()}
         if self.evaluate is not None:
             info["accuracy"] = self.evaluate(unwrap(kwargs["model"]))
             if self.keep_best is not None and (self.best is None or info["accuracy"] > self.best[0]):
@@ -235,15 +251,19 @@ def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, le
                        **overrides: Any) -> TrainingArguments:
     """Trainer settings for surgery's runs: no checkpoints, no logging to stdout, linear decay, CPU without CUDA.
 
+    ``batch_size`` is the global batch: under ``torchrun`` each process takes its share of it, so a
+    multi-process run trains like a one-process run (:mod:`surgery.core.distributed`).
+
     ``warmup_ratio`` is a fraction of the training steps (transformers 5 takes it as a float ``warmup_steps``).
 
     Example:
         >>> training_arguments("/tmp/x", epochs=2).num_train_epochs
         2
     """
+    share = per_process_batch(batch_size)  # batch_size is the global batch (surgery.core.distributed)
     values: dict[str, Any] = dict(
-        output_dir=output_dir, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
-        per_device_eval_batch_size=batch_size, learning_rate=learning_rate, weight_decay=weight_decay,
+        output_dir=output_dir, num_train_epochs=epochs, per_device_train_batch_size=share,
+        per_device_eval_batch_size=share, learning_rate=learning_rate, weight_decay=weight_decay,
         warmup_steps=warmup_ratio, lr_scheduler_type="linear", save_strategy="no", eval_strategy="no",
         logging_strategy="no", report_to=[], seed=seed, data_seed=seed, disable_tqdm=True,
         remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,

@@ -1,0 +1,211 @@
+"""A model's ``config.json`` is input: checked before any model is built from it.
+
+transformers builds whatever a config says: ``num_attention_heads: 0`` ends in ZeroDivisionError,
+``-4`` is accepted and saved, ``num_hidden_layers: 100000`` builds for minutes, ``layer_norm_eps:
+NaN`` gives NaN outputs, and an ``_attn_implementation`` naming a hub kernel asks transformers to
+fetch code. :func:`load_config` reads the file as untrusted input (a regular file, size and nesting
+capped, :mod:`surgery.untrusted`), lets transformers parse it into the family's config class, and
+then checks the values it will build from, read through that class as transformers reads them
+(``getattr`` with the family's stock defaults and attribute names, e.g. DistilBERT's ``dim``):
+
+* sizes are positive integers (not strings, floats or booleans), the hidden size is divisible by the
+  number of heads, at most :data:`MAX_LAYERS` layers;
+* the parameter count estimated from the config (embeddings plus per layer ``4 h^2 + 3 h i``, an
+  upper bound for every supported family) is at most :data:`MAX_PARAMS` (20 billion, far above any
+  encoder, below what would exhaust a machine before a message);
+* epsilons are finite and positive, dropout probabilities in [0, 1], the initializer range finite;
+* ``_attn_implementation`` is one of transformers' built-in implementations (the manifest's list).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from surgery.core.errors import ConfigError, ModelLoadError
+from surgery.core.manifest import ATTENTION_IMPLEMENTATIONS
+from surgery.persist.untrusted import read_json_file
+
+#: The largest model surgery builds from a config: 20 billion parameters (80 GB in fp32).
+MAX_PARAMS = 20_000_000_000
+#: The deepest encoder surgery builds (published encoders have 48 layers at most).
+MAX_LAYERS = 1024
+#: Sizes every supported family has (through its attribute_map where it names them differently).
+SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "max_position_embeddings")
+#: Further sizes of some families, checked where the family has them.
+FAMILY_SIZES = ("intermediate_size", "hidden_dim", "embedding_size", "global_attn_every_n_layers",
+                "relative_attention_num_buckets", "local_attention")
+#: Integers that may be zero or negative by design (-1: "use the default"), but must be integers.
+SIGNED = ("type_vocab_size", "position_buckets", "max_relative_positions", "pad_token_id")
+#: The dtypes a config may name (transformers reads "auto" and torch's floating dtype names).
+DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
+EPSILONS = ("layer_norm_eps", "norm_eps")
+PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                 "seq_classif_dropout", "qa_dropout", "classifier_dropout", "embedding_dropout", "mlp_dropout",
+                 "pooler_dropout")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_raw_config(raw: Any, file: Path) -> None:
+    """Checks on the file's own mapping, before transformers reads it (it would act on them)."""
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file} must hold a JSON object (a mapping of settings), not a {type(raw).__name__}")
+    for key in ("dtype", "torch_dtype"):
+        value = raw.get(key)
+        if value is not None and value not in DTYPES:
+            raise ModelLoadError(f"{file}: {key} {value!r} is not one of {', '.join(DTYPES)}; fix config.json")
+    for key in ("_attn_implementation", "attn_implementation"):
+        value = raw.get(key)
+        if value is not None and value not in ATTENTION_IMPLEMENTATIONS:
+            raise ModelLoadError(f"{file}: {key} {value!r} is not one of transformers' built-in attention "
+                                 f"implementations ({', '.join(ATTENTION_IMPLEMENTATIONS)}); surgery loads no "
+                                 "attention kernels from elsewhere, set it to one of them or remove it")
+
+
+def estimated_params(config: Any) -> int:
+    """An upper estimate of the parameters a config describes: embeddings plus ``4 h^2 + 3 h i`` per layer.
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> round(estimated_params(BertConfig()) / 1e6)  # bert-base has 110M
+        138
+    """
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    width = int(getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None) or 4 * hidden)
+    embed = int(getattr(config, "embedding_size", None) or hidden)
+    tables = sum(int(getattr(config, name, 0) or 0) for name in ("vocab_size", "max_position_embeddings",
+                                                                  "type_vocab_size"))
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    return tables * embed + embed * hidden + layers * (4 * hidden * hidden + 3 * hidden * width)
+
+
+def check_config_values(config: Any, where: Path) -> None:
+    """Refuse, in one line naming the field, a config that transformers would build wrongly or not at all.
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> check_config_values(BertConfig(num_attention_heads=5), Path("m/config.json"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: m/config.json: hidden_size 768 is not divisible by ...
+    """
+    def bad(name: str, need: str) -> ModelLoadError:
+        value = getattr(config, name, None)
+        return ModelLoadError(f"{where}: {name} must be {need}, got {value!r} ({type(value).__name__}); fix "
+                              "config.json (the family's default is used where the key is absent)")
+
+    for name in SIZES:
+        if not _is_int(getattr(config, name, None)) or getattr(config, name) <= 0:
+            raise bad(name, "a positive integer")
+    for name in FAMILY_SIZES:
+        value = getattr(config, name, None)
+        if value is not None and (not _is_int(value) or value <= 0):
+            raise bad(name, "a positive integer")
+    for name in SIGNED:
+        if getattr(config, name, None) is not None and not _is_int(getattr(config, name)):
+            raise bad(name, "an integer")
+    for name in EPSILONS:
+        value = getattr(config, name, None)
+        if value is not None and not (_is_number(value) and math.isfinite(value) and 0 < value < 1):
+            raise bad(name, "a finite number between 0 and 1")
+    for name in PROBABILITIES:
+        value = getattr(config, name, None)
+        if value is not None and not (_is_number(value) and 0 <= value <= 1):
+            raise bad(name, "a probability between 0 and 1")
+    value = getattr(config, "initializer_range", None)
+    if value is not None and not (_is_number(value) and math.isfinite(value) and value >= 0):
+        raise bad("initializer_range", "a finite number >= 0")
+    pad, vocab = getattr(config, "pad_token_id", None), config.vocab_size
+    if _is_int(pad) and not -vocab <= pad < vocab:
+        raise ModelLoadError(f"{where}: pad_token_id {pad} is not a row of the {vocab}-token vocabulary; fix "
+                             "config.json (pad_token_id or vocab_size)")
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    if hidden % heads:
+        raise ModelLoadError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; "
+                             "every head needs the same width, fix config.json")
+    if config.num_hidden_layers > MAX_LAYERS:
+        raise ModelLoadError(f"{where}: num_hidden_layers {config.num_hidden_layers} is more than the {MAX_LAYERS} "
+                             "layers surgery builds; fix config.json")
+    params = estimated_params(config)
+    if params > MAX_PARAMS:
+        raise ModelLoadError(f"{where} describes about {params / 1e9:.0f} billion parameters, more than the "
+                             f"{MAX_PARAMS // 10**9} billion surgery builds (hidden_size {hidden}, "
+                             f"{config.num_hidden_layers} layers, vocab_size {config.vocab_size}); fix config.json")
+    implementation = getattr(config, "_attn_implementation_internal", None)
+    if implementation is not None and implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ModelLoadError(f"{where}: attention implementation {implementation!r} is not one of "
+                             f"{', '.join(ATTENTION_IMPLEMENTATIONS)}")
+
+
+def usable_positions(config: Any) -> int | None:
+    """The tokens a model can take: its position table, less RoBERTa's positions before the first token.
+
+    Example:
+        >>> from transformers import RobertaConfig
+        >>> usable_positions(RobertaConfig(max_position_embeddings=514, pad_token_id=1))
+        512
+    """
+    positions = getattr(config, "max_position_embeddings", None)
+    if not _is_int(positions) or positions <= 0:
+        return None
+    # RoBERTa-style position ids start after the padding index.
+    pad = getattr(config, "pad_token_id", None)
+    offset = pad + 1 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta") and _is_int(pad) else 0
+    return positions - offset
+
+
+def check_length(config: Any, length: int, flag: str, name: str | Path) -> None:
+    """Refuse a token count beyond the positions the model has (it would fail inside the forward pass).
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> check_length(BertConfig(max_position_embeddings=128), 1000, "--max-length", "m")
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --max-length 1000 exceeds the 128 positions m supports; ...
+    """
+    limit = usable_positions(config)
+    if limit is not None and length > limit:
+        raise ConfigError(f"{flag} {length} exceeds the {limit} positions {name} supports; use {flag} {limit} or less")
+
+
+def load_config(where: Path, **kwargs: Any) -> Any:
+    """The checked HF config of a model directory (``kwargs`` such as ``num_labels`` go to transformers).
+
+    Example:
+        >>> import json, tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "config.json").write_text(json.dumps({"model_type": "bert", "num_attention_heads": 0}))
+        >>> load_config(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: .../config.json: num_attention_heads must be a positive integer, got 0 ...
+    """
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    file = where / "config.json"
+    if file.exists():
+        try:
+            raw = read_json_file(file, what="config.json")
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"cannot read a model config from {where}: {exc}") from None
+        check_raw_config(raw, file)
+    try:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=False, **kwargs)
+    except StrictDataclassError as exc:  # transformers' own type checks of the config's fields
+        detail = " ".join(str(exc).split())[:200]
+        raise ModelLoadError(f"{file}: {detail}; fix config.json (the family's default is used where the key is "
+                             "absent)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
+    check_config_values(config, file)
+    return config
