@@ -158,3 +158,27 @@ def _place(tmp: Path, out: Path, overwrite: bool) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary sibling file renamed into place.
+
+    A reader sees the old file or the new one, never half of one, and a crash leaves at most a
+    ``.NAME.tmp-*`` file behind. For files that belong to surgery (caches); a user's output directory
+    goes through :func:`atomic_directory`, which also refuses to replace what is there.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "sub" / "table.json"
+        >>> atomic_write_text(path, "{}").read_text(), sorted(p.name for p in path.parent.iterdir())
+        ('{}', ['table.json'])
+    """
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out

@@ -44,7 +44,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from surgery.api import count_params
+from surgery.compress.machine import MachineInfo, machine_info
 from surgery.errors import ConfigError
 from surgery.report import ParamCount
 from surgery.stats import Interval, bootstrap_median, interval_warning
@@ -134,6 +135,8 @@ class BenchReport(BaseModel):
     models: list[ModelBench]
     comparisons: list[Comparison]
     warnings: list[str]
+    machine: MachineInfo | None = Field(default=None, description="the CPU (model, int8-relevant flags), library "
+                                        "versions and threads it ran on; None in reports written before it was kept")
 
     def model(self, name: str) -> ModelBench:
         """The measurements of the model called ``name``."""
@@ -395,7 +398,14 @@ def _shared_vocab(models: Mapping[str, nn.Module]) -> int:
 
 
 @contextmanager
-def _threads(threads: int | None):
+def torch_threads(threads: int | None) -> Iterator[int]:
+    """Run the block with ``threads`` torch intra-op threads (None: as they are); yields the count in use.
+
+    Example:
+        >>> with torch_threads(1) as used:
+        ...     used, torch.get_num_threads()
+        (1, 1)
+    """
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -412,8 +422,21 @@ def _load() -> float | None:
         return None
 
 
-def _time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, repeats: int,
-                 warmup: int, device: torch.device) -> dict[str, list[float]]:
+def time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, repeats: int,
+                warmup: int, device: torch.device, on_round: Callable[[int], None] | None = None
+                ) -> dict[str, list[float]]:
+    """Seconds per batch of each model over ``repeats`` interleaved rounds (after ``warmup`` untimed ones).
+
+    Each round runs every model once, the order rotating round by round (step 4 of the module doc);
+    ``on_round`` is called after each round with the number done (warm-up included).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> times = time_rounds({"a": tiny_model(TinySpec("bert"))}, make_inputs(99, batch_size=2, seq_len=8),
+        ...                     repeats=3, warmup=1, device=torch.device("cpu"))
+        >>> len(times["a"]), min(times["a"]) > 0
+        (3, True)
+    """
     names = list(models)
     times: dict[str, list[float]] = {name: [] for name in names}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
@@ -427,6 +450,8 @@ def _time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Ten
                 sync(device)
                 if round_ >= warmup:
                     times[name].append(time.perf_counter() - start)
+            if on_round is not None:
+                on_round(round_ + 1)
     return times
 
 
@@ -512,13 +537,13 @@ def bench_models(
     modes = {name: m.training for name, m in models.items()}
     load_before = _load()
     try:
-        with _threads(threads) as used_threads:
+        with torch_threads(threads) as used_threads:
             for model in models.values():
                 model.to(dev).eval()
             inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
                                  device=dev)
             counted = {name: _counts(m, inputs, dev) for name, m in models.items()}
-            times = _time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
+            times = time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
     finally:
         for name, model in models.items():
             model.train(modes[name])
@@ -545,7 +570,8 @@ def bench_models(
                             *(not_faster_warning(c) for c in comparisons),
                             *(interval_warning(c.name, paired_interval(c, settings.repeats)) for c in comparisons)]
                 if w]
-    return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings)
+    return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings,
+                       machine=machine_info().model_copy(update={"torch_threads": used_threads}))
 
 
 def model_names(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None) -> list[str]:
