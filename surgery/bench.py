@@ -355,12 +355,13 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
-def check_seq_len(models: Mapping[str, nn.Module], seq_len: int) -> None:
-    """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward)."""
+def check_seq_len(models: Mapping[str, nn.Module], seq_len: int, what: str = "bench") -> None:
+    """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward);
+    ``what`` begins the message (the command or function that was asked)."""
     for name, model in models.items():
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         if isinstance(limit, int) and 0 < limit < seq_len:
-            raise ConfigError(f"bench: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
+            raise ConfigError(f"{what}: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
                               f"use --seq-len {limit} or less")
 
 

@@ -78,7 +78,8 @@ from surgery.errors import ConfigError
 from surgery.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.stats import Interval
 
-#: Fractions of the template layer's heads (0 stands for one head, the fewest a kept layer has).
+#: Fractions of the template layer's heads (0 stands for one head, the fewest a kept layer has; the
+#: solver needs it and the full count).
 HEAD_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: Fractions of the template layer's FFN width (width 0 is measured by the ``heads`` probes).
 WIDTH_FRACTIONS: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 1.0)
@@ -107,9 +108,11 @@ class Repeated(nn.Module):
 
 
 def repeated(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, device: torch.device,
-             least: float = MIN_TIMED_SECONDS) -> dict[str, Repeated]:
-    """Each model wrapped to run often enough per call to take ``least`` seconds (from one timed call
-    after an untimed one, which also pays any lazy initialisation)."""
+             least: float | None = None) -> dict[str, Repeated]:
+    """Each model wrapped to run often enough per call to take ``least`` seconds (default
+    :data:`MIN_TIMED_SECONDS`), judged from one timed call after an untimed one (which also pays any
+    lazy initialisation)."""
+    least = MIN_TIMED_SECONDS if least is None else least
     once = time_rounds(models, inputs, repeats=1, warmup=1, device=device)
     return {name: Repeated(model, max(1, min(1000, math.ceil(least / max(once[name][0], 1e-6)))))
             for name, model in models.items()}
@@ -293,7 +296,7 @@ def _check_settings(model: nn.Module, runtime: str, *, batch_size: int, seq_len:
             raise ConfigError(f"{what}: {field} must be at least {least}, got {value}")
     if threads is not None and threads < 1:
         raise ConfigError(f"{what}: threads must be at least 1, got {threads}")
-    check_seq_len({"model": model}, seq_len)
+    check_seq_len({"the model": model}, seq_len, what)
 
 
 def _device(model: nn.Module, runtime: str) -> torch.device:
