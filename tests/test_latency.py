@@ -180,14 +180,14 @@ def test_on_a_model_large_enough_to_time_width_and_heads_cost_time() -> None:
 
 def test_an_int8_onnxruntime_table_of_probes_with_ffns_of_width_zero(monkeypatch) -> None:
     pytest.importorskip("onnxruntime")
-    # Fewer grid points: every probe is an export of seconds. The "heads" probes' FFNs of width 0 go
-    # through smoothing and int8 quantization, which used to fail on their empty products.
+    # Fewer grid points: every probe is an export of seconds. The FFNs of width 0 (base, fewest, width 0)
+    # go through smoothing and int8 quantization, which used to fail on their empty products.
     monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
     monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
     table = measure_latency_table(tiny_model(TinySpec("bert", task="seq-cls")), runtime="onnxruntime-int8", **FAST)
     assert table.runtime == "onnxruntime-int8" and sorted(table.attention_ms) == [1, 4] and list(table.ffn_ms) == [37]
     assert table.measured["model_ms"] > 0
-    assert set(table.measured["probes_ms"]) == {"base", "heads 1", "heads 4", "width 37", "model"}
+    assert set(table.measured["probes_ms"]) == {"base", "fewest", "heads 1", "heads 4", "width 0", "model"}
 
 
 # -- the cache ----------------------------------------------------------------------------------

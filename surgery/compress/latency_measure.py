@@ -4,14 +4,18 @@ Method (what :func:`measure_latency_table` does):
 
 1. **Probe models.** From the user's own model (same class, so the embeddings, pooler and task head
    are the real ones) build small encoders that share its non-layer weights and hold ``probe_layers``
-   copies of its widest layer (the template), cut by the anatomy adapter:
+   (``k``) copies of its widest layer (the template: H heads, FFN width W), cut by the anatomy adapter:
 
-   * ``base``: one layer with one head and FFN width 0 (not none: DeBERTa-v2's encoder cannot run
-     without a layer);
-   * ``heads h``: FFN width 0 and the first ``h`` heads, for ``h`` in a grid (1, H/4, H/2, 3H/4, H);
-   * ``width w``: all H heads and FFN width ``w``, for ``w`` in a grid (W/8, W/4, W/2, 3W/4, W);
+   * ``base`` and ``fewest``: one and ``k`` layers of one head and FFN width 0, whose difference
+     gives ``base``, everything outside the layers (not zero layers: DeBERTa-v2's encoder cannot run
+     without one);
+   * ``heads h``: the first ``h`` heads and the full FFN, for ``h`` in a grid (1, H/4, H/2, 3H/4, H);
+   * ``width w``: all heads and FFN width ``w``, for ``w`` in a grid (0, W/8, W/4, W/2, 3W/4);
    * ``model``: the user's model itself.
 
+   Each dimension is cut with the other one full, as a search cuts a full model: measured that
+   way, attention and FFN costs include what they cost beside each other (cache traffic, the
+   attention kernel's fixed work), which probes of attention alone got wrong by 5-8% on MiniLM.
    Several identical layers per probe raise the per-layer signal over the fixed cost. For an ONNX
    runtime every probe is exported as :func:`surgery.deploy.bench.runtime_variants` exports for
    ``surgery bench`` (fp32; or int8 smoothed on random-token calibration, as ``surgery export --int8
@@ -23,13 +27,13 @@ Method (what :func:`measure_latency_table` does):
    slow whole rounds down, so each probe's time is read off a two-way median polish of the log times
    (probe level + round level): a round that load slowed by 30% is recognised by all its probes
    together and counts as the typical round.
-3. **Solving.** The ``base`` probe and ``heads 1`` differ by ``k - 1`` layers of one head, which gives
-   that layer's time and so ``base`` (what the model costs outside its layers). A layer with ``h``
-   heads and no FFN costs ``(heads h - base) / k``; a straight line through those over ``h`` has the
-   intercept ``overhead`` (what a layer costs whatever its width; attention at 0 heads is 0 by
-   definition) and ``attention(h)`` is the rest. ``ffn(w) = (width w - heads H) / k``. Finally every
-   per-layer number is scaled so that the table predicts the user's model exactly
-   (``measured['scale']``, 1 when layers add up perfectly): probes fix the shape, the model the level.
+3. **Solving.** A layer of a probe costs ``(probe - base) / k``. ``ffn(w)`` is the layer at width
+   ``w`` less the layer at width 0 (both at full heads); what a layer at ``h`` heads and full width
+   costs beyond ``ffn(W)`` is ``overhead + attention(h)``, split by a straight line over ``h`` whose
+   intercept is ``overhead`` (what a layer costs whatever its width; attention at 0 heads is 0 by
+   definition). Finally every per-layer number is scaled so that the table predicts the user's model
+   exactly (``measured['scale']``, 1 when layers add up perfectly): probes fix the shape, the model
+   the level.
 
 The table is cached (:mod:`surgery.compress.latency_cache`). :func:`measured_speedup` times a result
 against the original side by side through :func:`surgery.bench.bench_models`, the same code as
@@ -84,7 +88,7 @@ HEAD_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: Fractions of the template layer's FFN width (width 0 is measured by the ``heads`` probes).
 WIDTH_FRACTIONS: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 1.0)
 PROBE_LAYERS = 2
-REPEATS = 9
+REPEATS = 7
 WARMUP = 1
 #: A timed unit at least this long: short probes run back to back this many times over.
 MIN_TIMED_SECONDS = 0.05
@@ -142,12 +146,15 @@ def probes(heads: int, width: int, layers: int) -> list[Probe]:
     """The probes for a template layer of ``heads`` heads and FFN ``width`` (see the module doc).
 
     Example:
-        >>> [p.name for p in probes(4, 8, 2)]
-        ['base', 'heads 1', 'heads 2', 'heads 3', 'heads 4', 'width 1', 'width 2', 'width 4', 'width 6', 'width 8']
+        >>> [(p.name, p.layers, p.heads, p.ffn_width) for p in probes(4, 8, 2)][:3]
+        [('base', 1, 1, 0), ('fewest', 2, 1, 0), ('heads 1', 2, 1, 8)]
+        >>> [p.name for p in probes(4, 8, 2)][3:]
+        ['heads 2', 'heads 3', 'heads 4', 'width 0', 'width 1', 'width 2', 'width 4', 'width 6']
     """
-    return [Probe("base", 1, 1, 0),
-            *(Probe(f"heads {h}", layers, h, 0) for h in grid(heads, HEAD_FRACTIONS)),
-            *(Probe(f"width {w}", layers, heads, w) for w in grid(width, WIDTH_FRACTIONS) if width)]
+    widths = [w for w in grid(width, WIDTH_FRACTIONS) if w < width] if width else []
+    return [Probe("base", 1, 1, 0), Probe("fewest", layers, 1, 0),
+            *(Probe(f"heads {h}", layers, h, width) for h in grid(heads, HEAD_FRACTIONS)),
+            *(Probe(f"width {w}", layers, heads, w) for w in ([0, *widths] if width else []))]
 
 
 def template_layer(model: nn.Module) -> int:
@@ -220,19 +227,24 @@ def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], struc
     prediction before it.
     """
     by_name = {p.name: p for p in probe_list}
-    fewest = by_name["heads 1"]
-    one_head = max(0.0, seconds[fewest.name] - seconds["base"]) / (fewest.layers - by_name["base"].layers)
-    base = max(0.0, seconds["base"] - by_name["base"].layers * one_head)
-    per_layer = {p.name: max(0.0, seconds[p.name] - base) * 1000 / p.layers for p in probe_list
-                 if p.name != "base"}
-    heads = {p.heads: per_layer[p.name] for p in probe_list if p.name.startswith("heads")}
+    base_probe, fewest = by_name["base"], by_name["fewest"]
+    smallest_layer = max(0.0, seconds["fewest"] - seconds["base"]) / (fewest.layers - base_probe.layers)
+    base = max(0.0, seconds["base"] - base_probe.layers * smallest_layer)
+    per_layer = {p.name: max(0.0, seconds[p.name] - base) * 1000 / p.layers for p in probe_list}
+    heads = {p.heads: per_layer[p.name] for p in probe_list if p.name.startswith("heads ")}
     full_heads = max(heads)
-    sizes = sorted(heads)
-    intercept = statistics.linear_regression(sizes, [heads[h] for h in sizes])[1] if len(sizes) > 1 else 0.0
-    overhead = min(max(intercept, 0.0), min(heads.values()))
-    attention = {h: t - overhead for h, t in heads.items()}
-    ffn = {p.ffn_width: max(0.0, per_layer[p.name] - heads[full_heads]) for p in probe_list
-           if p.name.startswith("width")}
+    # Each dimension is cut with the other one full, as a search cuts a full model: the FFN grid is
+    # relative to the layer at full heads, the attention grid to the layer at full width.
+    no_ffn = per_layer.get("width 0", heads[full_heads])
+    ffn = {p.ffn_width: max(0.0, per_layer[p.name] - no_ffn) for p in probe_list if p.name.startswith("width ")}
+    full_width = by_name[f"heads {full_heads}"].ffn_width
+    ffn[full_width] = max(0.0, heads[full_heads] - no_ffn)
+    ffn.pop(0, None)  # no FFN costs nothing by definition
+    with_ffn = {h: max(0.0, t - ffn.get(full_width, 0.0)) for h, t in heads.items()}
+    sizes = sorted(with_ffn)
+    intercept = statistics.linear_regression(sizes, [with_ffn[h] for h in sizes])[1] if len(sizes) > 1 else 0.0
+    overhead = min(max(intercept, 0.0), min(with_ffn.values()))
+    attention = {h: t - overhead for h, t in with_ffn.items()}
     measured = dict(fields.pop("measured", {}))
     raw = LatencyTable(base_ms=base * 1000, overhead_ms=overhead, attention_ms=attention, ffn_ms=ffn or {0: 0.0},
                        measured=measured, **fields)
