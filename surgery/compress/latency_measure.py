@@ -11,6 +11,8 @@ Method (what :func:`measure_latency_table` does):
      without one);
    * ``heads h``: the first ``h`` heads and the full FFN, for ``h`` in a grid (1, H/4, H/2, 3H/4, H);
    * ``width w``: all heads and FFN width ``w``, for ``w`` in a grid (0, W/8, W/4, W/2, 3W/4);
+   * ``heads h width w``: both cut, pairing the smaller grid points in order (1 with W/8, H/4 with
+     W/4, ...), so small layers are measured as small layers;
    * ``model``: the user's model itself.
 
    Each dimension is cut with the other one full, as a search cuts a full model: measured that
@@ -27,13 +29,13 @@ Method (what :func:`measure_latency_table` does):
    slow whole rounds down, so each probe's time is read off a two-way median polish of the log times
    (probe level + round level): a round that load slowed by 30% is recognised by all its probes
    together and counts as the typical round.
-3. **Solving.** A layer of a probe costs ``(probe - base) / k``. ``ffn(w)`` is the layer at width
-   ``w`` less the layer at width 0 (both at full heads); what a layer at ``h`` heads and full width
-   costs beyond ``ffn(W)`` is ``overhead + attention(h)``, split by a straight line over ``h`` whose
-   intercept is ``overhead`` (what a layer costs whatever its width; attention at 0 heads is 0 by
-   definition). Finally every per-layer number is scaled so that the table predicts the user's model
-   exactly (``measured['scale']``, 1 when layers add up perfectly): probes fix the shape, the model
-   the level.
+3. **Solving.** Every probe is ``base + k * (layer(h) + ffn(w))``: a least-squares fit over all
+   probes (:func:`fit_additive`, relative errors) gives ``base``, the layer without FFN at each grid
+   head count and ``ffn`` at each grid width, each resting on several probes. The layer without FFN
+   is split by a straight line over ``h`` whose intercept is ``overhead`` (what a layer costs
+   whatever its width; attention at 0 heads is 0 by definition). Finally every per-layer number is
+   scaled so that the table predicts the user's model exactly (``measured['scale']``, 1 when layers
+   add up perfectly): probes fix the shape, the model the level.
 
 The table is cached (:mod:`surgery.compress.latency_cache`). :func:`measured_speedup` times a result
 against the original side by side through :func:`surgery.bench.bench_models`, the same code as
@@ -148,13 +150,16 @@ def probes(heads: int, width: int, layers: int) -> list[Probe]:
     Example:
         >>> [(p.name, p.layers, p.heads, p.ffn_width) for p in probes(4, 8, 2)][:3]
         [('base', 1, 1, 0), ('fewest', 2, 1, 0), ('heads 1', 2, 1, 8)]
-        >>> [p.name for p in probes(4, 8, 2)][3:]
-        ['heads 2', 'heads 3', 'heads 4', 'width 0', 'width 1', 'width 2', 'width 4', 'width 6']
+        >>> [p.name for p in probes(4, 8, 2)][3:]  # doctest: +NORMALIZE_WHITESPACE
+        ['heads 2', 'heads 3', 'heads 4', 'width 0', 'width 1', 'width 2', 'width 4', 'width 6',
+         'heads 1 width 1', 'heads 2 width 2', 'heads 3 width 4']
     """
     widths = [w for w in grid(width, WIDTH_FRACTIONS) if w < width] if width else []
+    fewer = [h for h in grid(heads, HEAD_FRACTIONS) if h < heads]
     return [Probe("base", 1, 1, 0), Probe("fewest", layers, 1, 0),
             *(Probe(f"heads {h}", layers, h, width) for h in grid(heads, HEAD_FRACTIONS)),
-            *(Probe(f"width {w}", layers, heads, w) for w in ([0, *widths] if width else []))]
+            *(Probe(f"width {w}", layers, heads, w) for w in ([0, *widths] if width else [])),
+            *(Probe(f"heads {h} width {w}", layers, h, w) for h, w in zip(fewer, widths, strict=False))]
 
 
 def template_layer(model: nn.Module) -> int:
@@ -218,6 +223,43 @@ def steady_times(times: Mapping[str, Sequence[float]], sweeps: int = 5) -> tuple
     return {n: math.exp(v) for n, v in level.items()}, [math.exp(e) for e in effect]
 
 
+def fit_additive(seconds: Mapping[str, float], probe_list: Sequence[Probe]
+                 ) -> tuple[float, dict[int, float], dict[int, float]]:
+    """Least-squares fit of ``probe = base + layers * (layer(heads) + ffn(width))`` to the probes' times.
+
+    Returns milliseconds: ``base``, a layer at each grid head count without its FFN (overhead and
+    attention together), and the FFN at each grid width (width 0 costs nothing). Every probe informs
+    the numbers of its own head count and width, so each number rests on several probes and the
+    timing noise of one probe spreads thin; errors are relative (weights ``1 / time``), so short and
+    long probes count alike. Negative solutions (noise at tiny sizes) are clipped to 0.
+
+    Example:
+        >>> plan = probes(2, 4, 2)
+        >>> exact = {p.name: 0.001 * (3 + p.layers * (1 + p.heads + 0.5 * p.ffn_width)) for p in plan}
+        >>> base, layer_heads, ffn = fit_additive(exact, plan)
+        >>> round(base, 6), {h: round(t, 6) for h, t in layer_heads.items()}, {w: round(t, 6) for w, t in ffn.items()}
+        (3.0, {1: 2.0, 2: 3.0}, {1: 0.5, 2: 1.0, 3: 1.5, 4: 2.0})
+    """
+    heads = sorted({p.heads for p in probe_list})
+    widths = sorted({p.ffn_width for p in probe_list if p.ffn_width > 0})
+    columns = 1 + len(heads) + len(widths)
+    rows, targets = [], []
+    for p in probe_list:
+        row = [0.0] * columns
+        row[0] = 1.0
+        row[1 + heads.index(p.heads)] = float(p.layers)
+        if p.ffn_width > 0:
+            row[1 + len(heads) + widths.index(p.ffn_width)] = float(p.layers)
+        weight = 1.0 / seconds[p.name]
+        rows.append([v * weight for v in row])
+        targets.append(seconds[p.name] * 1000 * weight)
+    solution = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
+                                  torch.tensor(targets, dtype=torch.float64)[:, None]).solution[:, 0].tolist()
+    clipped = [max(0.0, v) for v in solution]
+    return (clipped[0], dict(zip(heads, clipped[1:1 + len(heads)], strict=True)),
+            dict(zip(widths, clipped[1 + len(heads):], strict=True)))
+
+
 def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], structure: Structure, **fields: Any
                 ) -> LatencyTable:
     """The :class:`LatencyTable` from the probes' steady times (seconds) and the model's (``"model"``).
@@ -226,27 +268,13 @@ def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], struc
     measured); ``measured`` gains the probes' milliseconds, the layer scale and the model's
     prediction before it.
     """
-    by_name = {p.name: p for p in probe_list}
-    base_probe, fewest = by_name["base"], by_name["fewest"]
-    smallest_layer = max(0.0, seconds["fewest"] - seconds["base"]) / (fewest.layers - base_probe.layers)
-    base = max(0.0, seconds["base"] - base_probe.layers * smallest_layer)
-    per_layer = {p.name: max(0.0, seconds[p.name] - base) * 1000 / p.layers for p in probe_list}
-    heads = {p.heads: per_layer[p.name] for p in probe_list if p.name.startswith("heads ")}
-    full_heads = max(heads)
-    # Each dimension is cut with the other one full, as a search cuts a full model: the FFN grid is
-    # relative to the layer at full heads, the attention grid to the layer at full width.
-    no_ffn = per_layer.get("width 0", heads[full_heads])
-    ffn = {p.ffn_width: max(0.0, per_layer[p.name] - no_ffn) for p in probe_list if p.name.startswith("width ")}
-    full_width = by_name[f"heads {full_heads}"].ffn_width
-    ffn[full_width] = max(0.0, heads[full_heads] - no_ffn)
-    ffn.pop(0, None)  # no FFN costs nothing by definition
-    with_ffn = {h: max(0.0, t - ffn.get(full_width, 0.0)) for h, t in heads.items()}
-    sizes = sorted(with_ffn)
-    intercept = statistics.linear_regression(sizes, [with_ffn[h] for h in sizes])[1] if len(sizes) > 1 else 0.0
-    overhead = min(max(intercept, 0.0), min(with_ffn.values()))
-    attention = {h: t - overhead for h, t in with_ffn.items()}
+    base, layer_heads, ffn = fit_additive(seconds, probe_list)
+    sizes = sorted(layer_heads)
+    intercept = statistics.linear_regression(sizes, [layer_heads[h] for h in sizes])[1] if len(sizes) > 1 else 0.0
+    overhead = min(max(intercept, 0.0), min(layer_heads.values()))
+    attention = {h: t - overhead for h, t in layer_heads.items()}
     measured = dict(fields.pop("measured", {}))
-    raw = LatencyTable(base_ms=base * 1000, overhead_ms=overhead, attention_ms=attention, ffn_ms=ffn or {0: 0.0},
+    raw = LatencyTable(base_ms=base, overhead_ms=overhead, attention_ms=attention, ffn_ms=ffn or {0: 0.0},
                        measured=measured, **fields)
     predicted = raw.predict_ms(structure)
     model_ms = seconds["model"] * 1000
