@@ -13,6 +13,8 @@ Method (what :func:`measure_latency_table` does):
    * ``width w``: all heads and FFN width ``w``, for ``w`` in a grid (0, W/8, W/4, W/2, 3W/4);
    * ``heads h width w``: both cut, pairing the smaller grid points in order (1 with W/8, H/4 with
      W/4, ...), so small layers are measured as small layers;
+   * ``odd width w``: all heads and a width just above a multiple of 64 (W/8 - 63, W/2 - 63): matrix
+     kernels work in blocks, and a width of 154 took as long as 192 on MiniLM in PyTorch;
    * ``model``: the user's model itself.
 
    Each dimension is cut with the other one full, as a search cuts a full model: measured that
@@ -31,7 +33,9 @@ Method (what :func:`measure_latency_table` does):
    together and counts as the typical round.
 3. **Solving.** Every probe is ``base + k * (layer(h) + ffn(w))``: a least-squares fit over all
    probes (:func:`fit_additive`, relative errors) gives ``base``, the layer without FFN at each grid
-   head count and ``ffn`` at each grid width, each resting on several probes. The layer without FFN
+   head count and ``ffn`` at each grid width, each resting on several probes; it is solved with the
+   odd widths rounded up to each block size of :data:`FFN_STEPS`, and the best fit's block becomes
+   the table's ``ffn_step``. The layer without FFN
    is split by a straight line over ``h`` whose intercept is ``overhead`` (what a layer costs
    whatever its width; attention at 0 heads is 0 by definition). Finally every per-layer number is
    scaled so that the table predicts the user's model exactly (``measured['scale']``, 1 when layers
@@ -77,7 +81,7 @@ from surgery.compress.latency_cache import (
     read_cached,
     write_cached,
 )
-from surgery.compress.latency_table import RUNTIMES, LatencyTable
+from surgery.compress.latency_table import RUNTIMES, LatencyTable, round_up
 from surgery.compress.machine import machine_info
 from surgery.compress.structure import Structure
 from surgery.errors import ConfigError
@@ -89,6 +93,8 @@ from surgery.stats import Interval
 HEAD_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: Fractions of the template layer's FFN width (width 0 is measured by the ``heads`` probes).
 WIDTH_FRACTIONS: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 1.0)
+#: FFN block sizes the fit tries: a width costs as much as the next multiple (1: exactly its own).
+FFN_STEPS: tuple[int, ...] = (1, 16, 32, 64)
 PROBE_LAYERS = 2
 REPEATS = 7
 WARMUP = 1
@@ -159,7 +165,9 @@ def probes(heads: int, width: int, layers: int) -> list[Probe]:
     return [Probe("base", 1, 1, 0), Probe("fewest", layers, 1, 0),
             *(Probe(f"heads {h}", layers, h, width) for h in grid(heads, HEAD_FRACTIONS)),
             *(Probe(f"width {w}", layers, heads, w) for w in ([0, *widths] if width else [])),
-            *(Probe(f"heads {h} width {w}", layers, h, w) for h, w in zip(fewer, widths, strict=False))]
+            *(Probe(f"heads {h} width {w}", layers, h, w) for h, w in zip(fewer, widths, strict=False)),
+            *(Probe(f"odd width {w - max(FFN_STEPS) + 1}", layers, heads, w - max(FFN_STEPS) + 1)
+              for w in widths[::2] if w > max(FFN_STEPS))]
 
 
 def template_layer(model: nn.Module) -> int:
@@ -223,41 +231,57 @@ def steady_times(times: Mapping[str, Sequence[float]], sweeps: int = 5) -> tuple
     return {n: math.exp(v) for n, v in level.items()}, [math.exp(e) for e in effect]
 
 
-def fit_additive(seconds: Mapping[str, float], probe_list: Sequence[Probe]
-                 ) -> tuple[float, dict[int, float], dict[int, float]]:
+def _width_weights(width: int, grid_widths: Sequence[int]) -> dict[int, float]:
+    """How a width's FFN time mixes the grid's (the table's linear interpolation, 0 at width 0)."""
+    if width <= 0:
+        return {}
+    if width in grid_widths:
+        return {width: 1.0}
+    points = [0, *grid_widths]
+    upper = next((i for i, w in enumerate(points) if w > width), len(points) - 1)
+    lo, hi = points[upper - 1], points[upper]
+    t = (width - lo) / (hi - lo)
+    return {k: v for k, v in ((lo, 1.0 - t), (hi, t)) if k > 0}
+
+
+def fit_additive(seconds: Mapping[str, float], probe_list: Sequence[Probe], ffn_step: int = 1
+                 ) -> tuple[float, dict[int, float], dict[int, float], float]:
     """Least-squares fit of ``probe = base + layers * (layer(heads) + ffn(width))`` to the probes' times.
 
     Returns milliseconds: ``base``, a layer at each grid head count without its FFN (overhead and
-    attention together), and the FFN at each grid width (width 0 costs nothing). Every probe informs
-    the numbers of its own head count and width, so each number rests on several probes and the
-    timing noise of one probe spreads thin; errors are relative (weights ``1 / time``), so short and
-    long probes count alike. Negative solutions (noise at tiny sizes) are clipped to 0.
+    attention together), the FFN at each grid width (width 0 costs nothing), and the fit's root mean
+    square relative error. Every probe informs the numbers of its own head count and width, so each
+    number rests on several probes and the timing noise of one probe spreads thin; errors are
+    relative (weights ``1 / time``), so short and long probes count alike. A width off the grid
+    (``odd`` probes) counts as the next multiple of ``ffn_step``, interpolated between grid widths as
+    the table does. Negative solutions (noise at tiny sizes) are clipped to 0.
 
     Example:
-        >>> plan = probes(2, 4, 2)
+        >>> plan = [p for p in probes(2, 4, 2) if not p.name.startswith("odd")]
         >>> exact = {p.name: 0.001 * (3 + p.layers * (1 + p.heads + 0.5 * p.ffn_width)) for p in plan}
-        >>> base, layer_heads, ffn = fit_additive(exact, plan)
+        >>> base, layer_heads, ffn, error = fit_additive(exact, plan)
         >>> round(base, 6), {h: round(t, 6) for h, t in layer_heads.items()}, {w: round(t, 6) for w, t in ffn.items()}
         (3.0, {1: 2.0, 2: 3.0}, {1: 0.5, 2: 1.0, 3: 1.5, 4: 2.0})
     """
     heads = sorted({p.heads for p in probe_list})
-    widths = sorted({p.ffn_width for p in probe_list if p.ffn_width > 0})
+    widths = sorted({p.ffn_width for p in probe_list if p.ffn_width > 0 and not p.name.startswith("odd")})
     columns = 1 + len(heads) + len(widths)
     rows, targets = [], []
     for p in probe_list:
         row = [0.0] * columns
         row[0] = 1.0
         row[1 + heads.index(p.heads)] = float(p.layers)
-        if p.ffn_width > 0:
-            row[1 + len(heads) + widths.index(p.ffn_width)] = float(p.layers)
+        for width, share in _width_weights(round_up(p.ffn_width, ffn_step), widths).items():
+            row[1 + len(heads) + widths.index(width)] = p.layers * share
         weight = 1.0 / seconds[p.name]
         rows.append([v * weight for v in row])
         targets.append(seconds[p.name] * 1000 * weight)
-    solution = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
-                                  torch.tensor(targets, dtype=torch.float64)[:, None]).solution[:, 0].tolist()
-    clipped = [max(0.0, v) for v in solution]
+    matrix, target = torch.tensor(rows, dtype=torch.float64), torch.tensor(targets, dtype=torch.float64)[:, None]
+    solution = torch.linalg.lstsq(matrix, target).solution
+    error = float(((matrix @ solution - target) / 1000).pow(2).mean().sqrt())
+    clipped = [max(0.0, v) for v in solution[:, 0].tolist()]
     return (clipped[0], dict(zip(heads, clipped[1:1 + len(heads)], strict=True)),
-            dict(zip(widths, clipped[1 + len(heads):], strict=True)))
+            dict(zip(widths, clipped[1 + len(heads):], strict=True)), error)
 
 
 def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], structure: Structure, **fields: Any
@@ -268,20 +292,24 @@ def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], struc
     measured); ``measured`` gains the probes' milliseconds, the layer scale and the model's
     prediction before it.
     """
-    base, layer_heads, ffn = fit_additive(seconds, probe_list)
+    # The FFN block size that explains the odd-width probes best (1: none; ties go to the smaller).
+    fits = {step: fit_additive(seconds, probe_list, step) for step in FFN_STEPS}
+    ffn_step = min(fits, key=lambda step: (round(fits[step][3], 4), step))
+    base, layer_heads, ffn, _ = fits[ffn_step]
     sizes = sorted(layer_heads)
     intercept = statistics.linear_regression(sizes, [layer_heads[h] for h in sizes])[1] if len(sizes) > 1 else 0.0
     overhead = min(max(intercept, 0.0), min(layer_heads.values()))
     attention = {h: t - overhead for h, t in layer_heads.items()}
     measured = dict(fields.pop("measured", {}))
     raw = LatencyTable(base_ms=base, overhead_ms=overhead, attention_ms=attention, ffn_ms=ffn or {0: 0.0},
-                       measured=measured, **fields)
+                       ffn_step=ffn_step, measured=measured, **fields)
     predicted = raw.predict_ms(structure)
     model_ms = seconds["model"] * 1000
     # Probes fix the table's shape, the user's model its level (see the module doc, step 3).
     scale = (model_ms - raw.base_ms) / (predicted - raw.base_ms) if predicted > raw.base_ms and model_ms > \
         raw.base_ms else 1.0
     measured.update({"probes_ms": {name: t * 1000 for name, t in seconds.items()}, "scale": scale,
+                     "fit_error_by_ffn_step": {step: fit[3] for step, fit in fits.items()},
                      "model_ms": model_ms, "model_predicted_ms_before_scale": predicted})
     return raw.model_copy(update={
         "overhead_ms": raw.overhead_ms * scale,
