@@ -29,7 +29,7 @@ from surgery.compress.latency_measure import (
     solve_table,
     steady_times,
 )
-from surgery.compress.latency_table import LatencyTable
+from surgery.compress.latency_table import LatencyTable, round_up
 from surgery.compress.machine import INT8_FLAGS, SPEED_FLAGS, MachineInfo, machine_info, parse_cpuinfo
 from surgery.compress.structure import LayerShape, Structure
 from surgery.errors import ConfigError
@@ -132,6 +132,23 @@ def test_the_solver_recovers_a_known_table_from_exact_probe_times() -> None:
     uneven = Structure((LayerShape(3, 17), None, LayerShape(8, 40), LayerShape(1, 0), None))
     expected = 1000 * (base + layer(3, 17) + layer(8, 40) + layer(1, 0))
     assert table.predict_ms(uneven) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("block", [1, 64])
+def test_the_solver_finds_the_block_size_of_the_ffn_kernels(block: int) -> None:
+    plan = probes(4, 1024, 2)
+    assert [p.ffn_width for p in plan if p.name.startswith("odd")] == [65, 449]
+
+    def layer(h: int, w: int) -> float:  # seconds; an FFN costs as much as its width rounded up to the block
+        return 0.0005 + 0.0002 * h + 0.00001 * round_up(w, block)
+
+    seconds = {p.name: 0.003 + p.layers * layer(p.heads, p.ffn_width) for p in plan}
+    seconds["model"] = 0.003 + 4 * layer(4, 1024)
+    table = solve_table(seconds, plan, Structure((LayerShape(4, 1024),) * 4), runtime="torch", batch_size=1,
+                        seq_len=1, model_key="synthetic")
+    assert table.ffn_step == block and table.measured["fit_error_by_ffn_step"][block] < 1e-9
+    odd = Structure((LayerShape(3, 300),))
+    assert table.predict_ms(odd) == pytest.approx(1000 * (0.003 + layer(3, 300)))
 
 
 def test_round_load_is_taken_out_of_every_probe() -> None:
