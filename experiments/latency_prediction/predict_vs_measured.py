@@ -169,14 +169,15 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"- side-by-side benchmark: {part['bench_settings']['repeats']} rounds, "
                      f"{part['bench_seconds']:.0f} s")
         lines.append("")
-        head = "| structure | predicted | measured [95% CI] | error | within 5% |"
+        head = "| structure | predicted | measured [95% CI] | error | within 5% | inside the CI |"
         if own:
             head += f" predicted vs {part['runtime']} original | measured | error |"
         lines += [head, "|" + "---|" * (head.count("|") - 1)]
         for row in part["rows"]:
             low, high = row["measured_ci95"]
             line = (f"| {row['structure']} | {row['predicted']:.2f}x | {row['measured']:.2f}x [{low:.2f}-{high:.2f}] "
-                    f"| {row['error']:+.1%} | {'yes' if abs(row['error']) <= TARGET else 'no'} |")
+                    f"| {row['error']:+.1%} | {'yes' if abs(row['error']) <= TARGET else 'no'} | "
+                    f"{'yes' if low <= row['predicted'] <= high else 'no'} |")
             if own:
                 line += (f" {row['predicted_vs_own_original']:.2f}x | {row['measured_vs_own_original']:.2f}x | "
                          f"{row['error_vs_own_original']:+.1%} |")
@@ -199,13 +200,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="side-by-side rounds")
     parser.add_argument("--table-repeats", type=int, default=9)
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument("--render", action="store_true", help="only rewrite the .md from the tag's .json")
     args = parser.parse_args()
+    stem = "results" + (f"-{args.tag}" if args.tag else "")
+    if args.render:
+        (HERE / f"{stem}.md").write_text(markdown(json.loads((HERE / f"{stem}.json").read_text())))
+        return
     info = machine_info()
     load_before = os.getloadavg()[0]
     parts = [run_model(name, args) for name in args.models]
     results = {"runtime": args.runtime, "machine": info.model_dump(mode="json"), "fingerprint": info.fingerprint,
                "load_before": load_before, "load_after": os.getloadavg()[0], "args": vars(args), "models": parts}
-    stem = "results" + (f"-{args.tag}" if args.tag else "")
     (HERE / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     (HERE / f"{stem}.md").write_text(markdown(results))
     say(f"wrote {HERE / stem}.json and .md")
