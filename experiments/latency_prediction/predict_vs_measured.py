@@ -6,7 +6,8 @@ model to several structures (uniform and uneven heads and FFN widths, widths off
 dropped layers), predicts each one's speedup from the table, and times all of them against the
 original side by side in one interleaved benchmark (:func:`surgery.compress.latency_measure.side_by_side`,
 the code under ``measured_speedup``). With ``onnxruntime-int8`` the same is done for the smoothed
-int8 graphs, against the int8 original (one table) and against PyTorch fp32 (two tables)::
+int8 graphs, against the int8 original and against PyTorch fp32 (the table times the original in
+PyTorch in its own rounds: ``reference_runtime``)::
 
     nice python experiments/latency_prediction/predict_vs_measured.py --threads 1
     nice python experiments/latency_prediction/predict_vs_measured.py --threads 1 --models minilm \\
@@ -106,13 +107,13 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     original = Structure.from_model(model)
     n, heads, width = len(original.layers), original.kept[0].heads, original.kept[0].ffn_width
     structures = {label: Structure(tuple(recipe(n, heads, width))) for label, recipe in RECIPES.items()}
-    runtimes = ["torch"] if args.runtime == "torch" else ["torch", args.runtime]
-    tables: dict[str, LatencyTable] = {}
-    for runtime in runtimes:
-        say(f"{name}: latency table, {runtime}, batch {batch} x {args.seq_len}, {args.threads} thread(s)")
-        tables[runtime] = measure_latency_table(model, runtime=runtime, cache=False, repeats=args.table_repeats,
-                                                **shape)
-        say(f"{name}: {runtime} table in {tables[runtime].measured['seconds']:.0f} s")
+    runtime = args.runtime
+    say(f"{name}: latency table, {runtime}, batch {batch} x {args.seq_len}, {args.threads} thread(s)")
+    # The original in PyTorch is timed in the table's own rounds, so the speedup over it needs no second table.
+    table = measure_latency_table(model, runtime=runtime, cache=False, repeats=args.table_repeats,
+                                  reference_runtime="torch", **shape)
+    tables: dict[str, LatencyTable] = {runtime: table}
+    say(f"{name}: {runtime} table in {table.measured['seconds']:.0f} s")
     cuts = {label: cut_to(model, s) for label, s in structures.items()}
     target = args.runtime
     entries: dict[str, tuple[nn.Module, str]] = {"original [torch]": (model, "torch")}
@@ -125,15 +126,13 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     bench_seconds = time.perf_counter() - started
     paired = {c.name: c for c in report.comparisons}
     rows = []
-    torch_ms = tables["torch"].predict_ms(original)
-    table = tables[target]
     for label, structure in structures.items():
         measured = paired[f"{label} [{target}]"]
-        predicted = torch_ms / table.predict_ms(structure)
+        predicted = table.speedup(structure, original)
         row = {"structure": label, "layers": structure.to_json(), "predicted": predicted,
                "measured": measured.paired_speedup, "measured_ci95": measured.paired_speedup_ci,
                "error": predicted / measured.paired_speedup - 1, "flop_bound": measured.flop_bound_speedup}
-        if target != "torch":  # the same runtime's original as the reference: one table, no cross-table level
+        if target != "torch":  # against the same runtime's original: the table's own model, no reference
             own = paired[f"original [{target}]"].paired_speedup
             row.update({"predicted_vs_own_original": table.predict_ms(original) / table.predict_ms(structure),
                         "measured_vs_own_original": measured.paired_speedup / own})
@@ -163,9 +162,12 @@ def markdown(results: dict[str, Any]) -> str:
                   f"thread(s), {part['runtime']}", ""]
         for runtime, table in part["tables"].items():
             meas = table["measured"]
+            reference = (f", the original in {table['reference_runtime']} {table['reference_ms']:.1f} ms"
+                         if table.get("reference_ms") is not None else "")
             lines.append(f"- {runtime} table: {meas['seconds']:.0f} s; base {table['base_ms']:.1f} ms, model "
-                         f"{meas['model_ms']:.1f} ms, layer scale {meas['scale']:.3f}, load "
-                         f"{meas['load_average'][0]:.1f}/{meas['load_average'][1]:.1f}")
+                         f"{meas['model_ms']:.1f} ms{reference}, layer scale {meas['scale']:.3f}, FFN block "
+                         f"{table.get('ffn_step', 1)}, load {meas['load_average'][0]:.1f}/"
+                         f"{meas['load_average'][1]:.1f}")
         lines.append(f"- side-by-side benchmark: {part['bench_settings']['repeats']} rounds, "
                      f"{part['bench_seconds']:.0f} s")
         lines.append("")

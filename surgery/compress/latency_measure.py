@@ -385,6 +385,7 @@ def measure_latency_table(
     cache: bool = True,
     repeats: int = REPEATS,
     probe_layers: int = PROBE_LAYERS,
+    reference_runtime: str | None = None,
     progress: ProgressCallback | None = None,
 ) -> LatencyTable:
     """Measure (or read from the cache) the latency table of ``model``'s shape on ``runtime`` here.
@@ -400,6 +401,9 @@ def measure_latency_table(
         cache: read and write the cache (False: always measure, keep nothing).
         repeats: timed interleaved rounds (each runs every probe once), after one warm-up round.
         probe_layers: identical layers per probe (more: a stronger per-layer signal, longer rounds).
+        reference_runtime: also time the model in this runtime in the same rounds (``reference_ms``),
+            so that :meth:`LatencyTable.speedup` compares runtimes at one load: the level of two tables
+            measured minutes apart on a busy machine differed by 25% (experiments/latency_prediction).
         progress: called with one event per probe exported and per timing round.
 
     Returns:
@@ -418,6 +422,9 @@ def measure_latency_table(
     """
     _check_settings(model, runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
                     what="latency")
+    if reference_runtime is not None:
+        check_runtime(reference_runtime)
+        reference_runtime = None if reference_runtime == runtime else reference_runtime
     if probe_layers < 2:  # the base probe has one layer; the others must have more to tell base from a layer
         raise ConfigError(f"latency: probe_layers must be at least 2, got {probe_layers}")
     device = _device(model, runtime)
@@ -426,7 +433,8 @@ def measure_latency_table(
     machine = machine_info().model_copy(update={"torch_threads": threads})
     key = {"shape": shape, "runtime": runtime, "batch_size": batch_size, "seq_len": seq_len, "threads": threads,
            "repeats": repeats, "probe_layers": probe_layers, "heads_grid": list(HEAD_FRACTIONS),
-           "width_grid": list(WIDTH_FRACTIONS), "machine": machine.fingerprint, "versions": machine.versions}
+           "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
+           "machine": machine.fingerprint, "versions": machine.versions}
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
     stale = None
     if cache:
@@ -436,6 +444,7 @@ def measure_latency_table(
                                                           "cache_file": str(path)}})
     table = _measure(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
                      repeats=repeats, probe_layers=probe_layers, device=device, progress=progress or no_progress,
+                     reference_runtime=reference_runtime,
                      model_key=model_key(shape), machine=machine.model_dump(mode="json"))
     if cache:
         write_cached(path, key, table)
@@ -446,7 +455,7 @@ def measure_latency_table(
 
 def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int, repeats: int,
              probe_layers: int, device: torch.device, progress: ProgressCallback, model_key: str,
-             machine: dict[str, Any]) -> LatencyTable:
+             machine: dict[str, Any], reference_runtime: str | None) -> LatencyTable:
     started = time.perf_counter()
     structure = Structure.from_model(model)
     template = template_layer(model)
@@ -460,6 +469,9 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
     try:
         with tempfile.TemporaryDirectory(prefix="surgery-latency-") as tmp, torch_threads(threads):
             timed: dict[str, nn.Module] = {}
+            if reference_runtime is not None:  # timed in the same rounds: one load for both runtimes
+                timed["reference"] = runtime_model(model, reference_runtime, Path(tmp) / "reference",
+                                                   threads=threads, calibration=calibration)
             for done, probe in enumerate([*plan, None]):
                 name, source = ("model", model) if probe is None else (probe.name, build_probe(model, probe, template))
                 timed[name] = runtime_model(source, runtime, Path(tmp) / str(done), threads=threads,
@@ -483,7 +495,9 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
         "load_average": [load_before, _load()], "seconds": time.perf_counter() - started,
     }
     return solve_table(seconds, plan, structure, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
-                       threads=threads, model_key=model_key, machine=machine, measured=measured)
+                       threads=threads, model_key=model_key, machine=machine, measured=measured,
+                       reference_runtime=reference_runtime,
+                       reference_ms=seconds["reference"] * 1000 if reference_runtime is not None else None)
 
 
 def _load() -> float | None:

@@ -92,6 +92,9 @@ class LatencyTable(BaseModel):
     ffn_ms: dict[int, float] = Field(description="FFN width -> ms of the FFN block")
     ffn_step: int = Field(default=1, ge=1, description="an FFN width costs as much as the next multiple of this "
                           "(the runtime's matrix kernels work in blocks); measured with the table")
+    reference_runtime: Runtime | None = Field(default=None, description="the runtime the original was also timed "
+                                              "in, in the same rounds (for speedups across runtimes)")
+    reference_ms: float | None = Field(default=None, ge=0.0, description="the original model in reference_runtime")
     measured: dict[str, Any] = Field(default_factory=dict, description="how it was measured (repeats, spread)")
 
     @field_validator("attention_ms", "ffn_ms")
@@ -109,6 +112,22 @@ class LatencyTable(BaseModel):
     def predict_ms(self, structure: Structure) -> float:
         """Predicted time of a forward pass of a model of this structure."""
         return self.base_ms + sum(self.layer_ms(layer) for layer in structure.layers)
+
+    def speedup(self, structure: Structure, original: Structure) -> float:
+        """Predicted speedup of ``structure`` in this runtime over ``original`` in the reference runtime
+        (this runtime when the table has no reference). Both times come from the same rounds, so the
+        load of the moment cancels, also across runtimes.
+
+        Example:
+            >>> table = LatencyTable(runtime="onnxruntime-int8", batch_size=8, seq_len=64, model_key="demo",
+            ...                      base_ms=1.0, overhead_ms=0.0, attention_ms={4: 2.0}, ffn_ms={37: 2.0},
+            ...                      reference_runtime="torch", reference_ms=27.0)
+            >>> full = Structure((LayerShape(4, 37), LayerShape(4, 37)))
+            >>> table.speedup(full, full), table.model_copy(update={"reference_ms": None}).speedup(full, full)
+            (3.0, 1.0)
+        """
+        reference = self.reference_ms if self.reference_ms is not None else self.predict_ms(original)
+        return reference / self.predict_ms(structure)
 
     def saving_ms(self, before: LayerShape | None, after: LayerShape | None) -> float:
         """Time saved by changing one layer from ``before`` to ``after`` (``None``: the layer removed)."""
