@@ -201,10 +201,16 @@ def test_an_int8_onnxruntime_table_of_probes_with_ffns_of_width_zero(monkeypatch
     # go through smoothing and int8 quantization, which used to fail on their empty products.
     monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
     monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
-    table = measure_latency_table(tiny_model(TinySpec("bert", task="seq-cls")), runtime="onnxruntime-int8", **FAST)
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    table = measure_latency_table(model, runtime="onnxruntime-int8", reference_runtime="torch", **FAST)
     assert table.runtime == "onnxruntime-int8" and sorted(table.attention_ms) == [1, 4] and list(table.ffn_ms) == [37]
     assert table.measured["model_ms"] > 0
-    assert set(table.measured["probes_ms"]) == {"base", "fewest", "heads 1", "heads 4", "width 0", "model"}
+    assert set(table.measured["probes_ms"]) == {"base", "fewest", "heads 1", "heads 4", "width 0", "model", "reference"}
+    # The original in PyTorch, timed in the same rounds, is what a speedup across runtimes divides.
+    full = Structure.from_model(model)
+    assert table.reference_runtime == "torch" and table.reference_ms == table.measured["probes_ms"]["reference"]
+    assert table.reference_ms > 0
+    assert table.speedup(full, full) == pytest.approx(table.reference_ms / table.predict_ms(full))
 
 
 # -- the cache ----------------------------------------------------------------------------------
