@@ -106,7 +106,20 @@ def cache_path(cache_dir: str | os.PathLike[str], key: Mapping[str, Any]) -> Pat
 
 
 def read_cached(path: Path, key: Mapping[str, Any]) -> tuple[LatencyTable | None, str | None]:
-    """The table stored at ``path`` for exactly ``key``, or ``(None, why not)``; never raises on content."""
+    """The table stored at ``path`` for exactly ``key``, or ``(None, why not)``; never raises on content.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "t.json"
+        >>> table = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="demo", base_ms=1.0,
+        ...                      overhead_ms=0.0, attention_ms={4: 1.0}, ffn_ms={8: 1.0})
+        >>> _ = write_cached(path, {"runtime": "torch"}, table)
+        >>> read_cached(path, {"runtime": "torch"})[0] == table, read_cached(path, {"runtime": "onnxruntime"})[1]
+        (True, '... holds another key')
+        >>> _ = path.write_text("{broken")
+        >>> read_cached(path, {"runtime": "torch"})[1].endswith("is not readable JSON (JSONDecodeError)")
+        True
+    """
     if not path.is_file():
         return None, None
     try:
@@ -124,6 +137,6 @@ def read_cached(path: Path, key: Mapping[str, Any]) -> tuple[LatencyTable | None
 
 
 def write_cached(path: Path, key: Mapping[str, Any], table: LatencyTable) -> Path:
-    """Store ``table`` for ``key`` at ``path`` (JSON, written atomically)."""
+    """Store ``table`` for ``key`` at ``path`` (JSON, written atomically); :func:`read_cached` shows it."""
     payload = {"format": CACHE_FORMAT, "key": key, "table": table.model_dump(mode="json")}
     return atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")

@@ -91,7 +91,7 @@ from surgery.stats import Interval
 #: Fractions of the template layer's heads (0 stands for one head, the fewest a kept layer has; the
 #: solver needs it and the full count).
 HEAD_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-#: Fractions of the template layer's FFN width (width 0 is measured by the ``heads`` probes).
+#: Fractions of the template layer's FFN width (width 0 has a probe of its own).
 WIDTH_FRACTIONS: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 1.0)
 #: FFN block sizes the fit tries: a width costs as much as the next multiple (1: exactly its own).
 FFN_STEPS: tuple[int, ...] = (1, 16, 32, 64)
@@ -105,7 +105,14 @@ CALIBRATION_BATCH = 8
 
 
 class Repeated(nn.Module):
-    """``model`` called ``times`` times in a row per call: one timed unit of a short probe."""
+    """``model`` called ``times`` times in a row per call: one timed unit of a short probe.
+
+    Example:
+        >>> calls = []
+        >>> _ = Repeated(lambda **inputs: calls.append(inputs), 3)(x=1)
+        >>> len(calls)
+        3
+    """
 
     def __init__(self, model: nn.Module, times: int) -> None:
         super().__init__()
@@ -123,7 +130,15 @@ def repeated(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor]
              least: float | None = None) -> dict[str, Repeated]:
     """Each model wrapped to run often enough per call to take ``least`` seconds (default
     :data:`MIN_TIMED_SECONDS`), judged from one timed call after an untimed one (which also pays any
-    lazy initialisation)."""
+    lazy initialisation).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> units = repeated({"tiny": tiny_model(TinySpec("bert"))}, make_inputs(99, batch_size=2, seq_len=8),
+        ...                  device=torch.device("cpu"), least=0.01)
+        >>> units["tiny"].times >= 1
+        True
+    """
     least = MIN_TIMED_SECONDS if least is None else least
     once = time_rounds(models, inputs, repeats=1, warmup=1, device=device)
     return {name: Repeated(model, max(1, min(1000, math.ceil(least / max(once[name][0], 1e-6)))))
@@ -171,7 +186,16 @@ def probes(heads: int, width: int, layers: int) -> list[Probe]:
 
 
 def template_layer(model: nn.Module) -> int:
-    """The index of the layer with the most heads (then the widest FFN, then the lowest index)."""
+    """The index of the layer with the most heads (then the widest FFN, then the lowest index).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.anatomy import adapter_for
+        >>> model = tiny_model(TinySpec("bert", layers=3))
+        >>> adapter_for(model).keep_heads(0, [0])
+        >>> template_layer(model)
+        1
+    """
     shapes = Structure.from_model(model).kept
     return max(range(len(shapes)), key=lambda i: (shapes[i].heads, shapes[i].ffn_width, -i))
 
@@ -320,13 +344,27 @@ def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], struc
 
 
 def check_runtime(runtime: str, what: str = "latency") -> None:
-    """Refuse a runtime name that is not one of :data:`surgery.compress.latency_table.RUNTIMES`, in one line."""
+    """Refuse a runtime name that is not one of :data:`surgery.compress.latency_table.RUNTIMES`, in one line.
+
+    Example:
+        >>> check_runtime("onnxruntime-int8")
+        >>> check_runtime("openvino")
+        Traceback (most recent call last):
+        ...
+        surgery.errors.ConfigError: latency: runtime 'openvino' is not one of torch, onnxruntime, onnxruntime-int8
+    """
     if runtime not in RUNTIMES:
         raise ConfigError(f"{what}: runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
 
 
 def calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, torch.Tensor]]:
-    """Random-token batches for smoothing int8 graphs whose speed, not accuracy, is wanted."""
+    """Random-token batches for smoothing int8 graphs whose speed, not accuracy, is wanted.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> [tuple(b["input_ids"].shape) for b in calibration_batches(tiny_model(TinySpec("bert")), 16)]
+        [(8, 16)]
+    """
     return [make_inputs(int(model.config.vocab_size), batch_size=CALIBRATION_BATCH, seq_len=seq_len, seed=1)]
 
 
