@@ -366,6 +366,8 @@ def bench_view(report: BenchReport) -> RenderableType:
         f"batch {s.batch_size} x {s.seq_len} tokens, {s.repeats} interleaved rounds after {s.warmup} warm-up, "
         f"{s.threads} thread{'' if s.threads == 1 else 's'} on {s.device} ({s.machine}), torch {s.torch_version}",
         style="dim")]
+    if report.machine is not None:  # int8 gains depend on these flags: a figure is quoted with its CPU
+        parts.append(Text(f"CPU: {report.machine.summary()}", style="dim"))
     models = Table(title="Models", title_justify="left")
     accuracy = any(m.accuracy is not None for m in report.models)
     for column in ("model", "params", "params w/o emb.", "GFLOPs/batch", "samples/s", "p50 ms", "p95 ms",

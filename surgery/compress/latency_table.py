@@ -36,6 +36,17 @@ def _monotone(points: Mapping[int, float], what: str) -> dict[int, float]:
     return out
 
 
+def round_up(size: int, step: int) -> int:
+    """``size`` rounded up to a multiple of ``step`` (matrix kernels work in blocks: a product 154 wide
+    can take as long as one 192 wide).
+
+    Example:
+        >>> round_up(154, 64), round_up(192, 64), round_up(0, 64), round_up(154, 1)
+        (192, 192, 0, 154)
+    """
+    return -(-size // step) * step
+
+
 def _interpolate(points: Mapping[int, float], size: int) -> float:
     """Piecewise-linear time at ``size``; 0 at size 0; beyond the grid, linear from the last two points."""
     if size <= 0:
@@ -63,6 +74,8 @@ class LatencyTable(BaseModel):
         9.5
         >>> table.layer_ms(LayerShape(heads=3, ffn_width=37)) < 7.5
         True
+        >>> table.model_copy(update={"ffn_step": 16}).layer_ms(LayerShape(4, 17)) == table.layer_ms(LayerShape(4, 32))
+        True
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -77,6 +90,11 @@ class LatencyTable(BaseModel):
     overhead_ms: float = Field(ge=0.0, description="what a kept layer costs whatever its width")
     attention_ms: dict[int, float] = Field(description="heads -> ms of the attention block")
     ffn_ms: dict[int, float] = Field(description="FFN width -> ms of the FFN block")
+    ffn_step: int = Field(default=1, ge=1, description="an FFN width costs as much as the next multiple of this "
+                          "(the runtime's matrix kernels work in blocks); measured with the table")
+    reference_runtime: Runtime | None = Field(default=None, description="the runtime the original was also timed "
+                                              "in, in the same rounds (for speedups across runtimes)")
+    reference_ms: float | None = Field(default=None, ge=0.0, description="the original model in reference_runtime")
     measured: dict[str, Any] = Field(default_factory=dict, description="how it was measured (repeats, spread)")
 
     @field_validator("attention_ms", "ffn_ms")
@@ -88,12 +106,28 @@ class LatencyTable(BaseModel):
         """Predicted time of one layer of this shape (0 for a removed layer)."""
         if shape is None:
             return 0.0
-        return self.overhead_ms + _interpolate(self.attention_ms, shape.heads) + _interpolate(self.ffn_ms,
-                                                                                              shape.ffn_width)
+        return self.overhead_ms + _interpolate(self.attention_ms, shape.heads) + _interpolate(
+            self.ffn_ms, round_up(shape.ffn_width, self.ffn_step))
 
     def predict_ms(self, structure: Structure) -> float:
         """Predicted time of a forward pass of a model of this structure."""
         return self.base_ms + sum(self.layer_ms(layer) for layer in structure.layers)
+
+    def speedup(self, structure: Structure, original: Structure) -> float:
+        """Predicted speedup of ``structure`` in this runtime over ``original`` in the reference runtime
+        (this runtime when the table has no reference). Both times come from the same rounds, so the
+        load of the moment cancels, also across runtimes.
+
+        Example:
+            >>> table = LatencyTable(runtime="onnxruntime-int8", batch_size=8, seq_len=64, model_key="demo",
+            ...                      base_ms=1.0, overhead_ms=0.0, attention_ms={4: 2.0}, ffn_ms={37: 2.0},
+            ...                      reference_runtime="torch", reference_ms=27.0)
+            >>> full = Structure((LayerShape(4, 37), LayerShape(4, 37)))
+            >>> table.speedup(full, full), table.model_copy(update={"reference_ms": None}).speedup(full, full)
+            (3.0, 1.0)
+        """
+        reference = self.reference_ms if self.reference_ms is not None else self.predict_ms(original)
+        return reference / self.predict_ms(structure)
 
     def saving_ms(self, before: LayerShape | None, after: LayerShape | None) -> float:
         """Time saved by changing one layer from ``before`` to ``after`` (``None``: the layer removed)."""

@@ -157,13 +157,17 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: 
     # the graph. Without the annotations it infers them from the graph itself.
     proto = onnx.load(str(src))
     excluded = nodes_in_modules(proto.graph, keep_fp32) if keep_fp32 else []
+    # A product with an empty weight (an FFN pruned to width 0) has nothing to quantize, and the
+    # quantizer fails on it; it stays as it is.
+    empty = {t.name for t in proto.graph.initializer if 0 in t.dims}
+    skipped = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and empty.intersection(n.input)]
     del proto.graph.value_info[:]
     bare = dst.with_name(dst.stem + ".bare.onnx")
     onnx.save(proto, str(bare))
     with quiet_loggers(""):  # the quantizer logs a pre-processing hint on the root logger
         try:
             quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
-                             nodes_to_exclude=excluded, extra_options={"MatMulConstBOnly": True})
+                             nodes_to_exclude=excluded + skipped, extra_options={"MatMulConstBOnly": True})
         finally:
             bare.unlink(missing_ok=True)
     return excluded

@@ -152,7 +152,9 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     from surgery.deploy.weight_products import product_groups
 
     groups = [[n for n in group.names if n not in skip] for group in product_groups(model)]
-    groups = [group for group in groups if group]
+    # A product with no weights (an FFN pruned to width 0 has empty up and down projections) has no
+    # channel to scale and nothing int8 could gain; its zero-sized input would also defeat the ranges.
+    groups = [group for group in groups if group and all(model.get_submodule(n).weight.numel() for n in group)]
     modules = {name: model.get_submodule(name) for group in groups for name in group}
     ranges, count, tokens = activation_ranges(model, batches, modules)
     if count == 0:

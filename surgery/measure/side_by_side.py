@@ -43,7 +43,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from surgery.core.api import count_params
 from surgery.core.errors import ConfigError
 from surgery.core.report import ParamCount
 from surgery.measure.flops import count_flops
+from surgery.measure.machine import MachineInfo, machine_info
 from surgery.measure.memory import memory_use
 from surgery.measure.stats import Interval, bootstrap_median, interval_warning
 from surgery.persist.atomic import atomic_write
@@ -136,6 +137,8 @@ class BenchReport(BaseModel):
     models: list[ModelBench]
     comparisons: list[Comparison]
     warnings: list[str]
+    machine: MachineInfo | None = Field(default=None, description="the CPU (model, int8-relevant flags), library "
+                                        "versions and threads it ran on; None in reports written before it was kept")
 
     def model(self, name: str) -> ModelBench:
         """The measurements of the model called ``name``."""
@@ -247,12 +250,13 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
-def check_seq_len(models: Mapping[str, nn.Module], seq_len: int) -> None:
-    """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward)."""
+def check_seq_len(models: Mapping[str, nn.Module], seq_len: int, what: str = "bench") -> None:
+    """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward);
+    ``what`` begins the message (the command or function that was asked)."""
     for name, model in models.items():
         limit = usable_positions(getattr(model, "config", None))
         if limit is not None and limit < seq_len:
-            raise ConfigError(f"bench: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
+            raise ConfigError(f"{what}: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
                               f"use --seq-len {limit} or less")
 
 
@@ -290,7 +294,14 @@ def _shared_vocab(models: Mapping[str, nn.Module]) -> int:
 
 
 @contextmanager
-def _threads(threads: int | None):
+def torch_threads(threads: int | None) -> Iterator[int]:
+    """Run the block with ``threads`` torch intra-op threads (None: as they are); yields the count in use.
+
+    Example:
+        >>> with torch_threads(1) as used:
+        ...     used, torch.get_num_threads()
+        (1, 1)
+    """
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -307,8 +318,21 @@ def _load() -> float | None:
         return None
 
 
-def _time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, repeats: int,
-                 warmup: int, device: torch.device) -> dict[str, list[float]]:
+def time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, repeats: int,
+                warmup: int, device: torch.device, on_round: Callable[[int], None] | None = None
+                ) -> dict[str, list[float]]:
+    """Seconds per batch of each model over ``repeats`` interleaved rounds (after ``warmup`` untimed ones).
+
+    Each round runs every model once, the order rotating round by round (step 4 of the module doc);
+    ``on_round`` is called after each round with the number done (warm-up included).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> times = time_rounds({"a": tiny_model(TinySpec("bert"))}, make_inputs(99, batch_size=2, seq_len=8),
+        ...                     repeats=3, warmup=1, device=torch.device("cpu"))
+        >>> len(times["a"]), min(times["a"]) > 0
+        (3, True)
+    """
     names = list(models)
     times: dict[str, list[float]] = {name: [] for name in names}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
@@ -322,6 +346,8 @@ def _time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Ten
                 sync(device)
                 if round_ >= warmup:
                     times[name].append(time.perf_counter() - start)
+            if on_round is not None:
+                on_round(round_ + 1)
     return times
 
 
@@ -407,13 +433,13 @@ def bench_models(
     modes = {name: m.training for name, m in models.items()}
     load_before = _load()
     try:
-        with _threads(threads) as used_threads:
+        with torch_threads(threads) as used_threads:
             for model in models.values():
                 model.to(dev).eval()
             inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
                                  device=dev)
             counted = {name: _counts(m, inputs, dev) for name, m in models.items()}
-            times = _time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
+            times = time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
     finally:
         for name, model in models.items():
             model.train(modes[name])
@@ -440,7 +466,8 @@ def bench_models(
                             *(not_faster_warning(c) for c in comparisons),
                             *(interval_warning(c.name, paired_interval(c, settings.repeats)) for c in comparisons)]
                 if w]
-    return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings)
+    return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings,
+                       machine=machine_info().model_copy(update={"torch_threads": used_threads}))
 
 
 def model_names(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None) -> list[str]:

@@ -196,7 +196,7 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, overwrite: 
             try:
                 os.link(tmp, out)
             except FileExistsError:
-                raise OutputPathError(f"{out} exists; pass --overwrite to replace it, ...") from None
+                raise OutputPathError(f"{out} exists; pass --overwrite to replace it, or choose a new file") from None
             except OSError as exc:
                 if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
                     raise

@@ -1,0 +1,37 @@
+"""Does an int8 table's PyTorch reference (timed in its own rounds) agree with a side-by-side benchmark?
+
+Benchmarks MiniLM-L6 in PyTorch against its smoothed int8 graph, measures the int8 latency table with
+``reference_runtime="torch"``, and benchmarks again; prints the three int8-over-PyTorch ratios::
+
+    nice python experiments/latency_prediction/check_reference_level.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import surgery
+from surgery.compress.latency_measure import measure_latency_table, side_by_side
+
+
+def bench_ratio(model: object) -> str:
+    report = side_by_side({"torch": (model, "torch"), "int8": (model, "onnxruntime-int8")}, batch_size=32,
+                          seq_len=64, threads=1, repeats=10)
+    c = report.comparisons[0]
+    low, high = c.paired_speedup_ci or (c.paired_speedup, c.paired_speedup)
+    return f"{c.paired_speedup:.2f}x [{low:.2f}-{high:.2f}]"
+
+
+def main() -> None:
+    model = surgery.from_pretrained("minilm-l6")
+    print(f"load {os.getloadavg()[0]:.1f}; side by side before: int8 over torch {bench_ratio(model)}", flush=True)
+    table = measure_latency_table(model, runtime="onnxruntime-int8", reference_runtime="torch", batch_size=32,
+                                  seq_len=64, threads=1, cache=False)
+    load = table.measured["load_average"]
+    print(f"table (load {load[0]:.1f}/{load[1]:.1f}): torch reference / int8 model "
+          f"{table.reference_ms / table.measured['model_ms']:.2f}x", flush=True)
+    print(f"side by side after: int8 over torch {bench_ratio(model)}; load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,611 @@
+"""Measuring a latency table on the user's runtime, batch shape and threads; timing a result side by side.
+
+Method (what :func:`measure_latency_table` does):
+
+1. **Probe models.** From the user's own model (same class, so the embeddings, pooler and task head
+   are the real ones) build small encoders that share its non-layer weights and hold ``probe_layers``
+   (``k``) copies of its widest layer (the template: H heads, FFN width W), cut by the anatomy adapter:
+
+   * ``base`` and ``fewest``: one and ``k`` layers of one head and FFN width 0, whose difference
+     gives ``base``, everything outside the layers (not zero layers: DeBERTa-v2's encoder cannot run
+     without one);
+   * ``heads h``: the first ``h`` heads and the full FFN, for ``h`` in a grid (1, H/4, H/2, 3H/4, H);
+   * ``width w``: all heads and FFN width ``w``, for ``w`` in a grid (0, W/8, W/4, W/2, 3W/4);
+   * ``heads h width w``: both cut, pairing the smaller grid points in order (1 with W/8, H/4 with
+     W/4, ...), so small layers are measured as small layers;
+   * ``odd width w``: all heads and a width just above a multiple of 64 (W/8 - 63, W/2 - 63): matrix
+     kernels work in blocks, and a width of 154 took as long as 192 on MiniLM in PyTorch;
+   * ``model``: the user's model itself.
+
+   Each dimension is cut with the other one full, as a search cuts a full model: measured that
+   way, attention and FFN costs include what they cost beside each other (cache traffic, the
+   attention kernel's fixed work), which probes of attention alone got wrong by 5-8% on MiniLM.
+   Several identical layers per probe raise the per-layer signal over the fixed cost. For an ONNX
+   runtime every probe is exported as :func:`surgery.deploy.runtime_bench.runtime_variants` exports for
+   ``surgery bench`` (fp32; or int8 smoothed on random-token calibration, as ``surgery export --int8
+   --calibration`` does) and timed in an ONNX Runtime session with the same threads.
+2. **Timing, interleaved.** :func:`surgery.measure.side_by_side.time_rounds` runs every probe once per round, in an
+   order that rotates round by round. A probe shorter than :data:`MIN_TIMED_SECONDS` runs several
+   times in a row per round: on a busy machine a short run either escapes other processes or waits a
+   whole scheduler slice, so its time would not scale with load as the model's does. Other processes
+   slow whole rounds down, so each probe's time is read off a two-way median polish of the log times
+   (probe level + round level): a round that load slowed by 30% is recognised by all its probes
+   together and counts as the typical round.
+3. **Solving.** Every probe is ``base + k * (layer(h) + ffn(w))``: a least-squares fit over all
+   probes (:func:`fit_additive`, relative errors) gives ``base``, the layer without FFN at each grid
+   head count and ``ffn`` at each grid width, each resting on several probes; it is solved with the
+   odd widths rounded up to each block size of :data:`FFN_STEPS`, and the best fit's block becomes
+   the table's ``ffn_step``. The layer without FFN
+   is split by a straight line over ``h`` whose intercept is ``overhead`` (what a layer costs
+   whatever its width; attention at 0 heads is 0 by definition). Finally every per-layer number is
+   scaled so that the table predicts the user's model exactly (``measured['scale']``, 1 when layers
+   add up perfectly): probes fix the shape, the model the level.
+
+The table is cached (:mod:`surgery.compress.latency_cache`). :func:`measured_speedup` times a result
+against the original side by side through :func:`surgery.measure.side_by_side.bench_models`, the same code as
+``surgery bench``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.anatomy import adapter_for
+from surgery.compress.latency_cache import (
+    cache_path,
+    default_cache_dir,
+    model_key,
+    model_shape,
+    read_cached,
+    write_cached,
+)
+from surgery.compress.latency_table import RUNTIMES, LatencyTable, round_up
+from surgery.compress.structure import Structure
+from surgery.core.errors import ConfigError
+from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.measure.machine import machine_info
+from surgery.measure.side_by_side import (
+    BenchReport,
+    bench_models,
+    check_seq_len,
+    make_inputs,
+    paired_interval,
+    time_rounds,
+    torch_threads,
+)
+from surgery.measure.stats import Interval
+
+#: Fractions of the template layer's heads (0 stands for one head, the fewest a kept layer has; the
+#: solver needs it and the full count).
+HEAD_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: Fractions of the template layer's FFN width (width 0 has a probe of its own).
+WIDTH_FRACTIONS: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 1.0)
+#: FFN block sizes the fit tries: a width costs as much as the next multiple (1: exactly its own).
+FFN_STEPS: tuple[int, ...] = (1, 16, 32, 64)
+PROBE_LAYERS = 2
+REPEATS = 7
+WARMUP = 1
+#: A timed unit at least this long: short probes run back to back this many times over.
+MIN_TIMED_SECONDS = 0.05
+#: Random-token calibration for the smoothed int8 probes: smoothing changes no timing, only scales.
+CALIBRATION_BATCH = 8
+
+
+class Repeated(nn.Module):
+    """``model`` called ``times`` times in a row per call: one timed unit of a short probe.
+
+    Example:
+        >>> calls = []
+        >>> _ = Repeated(lambda **inputs: calls.append(inputs), 3)(x=1)
+        >>> len(calls)
+        3
+    """
+
+    def __init__(self, model: nn.Module, times: int) -> None:
+        super().__init__()
+        self.model = model
+        self.times = times
+
+    def forward(self, **inputs: Any) -> Any:
+        out = None
+        for _ in range(self.times):
+            out = self.model(**inputs)
+        return out
+
+
+def repeated(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, device: torch.device,
+             least: float | None = None) -> dict[str, Repeated]:
+    """Each model wrapped to run often enough per call to take ``least`` seconds (default
+    :data:`MIN_TIMED_SECONDS`), judged from one timed call after an untimed one (which also pays any
+    lazy initialisation).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> units = repeated({"tiny": tiny_model(TinySpec("bert"))}, make_inputs(99, batch_size=2, seq_len=8),
+        ...                  device=torch.device("cpu"), least=0.01)
+        >>> units["tiny"].times >= 1
+        True
+    """
+    least = MIN_TIMED_SECONDS if least is None else least
+    once = time_rounds(models, inputs, repeats=1, warmup=1, device=device)
+    return {name: Repeated(model, max(1, min(1000, math.ceil(least / max(once[name][0], 1e-6)))))
+            for name, model in models.items()}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe model: ``layers`` copies of the template layer cut to ``heads`` and ``ffn_width``."""
+
+    name: str
+    layers: int
+    heads: int
+    ffn_width: int
+
+
+def grid(full: int, fractions: Sequence[float]) -> list[int]:
+    """Sizes at ``fractions`` of ``full`` (rounded, at least 1, at most ``full``), sorted and distinct.
+
+    Example:
+        >>> grid(12, HEAD_FRACTIONS), grid(1536, WIDTH_FRACTIONS), grid(4, HEAD_FRACTIONS)
+        ([1, 3, 6, 9, 12], [192, 384, 768, 1152, 1536], [1, 2, 3, 4])
+    """
+    return sorted({min(full, max(1, round(full * f))) for f in fractions})
+
+
+def probes(heads: int, width: int, layers: int) -> list[Probe]:
+    """The probes for a template layer of ``heads`` heads and FFN ``width`` (see the module doc).
+
+    Example:
+        >>> [(p.name, p.layers, p.heads, p.ffn_width) for p in probes(4, 8, 2)][:3]
+        [('base', 1, 1, 0), ('fewest', 2, 1, 0), ('heads 1', 2, 1, 8)]
+        >>> [p.name for p in probes(4, 8, 2)][3:]  # doctest: +NORMALIZE_WHITESPACE
+        ['heads 2', 'heads 3', 'heads 4', 'width 0', 'width 1', 'width 2', 'width 4', 'width 6',
+         'heads 1 width 1', 'heads 2 width 2', 'heads 3 width 4']
+    """
+    widths = [w for w in grid(width, WIDTH_FRACTIONS) if w < width] if width else []
+    fewer = [h for h in grid(heads, HEAD_FRACTIONS) if h < heads]
+    return [Probe("base", 1, 1, 0), Probe("fewest", layers, 1, 0),
+            *(Probe(f"heads {h}", layers, h, width) for h in grid(heads, HEAD_FRACTIONS)),
+            *(Probe(f"width {w}", layers, heads, w) for w in ([0, *widths] if width else [])),
+            *(Probe(f"heads {h} width {w}", layers, h, w) for h, w in zip(fewer, widths, strict=False)),
+            *(Probe(f"odd width {w - max(FFN_STEPS) + 1}", layers, heads, w - max(FFN_STEPS) + 1)
+              for w in widths[::2] if w > max(FFN_STEPS))]
+
+
+def template_layer(model: nn.Module) -> int:
+    """The index of the layer with the most heads (then the widest FFN, then the lowest index).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.anatomy import adapter_for
+        >>> model = tiny_model(TinySpec("bert", layers=3))
+        >>> adapter_for(model).keep_heads(0, [0])
+        >>> template_layer(model)
+        1
+    """
+    shapes = Structure.from_model(model).kept
+    return max(range(len(shapes)), key=lambda i: (shapes[i].heads, shapes[i].ffn_width, -i))
+
+
+def build_probe(model: nn.Module, probe: Probe, template: int) -> nn.Module:
+    """A copy of ``model`` whose layers are ``probe.layers`` copies of layer ``template``, cut to the probe.
+
+    Everything outside the layers (embeddings, pooler, task head) shares the model's tensors, so a
+    probe of a large model costs the memory of its few layers only; the model is not changed.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert", layers=3))
+        >>> probe = build_probe(model, Probe("heads 1", 2, 1, 0), template=0)
+        >>> Structure.from_model(probe).to_json(), len(model.encoder.layer)
+        ([{'heads': 1, 'ffn_width': 0}, {'heads': 1, 'ffn_width': 0}], 3)
+        >>> probe.embeddings.word_embeddings.weight is model.embeddings.word_embeddings.weight
+        True
+    """
+    layers = adapter_for(model).layers()
+    inside = {id(t) for t in chain(layers.parameters(), layers.buffers())}
+    memo: dict[int, Any] = {id(t): t for t in chain(model.parameters(), model.buffers()) if id(t) not in inside}
+    memo.update({id(layer): nn.Identity() for layer in layers})  # placeholders, dropped below
+    shell = copy.deepcopy(model, memo)
+    adapter = adapter_for(shell)
+    kept = adapter.layers()
+    del kept[:]
+    for _ in range(probe.layers):
+        kept.append(copy.deepcopy(layers[template]))
+    for index in range(probe.layers):
+        adapter.keep_heads(index, range(probe.heads))
+        adapter.keep_neurons(index, range(probe.ffn_width))
+    return shell.eval()
+
+
+def steady_times(times: Mapping[str, Sequence[float]], sweeps: int = 5) -> tuple[dict[str, float], list[float]]:
+    """Each model's time on a typical round, and each round's load factor, by median polish of log times.
+
+    A round that other processes slowed down slows every model in it; the round factor takes that
+    out, so a probe's estimate does not depend on which rounds were loaded.
+
+    Example:
+        >>> levels, rounds = steady_times({"a": [1.0, 2.0, 1.0], "b": [3.0, 6.0, 3.0]})
+        >>> {k: round(v, 6) for k, v in levels.items()}, [round(r, 6) for r in rounds]
+        ({'a': 1.0, 'b': 3.0}, [1.0, 2.0, 1.0])
+    """
+    names = list(times)
+    logs = {name: [math.log(t) for t in times[name]] for name in names}
+    rounds = len(logs[names[0]])
+    level = {name: statistics.median(values) for name, values in logs.items()}
+    effect = [0.0] * rounds
+    for _ in range(sweeps):
+        effect = [statistics.median(logs[n][r] - level[n] for n in names) for r in range(rounds)]
+        typical = statistics.median(effect)  # the typical round is the unit, not the fastest
+        effect = [e - typical for e in effect]
+        level = {n: statistics.median(logs[n][r] - effect[r] for r in range(rounds)) for n in names}
+    return {n: math.exp(v) for n, v in level.items()}, [math.exp(e) for e in effect]
+
+
+def _width_weights(width: int, grid_widths: Sequence[int]) -> dict[int, float]:
+    """How a width's FFN time mixes the grid's (the table's linear interpolation, 0 at width 0)."""
+    if width <= 0:
+        return {}
+    if width in grid_widths:
+        return {width: 1.0}
+    points = [0, *grid_widths]
+    upper = next((i for i, w in enumerate(points) if w > width), len(points) - 1)
+    lo, hi = points[upper - 1], points[upper]
+    t = (width - lo) / (hi - lo)
+    return {k: v for k, v in ((lo, 1.0 - t), (hi, t)) if k > 0}
+
+
+def fit_additive(seconds: Mapping[str, float], probe_list: Sequence[Probe], ffn_step: int = 1
+                 ) -> tuple[float, dict[int, float], dict[int, float], float]:
+    """Least-squares fit of ``probe = base + layers * (layer(heads) + ffn(width))`` to the probes' times.
+
+    Returns milliseconds: ``base``, a layer at each grid head count without its FFN (overhead and
+    attention together), the FFN at each grid width (width 0 costs nothing), and the fit's root mean
+    square relative error. Every probe informs the numbers of its own head count and width, so each
+    number rests on several probes and the timing noise of one probe spreads thin; errors are
+    relative (weights ``1 / time``), so short and long probes count alike. A width off the grid
+    (``odd`` probes) counts as the next multiple of ``ffn_step``, interpolated between grid widths as
+    the table does. Negative solutions (noise at tiny sizes) are clipped to 0.
+
+    Example:
+        >>> plan = [p for p in probes(2, 4, 2) if not p.name.startswith("odd")]
+        >>> exact = {p.name: 0.001 * (3 + p.layers * (1 + p.heads + 0.5 * p.ffn_width)) for p in plan}
+        >>> base, layer_heads, ffn, error = fit_additive(exact, plan)
+        >>> round(base, 6), {h: round(t, 6) for h, t in layer_heads.items()}, {w: round(t, 6) for w, t in ffn.items()}
+        (3.0, {1: 2.0, 2: 3.0}, {1: 0.5, 2: 1.0, 3: 1.5, 4: 2.0})
+    """
+    heads = sorted({p.heads for p in probe_list})
+    widths = sorted({p.ffn_width for p in probe_list if p.ffn_width > 0 and not p.name.startswith("odd")})
+    columns = 1 + len(heads) + len(widths)
+    rows, targets = [], []
+    for p in probe_list:
+        row = [0.0] * columns
+        row[0] = 1.0
+        row[1 + heads.index(p.heads)] = float(p.layers)
+        for width, share in _width_weights(round_up(p.ffn_width, ffn_step), widths).items():
+            row[1 + len(heads) + widths.index(width)] = p.layers * share
+        weight = 1.0 / seconds[p.name]
+        rows.append([v * weight for v in row])
+        targets.append(seconds[p.name] * 1000 * weight)
+    matrix, target = torch.tensor(rows, dtype=torch.float64), torch.tensor(targets, dtype=torch.float64)[:, None]
+    solution = torch.linalg.lstsq(matrix, target).solution
+    error = float(((matrix @ solution - target) / 1000).pow(2).mean().sqrt())
+    clipped = [max(0.0, v) for v in solution[:, 0].tolist()]
+    return (clipped[0], dict(zip(heads, clipped[1:1 + len(heads)], strict=True)),
+            dict(zip(widths, clipped[1 + len(heads):], strict=True)), error)
+
+
+def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], structure: Structure, **fields: Any
+                ) -> LatencyTable:
+    """The :class:`LatencyTable` from the probes' steady times (seconds) and the model's (``"model"``).
+
+    ``fields`` are the table's descriptive fields (runtime, batch shape, threads, model key, machine,
+    measured); ``measured`` gains the probes' milliseconds, the layer scale and the model's
+    prediction before it.
+    """
+    # The FFN block size that explains the odd-width probes best (1: none; ties go to the smaller).
+    fits = {step: fit_additive(seconds, probe_list, step) for step in FFN_STEPS}
+    ffn_step = min(fits, key=lambda step: (round(fits[step][3], 4), step))
+    base, layer_heads, ffn, _ = fits[ffn_step]
+    sizes = sorted(layer_heads)
+    intercept = statistics.linear_regression(sizes, [layer_heads[h] for h in sizes])[1] if len(sizes) > 1 else 0.0
+    overhead = min(max(intercept, 0.0), min(layer_heads.values()))
+    attention = {h: t - overhead for h, t in layer_heads.items()}
+    measured = dict(fields.pop("measured", {}))
+    raw = LatencyTable(base_ms=base, overhead_ms=overhead, attention_ms=attention, ffn_ms=ffn or {0: 0.0},
+                       ffn_step=ffn_step, measured=measured, **fields)
+    predicted = raw.predict_ms(structure)
+    model_ms = seconds["model"] * 1000
+    # Probes fix the table's shape, the user's model its level (see the module doc, step 3).
+    scale = (model_ms - raw.base_ms) / (predicted - raw.base_ms) if predicted > raw.base_ms and model_ms > \
+        raw.base_ms else 1.0
+    measured.update({"probes_ms": {name: t * 1000 for name, t in seconds.items()}, "scale": scale,
+                     "fit_error_by_ffn_step": {step: fit[3] for step, fit in fits.items()},
+                     "model_ms": model_ms, "model_predicted_ms_before_scale": predicted})
+    return raw.model_copy(update={
+        "overhead_ms": raw.overhead_ms * scale,
+        "attention_ms": {h: t * scale for h, t in raw.attention_ms.items()},
+        "ffn_ms": {w: t * scale for w, t in raw.ffn_ms.items()},
+        "measured": measured,
+    })
+
+
+def check_runtime(runtime: str, what: str = "latency") -> None:
+    """Refuse a runtime name that is not one of :data:`surgery.compress.latency_table.RUNTIMES`, in one line.
+
+    Example:
+        >>> check_runtime("onnxruntime-int8")
+        >>> check_runtime("openvino")
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: latency: runtime 'openvino' is not one of torch, onnxruntime, onnxruntime-int8
+    """
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"{what}: runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+
+def calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, torch.Tensor]]:
+    """Random-token batches for smoothing int8 graphs whose speed, not accuracy, is wanted.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> [tuple(b["input_ids"].shape) for b in calibration_batches(tiny_model(TinySpec("bert")), 16)]
+        [(8, 16)]
+    """
+    return [make_inputs(int(model.config.vocab_size), batch_size=CALIBRATION_BATCH, seq_len=seq_len, seed=1)]
+
+
+def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: int | None,
+                  calibration: Sequence[Mapping[str, torch.Tensor]] | None = None) -> nn.Module:
+    """``model`` as it runs in ``runtime``: itself for torch, else its ONNX graph in an ONNX Runtime session.
+
+    The export is :func:`surgery.deploy.runtime_bench.runtime_variants`' (the one ``surgery bench`` uses);
+    ``onnxruntime-int8`` smooths on ``calibration`` first (random tokens when not given).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> runtime_model(model, "torch", Path("unused"), threads=1) is model
+        True
+    """
+    check_runtime(runtime)
+    if runtime == "torch":
+        return model
+    from surgery.deploy.runtime_bench import runtime_label, runtime_variants
+
+    int8 = runtime == "onnxruntime-int8"
+    if int8 and calibration is None:
+        calibration = calibration_batches(model, 16)
+    variants = runtime_variants("m", model, work_dir, runtimes=("torch",) if int8 else ("onnxruntime",), int8=int8,
+                                calibration=calibration if int8 else None, threads=threads)
+    return variants[runtime_label("m", "onnxruntime", int8=int8)]
+
+
+def _check_settings(model: nn.Module, runtime: str, *, batch_size: int, seq_len: int, threads: int | None,
+                    repeats: int, what: str) -> None:
+    check_runtime(runtime, what)
+    for field, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("repeats", repeats, 3)):
+        if value < least:
+            raise ConfigError(f"{what}: {field} must be at least {least}, got {value}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"{what}: threads must be at least 1, got {threads}")
+    check_seq_len({"the model": model}, seq_len, what)
+
+
+def _device(model: nn.Module, runtime: str) -> torch.device:
+    device = next(model.parameters()).device
+    if runtime != "torch" and device.type != "cpu":
+        raise ConfigError(f"latency: {runtime} runs on the CPU; move the model there first (model.cpu())")
+    return device
+
+
+def measure_latency_table(
+    model: nn.Module,
+    *,
+    runtime: str,
+    batch_size: int,
+    seq_len: int,
+    threads: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache: bool = True,
+    repeats: int = REPEATS,
+    probe_layers: int = PROBE_LAYERS,
+    reference_runtime: str | None = None,
+    progress: ProgressCallback | None = None,
+) -> LatencyTable:
+    """Measure (or read from the cache) the latency table of ``model``'s shape on ``runtime`` here.
+
+    See the module docstring for the method.
+
+    Args:
+        model: a supported encoder, as the user serves it (its task head and pooler count in ``base``).
+        runtime: ``torch``, ``onnxruntime`` or ``onnxruntime-int8``.
+        batch_size, seq_len: the batch shape to time (full-length sequences).
+        threads: intra-op threads for torch and ONNX Runtime (default: torch's current count).
+        cache_dir: where tables are kept (default :func:`~surgery.compress.latency_cache.default_cache_dir`).
+        cache: read and write the cache (False: always measure, keep nothing).
+        repeats: timed interleaved rounds (each runs every probe once), after one warm-up round.
+        probe_layers: identical layers per probe (more: a stronger per-layer signal, longer rounds).
+        reference_runtime: also time the model in this runtime in the same rounds (``reference_ms``),
+            so that :meth:`LatencyTable.speedup` compares runtimes at one load: the level of two tables
+            measured minutes apart on a busy machine differed by 25% (experiments/latency_prediction).
+        progress: called with one event per probe exported and per timing round.
+
+    Returns:
+        The :class:`LatencyTable`; ``measured`` says how it was measured, ``measured['cached']`` whether
+        it came from the cache file ``measured['cache_file']``.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert", layers=2))
+        >>> table = measure_latency_table(model, runtime="torch", batch_size=2, seq_len=8, threads=1, cache=False,
+        ...                               repeats=3)
+        >>> sorted(table.attention_ms), sorted(table.ffn_ms)
+        ([1, 2, 3, 4], [5, 9, 18, 28, 37])
+        >>> table.runtime, table.threads, table.measured["cached"]
+        ('torch', 1, False)
+    """
+    _check_settings(model, runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
+                    what="latency")
+    if reference_runtime is not None:
+        check_runtime(reference_runtime)
+        reference_runtime = None if reference_runtime == runtime else reference_runtime
+    if probe_layers < 2:  # the base probe has one layer; the others must have more to tell base from a layer
+        raise ConfigError(f"latency: probe_layers must be at least 2, got {probe_layers}")
+    device = _device(model, runtime)
+    threads = threads or torch.get_num_threads()
+    shape = model_shape(model)
+    machine = machine_info().model_copy(update={"torch_threads": threads})
+    key = {"shape": shape, "runtime": runtime, "batch_size": batch_size, "seq_len": seq_len, "threads": threads,
+           "repeats": repeats, "probe_layers": probe_layers, "heads_grid": list(HEAD_FRACTIONS),
+           "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
+           "machine": machine.fingerprint, "versions": machine.versions}
+    path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
+    stale = None
+    if cache:
+        found, stale = read_cached(path, key)
+        if found is not None:
+            return found.model_copy(update={"measured": {**found.measured, "cached": True,
+                                                          "cache_file": str(path)}})
+    table = _measure(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
+                     repeats=repeats, probe_layers=probe_layers, device=device, progress=progress or no_progress,
+                     reference_runtime=reference_runtime,
+                     model_key=model_key(shape), machine=machine.model_dump(mode="json"))
+    if cache:
+        write_cached(path, key, table)
+    return table.model_copy(update={"measured": {**table.measured, "cached": False,
+                                                  "cache_file": str(path) if cache else None,
+                                                  **({"replaced_cache": stale} if stale else {})}})
+
+
+def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int, repeats: int,
+             probe_layers: int, device: torch.device, progress: ProgressCallback, model_key: str,
+             machine: dict[str, Any], reference_runtime: str | None) -> LatencyTable:
+    started = time.perf_counter()
+    structure = Structure.from_model(model)
+    template = template_layer(model)
+    shape = structure.layers[template]
+    assert shape is not None  # Structure.from_model keeps every layer
+    plan = probes(shape.heads, shape.ffn_width, probe_layers)
+    calibration = calibration_batches(model, seq_len) if runtime == "onnxruntime-int8" else None
+    was_training = model.training
+    model.eval()
+    load_before = _load()
+    try:
+        with tempfile.TemporaryDirectory(prefix="surgery-latency-") as tmp, torch_threads(threads):
+            timed: dict[str, nn.Module] = {}
+            if reference_runtime is not None:  # timed in the same rounds: one load for both runtimes
+                timed["reference"] = runtime_model(model, reference_runtime, Path(tmp) / "reference",
+                                                   threads=threads, calibration=calibration)
+            for done, probe in enumerate([*plan, None]):
+                name, source = ("model", model) if probe is None else (probe.name, build_probe(model, probe, template))
+                timed[name] = runtime_model(source, runtime, Path(tmp) / str(done), threads=threads,
+                                            calibration=calibration)
+                progress(ProgressEvent("latency probes", done + 1, len(plan) + 1, {"probe": name}))
+            inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
+            total = WARMUP + repeats
+            units = repeated(timed, inputs, device=device)
+            times = time_rounds(units, inputs, repeats=repeats, warmup=WARMUP, device=device,
+                                on_round=lambda r: progress(ProgressEvent("latency timing", r, total)))
+            times = {name: [t / units[name].times for t in values] for name, values in times.items()}
+            calls = {name: unit.times for name, unit in units.items()}
+            del timed, units  # ONNX Runtime sessions hold their files open until released
+    finally:
+        model.train(was_training)
+    seconds, round_load = steady_times(times)
+    measured = {
+        "method": "probe encoders with identical layers, interleaved rounds, median polish of log times",
+        "probe_layers": probe_layers, "template_layer": template,
+        "repeats": repeats, "warmup": WARMUP, "calls_per_round": calls, "round_load": round_load,
+        "load_average": [load_before, _load()], "seconds": time.perf_counter() - started,
+    }
+    return solve_table(seconds, plan, structure, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
+                       threads=threads, model_key=model_key, machine=machine, measured=measured,
+                       reference_runtime=reference_runtime,
+                       reference_ms=seconds["reference"] * 1000 if reference_runtime is not None else None)
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def side_by_side(models: Mapping[str, tuple[nn.Module, str]], *, batch_size: int, seq_len: int,
+                 threads: int | None = None, repeats: int = 15, warmup: int = 2,
+                 calibration: Sequence[Mapping[str, torch.Tensor]] | None = None) -> BenchReport:
+    """Bench ``name -> (model, runtime)`` side by side (the first is the reference), each in its runtime.
+
+    Exports happen first (:func:`runtime_model`); the timing is :func:`surgery.measure.side_by_side.bench_models`:
+    the same inputs, interleaved rounds, paired speedups with their 95% intervals, the machine.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> report = side_by_side({"a": (tiny_model(TinySpec("bert")), "torch")}, batch_size=2, seq_len=8,
+        ...                       repeats=3, warmup=0)
+        >>> report.models[0].name, report.machine is not None
+        ('a', True)
+    """
+    with tempfile.TemporaryDirectory(prefix="surgery-side-by-side-") as tmp:
+        variants = {name: runtime_model(model, runtime, Path(tmp) / str(i), threads=threads,
+                                        calibration=calibration)
+                    for i, (name, (model, runtime)) in enumerate(models.items())}
+        return bench_models(variants, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
+                            threads=threads or torch.get_num_threads(),
+                            device=str(next(models[next(iter(models))][0].parameters()).device))
+
+
+def measured_speedup(
+    original: nn.Module,
+    candidate: nn.Module,
+    *,
+    runtime: str,
+    reference_runtime: str = "torch",
+    batch_size: int,
+    seq_len: int,
+    threads: int | None = None,
+    repeats: int = 15,
+    calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    report: Callable[[BenchReport], None] | None = None,
+) -> tuple[float, Interval]:
+    """The paired speedup of ``candidate`` in ``runtime`` over ``original`` in ``reference_runtime``.
+
+    Timed side by side in this process (:func:`side_by_side`); the interval is the paired speedup's
+    95% bootstrap interval over rounds. ``report`` receives the whole :class:`BenchReport` (machine,
+    warnings) for a caller that keeps it.
+
+    Example:
+        >>> import surgery
+        >>> from surgery.strategies import FFNPruningStrategy
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> original, cut = tiny_model(TinySpec("bert")), tiny_model(TinySpec("bert"))
+        >>> _ = surgery.convert(cut, FFNPruningStrategy(neurons={0: list(range(30)), 1: list(range(30))}))
+        >>> speedup, interval = measured_speedup(original, cut, runtime="torch", batch_size=2, seq_len=8,
+        ...                                      threads=1, repeats=3)
+        >>> speedup > 0 and interval.low <= speedup <= interval.high
+        True
+    """
+    _check_settings(original, runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
+                    what="measured speedup")
+    check_runtime(reference_runtime, "measured speedup")
+    bench = side_by_side({f"original [{reference_runtime}]": (original, reference_runtime),
+                          f"candidate [{runtime}]": (candidate, runtime)}, batch_size=batch_size, seq_len=seq_len,
+                         threads=threads, repeats=repeats, calibration=calibration)
+    if report is not None:
+        report(bench)
+    comparison = bench.comparisons[0]
+    return comparison.paired_speedup, paired_interval(comparison, repeats)
