@@ -49,6 +49,9 @@ _LAZY = {
     "LayerChange": "surgery.report", "ModelAnatomy": "surgery.report", "ParamCount": "surgery.report",
     "SurgeryReport": "surgery.report", "Plan": "surgery.strategy", "Strategy": "surgery.strategy",
     "StrategyConfig": "surgery.strategy", "strategies": "surgery.strategies",
+    # the package is callable: surgery.compress(model, data, target=...) (surgery/compress/__init__.py)
+    "compress": "surgery.compress", "SpeedupTarget": "surgery.compress.compress_report",
+    "DropTarget": "surgery.compress.compress_report",
     # needs the optional onnx extra only when called
     "export_onnx": "surgery.deploy",
     # needs the optional embeddings extra (sentence-transformers) only when called
@@ -79,6 +82,7 @@ __all__ = [
     "UnsupportedModelError",
     "adapter_for",
     "apply_plan",
+    "compress",
     "convert",
     "count_params",
     "from_pretrained",
@@ -96,7 +100,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'surgery' has no attribute {name!r}")
-    value = import_module(module) if name == "strategies" else getattr(import_module(module), name)
+    value = import_module(module) if name in ("strategies", "compress") else getattr(import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
