@@ -89,11 +89,16 @@ class CompressReport(BaseModel):
 
 
 class CompressResult:
-    """What :func:`surgery.compress` returns: the chosen model (PyTorch), the report, every candidate."""
+    """What :func:`surgery.compress` returns: the chosen model (PyTorch), the report, every candidate.
 
-    def __init__(self, model: nn.Module, report: CompressReport) -> None:
+    ``calibration`` holds the training batches the run calibrated on (the refit, int8 smoothing), so
+    an export of the model smooths it as the run judged it.
+    """
+
+    def __init__(self, model: nn.Module, report: CompressReport, calibration: list[Any] | None = None) -> None:
         self.model = model
         self.report = report
+        self.calibration = calibration or []
 
     @property
     def candidates(self) -> list[CandidateResult]:

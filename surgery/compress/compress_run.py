@@ -311,7 +311,7 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
             judge = Judge(original=model, objective=plan.objective, runtime=runtime, calibration=plan.calibration,
                           workdir=Path(tmp), dev=dev, texts=texts, tokenizer=getattr(data, "tokenizer", None),
                           sentence=getattr(data, "sentence_config", None),
-                          max_length=getattr(data, "max_length", None), threads=threads)
+                          max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=threads)
             run = _CandidateRun(plan, judge, source, clock, emit, target, runtime, against_runtime)
             run.try_all()
             winner, why, warnings = run.pick()
@@ -319,7 +319,7 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
         report = run.report(winner_name, why, warnings, training, budget_minutes, threads, stock, clock)
     finally:
         model.train(was_training)
-    return CompressResult(final_model, report)
+    return CompressResult(final_model, report, plan.calibration)
 
 
 class _CandidateRun:
