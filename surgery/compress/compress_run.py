@@ -341,7 +341,7 @@ class _CandidateRun:
         """Build, judge and (if ``timed``) time one candidate, if the budget still has room for it."""
         if any(r.name == name for r in self.results):
             return next(r for r in self.results if r.name == name)
-        if not self.clock.fits(self.last_cost):
+        if self.results and not self.clock.fits(self.last_cost):  # the first (the unchanged model) always runs
             self.notes.append(f"skipped candidate {name}: the budget has {max(self.clock.left(), 0):.0f} s left and "
                               f"a candidate took {self.last_cost:.0f} s")
             return None
