@@ -220,9 +220,8 @@ def compress_command(
 
         if sentence is not None:
             write_sentence_config(sentence, directory)
-        for line in write_outputs(directory, result, tokenizer=inputs.tokenizer, runtime=runtime,
-                                  calibration=calibration, objective=report.objective):
-            note(line)
+        write_outputs(directory, result, tokenizer=inputs.tokenizer, runtime=runtime, calibration=calibration,
+                      objective=report.objective)  # what it skips joins the report's notes, printed below
 
     if stock:
         from surgery.compress.stock_export import save_stock

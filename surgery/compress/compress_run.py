@@ -43,6 +43,8 @@ from surgery.training.refit import calibration_batches
 
 #: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes).
 FISHER_EXAMPLES = 512
+#: The share of the budget left at the importance phase that the mask Fisher may take.
+IMPORTANCE_SHARE = 0.15
 #: Examples the least-squares refit and the int8 smoothing read.
 REFIT_EXAMPLES = 256
 CALIBRATION_BATCH = 32
@@ -225,8 +227,10 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
         def pooled(m: nn.Module, batch: Any) -> Any:
             return embed_batch(m, batch, sentence)[0]
 
+    # With a budget, the Fisher gets a share of it (the rest goes to candidates and training).
+    share = None if clock.deadline is None else IMPORTANCE_SHARE * max(clock.left(), 0.0)
     costs = unit_costs(model, calibration, objective=chosen, importance_objective=importance_objective,
-                       pooled=pooled)
+                       pooled=pooled, max_seconds=share)
     clock.phase("importance", since)
     emit(ProgressEvent("compress: importance", 1, 1, {"examples": costs.examples,
                                                       "seconds": round(costs.seconds, 1)}))
@@ -347,7 +351,10 @@ class _CandidateRun:
             return None
         started = time.perf_counter()
         model, refitted = self.judge.build(removal, refit=refit)
-        figures = self.judge.judge(self.judge.on_runtime(model))
+        if removal.units() == 0 and self.runtime == "torch":  # the original itself: the reference's own figures
+            figures = {**self.reference, "drop": 0.0}
+        else:
+            figures = self.judge.judge(self.judge.on_runtime(model))
         structure = removal.structure(self.plan.start)
         predicted = self.plan.path.reference_ms / self.plan.table.predict_ms(structure)
         estimated = self.plan.path.steps[path_step - 1].cumulative_loss if path_step else None

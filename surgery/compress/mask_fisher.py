@@ -181,20 +181,37 @@ def layer_removal_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], 
 def unit_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, objective: ObjectiveName,
                importance_objective: Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
                pooled: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
-               layer_batches: int = 4) -> UnitCosts:
+               layer_batches: int = 4, max_seconds: float | None = None) -> UnitCosts:
     """Every structure's estimated cost: mask Fisher of heads and neurons, measured layer removal.
+
+    With ``max_seconds`` the Fisher reads only as many of ``batches`` as its first batch's time says
+    fit (at least one): the Fisher is a sum over examples, so fewer examples give the same
+    estimate with more noise, never a different quantity.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
         >>> spec = TinySpec("bert", task="seq-cls")
         >>> batch = {**tiny_inputs(spec), "labels": torch.tensor([0, 1, 2])}
-        >>> costs = unit_costs(tiny_model(spec), [batch], objective="task")
+        >>> costs = unit_costs(tiny_model(spec), [batch, batch], objective="task", max_seconds=0.0)
         >>> sorted(costs.heads), sorted(costs.layers), costs.examples
         ([0, 1], [0, 1], 3)
     """
     start = time.perf_counter()
-    heads, neurons, examples = mask_fisher(model, batches, objective=objective,
+    batches = list(batches)
+    heads, neurons, examples = mask_fisher(model, batches[:1], objective=objective,
                                            importance_objective=importance_objective)
-    layers = layer_removal_costs(model, list(batches)[:layer_batches], objective=objective, pooled=pooled)
+    first = time.perf_counter() - start
+    more = len(batches) - 1
+    if max_seconds is not None:
+        more = min(more, int(max(max_seconds - first, 0.0) / max(first, 1e-9)))
+    if more > 0:
+        rest_heads, rest_neurons, rest = mask_fisher(model, batches[1:1 + more], objective=objective,
+                                                     importance_objective=importance_objective)
+        # Both parts are per-example means: weigh them by their examples.
+        total = examples + rest
+        heads = {i: (heads[i] * examples + rest_heads[i] * rest) / total for i in heads}
+        neurons = {i: (neurons[i] * examples + rest_neurons[i] * rest) / total for i in neurons}
+        examples = total
+    layers = layer_removal_costs(model, batches[:layer_batches], objective=objective, pooled=pooled)
     return UnitCosts(objective=objective, examples=examples, heads=heads, neurons=neurons, layers=layers,
                      seconds=time.perf_counter() - start)
