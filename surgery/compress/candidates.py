@@ -31,7 +31,9 @@ from surgery.compress.structure import Structure
 from surgery.training.evaluate import accuracy
 from surgery.training.refit import RefitResult, refit_projections
 
-Origin = Literal["path", "unchanged", "uniform-layer-drop"]
+#: ``path``: the search with whole layers; ``units-path``: heads and neurons only; ``unchanged``: the
+#: original on the runtime; ``uniform-layer-drop``: every-other layers at the same predicted speed.
+Origin = Literal["path", "units-path", "unchanged", "uniform-layer-drop"]
 Tier = Literal["none", "refit", "distil"]
 
 

@@ -75,6 +75,8 @@ class CompressReport(BaseModel):
     unchanged_speedup: float = Field(default=1.0, description="the original on the runtime against the reference")
     importance: dict[str, Any] = Field(default_factory=dict)
     path: list[dict[str, Any]] = Field(default_factory=list, description="the search: one entry per removal")
+    units_path: list[dict[str, Any]] = Field(default_factory=list, description="the search over heads and neurons "
+                                             "only (none with --stock)")
     candidates: list[CandidateResult] = Field(default_factory=list)
     winner: str | None = None
     why: str = ""

@@ -6,10 +6,11 @@ Phases, each reported as progress and timed in the report:
 2. the latency table of the original on the target runtime (measured on this machine), and, when
    the target runtime is not the reference one, the original's own speedup there;
 3. what every head, neuron group and layer carries (:mod:`surgery.compress.mask_fisher`);
-4. the search (:mod:`surgery.compress.removal_path`): one path of removals, every speed point on it;
+4. the search (:mod:`surgery.compress.removal_path`): one path of removals, every speed point on it,
+   and the same search over heads and neurons only (Kwon et al.'s space);
 5. candidates, each cut, refitted, exported for an ONNX runtime and judged on that runtime against
    the original: path points around the target (``--speedup``) or found by bisection along the
-   path (``--max-drop``), the unchanged model on the runtime (smoothed int8 alone, for
+   paths (``--max-drop``), the units-only path's point, the unchanged model on the runtime (smoothed int8 alone, for
    ``onnxruntime-int8``) and a uniform layer-drop at the same predicted speed; each timed side by side;
 6. the pick, then the training tier on the winner when the budget leaves whole epochs for it.
 
@@ -116,6 +117,8 @@ class Plan:
     table: LatencyTable
     costs: UnitCosts
     path: RemovalPath
+    #: the same search without whole layers (None with --stock, whose only other move is a layer)
+    units_path: RemovalPath | None
     start: Structure
     unchanged_speedup: float
     batch_size: int
@@ -238,11 +241,13 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     reference_ms = table.predict_ms(start) * unchanged
     stop = target.speedup * max(AROUND_TARGET) if isinstance(target, SpeedupTarget) else None
     path = search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop, stock=stock)
+    units_path = None if stock else search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop,
+                                                layers=False)
     clock.phase("search", since)
     emit(ProgressEvent("compress: search", 1, 1, {"steps": len(path.steps),
                                                   "max_speedup": round(path.speedup_at(len(path.steps)), 3)}))
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
-    return Plan(table=table, costs=costs, path=path, start=start, unchanged_speedup=unchanged,
+    return Plan(table=table, costs=costs, path=path, units_path=units_path, start=start, unchanged_speedup=unchanged,
                 batch_size=batch_size, seq_len=seq_len, objective=chosen, calibration=refit, phases=clock.phases)
 
 
@@ -326,6 +331,13 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
     return CompressResult(final_model, report, plan.calibration)
 
 
+def _steps(path: RemovalPath) -> list[dict[str, Any]]:
+    """A path as the report lists it: one entry per removal."""
+    return [{"kind": s.kind, "layers": s.layers, "units": sum(map(len, s.units)) or None,
+             "predicted_speedup": round(s.predicted_speedup, 4), "estimated_loss": round(s.cumulative_loss, 6)}
+            for s in path.steps]
+
+
 class _CandidateRun:
     """Phase 5 and 6: build, judge and time candidates within the budget, pick, train the winner."""
 
@@ -341,7 +353,7 @@ class _CandidateRun:
 
     # -- one candidate --------------------------------------------------------------------
     def candidate(self, name: str, origin: str, removal: Removal, *, path_step: int | None = None,
-                  timed: bool = True, refit: bool = True) -> CandidateResult | None:
+                  timed: bool = True, refit: bool = True, path: RemovalPath | None = None) -> CandidateResult | None:
         """Build, judge and (if ``timed``) time one candidate, if the budget still has room for it."""
         if any(r.name == name for r in self.results):
             return next(r for r in self.results if r.name == name)
@@ -357,7 +369,7 @@ class _CandidateRun:
             figures = self.judge.judge(self.judge.on_runtime(model))
         structure = removal.structure(self.plan.start)
         predicted = self.plan.path.reference_ms / self.plan.table.predict_ms(structure)
-        estimated = self.plan.path.steps[path_step - 1].cumulative_loss if path_step else None
+        estimated = (path or self.plan.path).steps[path_step - 1].cumulative_loss if path_step else None
         result = result_of(name, origin, self.runtime, removal, self.plan.start, predicted=predicted,  # type: ignore[arg-type]
                            figures=figures, started=started, path_step=path_step, estimated_loss=estimated,
                            tier="refit" if refitted is not None else "none")
@@ -387,21 +399,23 @@ class _CandidateRun:
             result.notes.append(f"predicted {result.predicted_speedup:.2f}x but measured {value:.2f}x "
                                 f"(more than {PREDICTION_TOLERANCE:.0%} apart)")
 
-    def path_point(self, k: int, *, timed: bool = True) -> CandidateResult | None:
-        return self.candidate(f"path-{k}@{self.plan.path.speedup_at(k):.2f}x", "path", self.plan.path.removal_at(k),
-                              path_step=k, timed=timed)
+    def path_point(self, k: int, *, timed: bool = True, units_only: bool = False) -> CandidateResult | None:
+        path = self.plan.units_path if units_only else self.plan.path
+        assert path is not None
+        prefix, origin = ("units", "units-path") if units_only else ("path", "path")
+        return self.candidate(f"{prefix}-{k}@{path.speedup_at(k):.2f}x", origin, path.removal_at(k), path_step=k,
+                              timed=timed, path=path)
 
     # -- the candidates -------------------------------------------------------------------
     def try_all(self) -> None:
-        path = self.plan.path
+        path, units = self.plan.path, self.plan.units_path
         since = time.perf_counter()
         self.candidate("unchanged", "unchanged", Removal())
         if isinstance(self.target, SpeedupTarget):
             goal = self.target.speedup
-            for factor in AROUND_TARGET:
-                k = path.first_reaching(goal * factor)
-                if k is not None and k > 0:
-                    self.path_point(k)
+            self.around(goal, units_only=False)
+            if units is not None:
+                self.around(goal, units_only=True, factors=AROUND_TARGET[:1])
             # Predictions are off by what the table misses: walk on along the path while no point measured fast enough.
             for _ in range(2):
                 met = [r for r in self.results if (r.measured_speedup or 0) >= goal]
@@ -411,27 +425,42 @@ class _CandidateRun:
                 fastest = max(timed, key=lambda r: r.measured_speedup or 0)
                 wanted = fastest.predicted_speedup * goal / (fastest.measured_speedup or 1) * 1.02
                 k = path.first_reaching(wanted)
-                if k is None or any(r.path_step == k for r in self.results):
+                if k is None or any(r.origin == "path" and r.path_step == k for r in self.results):
                     break
                 self.path_point(k)
             anchor = path.first_reaching(goal) or len(path.steps)
         else:
-            anchor = self.bisect(self.target.max_drop)
+            anchor = self.bisect(self.target.max_drop, units_only=False)
             if anchor > 0:
                 best = self.path_point(anchor)
                 lower = path.first_reaching(path.speedup_at(anchor) * 0.9)
                 if best is not None and lower is not None and 0 < lower < anchor:
                     self.path_point(lower)
+            if units is not None:
+                found = self.bisect(self.target.max_drop, units_only=True)
+                if found > 0:
+                    self.path_point(found, units_only=True)
         if anchor > 0:
             self.layer_drop(path.speedup_at(anchor))
         self.clock.phase("candidates", since)
 
-    def bisect(self, max_drop: float) -> int:
-        """The most steps along the path whose refitted candidate stays within ``max_drop`` (judged, not timed)."""
-        lo, hi = 0, len(self.plan.path.steps)
+    def around(self, goal: float, *, units_only: bool, factors: tuple[float, ...] = AROUND_TARGET) -> None:
+        """The path points that first reach each factor of ``goal`` (the target first)."""
+        path = self.plan.units_path if units_only else self.plan.path
+        assert path is not None
+        for factor in factors:
+            k = path.first_reaching(goal * factor)
+            if k is not None and k > 0:
+                self.path_point(k, units_only=units_only)
+
+    def bisect(self, max_drop: float, *, units_only: bool) -> int:
+        """The most steps along a path whose refitted candidate stays within ``max_drop`` (judged, not timed)."""
+        path = self.plan.units_path if units_only else self.plan.path
+        assert path is not None
+        lo, hi = 0, len(path.steps)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            result = self.path_point(mid, timed=False)
+            result = self.path_point(mid, timed=False, units_only=units_only)
             if result is None:  # out of budget: keep what is known to hold
                 break
             if result.drop <= max_drop:
@@ -551,8 +580,6 @@ class _CandidateRun:
             stock=stock, budget_minutes=budget_minutes, machine=dict(table.machine),
             latency_table=table.model_dump(mode="json"), unchanged_speedup=round(self.plan.unchanged_speedup, 4),
             importance=self.plan.costs.summary(),
-            path=[{"kind": s.kind, "layers": s.layers, "units": sum(map(len, s.units)) or None,
-                   "predicted_speedup": round(s.predicted_speedup, 4),
-                   "estimated_loss": round(s.cumulative_loss, 6)} for s in path.steps],
+            path=_steps(path), units_path=_steps(self.plan.units_path) if self.plan.units_path else [],
             candidates=self.results, winner=winner, why=why, training=training, phases=clock.phases,
             seconds=round(time.perf_counter() - clock.start, 3), warnings=warnings, notes=notes)

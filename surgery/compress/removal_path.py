@@ -96,6 +96,7 @@ class RemovalPath(BaseModel):
     reference_ms: float
     start_ms: float
     stock: bool = False
+    layers: bool = Field(default=True, description="whether whole layers could be removed")
     group_size: dict[int, int] = Field(default_factory=dict)
     steps: list[PathStep] = Field(default_factory=list)
 
@@ -168,11 +169,15 @@ def neuron_groups(costs: torch.Tensor, groups: int) -> list[list[int]]:
 
 
 def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, reference_ms: float | None = None,
-                stop_speedup: float | None = None, stock: bool = False, groups: int = 16) -> RemovalPath:
+                stop_speedup: float | None = None, stock: bool = False, groups: int = 16,
+                layers: bool = True) -> RemovalPath:
     """Greedy removal under the latency table, from ``start`` until ``stop_speedup`` or nothing is left.
 
     ``reference_ms`` (default: the table's time of ``start``) is the time speedups are against.
     At least one layer stays, and one head in every kept layer (a layer without heads is a layer to remove).
+    ``layers=False`` removes heads and neurons only (Kwon et al.'s search space): the layer costs are
+    measured one layer at a time, and a path that removes several may rely on them more than they
+    deserve, so compression tries both.
 
     Example:
         >>> from surgery.compress.mask_fisher import UnitCosts
@@ -206,11 +211,11 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
         group_size[i] = len(chunks[0]) if chunks else 0
         state.append(_Layer(shape=shape, head_order=order, head_cost=head_cost, groups=chunks,
                             group_cost=[float(neuron_costs[c].sum()) for c in chunks],
-                            removable_cost=costs.layers.get(i)))
-    layers = [s for s in state if s is not None]
+                            removable_cost=costs.layers.get(i) if layers else None))
+    every = [s for s in state if s is not None]
     now = table.predict_ms(start)
     reference = now if reference_ms is None else reference_ms
-    path = RemovalPath(start=start.to_json(), reference_ms=reference, start_ms=now, stock=stock,
+    path = RemovalPath(start=start.to_json(), reference_ms=reference, start_ms=now, stock=stock, layers=layers,
                        group_size=group_size)
     total = 0.0
     while stop_speedup is None or reference / now < stop_speedup:
@@ -283,7 +288,7 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
                 s.groups_gone += 1
                 units.append(sorted(group))
         total += step_loss
-        now = table.base_ms + sum(table.layer_ms(s.now()) for s in layers)
+        now = table.base_ms + sum(table.layer_ms(s.now()) for s in every)
         path.steps.append(PathStep(kind=kind, layers=where, units=units, loss=step_loss, saving_ms=saving,
                                    cumulative_loss=total, predicted_ms=now, predicted_speedup=reference / now))
     return path
