@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import datasets
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -28,9 +27,8 @@ from surgery.compress.latency_table import LatencyTable
 from surgery.compress.mask_fisher import UnitCosts, unit_costs
 from surgery.compress.removal_path import Removal, search_path
 from surgery.compress.structure import LayerShape, Structure
-from surgery.data import TaskData
 from surgery.embedding import SentenceConfig, load_text_data
-from surgery.testing import FAMILIES, VOCAB, TinySpec, tiny_model
+from surgery.testing import FAMILIES, TinySpec, shape_latency_table, tiny_model, tiny_task_data
 from tests.test_cli import labelled_rows, tiny_tokenizer, write_rows
 from tests.test_embedding import st_dir
 from tests.test_embedding import tokenizer as embedding_tokenizer
@@ -39,35 +37,15 @@ from tests.test_embedding_objective import TEXTS
 runner = CliRunner(env={"COLUMNS": "200"})
 
 
-def shape_table(model: torch.nn.Module, runtime: str = "torch", *, scale: float = 1.0) -> LatencyTable:
-    """A latency table from the model's shape: time proportional to heads and FFN width (and a fixed part)."""
-    start = Structure.from_model(model)
-    heads = max(s.heads for s in start.kept)
-    width = max(s.ffn_width for s in start.kept)
-    return LatencyTable(runtime=runtime, batch_size=4, seq_len=8, model_key=f"test-{heads}-{width}",
-                        base_ms=0.5 * scale, overhead_ms=0.3 * scale,
-                        attention_ms={h: 0.6 * h * scale for h in range(1, heads + 1)},
-                        ffn_ms={w: 0.08 * w * scale for w in range(1, width + 1)})
-
-
 def tables_for(model: torch.nn.Module) -> TableLatency:
     """torch and ORT fp32 alike; int8 at 40% of their time."""
-    return TableLatency({"torch": shape_table(model), "onnxruntime": shape_table(model, "onnxruntime"),
-                         "onnxruntime-int8": shape_table(model, "onnxruntime-int8", scale=0.4)})
-
-
-def task_data(n: int = 48, seed: int = 0) -> TaskData:
-    gen = torch.Generator().manual_seed(seed)
-    ids = [[2, *torch.randint(5, VOCAB, (int(4 + i % 5),), generator=gen).tolist(), 3] for i in range(n)]
-    labels = [(row[1] + row[2]) % 3 for row in ids]  # a rule the tiny model can partly follow
-    train = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
-    dev = datasets.Dataset.from_dict({"input_ids": ids[: n // 2], "labels": labels[: n // 2]})
-    return TaskData(train, dev, ["a", "b", "c"], batch_size=8)
+    return TableLatency({"torch": shape_latency_table(model), "onnxruntime": shape_latency_table(model, "onnxruntime"),
+                         "onnxruntime-int8": shape_latency_table(model, "onnxruntime-int8", scale=0.4)})
 
 
 def fisher_costs(family: str, layers: int = 3) -> tuple[torch.nn.Module, UnitCosts]:
     model = tiny_model(TinySpec(family, task="seq-cls", layers=layers))
-    batches = list(task_data().loader("train", batch_size=8))
+    batches = list(tiny_task_data().loader("train", batch_size=8))
     return model, unit_costs(model, batches, objective="task")
 
 
@@ -76,7 +54,7 @@ def fisher_costs(family: str, layers: int = 3) -> tuple[torch.nn.Module, UnitCos
 def test_search_meets_each_predicted_target_and_is_monotone(family: str) -> None:
     model, costs = fisher_costs(family)
     assert all(bool((v >= 0).all()) for v in [*costs.heads.values(), *costs.neurons.values()])
-    table = shape_table(model)
+    table = shape_latency_table(model)
     path = search_path(costs, table, Structure.from_model(model))
     previous: set[tuple[str, int, int]] = set()
     steps = []
@@ -115,7 +93,7 @@ def test_search_cuts_unevenly_where_that_pays() -> None:
 @pytest.mark.parametrize("family", ["bert", "deberta-v2", "modernbert"])
 def test_stock_search_gives_uniform_widths_and_keeps_every_head(family: str) -> None:
     model, costs = fisher_costs(family, layers=4)
-    path = search_path(costs, shape_table(model), Structure.from_model(model), stock=True)
+    path = search_path(costs, shape_latency_table(model), Structure.from_model(model), stock=True)
     assert path.speedup_at(len(path.steps)) > 2.0
     for k in range(len(path.steps) + 1):
         kept = path.structure_at(k).kept
@@ -125,7 +103,7 @@ def test_stock_search_gives_uniform_widths_and_keeps_every_head(family: str) -> 
 
 def test_layer_costs_are_measured_with_the_layer_skipped() -> None:
     model, costs = fisher_costs("bert")
-    batches = list(task_data().loader("train", batch_size=8))[:4]
+    batches = list(tiny_task_data().loader("train", batch_size=8))[:4]
 
     def mean_loss(m: torch.nn.Module) -> float:
         with torch.no_grad():
@@ -143,7 +121,7 @@ def test_layer_costs_are_measured_with_the_layer_skipped() -> None:
 def test_compress_reaches_the_speedup_and_the_model_reloads_bit_exact(family: str, tmp_path: Path) -> None:
     model = tiny_model(TinySpec(family, task="seq-cls", layers=3))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = surgery.compress(model, task_data(), target=SpeedupTarget(speedup=1.6), latency=tables_for(model))
+    result = surgery.compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.6), latency=tables_for(model))
     report = result.report
     winner = report.winner_result()
     assert winner is not None and winner.measured_speedup >= 1.6 and not report.warnings
@@ -153,7 +131,7 @@ def test_compress_reaches_the_speedup_and_the_model_reloads_bit_exact(family: st
     assert Structure.from_model(result.model).kept == Structure.from_json(winner.structure).kept
     out = surgery.save_pretrained(result.model, tmp_path / "m")
     reloaded = surgery.from_pretrained(out)
-    batch = next(iter(task_data().loader("eval", batch_size=8)))
+    batch = next(iter(tiny_task_data().loader("eval", batch_size=8)))
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         assert torch.equal(result.model.eval()(**inputs).logits, reloaded.eval()(**inputs).logits)
@@ -163,7 +141,7 @@ def test_compress_reaches_the_speedup_and_the_model_reloads_bit_exact(family: st
 
 def test_max_drop_picks_the_fastest_within_it() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
-    report = compress(model, task_data(), target=DropTarget(max_drop=5.0), latency=tables_for(model)).report
+    report = compress(model, tiny_task_data(), target=DropTarget(max_drop=5.0), latency=tables_for(model)).report
     winner = report.winner_result()
     assert winner is not None and winner.drop <= 5.0 and not report.warnings
     within = [c for c in report.candidates if c.measured_speedup is not None and c.drop <= 5.0]
@@ -191,18 +169,18 @@ def test_the_guard_fires_on_a_forced_loss_and_reports_fidelity() -> None:
 
 def test_a_missed_speedup_is_a_warning_not_a_silent_pick() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=2))
-    report = compress(model, task_data(), target=SpeedupTarget(speedup=40.0), latency=tables_for(model)).report
+    report = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=40.0), latency=tables_for(model)).report
     assert any(w.startswith("target missed") for w in report.warnings)
 
 
 def test_the_budget_bounds_the_candidates_and_the_training() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
-    tight = compress(model, task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=1e-4,
+    tight = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=1e-4,
                      latency=tables_for(model)).report
     assert len(tight.candidates) == 1 and any(n.startswith("skipped candidate") for n in tight.notes)
     assert tight.winner == "unchanged" and not tight.training and any(w.startswith("target missed") for w in
                                                                       tight.warnings)
-    roomy = compress(model, task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=2.0,
+    roomy = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=2.0,
                      latency=tables_for(model)).report
     assert roomy.training is not None and roomy.training["epochs"] >= 1
     assert roomy.winner.endswith("+distil") and roomy.winner_result().tier == "distil"
@@ -213,7 +191,7 @@ def test_the_budget_bounds_the_candidates_and_the_training() -> None:
 def test_int8_candidates_are_judged_on_the_int8_graph() -> None:
     pytest.importorskip("onnxruntime")
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=2))
-    report = compress(model, task_data(), target=SpeedupTarget(speedup=3.0), runtime="onnxruntime-int8",
+    report = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=3.0), runtime="onnxruntime-int8",
                       latency=tables_for(model)).report
     unchanged = next(c for c in report.candidates if c.origin == "unchanged")
     assert unchanged.runtime == "onnxruntime-int8" and unchanged.measured_speedup == pytest.approx(2.5)

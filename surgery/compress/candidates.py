@@ -86,8 +86,8 @@ def apply_removal(model: nn.Module, removal: Removal) -> None:
 class Judge:
     """Everything a candidate is built and judged with: the original, the data, the runtime.
 
-    ``dev`` is the labelled dev batches (task objective) or the held-out texts (embedding);
-    ``calibration`` the training batches the refit and the int8 smoothing read.
+    ``dev`` is the labelled dev batches (task objective), ``texts`` the held-out texts (embedding);
+    ``calibration`` the training batches the refit reads, ``smoothing`` those int8 smoothing reads.
     """
 
     original: nn.Module
@@ -95,6 +95,7 @@ class Judge:
     runtime: str
     calibration: list[Mapping[str, torch.Tensor]]
     workdir: Path
+    smoothing: list[Mapping[str, torch.Tensor]] = field(default_factory=list)
     dev: list[Mapping[str, torch.Tensor]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     tokenizer: Any = None
@@ -132,9 +133,9 @@ class Judge:
         self._exports += 1
         out = self.workdir / f"candidate-{self._exports}"
         int8 = self.runtime == "onnxruntime-int8"
+        smoothing = (self.smoothing or self.calibration) if int8 else None
         report = export_onnx(model, out, task="base" if self.objective == "embedding" else "auto", int8=int8,
-                             calibration=self.calibration if int8 else None, save_tokenizer=False, batch=2, seq=8,
-                             threads=self.threads)
+                             calibration=smoothing, save_tokenizer=False, batch=2, seq=8, threads=self.threads)
         return OnnxRuntimeModel(out / "model.onnx", config=model.config, output=report.output,
                                 threads=self.threads, task=report.task)
 

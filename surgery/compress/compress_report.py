@@ -93,8 +93,8 @@ class CompressReport(BaseModel):
 class CompressResult:
     """What :func:`surgery.compress` returns: the chosen model (PyTorch), the report, every candidate.
 
-    ``calibration`` holds the training batches the run calibrated on (the refit, int8 smoothing), so
-    an export of the model smooths it as the run judged it.
+    ``calibration`` holds the training batches the run smoothed int8 activations on, so an int8
+    export of the model is smoothed as the run judged it.
     """
 
     def __init__(self, model: nn.Module, report: CompressReport, calibration: list[Any] | None = None) -> None:

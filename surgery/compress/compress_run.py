@@ -42,7 +42,8 @@ from surgery.errors import ConfigError, DataError
 from surgery.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.training.refit import calibration_batches
 
-#: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes).
+#: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes); int8
+#: smoothing reads them too (as many as ``surgery export --calibration`` reads texts by default).
 FISHER_EXAMPLES = 512
 #: The share of the budget left at the importance phase that the mask Fisher may take.
 IMPORTANCE_SHARE = 0.15
@@ -124,7 +125,8 @@ class Plan:
     batch_size: int
     seq_len: int
     objective: ObjectiveName
-    calibration: list[Any]
+    calibration: list[Any]  # what the refit reads
+    smoothing: list[Any]  # what int8 smoothing reads (as many texts as `surgery export --calibration`)
     phases: dict[str, float]
 
     def target_step(self, target: Target) -> int | None:
@@ -182,16 +184,11 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
 
     Example:
-        >>> import datasets
         >>> from surgery.compress.latency_source import TableLatency
-        >>> from surgery.data import TaskData
-        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.testing import TinySpec, shape_latency_table, tiny_model, tiny_task_data
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 6, 3]] * 8, "labels": [0, 1] * 4})
-        >>> table = LatencyTable(runtime="torch", batch_size=4, seq_len=4, model_key="tiny", base_ms=1.0,
-        ...                      overhead_ms=0.2, attention_ms={4: 2.0, 1: 0.5}, ffn_ms={37: 3.0, 1: 0.1})
-        >>> plan = plan_compress(model, TaskData(rows, rows, ["a", "b", "c"]), target=SpeedupTarget(speedup=1.5),
-        ...                      latency=TableLatency({"torch": table}), batch_size=4)
+        >>> plan = plan_compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5),
+        ...                      latency=TableLatency({"torch": shape_latency_table(model)}))
         >>> plan.path.speedup_at(plan.target_step(SpeedupTarget(speedup=1.5))) >= 1.5
         True
     """
@@ -248,7 +245,8 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
                                                   "max_speedup": round(path.speedup_at(len(path.steps)), 3)}))
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
     return Plan(table=table, costs=costs, path=path, units_path=units_path, start=start, unchanged_speedup=unchanged,
-                batch_size=batch_size, seq_len=seq_len, objective=chosen, calibration=refit, phases=clock.phases)
+                batch_size=batch_size, seq_len=seq_len, objective=chosen, calibration=refit, smoothing=calibration,
+                phases=clock.phases)
 
 
 def _dev_source(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int) -> tuple[list[Any], list[str]]:
@@ -292,17 +290,12 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
         latency: where times come from (default: measured on this machine).
 
     Example:
-        >>> import datasets
         >>> from surgery.compress.latency_source import TableLatency
-        >>> from surgery.data import TaskData
-        >>> from surgery.testing import TinySpec, tiny_model
+        >>> from surgery.testing import TinySpec, shape_latency_table, tiny_model, tiny_task_data
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 6, 3]] * 8, "labels": [0, 1] * 4})
-        >>> table = LatencyTable(runtime="torch", batch_size=4, seq_len=4, model_key="tiny", base_ms=1.0,
-        ...                      overhead_ms=0.2, attention_ms={4: 2.0, 1: 0.5}, ffn_ms={37: 3.0, 1: 0.1})
-        >>> result = compress(model, TaskData(rows, rows, ["a", "b", "c"]), target=SpeedupTarget(speedup=1.5),
-        ...                   latency=TableLatency({"torch": table}), batch_size=4)
-        >>> result.report.winner_result().measured_speedup >= 1.5, result.report.reference
+        >>> model, report, candidates = compress(model, tiny_task_data(), target=DropTarget(max_drop=2.0),
+        ...                                      latency=TableLatency({"torch": shape_latency_table(model)}))
+        >>> report.winner_result().drop <= 2.0, report.reference
         (True, 'the original model in torch (fp32), unchanged')
     """
     check_arguments(target, runtime, against_runtime, budget_minutes, batch_size, seq_len, objective)
@@ -318,8 +311,8 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
         dev, texts = _dev_source(data, eval_data, plan.objective, plan.batch_size)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
             judge = Judge(original=model, objective=plan.objective, runtime=runtime, calibration=plan.calibration,
-                          workdir=Path(tmp), dev=dev, texts=texts, tokenizer=getattr(data, "tokenizer", None),
-                          sentence=getattr(data, "sentence_config", None),
+                          smoothing=plan.smoothing, workdir=Path(tmp), dev=dev, texts=texts,
+                          tokenizer=getattr(data, "tokenizer", None), sentence=getattr(data, "sentence_config", None),
                           max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=threads)
             run = _CandidateRun(plan, judge, source, clock, emit, target, runtime, against_runtime)
             run.try_all()
@@ -328,7 +321,7 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
         report = run.report(winner_name, why, warnings, training, budget_minutes, threads, stock, clock)
     finally:
         model.train(was_training)
-    return CompressResult(final_model, report, plan.calibration)
+    return CompressResult(final_model, report, plan.smoothing)
 
 
 def _steps(path: RemovalPath) -> list[dict[str, Any]]:
