@@ -77,6 +77,8 @@ class CompressReport(BaseModel):
     path: list[dict[str, Any]] = Field(default_factory=list, description="the search: one entry per removal")
     units_path: list[dict[str, Any]] = Field(default_factory=list, description="the search over heads and neurons "
                                              "only (none with --stock)")
+    uniform_path: list[dict[str, Any]] = Field(default_factory=list, description="the search with every layer cut "
+                                               "alike (none with --stock)")
     candidates: list[CandidateResult] = Field(default_factory=list)
     winner: str | None = None
     why: str = ""

@@ -7,11 +7,13 @@ Phases, each reported as progress and timed in the report:
    the target runtime is not the reference one, the original's own speedup there;
 3. what every head, neuron group and layer carries (:mod:`surgery.compress.mask_fisher`);
 4. the search (:mod:`surgery.compress.removal_path`): one path of removals, every speed point on it,
-   and the same search over heads and neurons only (Kwon et al.'s space);
+   and the same search over heads and neurons only (Kwon et al.'s space) and with every layer cut
+   alike (the uniform cuts this project measured);
 5. candidates, each cut, refitted, exported for an ONNX runtime and judged on that runtime against
    the original: path points around the target (``--speedup``) or found by bisection along the
-   paths (``--max-drop``), the units-only path's point, the unchanged model on the runtime (smoothed int8 alone, for
-   ``onnxruntime-int8``) and a uniform layer-drop at the same predicted speed; each timed side by side;
+   paths (``--max-drop``), the points of the units-only and the uniform paths, the unchanged model
+   on the runtime (smoothed int8 alone, for ``onnxruntime-int8``) and a uniform layer-drop at the
+   same predicted speed; each timed side by side;
 6. the pick, then the training tier on the winner when the budget leaves whole epochs for it.
 
 The budget (minutes) covers the whole job: a candidate whose expected cost no longer fits is
@@ -120,6 +122,8 @@ class Plan:
     path: RemovalPath
     #: the same search without whole layers (None with --stock, whose only other move is a layer)
     units_path: RemovalPath | None
+    #: heads and neuron groups cut alike in every layer (None with --stock: the main path is uniform already)
+    uniform_path: RemovalPath | None
     start: Structure
     unchanged_speedup: float
     batch_size: int
@@ -128,6 +132,11 @@ class Plan:
     calibration: list[Any]  # what the refit reads
     smoothing: list[Any]  # what int8 smoothing reads (as many texts as `surgery export --calibration`)
     phases: dict[str, float]
+
+    def families(self) -> dict[str, RemovalPath]:
+        """Every search path by its candidates' origin: ``path``, ``units-path``, ``uniform-path``."""
+        found = {"path": self.path, "units-path": self.units_path, "uniform-path": self.uniform_path}
+        return {name: path for name, path in found.items() if path is not None}
 
     def target_step(self, target: Target) -> int | None:
         """The path point the search would cut for a --speedup target (None for --max-drop: data decides)."""
@@ -240,11 +249,15 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     path = search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop, stock=stock)
     units_path = None if stock else search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop,
                                                 layers=False)
+    uniform = len({s.ffn_width for s in start.kept}) == 1 and len({s.heads for s in start.kept}) == 1
+    uniform_path = None if stock or not uniform else search_path(costs, table, start, reference_ms=reference_ms,
+                                                                  stop_speedup=stop, layers=False, uniform=True)
     clock.phase("search", since)
     emit(ProgressEvent("compress: search", 1, 1, {"steps": len(path.steps),
                                                   "max_speedup": round(path.speedup_at(len(path.steps)), 3)}))
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
-    return Plan(table=table, costs=costs, path=path, units_path=units_path, start=start, unchanged_speedup=unchanged,
+    return Plan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path, start=start,
+                unchanged_speedup=unchanged,
                 batch_size=batch_size, seq_len=seq_len, objective=chosen, calibration=refit, smoothing=calibration,
                 phases=clock.phases)
 
@@ -392,23 +405,23 @@ class _CandidateRun:
             result.notes.append(f"predicted {result.predicted_speedup:.2f}x but measured {value:.2f}x "
                                 f"(more than {PREDICTION_TOLERANCE:.0%} apart)")
 
-    def path_point(self, k: int, *, timed: bool = True, units_only: bool = False) -> CandidateResult | None:
-        path = self.plan.units_path if units_only else self.plan.path
-        assert path is not None
-        prefix, origin = ("units", "units-path") if units_only else ("path", "path")
-        return self.candidate(f"{prefix}-{k}@{path.speedup_at(k):.2f}x", origin, path.removal_at(k), path_step=k,
+    def path_point(self, k: int, *, timed: bool = True, family: str = "path") -> CandidateResult | None:
+        path = self.plan.families()[family]
+        prefix = family.removesuffix("-path")
+        return self.candidate(f"{prefix}-{k}@{path.speedup_at(k):.2f}x", family, path.removal_at(k), path_step=k,
                               timed=timed, path=path)
 
     # -- the candidates -------------------------------------------------------------------
     def try_all(self) -> None:
-        path, units = self.plan.path, self.plan.units_path
+        path = self.plan.path
+        others = [name for name in self.plan.families() if name != "path"]
         since = time.perf_counter()
         self.candidate("unchanged", "unchanged", Removal())
         if isinstance(self.target, SpeedupTarget):
             goal = self.target.speedup
-            self.around(goal, units_only=False)
-            if units is not None:
-                self.around(goal, units_only=True, factors=AROUND_TARGET[:1])
+            self.around(goal, "path")
+            for family in others:
+                self.around(goal, family, factors=AROUND_TARGET[:1])
             # Predictions are off by what the table misses: walk on along the path while no point measured fast enough.
             for _ in range(2):
                 met = [r for r in self.results if (r.measured_speedup or 0) >= goal]
@@ -423,37 +436,35 @@ class _CandidateRun:
                 self.path_point(k)
             anchor = path.first_reaching(goal) or len(path.steps)
         else:
-            anchor = self.bisect(self.target.max_drop, units_only=False)
+            anchor = self.bisect(self.target.max_drop, "path")
             if anchor > 0:
                 best = self.path_point(anchor)
                 lower = path.first_reaching(path.speedup_at(anchor) * 0.9)
                 if best is not None and lower is not None and 0 < lower < anchor:
                     self.path_point(lower)
-            if units is not None:
-                found = self.bisect(self.target.max_drop, units_only=True)
+            for family in others:
+                found = self.bisect(self.target.max_drop, family)
                 if found > 0:
-                    self.path_point(found, units_only=True)
+                    self.path_point(found, family=family)
         if anchor > 0:
             self.layer_drop(path.speedup_at(anchor))
         self.clock.phase("candidates", since)
 
-    def around(self, goal: float, *, units_only: bool, factors: tuple[float, ...] = AROUND_TARGET) -> None:
-        """The path points that first reach each factor of ``goal`` (the target first)."""
-        path = self.plan.units_path if units_only else self.plan.path
-        assert path is not None
+    def around(self, goal: float, family: str, *, factors: tuple[float, ...] = AROUND_TARGET) -> None:
+        """The points of one path that first reach each factor of ``goal`` (the target first)."""
+        path = self.plan.families()[family]
         for factor in factors:
             k = path.first_reaching(goal * factor)
             if k is not None and k > 0:
-                self.path_point(k, units_only=units_only)
+                self.path_point(k, family=family)
 
-    def bisect(self, max_drop: float, *, units_only: bool) -> int:
+    def bisect(self, max_drop: float, family: str) -> int:
         """The most steps along a path whose refitted candidate stays within ``max_drop`` (judged, not timed)."""
-        path = self.plan.units_path if units_only else self.plan.path
-        assert path is not None
+        path = self.plan.families()[family]
         lo, hi = 0, len(path.steps)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            result = self.path_point(mid, timed=False, units_only=units_only)
+            result = self.path_point(mid, timed=False, family=family)
             if result is None:  # out of budget: keep what is known to hold
                 break
             if result.drop <= max_drop:
@@ -574,5 +585,6 @@ class _CandidateRun:
             latency_table=table.model_dump(mode="json"), unchanged_speedup=round(self.plan.unchanged_speedup, 4),
             importance=self.plan.costs.summary(),
             path=_steps(path), units_path=_steps(self.plan.units_path) if self.plan.units_path else [],
+            uniform_path=_steps(self.plan.uniform_path) if self.plan.uniform_path else [],
             candidates=self.results, winner=winner, why=why, training=training, phases=clock.phases,
             seconds=round(time.perf_counter() - clock.start, 3), warnings=warnings, notes=notes)

@@ -12,8 +12,10 @@ every speed point up to the last, nested (a faster point removes a superset of a
 The cost of a layer already thinned is what removing it adds: its measured removal cost minus the
 costs of the units already taken from it (an additive model of the loss, as the diagonal Fisher is).
 
-``stock`` keeps to what a stock transformers config can say: the same FFN width in every layer (a
-step removes one group from every kept layer) and whole layers; no head is removed.
+``uniform`` keeps every kept layer at the same shape: a step removes the next head, or the next
+group of neurons, from every kept layer (the least costly of each layer's own), as the uniform cuts
+this project measured do. ``stock`` keeps to what a stock transformers config can say: uniform FFN
+width and whole layers; no head is removed.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from surgery.compress.mask_fisher import UnitCosts
 from surgery.compress.structure import LayerShape, Structure
 from surgery.errors import ConfigError
 
-StepKind = Literal["head", "neurons", "layer", "uniform-neurons"]
+StepKind = Literal["head", "neurons", "layer", "uniform-neurons", "uniform-heads"]
 
 
 class Removal(BaseModel):
@@ -97,6 +99,7 @@ class RemovalPath(BaseModel):
     start_ms: float
     stock: bool = False
     layers: bool = Field(default=True, description="whether whole layers could be removed")
+    uniform: bool = Field(default=False, description="every kept layer cut alike")
     group_size: dict[int, int] = Field(default_factory=dict)
     steps: list[PathStep] = Field(default_factory=list)
 
@@ -107,7 +110,7 @@ class RemovalPath(BaseModel):
         layers: list[int] = []
         for step in self.steps[:k]:
             for layer, units in zip(step.layers, step.units or [[]] * len(step.layers), strict=True):
-                if step.kind == "head":
+                if step.kind in ("head", "uniform-heads"):
                     heads.setdefault(layer, []).extend(units)
                 elif step.kind == "layer":
                     layers.append(layer)
@@ -170,14 +173,14 @@ def neuron_groups(costs: torch.Tensor, groups: int) -> list[list[int]]:
 
 def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, reference_ms: float | None = None,
                 stop_speedup: float | None = None, stock: bool = False, groups: int = 16,
-                layers: bool = True) -> RemovalPath:
+                layers: bool = True, uniform: bool = False) -> RemovalPath:
     """Greedy removal under the latency table, from ``start`` until ``stop_speedup`` or nothing is left.
 
     ``reference_ms`` (default: the table's time of ``start``) is the time speedups are against.
     At least one layer stays, and one head in every kept layer (a layer without heads is a layer to remove).
     ``layers=False`` removes heads and neurons only (Kwon et al.'s search space): the layer costs are
     measured one layer at a time, and a path that removes several may rely on them more than they
-    deserve, so compression tries both.
+    deserve, so compression tries both. ``uniform=True`` cuts every kept layer alike (implied by ``stock``).
 
     Example:
         >>> from surgery.compress.mask_fisher import UnitCosts
@@ -193,11 +196,12 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
     """
     if groups < 1:
         raise ConfigError(f"compress: neuron groups per layer must be at least 1, got {groups}")
-    if stock:
+    uniform = uniform or stock
+    if uniform:
         widths = {shape.ffn_width for shape in start.kept}
         if len(widths) > 1:
-            raise ConfigError(f"compress --stock: the model's FFN widths differ per layer ({sorted(widths)}); a stock "
-                              "config holds one width, so start from a model with uniform layers")
+            raise ConfigError(f"compress: the model's FFN widths differ per layer ({sorted(widths)}); a uniform or "
+                              "stock search keeps one width, so start from a model with uniform layers")
     state: list[_Layer | None] = []
     group_size: dict[int, int] = {}
     for i, shape in enumerate(start.layers):
@@ -216,7 +220,7 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
     now = table.predict_ms(start)
     reference = now if reference_ms is None else reference_ms
     path = RemovalPath(start=start.to_json(), reference_ms=reference, start_ms=now, stock=stock, layers=layers,
-                       group_size=group_size)
+                       uniform=uniform, group_size=group_size)
     total = 0.0
     while stop_speedup is None or reference / now < stop_speedup:
         best: tuple[tuple[float, float], StepKind, list[int]] | None = None
@@ -236,7 +240,7 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
             shape = s.now()
             if s.removable_cost is not None and len(kept) > 1:
                 offer("layer", [i], s.removable_cost - s.spent, table.saving_ms(shape, None))
-            if stock:
+            if uniform:
                 continue
             if s.heads_gone < len(s.head_order) - 1:
                 assert shape is not None
@@ -247,10 +251,10 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
                 width = shape.ffn_width - len(s.groups[s.groups_gone])
                 offer("neurons", [i], s.group_cost[s.groups_gone],
                       table.saving_ms(shape, LayerShape(shape.heads, width)))
-        if stock and kept and all(state[i].groups_gone < len(state[i].groups) for i in kept):  # type: ignore[union-attr]
+        layer_states = [state[i] for i in kept]
+        if uniform and kept and all(s is not None and s.groups_gone < len(s.groups) for s in layer_states):
             loss = saving = 0.0
-            for i in kept:
-                s = state[i]
+            for s in layer_states:
                 assert s is not None
                 shape = s.now()
                 assert shape is not None
@@ -258,6 +262,16 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
                 narrower = LayerShape(shape.heads, shape.ffn_width - len(s.groups[s.groups_gone]))
                 saving += table.saving_ms(shape, narrower)
             offer("uniform-neurons", kept, loss, saving)
+        if uniform and not stock and kept and all(s is not None and s.heads_gone < len(s.head_order) - 1
+                                                  for s in layer_states):
+            loss = saving = 0.0
+            for s in layer_states:
+                assert s is not None
+                shape = s.now()
+                assert shape is not None
+                loss += s.head_cost[s.heads_gone]
+                saving += table.saving_ms(shape, LayerShape(shape.heads - 1, shape.ffn_width))
+            offer("uniform-heads", kept, loss, saving)
         if best is None:
             break
         _, kind, where = best
@@ -271,7 +285,7 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
                 saving += table.saving_ms(shape, None)
                 s.removed = True
                 units.append([])
-            elif kind == "head":
+            elif kind in ("head", "uniform-heads"):
                 step_loss += s.head_cost[s.heads_gone]
                 unit = s.head_order[s.heads_gone]
                 assert shape is not None
