@@ -5,10 +5,10 @@ only, heads and neurons first and whole layers last, so ``surgery.json`` records
 ``surgery.from_pretrained`` replays. The no-training tier then re-solves the output projections
 whose inputs were cut by least squares against the original
 (:func:`surgery.training.refit.refit_projections`), layers mapped through any dropped ones. On an
-ONNX Runtime target the candidate is exported as ``surgery export`` does (``onnxruntime-int8``: activations smoothed on the user's training batches, then
-dynamic int8), and it is judged on that graph: dev accuracy for the task objective, mean cosine and
-recall@10 of its sentence embeddings for the embedding objective, always against the original in
-PyTorch fp32.
+ONNX Runtime target the candidate is exported as ``surgery export`` does (``onnxruntime-int8``:
+activations smoothed on the user's training batches, then dynamic int8), and it is judged on that
+graph: dev accuracy for the task objective, mean cosine and recall@10 of its sentence embeddings
+for the embedding objective, always against the original in PyTorch fp32.
 """
 
 from __future__ import annotations
