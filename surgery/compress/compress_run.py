@@ -368,7 +368,7 @@ class _CandidateRun:
                               f"a candidate took {self.last_cost:.0f} s")
             return None
         started = time.perf_counter()
-        model, refitted = self.judge.build(removal, refit=refit)
+        model, refitted, build_notes = self.judge.build(removal, refit=refit)
         if removal.units() == 0 and self.runtime == "torch":  # the original itself: the reference's own figures
             figures = {**self.reference, "drop": 0.0}
         else:
@@ -378,7 +378,7 @@ class _CandidateRun:
         estimated = (path or self.plan.path).steps[path_step - 1].cumulative_loss if path_step else None
         result = result_of(name, origin, self.runtime, removal, self.plan.start, predicted=predicted,  # type: ignore[arg-type]
                            figures=figures, started=started, path_step=path_step, estimated_loss=estimated,
-                           tier="refit" if refitted is not None else "none")
+                           tier="refit" if refitted is not None else "none", notes=build_notes)
         if timed:
             self.time(result, model)
         result.seconds = round(time.perf_counter() - started, 3)

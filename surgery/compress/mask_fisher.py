@@ -117,10 +117,18 @@ def mask_fisher(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, objec
 
 
 @torch.no_grad()
-def _objective_value(model: nn.Module, batches: Sequence[Mapping[str, Any]], objective: ObjectiveName,
-                     pooled: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None,
-                     reference: list[torch.Tensor] | None) -> tuple[float, list[torch.Tensor]]:
-    """Mean task loss per example, or mean ``‖e − e_ref‖²``; also the pooled embeddings (for the reference)."""
+def objective_value(model: nn.Module, batches: Sequence[Mapping[str, Any]], objective: ObjectiveName,
+                    pooled: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None,
+                    reference: list[torch.Tensor] | None) -> tuple[float, list[torch.Tensor]]:
+    """Mean task loss per example, or mean ``‖e − e_ref‖²``; also the pooled embeddings (for the reference).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> spec = TinySpec("bert", task="seq-cls")
+        >>> batch = {**tiny_inputs(spec), "labels": torch.tensor([0, 1, 2])}
+        >>> objective_value(tiny_model(spec), [batch], "task", None, None)[0] > 0
+        True
+    """
     total, count, embeddings = 0.0, 0, []
     for n, batch in enumerate(batches_on(batches, model_device(model))):
         size = int(batch["input_ids"].shape[0])
@@ -158,7 +166,7 @@ def layer_removal_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], 
     adapter = adapter_for(model)
     layers = adapter.layers()
     try:
-        full, reference = _objective_value(model, batches, objective, pooled, None)
+        full, reference = objective_value(model, batches, objective, pooled, None)
         base = 0.0 if objective == "embedding" else full
         costs: dict[int, float] = {}
         for i in range(len(layers)):
@@ -169,7 +177,7 @@ def layer_removal_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], 
             removed = layers[i]
             del layers[i]
             try:
-                value, _ = _objective_value(model, batches, objective, pooled, reference)
+                value, _ = objective_value(model, batches, objective, pooled, reference)
             finally:
                 layers.insert(i, removed)
             costs[i] = max(value - base, 0.0)
