@@ -227,15 +227,19 @@ def digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
-def test_cli_compress_saves_the_model_and_its_report(cli_ws: dict[str, Path], tmp_path: Path,
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime-int8"])
+def test_cli_compress_saves_the_model_and_its_report(cli_ws: dict[str, Path], tmp_path: Path, runtime: str,
                                                      timed_by_tables: None) -> None:
+    if runtime != "torch":
+        pytest.importorskip("onnxruntime")
     out = tmp_path / "out"
     result = runner.invoke(app, ["compress", str(cli_ws["classifier"]), "--data", str(cli_ws["data"]),
-                                 "--speedup", "1.5", "--out", str(out)])
+                                 "--speedup", "1.5", "--runtime", runtime, "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "compress: candidates" in result.stderr and "winner:" in result.stdout
     report = json.loads((out / "compress.json").read_text())
-    assert report["winner"] and report["latency_table"]["runtime"] == "torch" and report["candidates"]
+    assert report["winner"] and report["latency_table"]["runtime"] == runtime and report["candidates"]
+    assert (out / "onnx" / "model.onnx").is_file() == (runtime != "torch")
     winner = next(c for c in report["candidates"] if c["name"] == report["winner"])
     reloaded = surgery.from_pretrained(out)
     kept = [LayerShape(**s) for s in winner["structure"] if s is not None]
