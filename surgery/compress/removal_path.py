@@ -153,6 +153,31 @@ class _Layer:
         width = self.shape.ffn_width - sum(len(g) for g in self.groups[: self.groups_gone])
         return LayerShape(self.shape.heads - self.heads_gone, width)
 
+    def can_cut(self, unit: str) -> bool:
+        """Whether a next head (one always stays) or neuron group is left to remove."""
+        if self.removed:
+            return False
+        return self.heads_gone < len(self.head_order) - 1 if unit == "head" else self.groups_gone < len(self.groups)
+
+    def next_cut(self, unit: str) -> tuple[float, LayerShape, LayerShape]:
+        """The cost of the next head or neuron group, the layer's shape now and without it."""
+        shape = self.now()
+        assert shape is not None
+        if unit == "head":
+            return self.head_cost[self.heads_gone], shape, LayerShape(shape.heads - 1, shape.ffn_width)
+        narrower = LayerShape(shape.heads, shape.ffn_width - len(self.groups[self.groups_gone]))
+        return self.group_cost[self.groups_gone], shape, narrower
+
+    def cut(self, unit: str) -> list[int]:
+        """Remove the next head or neuron group; the unit indices removed."""
+        loss = self.next_cut(unit)[0]
+        self.spent += loss
+        if unit == "head":
+            self.heads_gone += 1
+            return [self.head_order[self.heads_gone - 1]]
+        self.groups_gone += 1
+        return sorted(self.groups[self.groups_gone - 1])
+
 
 def _ascending(costs: torch.Tensor) -> tuple[list[int], list[float]]:
     order = sorted(range(len(costs)), key=lambda j: (float(costs[j]), j))  # ties: lower index first, repeatable
@@ -234,44 +259,18 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
                 best = (key, kind, where)
 
         kept = [i for i, s in enumerate(state) if s is not None and not s.removed]
-        for i in kept:
-            s = state[i]
-            assert s is not None
-            shape = s.now()
+        layer_states = [s for s in state if s is not None and not s.removed]
+        for i, s in zip(kept, layer_states, strict=True):
             if s.removable_cost is not None and len(kept) > 1:
-                offer("layer", [i], s.removable_cost - s.spent, table.saving_ms(shape, None))
-            if uniform:
-                continue
-            if s.heads_gone < len(s.head_order) - 1:
-                assert shape is not None
-                offer("head", [i], s.head_cost[s.heads_gone],
-                      table.saving_ms(shape, LayerShape(shape.heads - 1, shape.ffn_width)))
-            if s.groups_gone < len(s.groups):
-                assert shape is not None
-                width = shape.ffn_width - len(s.groups[s.groups_gone])
-                offer("neurons", [i], s.group_cost[s.groups_gone],
-                      table.saving_ms(shape, LayerShape(shape.heads, width)))
-        layer_states = [state[i] for i in kept]
-        if uniform and kept and all(s is not None and s.groups_gone < len(s.groups) for s in layer_states):
-            loss = saving = 0.0
-            for s in layer_states:
-                assert s is not None
-                shape = s.now()
-                assert shape is not None
-                loss += s.group_cost[s.groups_gone]
-                narrower = LayerShape(shape.heads, shape.ffn_width - len(s.groups[s.groups_gone]))
-                saving += table.saving_ms(shape, narrower)
-            offer("uniform-neurons", kept, loss, saving)
-        if uniform and not stock and kept and all(s is not None and s.heads_gone < len(s.head_order) - 1
-                                                  for s in layer_states):
-            loss = saving = 0.0
-            for s in layer_states:
-                assert s is not None
-                shape = s.now()
-                assert shape is not None
-                loss += s.head_cost[s.heads_gone]
-                saving += table.saving_ms(shape, LayerShape(shape.heads - 1, shape.ffn_width))
-            offer("uniform-heads", kept, loss, saving)
+                offer("layer", [i], s.removable_cost - s.spent, table.saving_ms(s.now(), None))
+            for unit, kind in (("head", "head"), ("neurons", "neurons")):
+                if not uniform and s.can_cut(unit):
+                    loss, shape, after = s.next_cut(unit)
+                    offer(kind, [i], loss, table.saving_ms(shape, after))
+        for unit, kind in (("neurons", "uniform-neurons"), ("head", "uniform-heads")):
+            if uniform and (unit == "neurons" or not stock) and kept and all(s.can_cut(unit) for s in layer_states):
+                cuts = [s.next_cut(unit) for s in layer_states]
+                offer(kind, kept, sum(c[0] for c in cuts), sum(table.saving_ms(c[1], c[2]) for c in cuts))
         if best is None:
             break
         _, kind, where = best
@@ -279,28 +278,17 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
         for i in where:
             s = state[i]
             assert s is not None
-            shape = s.now()
             if kind == "layer":
                 step_loss = (s.removable_cost or 0.0) - s.spent
-                saving += table.saving_ms(shape, None)
+                saving += table.saving_ms(s.now(), None)
                 s.removed = True
                 units.append([])
-            elif kind in ("head", "uniform-heads"):
-                step_loss += s.head_cost[s.heads_gone]
-                unit = s.head_order[s.heads_gone]
-                assert shape is not None
-                saving += table.saving_ms(shape, LayerShape(shape.heads - 1, shape.ffn_width))
-                s.heads_gone += 1
-                s.spent += s.head_cost[s.heads_gone - 1]
-                units.append([unit])
-            else:
-                group = s.groups[s.groups_gone]
-                step_loss += s.group_cost[s.groups_gone]
-                assert shape is not None
-                saving += table.saving_ms(shape, LayerShape(shape.heads, shape.ffn_width - len(group)))
-                s.spent += s.group_cost[s.groups_gone]
-                s.groups_gone += 1
-                units.append(sorted(group))
+                continue
+            unit = "head" if kind in ("head", "uniform-heads") else "neurons"
+            loss, shape, after = s.next_cut(unit)
+            step_loss += loss
+            saving += table.saving_ms(shape, after)
+            units.append(s.cut(unit))
         total += step_loss
         now = table.base_ms + sum(table.layer_ms(s.now()) for s in every)
         path.steps.append(PathStep(kind=kind, layers=where, units=units, loss=step_loss, saving_ms=saving,
