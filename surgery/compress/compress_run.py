@@ -317,11 +317,13 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
     was_training = model.training
     model.eval()
     try:
+        # The held-out data is checked before any work: without it no candidate can be judged.
+        dev, texts = _dev_source(data, eval_data, data_objective(data, objective),
+                                 batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH)))
         plan = plan_compress(model, data, target=target, runtime=runtime, against_runtime=against_runtime,
                              objective=objective, batch_size=batch_size, seq_len=seq_len, stock=stock,
                              latency=latency, threads=threads, progress=progress, clock=clock)
         source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=threads)
-        dev, texts = _dev_source(data, eval_data, plan.objective, plan.batch_size)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
             judge = Judge(original=model, objective=plan.objective, runtime=runtime, calibration=plan.calibration,
                           smoothing=plan.smoothing, workdir=Path(tmp), dev=dev, texts=texts,
