@@ -28,6 +28,7 @@ from surgery.compress.mask_fisher import UnitCosts, unit_costs
 from surgery.compress.removal_path import Removal, search_path
 from surgery.compress.structure import LayerShape, Structure
 from surgery.embedding import SentenceConfig, load_text_data
+from surgery.errors import DataError
 from surgery.testing import FAMILIES, TinySpec, shape_latency_table, tiny_model, tiny_task_data
 from tests.test_cli import labelled_rows, tiny_tokenizer, write_rows
 from tests.test_embedding import st_dir
@@ -295,3 +296,15 @@ def test_cli_bad_input_exits_2_in_one_line_before_loading(cli_ws: dict[str, Path
     missing = runner.invoke(app, ["compress", str(tmp_path / "nope"), "--data", data, "--speedup", "2", "--out", out])
     assert missing.exit_code == 2 and missing.stderr.startswith("error: ")
     assert not (tmp_path / "o").exists()
+
+
+def test_missing_held_out_data_fails_before_any_work() -> None:
+    class NoTiming:
+        def table(self, model: torch.nn.Module, runtime: str) -> Any:
+            raise AssertionError("measured before checking the data")
+
+    data = tiny_task_data()
+    data.eval = None
+    with pytest.raises(DataError, match="no held-out data"):
+        compress(tiny_model(TinySpec("bert", task="seq-cls")), data, target=SpeedupTarget(speedup=2),
+                 latency=NoTiming())  # type: ignore[arg-type]
