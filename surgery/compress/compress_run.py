@@ -339,6 +339,24 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
     return CompressResult(final_model, report, plan.smoothing)
 
 
+def meets(result: CandidateResult, goal: float) -> bool:
+    """Whether ``result`` measured ``goal`` times faster: its median ratio, or ``goal`` within its 95% interval
+    (timing noise must not pass over a candidate that is as fast as asked).
+
+    Example:
+        >>> from surgery.compress.candidates import CandidateResult, Removal
+        >>> r = CandidateResult(name="a", origin="path", runtime="torch", structure=[], removal=Removal(),
+        ...                     predicted_speedup=2.0, measured_speedup=1.99, speedup_interval=[1.95, 2.03], drop=1.0)
+        >>> meets(r, 2.0), meets(r.model_copy(update={"speedup_interval": None}), 2.0)
+        (True, False)
+    """
+    measured = result.measured_speedup
+    if measured is None:
+        return False
+    interval = result.speedup_interval
+    return measured >= goal or (interval is not None and interval[0] <= goal <= interval[1])
+
+
 def _steps(path: RemovalPath) -> list[dict[str, Any]]:
     """A path as the report lists it: one entry per removal."""
     return [{"kind": s.kind, "layers": s.layers, "units": sum(map(len, s.units)) or None,
@@ -494,11 +512,14 @@ class _CandidateRun:
         metric = "accuracy" if self.plan.objective == "task" else "fidelity (mean cosine)"
         if isinstance(self.target, SpeedupTarget):
             goal = self.target.speedup
-            met = [r for r in timed if r.measured_speedup >= goal]  # type: ignore[operator]
+            met = [r for r in timed if meets(r, goal)]
             if met:
                 winner = min(met, key=lambda r: (r.drop, -(r.measured_speedup or 0)))
                 why = (f"the smallest {metric} drop ({winner.drop:.2f} points) among the {len(met)} candidate(s) "
                        f"measured at least {goal:g}x faster")
+                if (winner.measured_speedup or 0) < goal:
+                    why += (f" (its {winner.measured_speedup:.3f}x is below {goal:g}x, but {goal:g}x is within the "
+                            "95% interval of its measurement)")
             else:
                 winner = max(timed, key=lambda r: (r.measured_speedup or 0, -r.drop))
                 why = f"no candidate measured {goal:g}x faster; the fastest measured ({winner.measured_speedup:.2f}x)"
