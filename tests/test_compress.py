@@ -190,18 +190,6 @@ def test_the_budget_bounds_the_candidates_and_the_training() -> None:
     assert roomy.seconds <= 120.0
 
 
-def test_int8_candidates_are_judged_on_the_int8_graph() -> None:
-    pytest.importorskip("onnxruntime")
-    model = tiny_model(TinySpec("bert", task="seq-cls", layers=2))
-    report = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=3.0), runtime="onnxruntime-int8",
-                      latency=tables_for(model)).report
-    unchanged = next(c for c in report.candidates if c.origin == "unchanged")
-    assert unchanged.runtime == "onnxruntime-int8" and unchanged.measured_speedup == pytest.approx(2.5)
-    assert report.unchanged_speedup == pytest.approx(2.5)
-    winner = report.winner_result()
-    assert winner is not None and winner.measured_speedup >= 3.0
-
-
 # -- the command line ----------------------------------------------------------------------------
 @pytest.fixture()
 def timed_by_tables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,6 +229,10 @@ def test_cli_compress_saves_the_model_and_its_report(cli_ws: dict[str, Path], tm
     report = json.loads((out / "compress.json").read_text())
     assert report["winner"] and report["latency_table"]["runtime"] == runtime and report["candidates"]
     assert (out / "onnx" / "model.onnx").is_file() == (runtime != "torch")
+    if runtime == "onnxruntime-int8":  # the int8 tables run at 40% of fp32: the unchanged model alone is 2.5x
+        unchanged = next(c for c in report["candidates"] if c["origin"] == "unchanged")
+        assert unchanged["runtime"] == runtime and unchanged["measured_speedup"] == pytest.approx(2.5)
+        assert report["unchanged_speedup"] == pytest.approx(2.5) and unchanged["accuracy"] is not None
     winner = next(c for c in report["candidates"] if c["name"] == report["winner"])
     reloaded = surgery.from_pretrained(out)
     kept = [LayerShape(**s) for s in winner["structure"] if s is not None]
