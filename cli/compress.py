@@ -226,8 +226,11 @@ def compress_command(
     if stock:
         from surgery.compress.stock_export import save_stock
 
-        saved = save_stock(result.model, out_dir)
-        extra(Path(saved) if saved is not None else out_dir)
+        # The plain Hugging Face directory comes from stock_export; the tokenizer and the reports join it.
+        saved = Path(save_stock(result.model, out_dir) or out_dir)
+        if inputs.tokenizer is not None:
+            inputs.tokenizer.save_pretrained(saved)
+        extra(saved)
     else:
         import surgery
 
