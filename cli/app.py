@@ -1,4 +1,4 @@
-"""The ``surgery`` command: ``strategies``, ``inspect``, ``apply``, ``bench``, ``export``, ``plot``, plugin commands.
+"""The ``surgery`` command: ``strategies``, ``inspect``, ``apply``, ``compress``, ``bench``, ``export``, ``plot``.
 
 Commands of one method, such as ``experts`` (strategies/doe/experts_command.py), register through the entry-point group
 ``surgery.commands`` (:mod:`surgery.cli.plugins`), as a third-party package's commands do.
@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 import surgery
 from surgery.cli import render
+from surgery.cli.compress import compress_command
 from surgery.cli.console import CliState, note, stderr, stdout
 from surgery.cli.export_command import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
 from surgery.cli.inputs import read_model_config, strategy_settings
@@ -237,6 +238,7 @@ app = typer.Typer(
 
 app.command("export")(export_command)
 app.command("plot")(plot_command)
+app.command("compress")(compress_command)
 
 
 @app.callback()

@@ -50,6 +50,9 @@ _LAZY = {
     "LayerChange": "surgery.core.report", "ModelAnatomy": "surgery.core.report", "ParamCount": "surgery.core.report",
     "SurgeryReport": "surgery.core.report", "Plan": "surgery.core.strategy", "Strategy": "surgery.core.strategy",
     "StrategyConfig": "surgery.core.strategy", "strategies": "surgery.strategies",
+    # the package is callable: surgery.compress(model, data, target=...) (surgery/compress/__init__.py)
+    "compress": "surgery.compress", "SpeedupTarget": "surgery.compress.compress_report",
+    "DropTarget": "surgery.compress.compress_report",
     # needs the optional onnx extra only when called
     "export_onnx": "surgery.deploy",
     # needs the optional embeddings extra (sentence-transformers) only when called
@@ -80,6 +83,7 @@ __all__ = [
     "UnsupportedModelError",
     "adapter_for",
     "apply_plan",
+    "compress",
     "convert",
     "count_params",
     "from_pretrained",
@@ -97,7 +101,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'surgery' has no attribute {name!r}")
-    value = import_module(module) if name == "strategies" else getattr(import_module(module), name)
+    value = import_module(module) if name in ("strategies", "compress") else getattr(import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

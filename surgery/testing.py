@@ -145,3 +145,45 @@ def removal_maps(spec: TinySpec, units: int, *, keep_one: bool = True) -> Any:
     per_layer = st.lists(st.integers(0, units - 1), unique=True, max_size=units - 1 if keep_one else units)
     maps = st.fixed_dictionaries({layer: per_layer.map(sorted) for layer in range(spec.layers)})
     return maps.map(lambda m: dict(sorted(m.items())))  # layers in order, as a plan lists them
+
+
+def tiny_task_data(n: int = 48, *, seed: int = 0, batch_size: int = 8) -> Any:
+    """Labelled TaskData of ``n`` random token sequences (3 labels by a rule on the first tokens), half held out.
+
+    Example:
+        >>> data = tiny_task_data(16)
+        >>> data.num_labels, len(data.train), len(data.eval)
+        (3, 16, 8)
+    """
+    import datasets
+
+    from surgery.data import TaskData
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = [[2, *torch.randint(5, VOCAB, (4 + i % 5,), generator=gen).tolist(), 3] for i in range(n)]
+    labels = [(row[1] + row[2]) % 3 for row in ids]
+    train = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+    held = datasets.Dataset.from_dict({"input_ids": ids[: n // 2], "labels": labels[: n // 2]})
+    return TaskData(train, held, ["a", "b", "c"], batch_size=batch_size)
+
+
+def shape_latency_table(model: nn.Module, runtime: str = "torch", *, scale: float = 1.0) -> Any:
+    """A :class:`~surgery.compress.latency_table.LatencyTable` whose times follow the model's shape.
+
+    A fixed part, a cost per kept layer, one per head and one per FFN neuron (times ``scale``): the
+    shape of a measured table without this machine's timing noise, for tests of the search.
+
+    Example:
+        >>> table = shape_latency_table(tiny_model(TinySpec("bert")))
+        >>> table.attention_ms[4], round(table.ffn_ms[37], 2)
+        (2.4, 2.96)
+    """
+    from surgery.compress.latency_table import LatencyTable
+    from surgery.compress.structure import Structure
+
+    kept = Structure.from_model(model).kept
+    heads, width = max(s.heads for s in kept), max(s.ffn_width for s in kept)
+    return LatencyTable(runtime=runtime, batch_size=4, seq_len=8, model_key=f"shape-{heads}-{width}",
+                        base_ms=0.5 * scale, overhead_ms=0.3 * scale,
+                        attention_ms={h: 0.6 * h * scale for h in range(1, heads + 1)},
+                        ffn_ms={w: 0.08 * w * scale for w in range(1, width + 1)})

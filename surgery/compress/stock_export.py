@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +180,8 @@ def _sentence_files(model: nn.Module, sentence_config: Any) -> Any:
 
 
 def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: bool = False,
-               tokenizer: Any = None, sentence_config: Any = None) -> Path:
+               tokenizer: Any = None, sentence_config: Any = None,
+               extra: Callable[[Path], None] | None = None) -> Path:
     """Write ``model`` as a plain Hugging Face directory that ``AutoModel.from_pretrained`` loads without surgery.
 
     Args:
@@ -192,6 +194,8 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
             from, if it has one.
         sentence_config: a :class:`~surgery.embedding.SentenceConfig` to write sentence-transformers'
             module files for; default: the source directory's, if it defines sentence embeddings.
+        extra: writes further files (reports) into the directory before it is renamed into place,
+            so they land with the weights or not at all, as with ``save_pretrained``.
 
     Example:
         >>> import tempfile
@@ -230,4 +234,6 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
             from surgery.embedding.pooling import write_sentence_transformers_files
 
             write_sentence_transformers_files(sentence, tmp, adapter_for(model).hidden_size, source=source)
+        if extra is not None:
+            extra(tmp)
     return out

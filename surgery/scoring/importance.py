@@ -8,7 +8,11 @@ it, captured with forward pre-hooks and one backward pass per batch:
 * ``gradient``: mean over tokens of ``|g_j|``;
 * ``attribution``: mean over tokens of ``|h_j * g_j|`` (DoE, Yang et al. 2025, eq. 2-3);
 * ``gate``: ``|sum over tokens and the group's features of h * g|``, the derivative of the
-  objective with respect to a multiplicative gate on the whole group (Michel et al. 2019).
+  objective with respect to a multiplicative gate on the whole group (Michel et al. 2019);
+* ``fisher``: the square of that derivative per instance, summed: the diagonal of the empirical
+  Fisher of a mask on the group (Kwon et al. 2022). It needs an objective that sums per-instance
+  terms (per-instance gradients are then read off one backward pass; a batch-mean loss would
+  scale them by ``1/batch``).
 
 Scores are summed over instances; features are grouped (``group_size = head_dim`` for heads).
 """
@@ -23,7 +27,7 @@ from torch import nn
 
 from surgery.core.errors import DataError
 
-ScoreKind = Literal["activation", "gradient", "attribution", "gate"]
+ScoreKind = Literal["activation", "gradient", "attribution", "gate", "fisher"]
 Objective = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
 #: How to run the model on a batch (default ``model(**batch)``), and which tokens to average over.
 Forward = Callable[[nn.Module, Mapping[str, torch.Tensor]], Any]
@@ -81,7 +85,7 @@ def linear_input_scores(
     data: Iterable[Mapping[str, Any]],
     *,
     kind: ScoreKind,
-    group_size: int = 1,
+    group_size: int | Mapping[Any, int] = 1,
     objective: Objective = loss_objective,
     max_batches: int | None = None,
     forward: Forward | None = None,
@@ -90,7 +94,8 @@ def linear_input_scores(
 ) -> dict[Any, torch.Tensor]:
     """Score the input features of each Linear in ``linears`` (keyed by layer) over ``data``.
 
-    Returns, per key, a float tensor of ``in_features // group_size`` scores (higher = more important).
+    Returns, per key, a float tensor of ``in_features // group_size`` scores (higher = more important);
+    ``group_size`` may be one size for every key or a size per key (heads and neurons in one pass).
     With ``side="output"`` the Linear's output features are scored instead (forward hooks on its
     output; used for output rows that feed the residual stream or the attention product).
     ``token_mask(batch)`` gives the ``[B, T]`` mask of the tokens to average over when the model
@@ -138,7 +143,8 @@ def linear_input_scores(
         else:
             hooks.append(linear.register_forward_pre_hook(make_hook(key)))
     width = {key: lin.out_features if side == "output" else lin.in_features for key, lin in linears.items()}
-    totals = {key: torch.zeros(width[key] // group_size, dtype=torch.float64) for key in linears}
+    groups = {key: group_size[key] if isinstance(group_size, Mapping) else group_size for key in linears}
+    totals = {key: torch.zeros(width[key] // groups[key], dtype=torch.float64) for key in linears}
     was_training = model.training
     model.eval()
     run = forward or (lambda m, b: m(**b))
@@ -160,13 +166,14 @@ def linear_input_scores(
                 tok = (mask if mask is not None and mask.shape == h.shape[:2] else torch.ones(h.shape[:2]))
                 tok = tok.to(h.device).double().unsqueeze(-1)  # [B, T, 1]
                 count = tok.sum(dim=1).clamp_min(1)  # [B, 1]
-                if kind == "gate":
-                    per = (h * g * tok).sum(dim=1)  # [B, F]
-                    per = per.view(per.shape[0], -1, group_size).sum(-1).abs()
+                if kind in ("gate", "fisher"):
+                    per = (h * g * tok).sum(dim=1)  # [B, F]: d objective / d gate, per instance
+                    per = per.view(per.shape[0], -1, groups[key]).sum(-1)
+                    per = per.abs() if kind == "gate" else per.square()
                 else:
                     value = {"activation": h.abs(), "gradient": g.abs(), "attribution": (h * g).abs()}[kind]
                     per = (value * tok).sum(dim=1) / count
-                    per = per.view(per.shape[0], -1, group_size).sum(-1)
+                    per = per.view(per.shape[0], -1, groups[key]).sum(-1)
                 totals[key] += per.sum(0).cpu()
             seen += 1
     finally:

@@ -1,0 +1,244 @@
+"""``surgery compress``: a model N times faster on this machine and runtime, at the smallest loss, in one command.
+
+The command checks its cheap inputs (paths, target, runtime, budget) first, loads the model and
+data the way ``apply`` does (:func:`surgery.cli.prepare.prepare_inputs`, objective detected the same
+way), runs :func:`surgery.compress` and saves into OUT, in one atomic save: the model as every
+surgery model (plus its ONNX graph under ``OUT/onnx`` for an ONNX Runtime target), ``compress.json``
+(the report) and ``pareto.png`` (when matplotlib is installed). ``--dry-run`` prints the latency
+prediction and the structure it would cut, and writes nothing. With ``--strict`` a missed target or
+a drop beyond ``--max-drop`` exits 3.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from surgery.cli.console import CliState, note, stderr, stdout
+from surgery.cli.inputs import model_paths
+from surgery.cli.options import EvalData, LabelColumn, MaxLength, MaxTrain, Overwrite, Seed, TextColumn, TextPairColumn
+from surgery.core.errors import ConfigError
+
+EXIT_STRICT = 3
+RUNTIME_CHOICES = ("torch", "onnxruntime", "onnxruntime-int8")
+REPORT_NAME = "compress.json"
+PARETO_NAME = "pareto.png"
+ONNX_DIR = "onnx"
+
+
+class CompressObjectives:
+    """What :func:`~surgery.cli.prepare.prepare_inputs` asks of a method to choose the objective: both work here."""
+
+    name = "compress"
+    objectives = ("task", "embedding")
+
+
+def check_target(speedup: float | None, max_drop: float | None) -> Any:
+    """The target the flags ask for, or a one-line ConfigError.
+
+    Example:
+        >>> check_target(2.0, None).describe(), check_target(None, 1.0).describe()
+        ('--speedup 2', '--max-drop 1')
+        >>> check_target(3.0, 0.5).describe()
+        '--speedup 3 --max-drop 0.5'
+    """
+    from surgery.compress.compress_report import DropTarget, SpeedupTarget
+
+    if speedup is None and max_drop is None:
+        raise ConfigError("give a target: --speedup X (times faster than the original) or --max-drop P (points of "
+                          "accuracy or fidelity it may lose)")
+    if speedup is not None and not speedup > 1.0:
+        raise ConfigError(f"--speedup must be more than 1 (times faster than the original), got {speedup:g}")
+    if speedup is not None:
+        return SpeedupTarget(speedup=speedup, max_drop=max_drop)
+    return DropTarget(max_drop=max_drop)
+
+
+def check_runtime(name: str, flag: str) -> str:
+    """``name`` if it is a runtime compress knows, else a one-line ConfigError naming ``flag``."""
+    if name not in RUNTIME_CHOICES:
+        raise ConfigError(f"{flag} {name!r}: choose one of {', '.join(RUNTIME_CHOICES)}")
+    return name
+
+
+def pareto_points(report: Any) -> list[dict[str, Any]]:
+    """One plot point per timed candidate: measured speedup against % of the original's accuracy or fidelity.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> c = NS(name="path-3", origin="path", tier="refit", measured_speedup=2.0, accuracy=0.8, mean_cosine=None)
+        >>> pareto_points(NS(candidates=[c], winner="path-3", original={"accuracy": 0.9}, objective="task"))
+        [{'label': 'path (refit)', 'group': 'winner', 'speedup': 2.0, 'retained': 88.88888888888889}]
+    """
+    points = []
+    for c in report.candidates:
+        if c.measured_speedup is None:
+            continue
+        if report.objective == "task":
+            ref = report.original.get("accuracy")
+            if not ref or c.accuracy is None:
+                continue
+            retained = 100.0 * c.accuracy / ref
+        else:
+            if c.mean_cosine is None:
+                continue
+            retained = 100.0 * c.mean_cosine
+        points.append({"label": f"{c.origin} ({c.tier})", "group": "winner" if c.name == report.winner else "tried",
+                       "speedup": c.measured_speedup, "retained": retained})
+    return points
+
+
+def write_outputs(directory: Path, result: Any, *, tokenizer: Any, runtime: str, calibration: Any,
+                  objective: str) -> list[str]:
+    """Write the report, the Pareto plot and (ONNX runtimes) the graph into ``directory``; notes of what was skipped."""
+    from surgery.cli.plot import write_pareto
+
+    skipped = []
+    report = result.report
+    if runtime != "torch":
+        from surgery.deploy.export import export_onnx
+
+        int8 = runtime == "onnxruntime-int8"
+        export_onnx(result.model, directory / ONNX_DIR, tokenizer=tokenizer, int8=int8,
+                    task="base" if objective == "embedding" else "auto", calibration=calibration if int8 else None)
+    points = pareto_points(report)
+    if importlib.util.find_spec("matplotlib") is None:
+        skipped.append(f"{PARETO_NAME} not written: matplotlib is not installed (pip install "
+                       "'encoder-surgery[plot]')")
+    elif points:
+        write_pareto(points, directory / PARETO_NAME, title=f"compress {report.target} ({report.runtime})",
+                     xlabel=f"measured speedup (x, against {report.reference})",
+                     ylabel="accuracy retained (%)" if objective == "task" else "mean cosine to the original (%)")
+    report.notes.extend(skipped)
+    (directory / REPORT_NAME).write_text(report.model_dump_json(indent=2) + "\n")
+    return skipped
+
+
+def summary_lines(report: Any) -> list[str]:
+    """The lines printed after a run: one per candidate, then the winner and why."""
+    lines = []
+    for c in report.candidates:
+        figure = f"acc {c.accuracy:.4f}" if c.accuracy is not None else (
+            f"cos {c.mean_cosine:.4f} r@10 {c.recall_at_10:.3f}" if c.mean_cosine is not None else "-")
+        measured = "-" if c.measured_speedup is None else f"{c.measured_speedup:.2f}x"
+        lines.append(f"{'*' if c.name == report.winner else ' '} {c.name:<28} predicted {c.predicted_speedup:.2f}x  "
+                     f"measured {measured:>6}  {figure}  drop {c.drop:.2f}  {c.tier}  {c.seconds:.0f}s")
+    lines.append(f"winner: {report.winner} ({report.why}); against {report.reference}")
+    return lines
+
+
+def compress_command(
+    ctx: typer.Context,
+    model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
+    data: Annotated[str, typer.Option("--data", help="Training data: labelled for the task objective, any text for "
+                                      "the embedding objective (.csv/.tsv/.json/.jsonl/.parquet/.txt).")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Directory to save the compressed model to (new "
+                                             "or empty). Required unless --dry-run.")] = None,
+    speedup: Annotated[float | None, typer.Option("--speedup", help="Times faster than the original (measured on "
+                                                  "this machine); the most accurate candidate that is wins.")] = None,
+    max_drop: Annotated[float | None, typer.Option("--max-drop", min=0.0, help="Points of dev accuracy (or of "
+                                                   "100 x mean cosine) it may lose; alone: the fastest within "
+                                                   "them wins; with --speedup: the guard.")] = None,
+    runtime: Annotated[str, typer.Option("--runtime", help="Where the model will run: torch, onnxruntime or "
+                                         "onnxruntime-int8.")] = "torch",
+    against_runtime: Annotated[str, typer.Option("--against-runtime", help="What speedups are against: the original "
+                                                 "on this runtime.")] = "torch",
+    budget: Annotated[float | None, typer.Option("--budget", help="Wall-clock minutes for the whole job; "
+                                                 "distillation from the original runs when whole epochs fit. "
+                                                 "Default: no training (least-squares refit only).")] = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="task or embedding (default: detected as "
+                                                  "`apply` does).")] = None,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size to time (default: the data "
+                                              "loaders').")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence to time (default: "
+                                                "the data's padded length).")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="CPU threads to time with.")] = None,
+    eval_data: EvalData = None,
+    text_column: TextColumn = "text",
+    text_pair_column: TextPairColumn = None,
+    label_column: LabelColumn = "label",
+    max_length: MaxLength = 64,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Batch size of the data loaders.")] = 32,
+    seed: Seed = 0,
+    max_train: MaxTrain = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the latency prediction and the structure it would "
+                                          "cut; train and write nothing.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 when the target is missed or the drop exceeds "
+                                         "--max-drop.")] = False,
+    stock: Annotated[bool, typer.Option("--stock", help="Keep to what a stock transformers config can say (uniform "
+                                        "FFN width, whole layers) and write a plain Hugging Face directory.")] = False,
+    overwrite: Overwrite = False,
+) -> None:
+    """Make a model N times faster on this machine and runtime (--speedup) or as fast as a loss allows (--max-drop)."""
+    # Cheap checks first: a typo fails in a second, before anything is loaded, and nothing is written.
+    target = check_target(speedup, max_drop)
+    check_runtime(runtime, "--runtime")
+    check_runtime(against_runtime, "--against-runtime")
+    if budget is not None and not budget > 0:
+        raise ConfigError(f"--budget must be a positive number of minutes, got {budget:g}")
+    if objective is not None and objective not in ("task", "embedding"):
+        raise ConfigError(f"--objective {objective!r}: choose task or embedding")
+    if out is None and not dry_run:
+        raise ConfigError("--out is required: the directory to save the compressed model to (or pass --dry-run)")
+    source, out_dir = model_paths(model_dir, None if dry_run else out, overwrite=overwrite)
+    if "onnxruntime" in (runtime, against_runtime):
+        from surgery.deploy.runtime import require_onnx
+
+        require_onnx(f"--runtime {runtime}")
+    if stock and not dry_run and importlib.util.find_spec("surgery.compress.stock_export") is None:
+        raise ConfigError("--stock needs surgery.compress.stock_export, which this installation lacks; upgrade "
+                          "encoder-surgery or leave out --stock")
+    from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
+
+    options = DataOptions(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
+                          max_length=max_length, batch_size=batch_size, seed=seed, max_train=max_train)
+    inputs = prepare_inputs(ctx.ensure_object(CliState), source, {"data": DataFiles(data, eval_data)}, options,
+                            required_by="--data", strategy=CompressObjectives, requested_objective=objective)
+    task_data = inputs.data["data"]
+    from surgery.cli import render
+    from surgery.compress.compress_run import compress, plan_compress
+
+    settings: dict[str, Any] = dict(target=target, runtime=runtime, against_runtime=against_runtime,
+                                    objective=inputs.objective.name if inputs.objective else None, batch_size=batch,
+                                    seq_len=seq_len, stock=stock, threads=threads)
+    with render.ProgressDisplay(stderr()) as progress:
+        if out_dir is None:  # --dry-run
+            plan = plan_compress(inputs.model, task_data, progress=progress, **settings)
+            typer.echo(json.dumps(plan.preview(target), indent=2))
+            return
+        result = compress(inputs.model, task_data, budget_minutes=budget, progress=progress, seed=seed, **settings)
+    report = result.report
+    calibration = result.calibration
+    sentence = inputs.objective.sentence if inputs.objective is not None else None
+
+    def extra(directory: Path) -> None:
+        from surgery.embedding.pooling import write_sentence_config
+
+        if sentence is not None:
+            write_sentence_config(sentence, directory)
+        write_outputs(directory, result, tokenizer=inputs.tokenizer, runtime=runtime, calibration=calibration,
+                      objective=report.objective)  # what it skips joins the report's notes, printed below
+
+    if stock:
+        from surgery.compress.stock_export import save_stock
+
+        # A plain Hugging Face directory; the tokenizer and the reports land with it in one atomic save.
+        saved = save_stock(result.model, out_dir, overwrite=overwrite, tokenizer=inputs.tokenizer, extra=extra)
+    else:
+        import surgery
+
+        saved = surgery.save_pretrained(result.model, out_dir, tokenizer=inputs.tokenizer, overwrite=overwrite,
+                                        extra=extra)
+    for line in summary_lines(report):
+        stdout().print(line, markup=False, highlight=False)
+    stdout().print(f"saved to {saved}", markup=False, highlight=False)
+    for line in report.notes:
+        note(line)
+    if report.warnings:
+        typer.echo(f"warning: {'; '.join(report.warnings)}", err=True)
+        if strict:
+            raise typer.Exit(EXIT_STRICT)

@@ -1,0 +1,112 @@
+"""What ``surgery compress`` aims at and what it reports: targets, the report, the result.
+
+The report (written as ``compress.json``) lists every candidate tried with its structure, predicted
+and measured speedup, dev accuracy or fidelity and time spent; names the reference every figure is
+against (the original model, PyTorch fp32, unless told otherwise); says why the winner won; and
+carries the machine, the latency table and the search path, so a run can be checked afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from surgery.compress.candidates import CandidateResult
+
+
+class SpeedupTarget(BaseModel):
+    """Be at least ``speedup`` times faster than the original; the most accurate candidate that is wins.
+
+    ``max_drop`` (points) is the guard: a winner that loses more is returned with a warning.
+
+    Example:
+        >>> SpeedupTarget(speedup=2.0).describe()
+        '--speedup 2'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    speedup: float = Field(gt=1.0, description="measured speedup to reach, against the reference runtime")
+    max_drop: float | None = Field(default=None, ge=0.0, description="points of accuracy/fidelity it may lose")
+
+    def describe(self) -> str:
+        text = f"--speedup {self.speedup:g}"
+        return text if self.max_drop is None else f"{text} --max-drop {self.max_drop:g}"
+
+
+class DropTarget(BaseModel):
+    """Lose at most ``max_drop`` points of dev accuracy (or of fidelity); the fastest candidate that does wins.
+
+    Example:
+        >>> DropTarget(max_drop=1.0).describe()
+        '--max-drop 1'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_drop: float = Field(ge=0.0, description="points of accuracy (or 100 x mean-cosine fidelity) it may lose")
+
+    def describe(self) -> str:
+        return f"--max-drop {self.max_drop:g}"
+
+
+Target = SpeedupTarget | DropTarget
+
+
+class CompressReport(BaseModel):
+    """Everything one ``compress`` run did, decided and measured (``compress.json``)."""
+
+    target: str
+    runtime: str
+    against_runtime: str
+    objective: str
+    reference: str = Field(description="what every accuracy, fidelity and speedup is measured against")
+    metric: str
+    original: dict[str, float] = Field(default_factory=dict, description="the reference's own dev figures")
+    batch_size: int
+    seq_len: int
+    threads: int | None = None
+    stock: bool = False
+    budget_minutes: float | None = None
+    machine: dict[str, Any] = Field(default_factory=dict)
+    latency_table: dict[str, Any] = Field(default_factory=dict)
+    unchanged_speedup: float = Field(default=1.0, description="the original on the runtime against the reference")
+    importance: dict[str, Any] = Field(default_factory=dict)
+    path: list[dict[str, Any]] = Field(default_factory=list, description="the search: one entry per removal")
+    units_path: list[dict[str, Any]] = Field(default_factory=list, description="the search over heads and neurons "
+                                             "only (none with --stock)")
+    uniform_path: list[dict[str, Any]] = Field(default_factory=list, description="the search with every layer cut "
+                                               "alike (none with --stock)")
+    candidates: list[CandidateResult] = Field(default_factory=list)
+    winner: str | None = None
+    why: str = ""
+    training: dict[str, Any] | None = None
+    phases: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
+    seconds: float = 0.0
+    warnings: list[str] = Field(default_factory=list, description="the target or the guard missed")
+    notes: list[str] = Field(default_factory=list)
+
+    def winner_result(self) -> CandidateResult | None:
+        return next((c for c in self.candidates if c.name == self.winner), None)
+
+
+class CompressResult:
+    """What :func:`surgery.compress` returns: the chosen model (PyTorch), the report, every candidate.
+
+    ``calibration`` holds the training batches the run smoothed int8 activations on, so an int8
+    export of the model is smoothed as the run judged it.
+    """
+
+    def __init__(self, model: nn.Module, report: CompressReport, calibration: list[Any] | None = None) -> None:
+        self.model = model
+        self.report = report
+        self.calibration = calibration or []
+
+    @property
+    def candidates(self) -> list[CandidateResult]:
+        return self.report.candidates
+
+    def __iter__(self) -> Any:  # model, report, candidates = surgery.compress(...)
+        return iter((self.model, self.report, self.candidates))

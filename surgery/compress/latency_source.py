@@ -1,0 +1,98 @@
+"""Where compression gets its times: measured on this machine, or predicted from a table already in hand.
+
+``MeasuredLatency`` measures the latency table and the side-by-side speedups on the target runtime
+(:mod:`surgery.compress.latency_measure`). ``TableLatency`` answers both from given tables: every
+speedup is the table's prediction, so it fits planning on a table measured elsewhere and tests that
+must not depend on this machine's timing noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import nn
+
+from surgery.compress.latency_table import LatencyTable
+from surgery.compress.structure import Structure
+from surgery.core.errors import ConfigError
+
+
+class LatencySource(Protocol):
+    """What compression asks about time: a model's latency table, and a measured speedup."""
+
+    def table(self, model: nn.Module, runtime: str) -> LatencyTable: ...
+
+    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str,
+                reference_runtime: str) -> tuple[float, list[float] | None]: ...
+
+
+@dataclass
+class MeasuredLatency:
+    """Times measured on this machine at one batch shape (tables cached under ``cache_dir``).
+
+    Example:
+        >>> MeasuredLatency(batch_size=8, seq_len=64).repeats
+        20
+    """
+
+    batch_size: int
+    seq_len: int
+    threads: int | None = None
+    cache_dir: Path | None = None
+    repeats: int = 20
+
+    def table(self, model: nn.Module, runtime: str) -> LatencyTable:
+        from surgery.compress.latency_measure import measure_latency_table
+
+        return measure_latency_table(model, runtime=runtime, batch_size=self.batch_size, seq_len=self.seq_len,
+                                     threads=self.threads, cache_dir=self.cache_dir)
+
+    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str,
+                reference_runtime: str) -> tuple[float, list[float] | None]:
+        from surgery.compress.latency_measure import measured_speedup
+
+        value, interval = measured_speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime,
+                                           batch_size=self.batch_size, seq_len=self.seq_len, threads=self.threads,
+                                           repeats=self.repeats)
+        return float(value), _bounds(interval)
+
+
+def _bounds(interval: Any) -> list[float] | None:
+    """An interval as ``[low, high]`` whatever its form (a pydantic Interval, a pair, None)."""
+    if interval is None:
+        return None
+    if hasattr(interval, "low") and hasattr(interval, "high"):
+        return [float(interval.low), float(interval.high)]
+    low, high = interval
+    return [float(low), float(high)]
+
+
+@dataclass
+class TableLatency:
+    """Latency from tables given per runtime: speedups are the tables' predictions, nothing is timed.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> table = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="tiny", base_ms=1.0,
+        ...                      overhead_ms=0.5, attention_ms={4: 2.0}, ffn_ms={37: 2.0})
+        >>> source = TableLatency({"torch": table})
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> source.speedup(model, model, runtime="torch", reference_runtime="torch")
+        (1.0, None)
+    """
+
+    tables: Mapping[str, LatencyTable]
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def table(self, model: nn.Module, runtime: str) -> LatencyTable:
+        if runtime not in self.tables:
+            raise ConfigError(f"compress: no latency table for runtime {runtime!r}; have {sorted(self.tables)}")
+        return self.tables[runtime]
+
+    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str,
+                reference_runtime: str) -> tuple[float, list[float] | None]:
+        reference = self.table(original, reference_runtime).predict_ms(Structure.from_model(original))
+        return reference / self.table(candidate, runtime).predict_ms(Structure.from_model(candidate)), None

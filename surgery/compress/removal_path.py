@@ -1,0 +1,307 @@
+"""The search: remove, one at a time, the structure that costs the least objective per millisecond saved.
+
+ZipLM (Kurtic et al., NeurIPS 2023) removes at each step the structure with the worst trade-off of
+loss against saved runtime, timed on the target device; Kwon et al. (NeurIPS 2022) rank heads and
+neurons by their mask Fisher under a latency table. This search does both with surgery's pieces:
+starting from the full model, the candidates at each step are, per kept layer, its next head (the
+least costly left), its next group of FFN neurons (``width / groups`` neurons, least costly first)
+and the whole layer. The one with the smallest ``estimated loss increase / LatencyTable.saving_ms``
+goes; the step, its estimated cumulative loss and the predicted time are recorded, so one run gives
+every speed point up to the last, nested (a faster point removes a superset of a slower one's units).
+
+The cost of a layer already thinned is what removing it adds: its measured removal cost minus the
+costs of the units already taken from it (an additive model of the loss, as the diagonal Fisher is).
+
+``uniform`` keeps every kept layer at the same shape: a step removes the next head, or the next
+group of neurons, from every kept layer (the least costly of each layer's own), as the uniform cuts
+this project measured do. ``stock`` keeps to what a stock transformers config can say: uniform FFN
+width and whole layers; no head is removed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from surgery.compress.latency_table import LatencyTable
+from surgery.compress.mask_fisher import UnitCosts
+from surgery.compress.structure import LayerShape, Structure
+from surgery.core.errors import ConfigError
+
+StepKind = Literal["head", "neurons", "layer", "uniform-neurons", "uniform-heads"]
+
+
+class Removal(BaseModel):
+    """What to cut from the starting model: heads and neurons per layer (indices of that model), whole layers.
+
+    Example:
+        >>> r = Removal(heads={0: [1]}, neurons={1: [0, 2]}, layers=[1])
+        >>> r.effective().neurons, r.units()
+        ({}, 2)
+    """
+
+    heads: dict[int, list[int]] = Field(default_factory=dict)
+    neurons: dict[int, list[int]] = Field(default_factory=dict)
+    layers: list[int] = Field(default_factory=list)
+
+    def effective(self) -> Removal:
+        """The same cut without units of removed layers (they go with their layer)."""
+        gone = set(self.layers)
+        return Removal(heads={k: sorted(v) for k, v in sorted(self.heads.items()) if v and k not in gone},
+                       neurons={k: sorted(v) for k, v in sorted(self.neurons.items()) if v and k not in gone},
+                       layers=sorted(gone))
+
+    def units(self) -> int:
+        """Heads plus neurons removed from kept layers, plus one per removed layer (a size for comparisons)."""
+        e = self.effective()
+        return sum(map(len, e.heads.values())) + sum(map(len, e.neurons.values())) + len(e.layers)
+
+    def structure(self, start: Structure) -> Structure:
+        """The structure the starting model has after this cut.
+
+        Example:
+            >>> Removal(heads={0: [1]}, layers=[1]).structure(Structure((LayerShape(4, 37), LayerShape(4, 37))))
+            Structure(layers=(LayerShape(heads=3, ffn_width=37), None))
+        """
+        e = self.effective()
+        return Structure(tuple(
+            None if i in e.layers or shape is None else
+            LayerShape(shape.heads - len(e.heads.get(i, [])), shape.ffn_width - len(e.neurons.get(i, [])))
+            for i, shape in enumerate(start.layers)))
+
+
+class PathStep(BaseModel):
+    """One removal of the path and where it leaves the model."""
+
+    kind: StepKind
+    layers: list[int]
+    units: list[list[int]] = Field(default_factory=list, description="per entry of layers: unit indices removed")
+    loss: float = Field(description="estimated objective increase of this step")
+    saving_ms: float
+    cumulative_loss: float
+    predicted_ms: float
+    predicted_speedup: float
+
+
+class RemovalPath(BaseModel):
+    """Every step of one search, from the full model; ``removal_at(k)`` is the cut after ``k`` steps.
+
+    ``reference_ms`` is the time the speedups are against (the original model on the reference
+    runtime, in the table's units); ``start_ms`` the predicted time of the full model on the target one.
+    """
+
+    start: list[dict[str, int] | None]
+    reference_ms: float
+    start_ms: float
+    stock: bool = False
+    layers: bool = Field(default=True, description="whether whole layers could be removed")
+    uniform: bool = Field(default=False, description="every kept layer cut alike")
+    group_size: dict[int, int] = Field(default_factory=dict)
+    steps: list[PathStep] = Field(default_factory=list)
+
+    def removal_at(self, k: int) -> Removal:
+        """The cut after the first ``k`` steps."""
+        heads: dict[int, list[int]] = {}
+        neurons: dict[int, list[int]] = {}
+        layers: list[int] = []
+        for step in self.steps[:k]:
+            for layer, units in zip(step.layers, step.units or [[]] * len(step.layers), strict=True):
+                if step.kind in ("head", "uniform-heads"):
+                    heads.setdefault(layer, []).extend(units)
+                elif step.kind == "layer":
+                    layers.append(layer)
+                else:
+                    neurons.setdefault(layer, []).extend(units)
+        return Removal(heads=heads, neurons=neurons, layers=layers).effective()
+
+    def structure_at(self, k: int) -> Structure:
+        return self.removal_at(k).structure(Structure.from_json(self.start))
+
+    def speedup_at(self, k: int) -> float:
+        """Predicted speedup after ``k`` steps (k = 0: the full model on the target runtime)."""
+        ms = self.start_ms if k == 0 else self.steps[k - 1].predicted_ms
+        return self.reference_ms / ms
+
+    def first_reaching(self, speedup: float) -> int | None:
+        """The fewest steps whose predicted speedup reaches ``speedup`` (None: the path never does)."""
+        return next((k for k in range(len(self.steps) + 1) if self.speedup_at(k) >= speedup), None)
+
+
+@dataclass
+class _Layer:
+    """Search state of one layer: units in removal order and how many are gone."""
+
+    shape: LayerShape
+    head_order: list[int]
+    head_cost: list[float]
+    groups: list[list[int]]
+    group_cost: list[float]
+    removable_cost: float | None
+    heads_gone: int = 0
+    groups_gone: int = 0
+    spent: float = 0.0
+    removed: bool = False
+    taken_heads: list[int] = field(default_factory=list)
+
+    def now(self) -> LayerShape | None:
+        if self.removed:
+            return None
+        width = self.shape.ffn_width - sum(len(g) for g in self.groups[: self.groups_gone])
+        return LayerShape(self.shape.heads - self.heads_gone, width)
+
+    def can_cut(self, unit: str) -> bool:
+        """Whether a next head (one always stays) or neuron group is left to remove."""
+        if self.removed:
+            return False
+        return self.heads_gone < len(self.head_order) - 1 if unit == "head" else self.groups_gone < len(self.groups)
+
+    def next_cut(self, unit: str) -> tuple[float, LayerShape, LayerShape]:
+        """The cost of the next head or neuron group, the layer's shape now and without it."""
+        shape = self.now()
+        assert shape is not None
+        if unit == "head":
+            return self.head_cost[self.heads_gone], shape, LayerShape(shape.heads - 1, shape.ffn_width)
+        narrower = LayerShape(shape.heads, shape.ffn_width - len(self.groups[self.groups_gone]))
+        return self.group_cost[self.groups_gone], shape, narrower
+
+    def cut(self, unit: str) -> list[int]:
+        """Remove the next head or neuron group; the unit indices removed."""
+        loss = self.next_cut(unit)[0]
+        self.spent += loss
+        if unit == "head":
+            self.heads_gone += 1
+            return [self.head_order[self.heads_gone - 1]]
+        self.groups_gone += 1
+        return sorted(self.groups[self.groups_gone - 1])
+
+
+def _ascending(costs: torch.Tensor) -> tuple[list[int], list[float]]:
+    order = sorted(range(len(costs)), key=lambda j: (float(costs[j]), j))  # ties: lower index first, repeatable
+    return order, [float(costs[j]) for j in order]
+
+
+def neuron_groups(costs: torch.Tensor, groups: int) -> list[list[int]]:
+    """Neurons in removal order (least costly first), in ``groups`` chunks of ``ceil(width / groups)``.
+
+    Example:
+        >>> neuron_groups(torch.tensor([0.3, 0.1, 0.2, 0.0, 0.5]), 2)
+        [[3, 1, 2], [0, 4]]
+    """
+    order, _ = _ascending(costs)
+    size = max(1, math.ceil(len(order) / groups))
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, reference_ms: float | None = None,
+                stop_speedup: float | None = None, stock: bool = False, groups: int = 16,
+                layers: bool = True, uniform: bool = False) -> RemovalPath:
+    """Greedy removal under the latency table, from ``start`` until ``stop_speedup`` or nothing is left.
+
+    ``reference_ms`` (default: the table's time of ``start``) is the time speedups are against.
+    At least one layer stays, and one head in every kept layer (a layer without heads is a layer to remove).
+    ``layers=False`` removes heads and neurons only (Kwon et al.'s search space): the layer costs are
+    measured one layer at a time, and a path that removes several may rely on them more than they
+    deserve, so compression tries both. ``uniform=True`` cuts every kept layer alike (implied by ``stock``).
+
+    Example:
+        >>> from surgery.compress.mask_fisher import UnitCosts
+        >>> start = Structure((LayerShape(2, 4), LayerShape(2, 4)))
+        >>> costs = UnitCosts("task", 8, heads={0: torch.tensor([1., 2.]), 1: torch.tensor([.1, .2])},
+        ...                   neurons={0: torch.tensor([1., 1, 1, 1]), 1: torch.tensor([.1, .1, 5, 5])},
+        ...                   layers={0: 9.0, 1: 9.0})
+        >>> table = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="demo", base_ms=1.0,
+        ...                      overhead_ms=0.1, attention_ms={2: 2.0, 1: 1.0}, ffn_ms={4: 2.0, 2: 1.0})
+        >>> path = search_path(costs, table, start, stop_speedup=1.3, groups=2)
+        >>> [(s.kind, s.layers) for s in path.steps], round(path.speedup_at(len(path.steps)), 3)
+        ([('head', [1]), ('neurons', [1]), ('head', [0])], 1.484)
+    """
+    if groups < 1:
+        raise ConfigError(f"compress: neuron groups per layer must be at least 1, got {groups}")
+    uniform = uniform or stock
+    if uniform:
+        widths = {shape.ffn_width for shape in start.kept}
+        if len(widths) > 1:
+            raise ConfigError(f"compress: the model's FFN widths differ per layer ({sorted(widths)}); a uniform or "
+                              "stock search keeps one width, so start from a model with uniform layers")
+    state: list[_Layer | None] = []
+    group_size: dict[int, int] = {}
+    for i, shape in enumerate(start.layers):
+        if shape is None:
+            state.append(None)
+            continue
+        head_costs = costs.heads.get(i, torch.zeros(0))
+        neuron_costs = costs.neurons.get(i, torch.zeros(0))
+        order, head_cost = _ascending(head_costs)
+        chunks = neuron_groups(neuron_costs, groups) if len(neuron_costs) else []
+        group_size[i] = len(chunks[0]) if chunks else 0
+        state.append(_Layer(shape=shape, head_order=order, head_cost=head_cost, groups=chunks,
+                            group_cost=[float(neuron_costs[c].sum()) for c in chunks],
+                            removable_cost=costs.layers.get(i) if layers else None))
+    every = [s for s in state if s is not None]
+    now = table.predict_ms(start)
+    reference = now if reference_ms is None else reference_ms
+    path = RemovalPath(start=start.to_json(), reference_ms=reference, start_ms=now, stock=stock, layers=layers,
+                       uniform=uniform, group_size=group_size)
+    total = 0.0
+    while stop_speedup is None or reference / now < stop_speedup:
+        best: tuple[tuple[float, float], StepKind, list[int]] | None = None
+
+        def offer(kind: StepKind, where: list[int], loss: float, saving: float) -> None:
+            nonlocal best
+            if saving <= 1e-12:
+                return  # a cut that saves no time on this runtime is never worth its loss
+            key = (max(loss, 0.0) / saving, -saving)
+            if best is None or key < best[0]:
+                best = (key, kind, where)
+
+        kept = [i for i, s in enumerate(state) if s is not None and not s.removed]
+        layer_states = [s for s in state if s is not None and not s.removed]
+        for i, s in zip(kept, layer_states, strict=True):
+            if s.removable_cost is not None and len(kept) > 1:
+                offer("layer", [i], s.removable_cost - s.spent, table.saving_ms(s.now(), None))
+            for unit, kind in (("head", "head"), ("neurons", "neurons")):
+                if not uniform and s.can_cut(unit):
+                    loss, shape, after = s.next_cut(unit)
+                    offer(kind, [i], loss, table.saving_ms(shape, after))
+        for unit, kind in (("neurons", "uniform-neurons"), ("head", "uniform-heads")):
+            if uniform and (unit == "neurons" or not stock) and kept and all(s.can_cut(unit) for s in layer_states):
+                cuts = [s.next_cut(unit) for s in layer_states]
+                offer(kind, kept, sum(c[0] for c in cuts), sum(table.saving_ms(c[1], c[2]) for c in cuts))
+        if best is None:
+            break
+        _, kind, where = best
+        step_loss, saving, units = 0.0, 0.0, []
+        for i in where:
+            s = state[i]
+            assert s is not None
+            if kind == "layer":
+                step_loss = (s.removable_cost or 0.0) - s.spent
+                saving += table.saving_ms(s.now(), None)
+                s.removed = True
+                units.append([])
+                continue
+            unit = "head" if kind in ("head", "uniform-heads") else "neurons"
+            loss, shape, after = s.next_cut(unit)
+            step_loss += loss
+            saving += table.saving_ms(shape, after)
+            units.append(s.cut(unit))
+        total += step_loss
+        now = table.base_ms + sum(table.layer_ms(s.now()) for s in every)
+        path.steps.append(PathStep(kind=kind, layers=where, units=units, loss=step_loss, saving_ms=saving,
+                                   cumulative_loss=total, predicted_ms=now, predicted_speedup=reference / now))
+    return path
+
+
+def describe(path: RemovalPath, k: int) -> dict[str, Any]:
+    """A short account of the cut after ``k`` steps, for reports and ``--dry-run``."""
+    structure = path.structure_at(k)
+    removal = path.removal_at(k)
+    return {"steps": k, "predicted_speedup": round(path.speedup_at(k), 4),
+            "estimated_loss": round(path.steps[k - 1].cumulative_loss, 6) if k else 0.0,
+            "structure": structure.to_json(), "removed_layers": removal.layers,
+            "heads_removed": sum(map(len, removal.heads.values())),
+            "neurons_removed": sum(map(len, removal.neurons.values()))}
