@@ -19,9 +19,10 @@ from typing import Annotated, Any
 import typer
 
 from surgery.cli.console import CliState, note, stderr, stdout
-from surgery.cli.inputs import model_paths
 from surgery.cli.options import EvalData, LabelColumn, MaxLength, MaxTrain, Overwrite, Seed, TextColumn, TextPairColumn
+from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
+from surgery.data.assets import resolve_model_path
 
 EXIT_STRICT = 3
 RUNTIME_CHOICES = ("torch", "onnxruntime", "onnxruntime-int8")
@@ -184,14 +185,14 @@ def compress_command(
         raise ConfigError(f"--objective {objective!r}: choose task or embedding")
     if out is None and not dry_run:
         raise ConfigError("--out is required: the directory to save the compressed model to (or pass --dry-run)")
-    source, out_dir = model_paths(model_dir, None if dry_run else out, overwrite=overwrite)
+    source = resolve_model_path(model_dir)
+    # One place decides every output path: never inside an input (model, data), never over a user's file.
+    out_dir = decide_outputs([source, data, eval_data], out=("--out", None if dry_run else out),
+                             overwrite=overwrite).directory
     if "onnxruntime" in (runtime, against_runtime):
         from surgery.deploy.runtime import require_onnx
 
         require_onnx(f"--runtime {runtime}")
-    if stock and not dry_run and importlib.util.find_spec("surgery.compress.stock_export") is None:
-        raise ConfigError("--stock needs surgery.compress.stock_export, which this installation lacks; upgrade "
-                          "encoder-surgery or leave out --stock")
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
 
     options = DataOptions(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,

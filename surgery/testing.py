@@ -157,7 +157,7 @@ def tiny_task_data(n: int = 48, *, seed: int = 0, batch_size: int = 8) -> Any:
     """
     import datasets
 
-    from surgery.data import TaskData
+    from surgery.data.task_data import TaskData
 
     gen = torch.Generator().manual_seed(seed)
     ids = [[2, *torch.randint(5, VOCAB, (4 + i % 5,), generator=gen).tolist(), 3] for i in range(n)]
