@@ -415,6 +415,11 @@ def _signed(cell: list[float]) -> str:
 #: Tables that study scripts write as markdown beside their JSON, each shown under its own heading (the
 #: files share a title, so the file's title gives way to what tells the runs apart), and a plot after them.
 INCLUDED_TABLES: dict[str, list[tuple[str, str]]] = {
+    "latency_prediction": [
+        ("results-torch", "PyTorch fp32, one thread: MiniLM-L6 and a 12-layer model at BERT-base widths"),
+        ("results-int8", "ONNX Runtime int8 (smoothed), MiniLM-L6, against the int8 original and PyTorch fp32"),
+    ],
+    "compress": [("compress", "surgery compress on fine-tuned MiniLM-L6 classifiers, test accuracy retained")],
     "int8": [
         ("int8_smoothing", "Choosing the alpha: seeds 0-2, probes on 600 / 300 texts"),
         ("int8_smoothing_probes", "The same seeds with larger probe sets"),
@@ -668,6 +673,8 @@ SECTIONS: list[tuple[str, str, str | None, Callable[..., str]]] = [
     *((name, "suite", f"{name}.json", functools.partial(render_suite, name=name))
       for name in ("suite", "suite_gpu", "suite_gpu_5k")),
     ("embeddings", "embeddings", None, functools.partial(render_tables, "embeddings")),
+    ("latency_prediction", "latency_prediction", None, functools.partial(render_tables, "latency_prediction")),
+    ("compress", "compress", None, functools.partial(render_tables, "compress")),
 ]
 
 

@@ -8,7 +8,7 @@
 # 6 layers dropped, `layer-drop count=2`), write it with save_stock, and write surgery's own token states
 # and sentence embeddings of 256 held-out corpus texts; (2) in a venv with only torch, transformers and
 # sentence-transformers: load the directory with AutoModel and with SentenceTransformer, compute the same,
-# compare. Writes experiments/stock_interop/result.json.
+# compare. Writes experiments/stock_interop/results/result.json.
 #
 # Usage: bash scripts/check_stock_interop.sh [WORK_DIR]    (needs ./.venv from scripts/install.sh test)
 # The stock venv is WORK_DIR-venv; it is reused when it exists.
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 work="${1:-/tmp/stock-interop}"
 venv="$work-venv"
 rm -rf "$work" && mkdir -p "$work"
-out="$PWD/experiments/stock_interop/result.json"
+out="$PWD/experiments/stock_interop/results/result.json"
 mkdir -p "$(dirname "$out")"
 
 .venv/bin/python - "$work" <<'EOF'

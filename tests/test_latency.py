@@ -92,7 +92,7 @@ def test_cpuinfo_of_an_amx_server_and_an_arm_server() -> None:
 
 
 def test_without_proc_cpuinfo_the_platform_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    from surgery.compress import machine
+    from surgery.measure import machine
 
     monkeypatch.setattr(machine.Path, "is_file", lambda self: False)
     monkeypatch.setattr(machine.platform, "system", lambda: "Windows")

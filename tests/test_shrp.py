@@ -118,7 +118,7 @@ def test_ddp_two_process_gloo_smoke() -> None:
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "ddp_smoke_shrp.py"
+    script = Path(__file__).resolve().parents[1] / "experiments" / "shrp" / "ddp_smoke_shrp.py"
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              str(script)],
                             capture_output=True, text=True, timeout=120)

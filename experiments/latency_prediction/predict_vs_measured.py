@@ -38,7 +38,7 @@ from surgery.compress.latency_table import LatencyTable
 from surgery.compress.structure import LayerShape, Structure
 from surgery.measure.machine import machine_info
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent / "results"
 TARGET = 0.05
 
 # Per structure, from (layers, heads, width): one LayerShape or None per layer. Fractions of the full
