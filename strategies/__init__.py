@@ -14,8 +14,9 @@ package's ``__all__``. A registered method's module carries its registered name 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from surgery.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from surgery.strategies.doe.doe import DoEConfig, DoEResult, DoEStrategy, build_runtime, run_doe
@@ -84,14 +85,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

@@ -13,8 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from surgery.core.errors import (
     ConfigError,
@@ -26,6 +25,7 @@ from surgery.core.errors import (
     SurgeryError,
     UnsupportedModelError,
 )
+from surgery.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from surgery.anatomy import adapter_for
@@ -97,14 +97,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'surgery' has no attribute {name!r}")
-    value = import_module(module) if name in ("strategies", "compress") else getattr(import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_exports("surgery", globals(), _LAZY, modules=("strategies", "compress"))
