@@ -661,6 +661,18 @@ def render_demo(data: dict[str, Any]) -> str:
     ])
 
 
+def render_readme_compress(table: str) -> str:
+    """The README's compress block: the per-target summary of ``compress.md`` and the machine it ran on."""
+    summary = table.strip().split("\n\n")[0]
+    machine = next((line for line in table.splitlines() if line.startswith("Machine:")), "")
+    return "\n\n".join(part for part in (
+        summary, machine, "Rendered by `python experiments/render_results.py` from "
+        "[experiments/compress/results/compress.json](experiments/compress/results/compress.json); per run, "
+        "the winner and every candidate: "
+        "[docs/results.md](docs/results.md#target-driven-compression-surgery-compress).")
+        if part)
+
+
 #: (marker, study, JSON file, renderer) for every generated block of docs/results.md, in page order.
 SECTIONS: list[tuple[str, str, str | None, Callable[..., str]]] = [
     ("head-prune", "head_prune", "head_prune.json", render_head_prune),
@@ -696,6 +708,10 @@ def main() -> None:
     bench_file = results_dir("head_prune") / "head_prune.json"
     if bench_file.exists():
         readme = replace_section(readme, "readme-bench", render_readme_bench(json.loads(bench_file.read_text())),
+                                 where="README.md")
+    compress_table = results_dir("compress") / "compress.md"
+    if compress_table.exists():
+        readme = replace_section(readme, "readme-compress", render_readme_compress(compress_table.read_text()),
                                  where="README.md")
     demo_file = results_dir("shrp") / "demo_shrp.json"
     if args.demo is not None:

@@ -115,9 +115,21 @@ def render(results: dict[str, Any]) -> str:
     for r in sorted(runs.values(), key=lambda r: (r["target"], r["task"], r["seed"])):
         lines.append(f"| {r['task']} | {r['seed']} | {r['target']} | {r['finetuned_test']:.3f} | {r['test']:.3f} | "
                      f"{r['retained']:.1f} | {r['winner']} | {r['measured_speedup'] or 0:.2f} |")
+    lines += ["", "Single-method cuts that `compress` tried as candidates in the same run (dev accuracy drop in "
+              "points, measured speedup; every cut refitted, none trained): the search's winner, every layer cut "
+              "alike (uniform heads and FFN neurons), every-other-style uniform layer-drop.", "",
+              "| task | seed | target | winner | uniform heads+FFN | uniform layer-drop |", "|---|---|---|---|---|---|"]
+    for r in sorted(runs.values(), key=lambda r: (r["target"], r["task"], r["seed"])):
+        by_origin = {c["origin"]: c for c in r["candidates"]}
+        win = next((c for c in r["candidates"] if c["name"] == r["winner"]), None)
+
+        def cell(c: dict[str, Any] | None) -> str:
+            return "-" if c is None else f"{c['drop']:+.2f} at {c['measured_speedup'] or 0:.2f}x"
+        lines.append(f"| {r['task']} | {r['seed']} | {r['target']} | {cell(win)} | "
+                     f"{cell(by_origin.get('uniform-path'))} | {cell(by_origin.get('uniform-layer-drop'))} |")
     machine = results.get("machine", {})
     lines += ["", f"Machine: {machine.get('cpu_model', '?')}; flags {', '.join(machine.get('flags', []) or [])}; "
-              f"load average at the start of each run in the JSON."]
+              f"1-minute load average after each run in the JSON."]
     return "\n".join(lines) + "\n"
 
 
