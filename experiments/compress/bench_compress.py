@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,7 @@ def main() -> None:
                     if key in results["runs"]:
                         continue
                     row = run_one(args, task, seed, target, tokenizer)
-                    row["load_average"] = list(__import__("os").getloadavg())
+                    row["load_average"] = list(os.getloadavg())
                     results["runs"][key] = row
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps(results, indent=1))
