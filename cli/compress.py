@@ -166,6 +166,8 @@ def compress_command(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Batch size of the data loaders.")] = 32,
     seed: Seed = 0,
     max_train: MaxTrain = None,
+    no_train: Annotated[bool, typer.Option("--no-train", help="The refit tier only, whatever --budget allows "
+                                           "(--budget then only limits the job's time).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the latency prediction and the structure it would "
                                           "cut; train and write nothing.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 when the target is missed or the drop exceeds "
@@ -211,7 +213,8 @@ def compress_command(
             plan = plan_compress(inputs.model, task_data, progress=progress, **settings)
             typer.echo(json.dumps(plan.preview(target), indent=2))
             return
-        result = compress(inputs.model, task_data, budget_minutes=budget, progress=progress, seed=seed, **settings)
+        result = compress(inputs.model, task_data, budget_minutes=budget, progress=progress, seed=seed,
+                          train=not no_train, **settings)
     report = result.report
     calibration = result.calibration
     sentence = inputs.objective.sentence if inputs.objective is not None else None

@@ -188,6 +188,10 @@ def test_the_budget_bounds_the_candidates_and_the_training() -> None:
     assert roomy.winner.endswith("+distil") and roomy.winner_result().tier == "distil"
     assert roomy.training["epochs"] * roomy.training["epoch_seconds_estimated"] <= roomy.training["seconds_left"]
     assert roomy.seconds <= 120.0
+    untrained = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=2.0,
+                         latency=tables_for(model), train=False).report
+    assert untrained.training is None and untrained.winner_result().tier != "distil"
+    assert "training turned off: the refit tier only" in untrained.notes
 
 
 # -- the command line ----------------------------------------------------------------------------

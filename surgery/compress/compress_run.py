@@ -283,7 +283,7 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
              budget_minutes: float | None = None, objective: str | None = None, batch_size: int | None = None,
              seq_len: int | None = None, eval_data: Any = None, stock: bool = False,
              progress: ProgressCallback | None = None, latency: LatencySource | None = None,
-             threads: int | None = None, seed: int = 0) -> CompressResult:
+             threads: int | None = None, seed: int = 0, train: bool = True) -> CompressResult:
     """Make ``model`` reach ``target`` on ``runtime`` at the smallest loss; judged against the original.
 
     Args:
@@ -297,6 +297,7 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
         against_runtime: what speedups are against (the original as served today; default torch fp32).
         budget_minutes: wall-clock minutes for the whole job; whole epochs of distillation from the
             original run on the winner when they fit. None: no training (the refit tier only).
+        train: False keeps to the refit tier whatever the budget (a time limit without training).
         objective, batch_size, seq_len: default from the data.
         eval_data: held-out data to judge on instead of ``data``'s eval split.
         stock: keep to structures a stock transformers config can say (uniform FFN width, whole
@@ -333,7 +334,7 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
             run = _CandidateRun(plan, judge, source, clock, emit, target, runtime, against_runtime)
             run.try_all()
             winner, why, warnings = run.pick()
-            final_model, winner_name, training = run.train_winner(winner, data, budget_minutes, seed)
+            final_model, winner_name, training = run.train_winner(winner, data, budget_minutes, seed, train=train)
         report = run.report(winner_name, why, warnings, training, budget_minutes, threads, stock, clock)
     finally:
         model.train(was_training)
@@ -545,9 +546,12 @@ class _CandidateRun:
 
     # -- the training tier ----------------------------------------------------------------
     def train_winner(self, winner: CandidateResult, data: Any, budget_minutes: float | None,
-                     seed: int) -> tuple[nn.Module, str, dict[str, Any] | None]:
+                     seed: int, *, train: bool = True) -> tuple[nn.Module, str, dict[str, Any] | None]:
         """Distil the original into the winner for the whole epochs the budget has left (its name after it)."""
         model = self.models[winner.name]
+        if not train:
+            self.notes.append("training turned off: the refit tier only")
+            return model, winner.name, None
         if budget_minutes is None:
             self.notes.append("no budget given: the refit tier only (give a budget in minutes to allow distillation "
                               "from the original)")
