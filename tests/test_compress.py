@@ -128,6 +128,8 @@ def test_compress_reaches_the_speedup_and_the_model_reloads_bit_exact(family: st
     assert winner is not None and winner.measured_speedup >= 1.6 and not report.warnings
     families = {"unchanged", "path", "units-path", "uniform-path", "uniform-layer-drop"}
     assert {c.origin for c in report.candidates} >= families
+    built = [c.removal for c in report.candidates if not any(n.startswith("the same cut as") for n in c.notes)]
+    assert all(a != b for i, a in enumerate(built) for b in built[i + 1:])  # each cut built and timed once
     assert report.reference.startswith("the original model in torch")
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the original is untouched
     assert Structure.from_model(result.model).kept == Structure.from_json(winner.structure).kept

@@ -385,6 +385,16 @@ class _CandidateRun:
         """Build, judge and (if ``timed``) time one candidate, if the budget still has room for it."""
         if any(r.name == name for r in self.results):
             return next(r for r in self.results if r.name == name)
+        # Two paths often reach a speed by the same cut (no layer is worth removing yet): judge it once.
+        cut = removal.effective()
+        same = next((r for r in self.results if r.removal == cut and (timed <= (r.measured_speedup is not None))),
+                    None)
+        if same is not None:
+            twin = same.model_copy(update={"name": name, "origin": origin, "path_step": path_step, "seconds": 0.0,
+                                           "notes": [f"the same cut as {same.name}: built, judged and timed once"]})
+            self.results.append(twin)
+            self.models[name] = self.models[same.name]
+            return twin
         if self.results and not self.clock.fits(self.last_cost):  # the first (the unchanged model) always runs
             self.notes.append(f"skipped candidate {name}: the budget has {max(self.clock.left(), 0):.0f} s left and "
                               f"a candidate took {self.last_cost:.0f} s")
