@@ -143,6 +143,38 @@ def run_embedding(args: argparse.Namespace, seed: int, target_name: str) -> dict
             "test_recall_at_10": figures["recall_at_10"]}
 
 
+def compare_uniform(args: argparse.Namespace, row: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """The suite's best single-method recipe at the same speed, recovered as the compress run recovered its winner.
+
+    The recipe is heads and FFN neurons cut alike in every layer (the suite's ``head+ffn-kd``), here the
+    uniform candidate compress itself timed at the target, refitted, then distilled from the fine-tuned
+    model for as many epochs as compress gave its winner, with the same seed: only the cut differs.
+    """
+    import tempfile
+
+    from surgery.compress.candidates import Judge
+    from surgery.compress.removal_path import Removal
+    from surgery.compress.training_tier import distil
+    from surgery.training.refit import calibration_batches
+
+    uniform = next(c for c in row["candidates"] if c["origin"] == "uniform-path")
+    epochs = (row.get("training") or {}).get("epochs") or 0
+    task = load_task(row["task"], tokenizer, seed=row["seed"], max_train=args.max_train, max_dev=args.max_dev,
+                     max_test=args.max_test)
+    original = surgery.from_pretrained(args.work / row["task"] / str(row["seed"]) / "finetuned",
+                                       model_class="AutoModelForSequenceClassification").eval()
+    with tempfile.TemporaryDirectory(prefix="bench-compress-") as tmp:
+        judge = Judge(original=original, objective="task", runtime="torch", workdir=Path(tmp),
+                      calibration=calibration_batches(task.data, 8, batch_size=32))
+        model, _, _ = judge.build(Removal.model_validate(uniform["removal"]))
+    torch.manual_seed(row["seed"])
+    if epochs:
+        distil(model, original, task.data, epochs=epochs, batch_size=32, seed=row["seed"])
+    test = accuracy(model.eval(), task.test_data().loader("eval"))
+    return {"name": uniform["name"], "measured_speedup": uniform["measured_speedup"], "epochs": epochs,
+            "test": test, "retained": 100.0 * test / row["finetuned_test"]}
+
+
 def _common(result: Any, task_name: str, seed: int, target_name: str, seconds: float) -> dict[str, Any]:
     """What every run records: the target, the winner, its speed, the candidates, the phases."""
     spec = TARGETS[target_name]
@@ -196,6 +228,20 @@ def render(results: dict[str, Any]) -> str:
             return "-" if c is None else f"{c['drop']:+.2f} at {c['measured_speedup'] or 0:.2f}x"
         lines.append(f"| {r['task']} | {r['seed']} | {r['target']} | {cell(win)} | "
                      f"{cell(by_origin.get('uniform-path'))} | {cell(by_origin.get('uniform-layer-drop'))} |")
+    compared = [r for r in runs.values() if "uniform_kd" in r]
+    if compared:
+        lines += ["", "Against the suite's best single-method recipe (heads and FFN neurons cut alike in every layer, "
+                  "the uniform candidate compress timed at the target), refitted and distilled for the same epochs "
+                  "with the same seed (test accuracy retained, %):", "",
+                  "| task | seed | target | compress | measured x | uniform head+FFN, distilled | measured x | "
+                  "difference (points) |", "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(compared, key=lambda r: (r["target"], r["task"], r["seed"])):
+            u = r["uniform_kd"]
+            lines.append(f"| {r['task']} | {r['seed']} | {r['target']} | {r['retained']:.1f} | "
+                         f"{r['measured_speedup'] or 0:.2f} | {u['retained']:.1f} | {u['measured_speedup'] or 0:.2f} | "
+                         f"{100 * (r['test'] - u['test']):+.1f} |")
+        diff = mean_std([100 * (r["test"] - r["uniform_kd"]["test"]) for r in compared])
+        lines.append(f"| mean | | | | | | | {diff[0]:+.1f} ± {diff[1]:.1f} |")
     embedding = [r for r in results["runs"].values() if r.get("objective") == "embedding"]
     if embedding:
         lines += ["", "Embeddings (all-MiniLM-L6-v2 against itself in PyTorch fp32; compress trained on "
@@ -227,6 +273,8 @@ def main() -> None:
     parser.add_argument("--model", default="minilm-l6")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--compare", action="store_true", help="add the uniform head+FFN recipe, distilled alike, "
+                        "to the distilled task runs that lack it")
     args = parser.parse_args()
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     if not args.render_only:
@@ -249,6 +297,14 @@ def main() -> None:
                               else f"retained {row['retained']:.1f}%")
                     print(f"[{key}] {figure} at {row['measured_speedup']}x "
                           f"({row['seconds']:.0f}s) winner {row['winner']}", flush=True)
+    if args.compare:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
+        for key, row in results["runs"].items():
+            if row.get("train") and row.get("objective", "task") == "task" and "uniform_kd" not in row:
+                row["uniform_kd"] = compare_uniform(args, row, tokenizer)
+                args.out.write_text(json.dumps(results, indent=1))
+                print(f"[{key}] uniform head+FFN distilled: retained {row['uniform_kd']['retained']:.1f}% at "
+                      f"{row['uniform_kd']['measured_speedup']}x", flush=True)
     args.out.with_suffix(".md").write_text(render(results))
 
 
