@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths["yaml_bad"].write_text("ratio: [0.5\n")
     paths["yaml_list"] = root / "list.yaml"
     paths["yaml_list"].write_text("- 1\n- 2\n")
+    paths["data_fifo"] = root / "fifo.csv"
+    os.mkfifo(paths["data_fifo"])  # opened, it would block until a writer came
     paths["nonempty"] = root / "nonempty"
     paths["nonempty"].mkdir()
     (paths["nonempty"] / "keep.txt").write_text("mine")
@@ -231,6 +234,9 @@ def _bad_cases(ws: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
         (["apply", bare, *hp, "--data", data, "--text-column", "nope", "-o", str(tmp / "a")],
          "missing column(s) ['nope']"),
         (["apply", bare, *hp, "--data", str(tmp / "none.csv"), "-o", str(tmp / "a")], "data file"),
+        (["apply", bare, *hp, "--data", str(ws["data_fifo"]), "-o", str(tmp / "a")],
+         "fifo.csv is not a regular file (a pipe, socket or device)"),
+        (["apply", bare, *hp, "--data", str(ws["nonempty"]), "-o", str(tmp / "a")], "is a directory; pass a regular"),
         (["apply", bare, *hp, "--eval-data", data, "-o", str(tmp / "a")], "--eval-data needs --data"),
         (["apply", str(ws["no_tokenizer"]), *hp, "--data", data, "-o", str(tmp / "a")], "has no tokenizer files"),
         (["apply", str(ws["classifier"]), *hp, "--data", data, "-o", str(tmp / "a")],

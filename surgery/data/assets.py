@@ -88,6 +88,10 @@ def resolve_data_path(name_or_path: str | os.PathLike[str]) -> Path:
     if text in DATASETS:
         return DATASETS[text].require(DataError)
     path = Path(text).expanduser()
+    if path.exists() and not path.is_file():
+        # A directory, FIFO or device would be opened (and could block or never end): name what it is.
+        kind = "a directory" if path.is_dir() else "not a regular file (a pipe, socket or device)"
+        raise DataError(f"data file {path} is {kind}; pass a regular CSV, JSON/JSONL or parquet file")
     if not path.is_file():
         raise DataError(
             f"data file {path} does not exist; pass a CSV, JSON/JSONL or parquet file, or one of: "
