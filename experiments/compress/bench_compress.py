@@ -175,6 +175,15 @@ def compare_uniform(args: argparse.Namespace, row: dict[str, Any], tokenizer: An
             "test": test, "retained": 100.0 * test / row["finetuned_test"]}
 
 
+def _commit() -> str | None:
+    """The repository commit the run's code came from (the export graph and the search change between commits)."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False)
+    return done.stdout.strip() or None
+
+
 def _common(result: Any, task_name: str, seed: int, target_name: str, seconds: float) -> dict[str, Any]:
     """What every run records: the target, the winner, its speed, the candidates, the phases."""
     spec = TARGETS[target_name]
@@ -290,6 +299,7 @@ def main() -> None:
                     row = (run_embedding(args, seed, target) if embedding
                            else run_one(args, task, seed, target, tokenizer))
                     row["load_average"] = list(os.getloadavg())
+                    row["commit"] = _commit()
                     results["runs"][key] = row
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps(results, indent=1))
