@@ -203,7 +203,8 @@ def compress_command(
                             required_by="--data", strategy=CompressObjectives, requested_objective=objective)
     task_data = inputs.data["data"]
     from surgery.cli import render
-    from surgery.compress.compress_run import compress, plan_compress
+    from surgery.compress.compress_run import compress
+    from surgery.compress.plan import plan_compress
 
     settings: dict[str, Any] = dict(target=target, runtime=runtime, against_runtime=against_runtime,
                                     objective=inputs.objective.name if inputs.objective else None, batch_size=batch,

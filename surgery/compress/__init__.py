@@ -19,7 +19,7 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {
-    "compress": "surgery.compress.compress_run", "plan_compress": "surgery.compress.compress_run",
+    "compress": "surgery.compress.compress_run", "plan_compress": "surgery.compress.plan",
     "SpeedupTarget": "surgery.compress.compress_report", "DropTarget": "surgery.compress.compress_report",
     "CompressReport": "surgery.compress.compress_report", "CompressResult": "surgery.compress.compress_report",
     "Structure": "surgery.compress.structure", "LayerShape": "surgery.compress.structure",

@@ -1,0 +1,238 @@
+"""Phases 1-4 of ``surgery.compress``: the batch shape, the latency table, what every unit carries, the search.
+
+:func:`plan_compress` measures and scores but changes nothing; its :class:`Plan` is what
+``--dry-run`` prints and what the candidates (:mod:`surgery.compress.candidate_run`) are cut from.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
+from surgery.compress.latency_source import LatencySource, MeasuredLatency
+from surgery.compress.latency_table import RUNTIMES, LatencyTable
+from surgery.compress.mask_fisher import ObjectiveName, UnitCosts, unit_costs
+from surgery.compress.removal_path import RemovalPath, describe, search_path
+from surgery.compress.structure import Structure
+from surgery.core.errors import ConfigError, DataError
+from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.training.refit import calibration_batches
+
+#: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes); int8
+#: smoothing reads them too (as many as ``surgery export --calibration`` reads texts by default).
+FISHER_EXAMPLES = 512
+#: The share of the budget left at the importance phase that the mask Fisher may take.
+IMPORTANCE_SHARE = 0.15
+#: Examples the least-squares refit and the int8 smoothing read.
+REFIT_EXAMPLES = 256
+CALIBRATION_BATCH = 32
+#: Path points tried around a --speedup target, as factors of it (the target first).
+AROUND_TARGET = (1.0, 1.1, 0.9)
+
+def check_arguments(target: Any, runtime: str, against_runtime: str, budget_minutes: float | None,
+                    batch_size: int | None, seq_len: int | None, objective: str | None) -> None:
+    """Refuse bad settings in one line each, before any work.
+
+    Example:
+        >>> check_arguments(SpeedupTarget(speedup=2), "torch", "torch", None, None, None, None)
+        >>> try:
+        ...     check_arguments(SpeedupTarget(speedup=2), "tensorrt", "torch", None, None, None, None)
+        ... except ConfigError as err:
+        ...     print(err)
+        compress: runtime 'tensorrt' is not one of torch, onnxruntime, onnxruntime-int8
+    """
+    if not isinstance(target, SpeedupTarget | DropTarget):
+        raise ConfigError("compress: target must be SpeedupTarget(speedup=X) or DropTarget(max_drop=P)")
+    for name, value in (("runtime", runtime), ("against_runtime", against_runtime)):
+        if value not in RUNTIMES:
+            raise ConfigError(f"compress: {name} {value!r} is not one of {', '.join(RUNTIMES)}")
+    if budget_minutes is not None and not budget_minutes > 0:
+        raise ConfigError(f"compress: budget_minutes must be positive (minutes for the whole job), "
+                          f"got {budget_minutes}")
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if value is not None and value < 1:
+            raise ConfigError(f"compress: {name} must be at least 1, got {value}")
+    if objective not in (None, "task", "embedding"):
+        raise ConfigError(f"compress: objective {objective!r} is not 'task' or 'embedding'")
+
+
+def data_objective(data: Any, requested: str | None) -> ObjectiveName:
+    """The objective ``data`` supports (unlabelled texts: embedding; task data: task), checked against a request."""
+    own = "embedding" if getattr(data, "objective", "task") == "embedding" else "task"
+    if requested is not None and requested != own:
+        what = "unlabelled texts (TextData)" if own == "embedding" else "labelled task data"
+        raise ConfigError(f"compress: objective {requested!r} but the data is {what}; load the data for the "
+                          f"{requested} objective or drop the objective setting")
+    return own  # type: ignore[return-value]
+
+
+def batch_seq_len(data: Any, batch_size: int, batches: int = 20) -> int:
+    """The sequence length batches of ``data`` are padded to, on average (its first ``batches`` training batches).
+
+    Example:
+        >>> import datasets
+        >>> from surgery.data.task_data import TaskData
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 5, 6, 7, 3]], "labels": [0, 1]})
+        >>> batch_seq_len(TaskData(rows, rows, ["a", "b"]), 1)
+        4
+    """
+    loader = data.loader("train", batch_size=batch_size)
+    lengths = [int(b["input_ids"].shape[1]) for b, _ in zip(loader, range(batches), strict=False)]
+    if not lengths:
+        raise DataError("compress: the training data holds no examples")
+    return max(1, round(statistics.mean(lengths)))
+
+
+@dataclass
+class Plan:
+    """What the search decided before any candidate is built: the table, the costs, the path."""
+
+    table: LatencyTable
+    costs: UnitCosts
+    path: RemovalPath
+    #: the same search without whole layers (None with --stock, whose only other move is a layer)
+    units_path: RemovalPath | None
+    #: heads and neuron groups cut alike in every layer (None with --stock: the main path is uniform already)
+    uniform_path: RemovalPath | None
+    start: Structure
+    unchanged_speedup: float
+    batch_size: int
+    seq_len: int
+    objective: ObjectiveName
+    calibration: list[Any]  # what the refit reads
+    smoothing: list[Any]  # what int8 smoothing reads (as many texts as `surgery export --calibration`)
+    phases: dict[str, float]
+
+    def families(self) -> dict[str, RemovalPath]:
+        """Every search path by its candidates' origin: ``path``, ``units-path``, ``uniform-path``."""
+        found = {"path": self.path, "units-path": self.units_path, "uniform-path": self.uniform_path}
+        return {name: path for name, path in found.items() if path is not None}
+
+    def target_step(self, target: Target) -> int | None:
+        """The path point the search would cut for a --speedup target (None for --max-drop: data decides)."""
+        return self.path.first_reaching(target.speedup) if isinstance(target, SpeedupTarget) else None
+
+    def preview(self, target: Target) -> dict[str, Any]:
+        """The latency prediction and the structure the run would cut (``--dry-run``)."""
+        k = self.target_step(target)
+        points = [describe(self.path, j) for j in _speed_points(self.path)]
+        return {"target": target.describe(), "runtime": self.table.runtime, "batch_size": self.batch_size,
+                "seq_len": self.seq_len, "objective": self.objective,
+                "predicted_ms_original": round(self.table.predict_ms(self.start), 4),
+                "unchanged_speedup": round(self.unchanged_speedup, 4),
+                "would_cut": describe(self.path, k) if k is not None else None,
+                "reachable": k is not None or isinstance(target, DropTarget),
+                "max_predicted_speedup": round(self.path.speedup_at(len(self.path.steps)), 4),
+                "speed_points": points}
+
+
+def _speed_points(path: RemovalPath, every: float = 0.25) -> list[int]:
+    """Path steps at every ``every`` of predicted speedup (1.25x, 1.5x, ...): a summary of the path."""
+    out, goal = [], 1.0 + every
+    for k in range(1, len(path.steps) + 1):
+        if path.speedup_at(k) >= goal:
+            out.append(k)
+            while path.speedup_at(k) >= goal:
+                goal += every
+    return out
+
+
+class Clock:
+    """The job's deadline, and phase timings."""
+
+    def __init__(self, budget_minutes: float | None) -> None:
+        self.start = time.perf_counter()
+        self.deadline = None if budget_minutes is None else self.start + 60.0 * budget_minutes
+        self.phases: dict[str, float] = {}
+
+    def left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.perf_counter()
+
+    def fits(self, seconds: float) -> bool:
+        return seconds <= self.left()
+
+    def phase(self, name: str, since: float) -> None:
+        self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - since, 3)
+
+
+def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "torch",
+                  against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
+                  seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
+                  threads: int | None = None, progress: ProgressCallback | None = None,
+                  clock: Clock | None = None) -> Plan:
+    """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
+
+    Example:
+        >>> from surgery.compress.latency_source import TableLatency
+        >>> from surgery.testing import TinySpec, shape_latency_table, tiny_model, tiny_task_data
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> plan = plan_compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5),
+        ...                      latency=TableLatency({"torch": shape_latency_table(model)}))
+        >>> plan.path.speedup_at(plan.target_step(SpeedupTarget(speedup=1.5))) >= 1.5
+        True
+    """
+    check_arguments(target, runtime, against_runtime, None, batch_size, seq_len, objective)
+    clock = clock or Clock(None)
+    emit = progress or no_progress
+    chosen = data_objective(data, objective)
+    since = time.perf_counter()
+    batch_size = batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
+    seq_len = seq_len or batch_seq_len(data, batch_size)
+    calibration = calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
+                                      batch_size=CALIBRATION_BATCH)
+    clock.phase("data", since)
+    emit(ProgressEvent("compress: batch shape", 1, 1, {"batch": batch_size, "seq_len": seq_len,
+                                                       "objective": chosen}))
+    since = time.perf_counter()
+    source = latency or MeasuredLatency(batch_size=batch_size, seq_len=seq_len, threads=threads)
+    table = source.table(model, runtime)
+    unchanged = 1.0
+    if runtime != against_runtime:  # the runtime alone is worth something (int8): the path starts from it
+        unchanged, _ = source.speedup(model, model, runtime=runtime, reference_runtime=against_runtime)
+    clock.phase("latency", since)
+    start = Structure.from_model(model)
+    emit(ProgressEvent("compress: latency table", 1, 1, {"runtime": runtime,
+                                                         "predicted_ms": round(table.predict_ms(start), 3),
+                                                         "unchanged_speedup": round(unchanged, 3)}))
+    since = time.perf_counter()
+    importance_objective = data.importance_objective() if chosen == "embedding" else None
+    pooled = None
+    if chosen == "embedding":
+        from surgery.embedding.evaluate import embed_batch
+        from surgery.embedding.pooling import SentenceConfig
+
+        sentence = getattr(data, "sentence_config", None) or SentenceConfig()
+
+        def pooled(m: nn.Module, batch: Any) -> Any:
+            return embed_batch(m, batch, sentence)[0]
+
+    # With a budget, the Fisher gets a share of it (the rest goes to candidates and training).
+    share = None if clock.deadline is None else IMPORTANCE_SHARE * max(clock.left(), 0.0)
+    costs = unit_costs(model, calibration, objective=chosen, importance_objective=importance_objective,
+                       pooled=pooled, max_seconds=share)
+    clock.phase("importance", since)
+    emit(ProgressEvent("compress: importance", 1, 1, {"examples": costs.examples,
+                                                      "seconds": round(costs.seconds, 1)}))
+    since = time.perf_counter()
+    reference_ms = table.predict_ms(start) * unchanged
+    stop = target.speedup * max(AROUND_TARGET) if isinstance(target, SpeedupTarget) else None
+    path = search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop, stock=stock)
+    units_path = None if stock else search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop,
+                                                layers=False)
+    uniform = len({s.ffn_width for s in start.kept}) == 1 and len({s.heads for s in start.kept}) == 1
+    uniform_path = None if stock or not uniform else search_path(costs, table, start, reference_ms=reference_ms,
+                                                                  stop_speedup=stop, layers=False, uniform=True)
+    clock.phase("search", since)
+    emit(ProgressEvent("compress: search", 1, 1, {"steps": len(path.steps),
+                                                  "max_speedup": round(path.speedup_at(len(path.steps)), 3)}))
+    refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
+    return Plan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path, start=start,
+                unchanged_speedup=unchanged,
+                batch_size=batch_size, seq_len=seq_len, objective=chosen, calibration=refit, smoothing=calibration,
+                phases=clock.phases)
