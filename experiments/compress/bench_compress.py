@@ -307,14 +307,20 @@ def main() -> None:
                               else f"retained {row['retained']:.1f}%")
                     print(f"[{key}] {figure} at {row['measured_speedup']}x "
                           f"({row['seconds']:.0f}s) winner {row['winner']}", flush=True)
+    # The comparison trains and times nothing, so it may run beside a benchmark run: its own file.
+    compare_file = args.out.with_name(args.out.stem + "_uniform_kd.json")
+    compared = json.loads(compare_file.read_text()) if compare_file.exists() else {}
     if args.compare:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
         for key, row in results["runs"].items():
-            if row.get("train") and row.get("objective", "task") == "task" and "uniform_kd" not in row:
-                row["uniform_kd"] = compare_uniform(args, row, tokenizer)
-                args.out.write_text(json.dumps(results, indent=1))
-                print(f"[{key}] uniform head+FFN distilled: retained {row['uniform_kd']['retained']:.1f}% at "
-                      f"{row['uniform_kd']['measured_speedup']}x", flush=True)
+            if row.get("train") and row.get("objective", "task") == "task" and key not in compared:
+                compared[key] = compare_uniform(args, row, tokenizer)
+                compare_file.write_text(json.dumps(compared, indent=1))
+                print(f"[{key}] uniform head+FFN distilled: retained {compared[key]['retained']:.1f}% at "
+                      f"{compared[key]['measured_speedup']}x", flush=True)
+    for key, row in results["runs"].items():
+        if key in compared:
+            row["uniform_kd"] = compared[key]
     args.out.with_suffix(".md").write_text(render(results))
 
 
