@@ -282,11 +282,11 @@ def main() -> None:
     parser.add_argument("--model", default="minilm-l6")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render-only", action="store_true")
-    parser.add_argument("--compare", action="store_true", help="add the uniform head+FFN recipe, distilled alike, "
-                        "to the distilled task runs that lack it")
+    parser.add_argument("--compare", action="store_true", help="only add the uniform head+FFN recipe, distilled "
+                        "alike, to the distilled task runs that lack it (no benchmark run)")
     args = parser.parse_args()
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
-    if not args.render_only:
+    if not args.render_only and not args.compare:  # --compare only adds the comparison
         results["machine"] = machine_info().model_dump(mode="json")
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
         for target in args.targets:
