@@ -26,6 +26,7 @@ import argparse
 import importlib.metadata as md
 import importlib.util
 import json
+import os
 import platform
 import shutil
 import time
@@ -199,7 +200,7 @@ def time_backends(work: Path, names: list[str], threads: list[int], rounds: int,
         "machine": {"cpu": cpu(), "python": platform.python_version(), "platform": platform.platform()},
         "versions": {p: md.version(p) for p in PACKAGES}, "onnx_qint8_config": onnx_qint8_config(),
         "onnx_qint8_preset": onnx_qint8_preset(), "texts": len(batch_texts), "batch_size": 32, "rounds": rounds,
-        "settings": {}, "seconds": {}}
+        "settings": {}, "load_average": {}, "seconds": {}}
     for n in threads:
         torch.set_num_threads(n)
         models = {name: load(work, name, n) for name in names}
@@ -208,6 +209,8 @@ def time_backends(work: Path, names: list[str], threads: list[int], rounds: int,
             for _ in range(2):
                 model.encode(batch_texts, batch_size=32)
         seconds: dict[str, list[float]] = {name: [] for name in names}
+        # Other jobs share the machine: the 1-minute load average before and after says how much.
+        load = [os.getloadavg()[0]]
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]  # rotated: no backend always runs first
             for name in order:
@@ -216,6 +219,7 @@ def time_backends(work: Path, names: list[str], threads: list[int], rounds: int,
                 f"{name} {seconds[REFERENCE][-1] / seconds[name][-1]:.2f}x" for name in names if name != REFERENCE),
                 flush=True)
         result["seconds"][str(n)] = seconds
+        result["load_average"][str(n)] = [*load, os.getloadavg()[0]]
         del models
     (work / "timing.json").write_text(json.dumps(result, indent=1) + "\n")
     print("wrote", work / "timing.json")

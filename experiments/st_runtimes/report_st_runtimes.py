@@ -75,7 +75,7 @@ def summarize(work: Path, k: int = 10) -> dict[str, Any]:
             "fidelity_against": REFERENCE, "speedup": "median over rounds of torch-fp32 seconds / backend seconds, "
             "95% percentile-bootstrap interval (surgery.measure.stats.bootstrap_median)",
             **{key: timing[key] for key in ("what", "machine", "versions", "onnx_qint8_config", "onnx_qint8_preset",
-                                            "batch_size", "rounds", "settings")},
+                                            "batch_size", "rounds", "settings", "load_average")},
             "fidelity": fidelity, "speedups": speedups, "surgery_against_st_int8": head_to_head,
             "seconds": timing["seconds"]}
 
@@ -88,6 +88,8 @@ def table(result: dict[str, Any]) -> str:
     samples = result["calibration_texts"]
     v = result["versions"]
     lines = [
+        "# surgery's int8 against sentence-transformers' own ONNX and OpenVINO exports, all-MiniLM-L6-v2",
+        "",
         f"Machine: {cpu['model']}, {cpu['logical_cpus']} logical CPUs; flags: {flags}.",
         f"Versions: sentence-transformers {v['sentence-transformers']}, transformers {v['transformers']}, torch "
         f"{v['torch']}, onnxruntime {v['onnxruntime']}, optimum {v['optimum']}, optimum-onnx {v['optimum-onnx']}, "

@@ -26,11 +26,12 @@ if [ -n "${LOCK:-}" ]; then locked=(flock "$LOCK"); fi
 mkdir -p "$work"
 
 # (1) surgery's side. `surgery export` refuses to write over a folder, so only its own two outputs are cleared.
+# The untimed steps run under nice: other people's benchmarks may share the machine.
 .venv/bin/python "$study/split_texts.py" "$work"
 rm -rf "$work/surgery-int8" "$work/surgery-int8-smooth"
-.venv/bin/surgery export minilm-l6 --out "$work/surgery-int8-smooth" --format sentence-transformers --int8 \
+nice .venv/bin/surgery export minilm-l6 --out "$work/surgery-int8-smooth" --format sentence-transformers --int8 \
     --calibration "$work/calibration.txt"
-.venv/bin/surgery export minilm-l6 --out "$work/surgery-int8" --format sentence-transformers --int8
+nice .venv/bin/surgery export minilm-l6 --out "$work/surgery-int8" --format sentence-transformers --int8
 
 # (2) the stock venv: the version set of /work/shared/design/ASSETS.md that installs together, torch from the
 # CPU wheel index (plain PyPI's torch pulls the CUDA libraries; TORCH_INDEX= empty keeps pip's own configuration,
@@ -46,7 +47,7 @@ fi
 
 # (3) the stock side, run from the work folder (from the repository root, Python would find ./surgery).
 bench="$PWD/$study/bench_st_runtimes.py"
-(cd "$work" && "$venv/bin/python" "$bench" export "$work")
+(cd "$work" && nice "$venv/bin/python" "$bench" export "$work")
 # shellcheck disable=SC2086  # THREADS is a list of numbers
 (cd "$work" && "${locked[@]}" "$venv/bin/python" "$bench" embed "$work" \
     && "${locked[@]}" "$venv/bin/python" "$bench" time "$work" --threads $threads --rounds "$rounds")
