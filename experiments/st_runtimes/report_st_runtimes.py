@@ -95,6 +95,9 @@ def table(result: dict[str, Any]) -> str:
         f"{v['torch']}, onnxruntime {v['onnxruntime']}, optimum {v['optimum']}, optimum-onnx {v['optimum-onnx']}, "
         f"openvino {v['openvino']}, optimum-intel {v['optimum-intel']}, nncf {v['nncf']}.",
         f"Speedup: {result['speedup']}; {result['rounds']} rounds, each `encode` of {result['what'].split(' of ')[1]}.",
+        "Load (1-minute load average before and after the rounds; the machine is shared): " + ", ".join(
+            f"{t} thread{'s' if t != '1' else ''} {a:.1f} to {b:.1f}" for t, (a, b) in result["load_average"].items())
+        + ".",
         f"Fidelity: against torch fp32 on {result['eval_texts']} held-out texts; recall@10 over those texts.",
         "",
         "| backend | " + " | ".join(f"speedup, {t} thread{'s' if t != '1' else ''} (95% CI)" for t in threads)

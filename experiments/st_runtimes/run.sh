@@ -6,8 +6,8 @@
 # Steps: (1) with surgery (./.venv): held-out and calibration texts (split_texts.py), then all-MiniLM-L6-v2
 # exported as `--format sentence-transformers --int8`, with and without `--calibration`; (2) the stock venv
 # WORK-venv, made once and reused; (3) in it, sentence-transformers' own exports (bench_st_runtimes.py export),
-# then every backend's embeddings of the held-out texts (embed) and the interleaved timing (time), these two
-# under the timing lock when LOCK names one; (4) with surgery's venv, intervals and fidelity
+# then every backend's embeddings of the held-out texts (embed) and the interleaved timing (time), the timing
+# alone under the lock when LOCK names one (flock: timed runs on a shared machine take turns); (4) with surgery's venv, intervals and fidelity
 # (report_st_runtimes.py) into experiments/st_runtimes/results/st_runtimes.{json,md}.
 #
 # Usage: bash experiments/st_runtimes/run.sh [WORK_DIR]     (needs ./.venv from scripts/install.sh test,onnx)
@@ -48,9 +48,9 @@ fi
 # (3) the stock side, run from the work folder (from the repository root, Python would find ./surgery).
 bench="$PWD/$study/bench_st_runtimes.py"
 (cd "$work" && nice "$venv/bin/python" "$bench" export "$work")
+(cd "$work" && nice "$venv/bin/python" "$bench" embed "$work")
 # shellcheck disable=SC2086  # THREADS is a list of numbers
-(cd "$work" && "${locked[@]}" "$venv/bin/python" "$bench" embed "$work" \
-    && "${locked[@]}" "$venv/bin/python" "$bench" time "$work" --threads $threads --rounds "$rounds")
+(cd "$work" && "${locked[@]}" "$venv/bin/python" "$bench" time "$work" --threads $threads --rounds "$rounds")
 
 # (4) intervals and fidelity with surgery's own code.
 .venv/bin/python "$study/report_st_runtimes.py" "$work" --name "${NAME:-st_runtimes}"
