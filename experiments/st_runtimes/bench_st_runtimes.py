@@ -210,7 +210,7 @@ def time_backends(work: Path, names: list[str], threads: list[int], rounds: int,
                 model.encode(batch_texts, batch_size=32)
         seconds: dict[str, list[float]] = {name: [] for name in names}
         # Other jobs share the machine: the 1-minute load average before and after says how much.
-        load = [os.getloadavg()[0]]
+        load_avg = [os.getloadavg()[0]]
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]  # rotated: no backend always runs first
             for name in order:
@@ -219,7 +219,7 @@ def time_backends(work: Path, names: list[str], threads: list[int], rounds: int,
                 f"{name} {seconds[REFERENCE][-1] / seconds[name][-1]:.2f}x" for name in names if name != REFERENCE),
                 flush=True)
         result["seconds"][str(n)] = seconds
-        result["load_average"][str(n)] = [*load, os.getloadavg()[0]]
+        result["load_average"][str(n)] = [*load_avg, os.getloadavg()[0]]
         del models
     (work / "timing.json").write_text(json.dumps(result, indent=1) + "\n")
     print("wrote", work / "timing.json")
