@@ -7,8 +7,8 @@
 # exported as `--format sentence-transformers --int8`, with and without `--calibration`; (2) the stock venv
 # WORK-venv, made once and reused; (3) in it, sentence-transformers' own exports (bench_st_runtimes.py export),
 # then every backend's embeddings of the held-out texts (embed) and the interleaved timing (time), the timing
-# alone under the lock when LOCK names one (flock: timed runs on a shared machine take turns); (4) with surgery's venv, intervals and fidelity
-# (report_st_runtimes.py) into experiments/st_runtimes/results/st_runtimes.{json,md}.
+# alone under the lock when LOCK names one (flock: timed runs on a shared machine take turns); (4) with
+# surgery's venv, intervals and fidelity (report_st_runtimes.py) into experiments/st_runtimes/results/.
 #
 # Usage: bash experiments/st_runtimes/run.sh [WORK_DIR]     (needs ./.venv from scripts/install.sh test,onnx)
 # Environment: THREADS (default "1 2"), ROUNDS (default 15), LOCK (a flock file for the timed steps; default
