@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from surgery.deploy.runtime import op_counts
 from surgery.embedding.evaluate import mean_cosine, retrieval_agreement
 from surgery.measure.stats import bootstrap_median
 
@@ -44,6 +45,21 @@ def _paired(slow: list[float], fast: list[float]) -> dict[str, float]:
     """Median and 95% interval of the per-round ratio ``slow / fast`` (above 1: ``fast`` is faster)."""
     ci = bootstrap_median([a / b for a, b in zip(slow, fast, strict=True)])
     return {"speedup": ci.estimate, "low": ci.low, "high": ci.high, "rounds": ci.rounds}
+
+
+def onnx_ops(work: Path, settings: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Operator counts of every ONNX graph timed: what each int8 export quantizes, and what it adds."""
+    files = {"st-onnx-fp32": "st-minilm/onnx/model.onnx",
+             "st-onnx-qint8": f"st-minilm/onnx/model_qint8_{settings['onnx_qint8_config']}.onnx",
+             "surgery-int8": "surgery-int8/onnx/model.onnx",
+             "surgery-int8-smooth": "surgery-int8-smooth/onnx/model.onnx"}
+    kept = ("MatMul", "MatMulInteger", "DynamicQuantizeLinear", "Mul", "Attention", "MultiHeadAttention",
+            "SkipLayerNormalization", "LayerNormalization", "Gelu", "FastGelu", "Erf")
+    counts = {}
+    for name, file in files.items():
+        ops = op_counts(work / file)
+        counts[name] = {"nodes": sum(ops.values()), **{op: ops.get(op, 0) for op in kept}}
+    return counts
 
 
 def summarize(work: Path, k: int = 10) -> dict[str, Any]:
@@ -76,7 +92,8 @@ def summarize(work: Path, k: int = 10) -> dict[str, Any]:
             "95% percentile-bootstrap interval (surgery.measure.stats.bootstrap_median)",
             **{key: timing[key] for key in ("what", "machine", "versions", "onnx_qint8_config", "onnx_qint8_preset",
                                             "batch_size", "rounds", "settings", "load_average")},
-            "fidelity": fidelity, "speedups": speedups, "surgery_against_st_int8": head_to_head,
+            "onnx_ops": onnx_ops(work, timing), "fidelity": fidelity, "speedups": speedups,
+            "surgery_against_st_int8": head_to_head,
             "seconds": timing["seconds"]}
 
 
