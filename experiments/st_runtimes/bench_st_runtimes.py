@@ -159,13 +159,13 @@ def load(work: Path, name: str, threads: int) -> SentenceTransformer:
     elif backend == "openvino":
         # optimum-intel's default hint is LATENCY; pinning is turned off because torch and ONNX Runtime
         # do not pin either, and the other processes on this machine would otherwise share the pinned core.
+        # CACHE_DIR "": no compiled-model cache written beside the model (optimum-intel would add one).
         ov_config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
                                      "ENABLE_CPU_PINNING": False, "CACHE_DIR": ""}
         if name.endswith("-f32"):
             ov_config["INFERENCE_PRECISION_HINT"] = "f32"
         kwargs = {"file_name": file, "ov_config": ov_config}
-    model = SentenceTransformer(str(work / folder), backend=backend, device="cpu", model_kwargs=kwargs or None)
-    return model
+    return SentenceTransformer(str(work / folder), backend=backend, device="cpu", model_kwargs=kwargs or None)
 
 
 def texts(work: Path) -> dict[str, list[str]]:
@@ -174,8 +174,9 @@ def texts(work: Path) -> dict[str, list[str]]:
 
 
 def embed(work: Path, names: list[str]) -> None:
-    """Every backend's embeddings of the held-out texts, unnormalised, as ``emb-<backend>.npy``."""
+    """Every backend's embeddings of the held-out texts, as ``encode`` returns them, as ``emb-<backend>.npy``."""
     held_out = texts(work)["eval"]
+    # Untimed: two threads only to finish sooner; the thread count does not change the numbers that matter here.
     torch.set_num_threads(2)
     for name in names:
         model = load(work, name, threads=2)
