@@ -159,7 +159,7 @@ def load(work: Path, name: str, threads: int) -> SentenceTransformer:
     elif backend == "openvino":
         # optimum-intel's default hint is LATENCY; pinning is turned off because torch and ONNX Runtime
         # do not pin either, and the other processes on this machine would otherwise share the pinned core.
-        # CACHE_DIR "": no compiled-model cache written beside the model (optimum-intel would add one).
+        # CACHE_DIR "": no compiled-model cache; every load compiles afresh and writes nothing beside the model.
         ov_config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
                                      "ENABLE_CPU_PINNING": False, "CACHE_DIR": ""}
         if name.endswith("-f32"):
