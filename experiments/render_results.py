@@ -420,6 +420,8 @@ INCLUDED_TABLES: dict[str, list[tuple[str, str]]] = {
         ("results-int8", "ONNX Runtime int8 (smoothed), MiniLM-L6, against the int8 original and PyTorch fp32"),
     ],
     "compress": [("compress", "surgery compress on fine-tuned MiniLM-L6 classifiers, test accuracy retained")],
+    "st_runtimes": [("st_runtimes", "all-MiniLM-L6-v2: surgery's int8 against sentence-transformers' ONNX and "
+                     "OpenVINO exports")],
     "int8": [
         ("int8_smoothing", "Choosing the alpha: seeds 0-2, probes on 600 / 300 texts"),
         ("int8_smoothing_probes", "The same seeds with larger probe sets"),
@@ -687,6 +689,7 @@ SECTIONS: list[tuple[str, str, str | None, Callable[..., str]]] = [
     ("embeddings", "embeddings", None, functools.partial(render_tables, "embeddings")),
     ("latency_prediction", "latency_prediction", None, functools.partial(render_tables, "latency_prediction")),
     ("compress", "compress", None, functools.partial(render_tables, "compress")),
+    ("st_runtimes", "st_runtimes", None, functools.partial(render_tables, "st_runtimes")),
 ]
 
 
