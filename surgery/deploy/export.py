@@ -34,8 +34,16 @@ from torch import nn
 
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.core.manifest import source_dir_of, steps_of
+from surgery.deploy.fused_attention import FusedAttentionInfo, fused_attention, fusion_info
 from surgery.deploy.names import INFO_NAME, ONNX_NAME, TASKS
-from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, quantize_int8, quiet_loggers, require_onnx
+from surgery.deploy.runtime import (
+    OnnxRuntimeModel,
+    op_counts,
+    optimize_graph,
+    quantize_int8,
+    quiet_loggers,
+    require_onnx,
+)
 from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
@@ -83,6 +91,9 @@ class ExportReport(BaseModel):
     parity_batch: tuple[int, int]
     tolerance: float
     parity: Agreement = Field(description="fp32 ONNX Runtime against fp32 PyTorch")
+    fused_attention: FusedAttentionInfo | None = Field(default=None, description="the layers whose attention is "
+                                                       "one fused operator (None: fusion turned off)")
+    operators: dict[str, int] = Field(default_factory=dict, description="operator counts of the written graph")
     optimized: dict[str, int] | None = Field(default=None, description="operator counts after ORT's optimizer")
     optimized_parity: Agreement | None = None
     int8: bool = False
@@ -334,6 +345,7 @@ def export_onnx(
     threads: int | None = None,
     overwrite: bool = False,
     max_length: int | None = None,
+    fuse_attention: bool = True,
 ) -> ExportReport:
     """Export ``model`` to ``out_dir/model.onnx``, check ONNX Runtime against PyTorch, optionally quantize.
 
@@ -361,6 +373,9 @@ def export_onnx(
         max_length: the tokens the saved ``tokenizer.json`` truncates at; default: ``max_seq_length`` of
             the source's ``sentence_bert_config.json``, else the tokenizer's own limit, else the model's
             positions (:mod:`surgery.deploy.tokenizer`); it pads to the longest text of each batch.
+        fuse_attention: write each layer's attention core as one ONNX Runtime ``MultiHeadAttention``
+            operator with the layer's own head count (:mod:`surgery.deploy.fused_attention`); layers
+            whose family computes attention its own way stay MatMul + Softmax. False: the plain graph.
 
     Example:
         >>> import tempfile
@@ -403,7 +418,13 @@ def export_onnx(
         with atomic_directory(out_dir, overwrite=overwrite) as tmp:
             path = tmp / ONNX_NAME
             start = time.perf_counter()
-            _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
+            fusion = None
+            if fuse_attention:
+                with fused_attention(module) as recorder:
+                    _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
+                fusion = fusion_info(module, recorder)
+            else:
+                _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
             seconds = time.perf_counter() - start
 
             def session(graph: Path) -> OnnxRuntimeModel:
@@ -446,7 +467,8 @@ def export_onnx(
                 dynamic_axes={name: ["batch", "sequence"] for name in names},
                 opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)", versions=_versions(),
                 steps=[str(s.get("strategy")) for s in steps_of(model)], parity_batch=(batch, seq),
-                tolerance=tolerance, parity=parity, optimized=optimized, optimized_parity=optimized_parity,
+                tolerance=tolerance, parity=parity, fused_attention=fusion, operators=op_counts(path),
+                optimized=optimized, optimized_parity=optimized_parity,
                 int8=int8, int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
                 int8_fp32_nodes=len(fp32_nodes), int8_smoothing=smoothing, int8_drift=drift,
                 accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,

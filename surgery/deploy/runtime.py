@@ -167,7 +167,11 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: 
     with quiet_loggers(""):  # the quantizer logs a pre-processing hint on the root logger
         try:
             quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
-                             nodes_to_exclude=excluded + skipped, extra_options={"MatMulConstBOnly": True})
+                             nodes_to_exclude=excluded + skipped,
+                             # ONNX's shape inference knows no com.microsoft operator, so the output of a fused
+                             # MultiHeadAttention (and the products reading it) has no inferred type; every
+                             # float tensor of an exported graph is fp32.
+                             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
         finally:
             bare.unlink(missing_ok=True)
     return excluded
