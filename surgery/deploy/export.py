@@ -45,6 +45,7 @@ from surgery.deploy.runtime import (
     require_onnx,
 )
 from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
+from surgery.deploy.static_int8 import check_int8_mode, quantize_static_int8
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
 from surgery.persist.model_io import atomic_directory
@@ -97,6 +98,8 @@ class ExportReport(BaseModel):
     optimized: dict[str, int] | None = Field(default=None, description="operator counts after ORT's optimizer")
     optimized_parity: Agreement | None = None
     int8: bool = False
+    int8_mode: str | None = Field(default=None, description="dynamic: activation scales per batch at run time; "
+                                  "static: calibrated on the calibration texts (QDQ); None: no int8")
     int8_per_channel: bool | None = Field(default=None, description="int8 weight scales per output channel "
                                           "(False: per tensor; None: no int8)")
     int8_fp32: list[str] = Field(default_factory=list, description="parts whose products stayed in fp32")
@@ -346,6 +349,7 @@ def export_onnx(
     overwrite: bool = False,
     max_length: int | None = None,
     fuse_attention: bool = True,
+    int8_mode: str = "dynamic",
 ) -> ExportReport:
     """Export ``model`` to ``out_dir/model.onnx``, check ONNX Runtime against PyTorch, optionally quantize.
 
@@ -376,6 +380,8 @@ def export_onnx(
         fuse_attention: write each layer's attention core as one ONNX Runtime ``MultiHeadAttention``
             operator with the layer's own head count (:mod:`surgery.deploy.fused_attention`); layers
             whose family computes attention its own way stay MatMul + Softmax. False: the plain graph.
+        int8_mode: with ``int8``, ``dynamic`` (activation scales per batch at run time) or ``static``
+            (scales calibrated once on ``calibration``, after smoothing; :mod:`surgery.deploy.static_int8`).
 
     Example:
         >>> import tempfile
@@ -397,6 +403,9 @@ def export_onnx(
     check_int8_fp32(int8_fp32, int8, "export")
     if calibration is not None and not int8:
         raise ConfigError("export: calibration batches smooth the activations for int8; they need --int8")
+    if calibration is not None:
+        calibration = list(calibration)  # read twice with static int8: smoothing, then the activation ranges
+    check_int8_mode(int8_mode, int8=int8, calibrated=calibration is not None)
     target, output, task = export_target(model, task)
     source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     was_training = model.training
@@ -436,8 +445,12 @@ def export_onnx(
             fp32_nodes: list[str] = []
             if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
                 quantized = tmp / "model.int8.onnx"
-                fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
-                                           keep_fp32=_export_scopes(fp32_modules))
+                if int8_mode == "static" and calibration is not None:
+                    fp32_nodes = quantize_static_int8(path, quantized, calibration, input_names=names,
+                                                      per_channel=per_channel, keep_fp32=_export_scopes(fp32_modules))
+                else:
+                    fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
+                                               keep_fp32=_export_scopes(fp32_modules))
                 os.replace(quantized, path)
                 runtime = session(path)
                 drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
@@ -469,7 +482,8 @@ def export_onnx(
                 steps=[str(s.get("strategy")) for s in steps_of(model)], parity_batch=(batch, seq),
                 tolerance=tolerance, parity=parity, fused_attention=fusion, operators=op_counts(path),
                 optimized=optimized, optimized_parity=optimized_parity,
-                int8=int8, int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
+                int8=int8, int8_mode=int8_mode if int8 else None,
+                int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
                 int8_fp32_nodes=len(fp32_nodes), int8_smoothing=smoothing, int8_drift=drift,
                 accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
                 onnx_bytes=path.stat().st_size, export_seconds=seconds,
