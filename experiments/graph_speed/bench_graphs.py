@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import random
 import tempfile
@@ -118,7 +119,6 @@ def graph_path(work: Path, family: str, name: str, variant: str) -> Path:
 
 
 def export_all(args: argparse.Namespace) -> None:
-    results = load_results()
     for family in args.families:
         for name in MODELS:
             model = build(family, name)
@@ -139,9 +139,8 @@ def export_all(args: argparse.Namespace) -> None:
                     entry["ops"][variant] = optimize_graph(path, Path(tmp) / "optimized.onnx", threads=args.threads)
             if family == "bert":
                 entry["fidelity"] = fidelity(model, args.work, name, args.threads)
-            results.setdefault("graphs", {}).setdefault(family, {})[name] = entry
             print(f"[export] {family} {name}: {json.dumps(entry.get('fidelity'))}", flush=True)
-            save_results(results)
+            update_results(("graphs", family, name), entry)
 
 
 def fidelity(model: torch.nn.Module, work: Path, name: str, threads: int) -> dict[str, Any]:
@@ -160,7 +159,6 @@ def fidelity(model: torch.nn.Module, work: Path, name: str, threads: int) -> dic
 
 
 def time_all(args: argparse.Namespace) -> None:
-    results = load_results()
     for family in args.families:
         for threads in args.threads_list:
             models: dict[str, torch.nn.Module] = {}
@@ -184,15 +182,14 @@ def time_all(args: argparse.Namespace) -> None:
                 own = rounds[f"{label.split(' | ')[0]} | torch fp32"]
                 ci = bootstrap_median([a / b for a, b in zip(rounds[label], own, strict=True)])
                 row["vs_own_torch"], row["vs_own_torch_ci95"] = ci.estimate, (ci.low, ci.high)
-            throughput = {b.name: b.throughput for b in report.models}
-            results.setdefault("timing", {}).setdefault(family, {})[str(threads)] = {
-                "rows": rows, "throughput": throughput, "warnings": report.warnings,
-                "torch_attention": getattr(models["original | torch fp32"].config, "_attn_implementation", None),
-                "settings": report.settings.model_dump(mode="json")}
-            results["machine"] = report.machine.model_dump(mode="json") if report.machine else None
+            run = {"rows": rows, "throughput": {b.name: b.throughput for b in report.models},
+                   "warnings": report.warnings,
+                   "torch_attention": getattr(models["original | torch fp32"].config, "_attn_implementation", None),
+                   "settings": report.settings.model_dump(mode="json"),
+                   "machine": report.machine.model_dump(mode="json") if report.machine else None}
             print(f"[time] {family} threads={threads}: " + ", ".join(
-                f"{k}: {v['paired_speedup']:.2f}" for k, v in rows.items()), flush=True)
-            save_results(results)
+                f"{k}: {v['vs_own_torch']:.2f}" for k, v in rows.items()), flush=True)
+            update_results(("timing", family, str(threads)), run)
 
 
 def profile(args: argparse.Namespace) -> None:
@@ -200,7 +197,6 @@ def profile(args: argparse.Namespace) -> None:
     require_onnx()
     import onnxruntime as ort
 
-    results = load_results()
     inputs = {k: v.numpy() for k, v in make_inputs(30522, batch_size=32, seq_len=args.seq, seed=0).items()}
     inputs["token_type_ids"] = inputs["input_ids"] * 0
     found: dict[str, Any] = {}
@@ -225,18 +221,25 @@ def profile(args: argparse.Namespace) -> None:
                 "ms_per_batch": total,
                 "share": {k: v / total for k, v in sorted(per_op.items(), key=lambda kv: -kv[1])}}
             print(f"[profile] {name} {variant}: {total:.1f} ms", flush=True)
-    results["profile"] = {"threads": 1, "batch": [32, args.seq], "runs": args.repeats, "graphs": found}
-    save_results(results)
+    update_results(("profile",), {"threads": 1, "batch": [32, args.seq], "runs": args.repeats, "graphs": found})
 
 
 def load_results() -> dict[str, Any]:
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
 
 
-def save_results(results: dict[str, Any]) -> None:
-    results["machine_at_save"] = machine_info().model_dump(mode="json")
+def update_results(keys: tuple[str, ...], value: Any) -> None:
+    """Set ``results[k1][k2]... = value`` in the results file: stages may run in parallel processes."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = load_results()
+        node = results
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+        results["machine_at_save"] = machine_info().model_dump(mode="json")
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def _cell(row: dict[str, Any] | None, key: str) -> str:
@@ -249,7 +252,8 @@ def _cell(row: dict[str, Any] | None, key: str) -> str:
 def render(_: argparse.Namespace) -> None:
     """``results/graph_speed.md``: speed tables, fidelity, fused operators, the profile."""
     results = load_results()
-    machine = results.get("machine") or results.get("machine_at_save") or {}
+    timed = [run for by_threads in results.get("timing", {}).values() for run in by_threads.values()]
+    machine = next((run["machine"] for run in timed if run.get("machine")), results.get("machine_at_save") or {})
     flags = [f for f in machine.get("flags", []) if "vnni" in f or f in ("avx2", "avx512f", "amx_int8")]
     lines = ["# Exported graphs against PyTorch (issue 25)", "",
              f"Machine: {machine.get('cpu_model')} ({machine.get('arch')}), int8-relevant flags "
