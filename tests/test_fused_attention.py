@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import surgery
+from surgery.core.errors import ConfigError
 from surgery.deploy import INFO_NAME, OnnxRuntimeModel, export_onnx
 from surgery.deploy.export import agreement
 from surgery.deploy.fused_attention import FUSED_DOMAIN, FUSED_OP, fused_attention
@@ -102,3 +103,23 @@ def test_the_interface_is_restored_after_the_block() -> None:
     with fused_attention(model) as recorder:
         model.eval()(**tiny_inputs(spec))
     assert model.config._attn_implementation == before and sorted(recorder.calls.values()) == sorted(KEPT_HEADS)
+
+
+def test_static_int8_calibrates_activation_scales_around_the_fused_operator(tmp_path) -> None:
+    model, spec = uneven_model("bert")
+    batches = [tiny_inputs(spec, batch=4, seq=10, seed=s) for s in range(2)]
+    report = export_onnx(model, tmp_path / "static", int8=True, int8_mode="static", calibration=batches, batch=3,
+                         seq=8)
+    ops = report.operators
+    # Every product's input and weight pass a QuantizeLinear/DequantizeLinear pair with calibrated scales.
+    assert report.int8_mode == "static" and ops["QuantizeLinear"] >= 18 and ops["DequantizeLinear"] >= 36
+    assert ops[FUSED_OP] == 3 and "DynamicQuantizeLinear" not in ops
+    assert report.int8_drift is not None and report.int8_drift.min_cosine > 0.99
+
+
+def test_static_int8_needs_calibration_texts(tmp_path) -> None:
+    model, _ = uneven_model("bert")
+    with pytest.raises(ConfigError, match=r"^export: int8_mode 'static' calibrates activation scales on your texts"):
+        export_onnx(model, tmp_path / "x", int8=True, int8_mode="static")
+    with pytest.raises(ConfigError, match=r"^export: int8_mode 'fast' is not one of dynamic, static$"):
+        export_onnx(model, tmp_path / "x", int8=True, int8_mode="fast")

@@ -154,7 +154,13 @@ def prepared_for_quantization(src: Path, dst: Path, keep_fp32: Collection[str] =
     # quantizer fails on it; it stays as it is.
     empty = {t.name for t in proto.graph.initializer if 0 in t.dims}
     skipped = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and empty.intersection(n.input)]
+    # ONNX's shape inference knows no com.microsoft operator, so it cannot type a fused MultiHeadAttention's
+    # output nor anything downstream of it, and the static quantizer leaves untyped product inputs in fp32;
+    # those outputs keep the exporter's annotation (always an fp32 tensor).
+    contrib = {out for node in proto.graph.node if node.domain == "com.microsoft" for out in node.output}
+    kept_info = [info for info in proto.graph.value_info if info.name in contrib]
     del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept_info)
     bare = dst.with_name(dst.stem + ".bare.onnx")
     onnx.save(proto, str(bare))
     try:

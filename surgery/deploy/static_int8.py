@@ -10,7 +10,8 @@ activation smoothing (:mod:`surgery.deploy.smooth`), which runs first, so the ra
 the smoothed activations.
 
 Weights are signed int8 with one scale per output channel and activations unsigned int8
-(ONNX Runtime's U8S8, the fast path of its x86 kernels); a fused ``MultiHeadAttention`` stays fp32.
+(ONNX Runtime's U8S8, the fast path of its x86 kernels); only product inputs are quantized, so each
+product runs as ``MatMulIntegerToFloat`` with an fp32 result; a fused ``MultiHeadAttention`` stays fp32.
 """
 
 from __future__ import annotations
@@ -105,5 +106,7 @@ def quantize_static_int8(src: Path, dst: Path, batches: Iterable[Mapping[str, to
         quantize_static(str(bare), str(dst), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul"],
                         per_channel=per_channel, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=excluded,
-                        extra_options=quantizer_options())
+                        # Inputs only: ORT then runs each product as MatMulIntegerToFloat with an fp32 result
+                        # (as dynamic int8 does), instead of re-quantizing every product's output.
+                        extra_options={**quantizer_options(), "OpTypesToExcludeOutputQuantization": ["MatMul"]})
     return kept
