@@ -128,9 +128,10 @@ def export_all(args: argparse.Namespace) -> None:
                 if options is None:
                     continue
                 path = graph_path(args.work, family, name, variant)
-                if not path.exists():
+                if not (path.parent / "report.json").exists():  # exported and recorded before: reused
                     extra = {"calibration": batches} if options.get("int8") else {}
-                    report = export_onnx(model, path.parent, batch=4, seq=24, threads=args.threads, **options, **extra)
+                    report = export_onnx(model, path.parent, batch=4, seq=24, threads=args.threads, overwrite=True,
+                                         **options, **extra)
                     (path.parent / "report.json").write_text(report.model_dump_json())
                 report = json.loads((path.parent / "report.json").read_text())
                 if variant == "ort fp32 fused":
