@@ -5,8 +5,12 @@ all-MiniLM-L6-v2 for ``bert`` (``minilm``) and random weights for the other fami
 trained weights), each as
 
 * ``original``;
-* ``shrp-3/6``: SHRP-3/6's end state, the top 3 of 6 layers single-head (head-prune to 1 head; the
-  structure only, untrained: it times what SHRP serves, and its int8 fidelity is against its own fp32);
+* ``shrp-3/6`` (MiniLM only): SHRP's end structure without its training, as
+  ``experiments/deploy/bench_deploy.py --standin`` builds it: the top 3 of 6 layers converted to Expert
+  Attention and Top-1 pruned (one single-head attention layer each, no FFN); its int8 fidelity is
+  against its own fp32. Those three layers compute attention themselves and stay unfused;
+* ``single-head-3/6``: the top 3 of 6 layers cut to one head by head pruning (FFNs kept): a fusable
+  single-head structure for every family;
 * ``head+ffn``: heads and FFN neurons pruned unevenly (12/8/6/6/4/2 heads, FFN 1024/768/768/512/512/512);
 
 and each of those in six runtimes: PyTorch fp32, ONNX Runtime fp32 with attention as exported before
@@ -58,12 +62,17 @@ from surgery.embedding.suite import corpus_texts
 from surgery.measure.machine import machine_info
 from surgery.measure.side_by_side import bench_models, make_inputs
 from surgery.measure.stats import bootstrap_median
-from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
+from surgery.strategies import (
+    ExpertAttentionStrategy,
+    FFNPruningStrategy,
+    HeadPruningStrategy,
+    Top1PruningStrategy,
+)
 from surgery.testing import FAMILIES, TinySpec, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 RESULTS = ROOT / "experiments" / "graph_speed" / "results" / "graph_speed.json"
-MODELS = ("original", "shrp-3/6", "head+ffn")
+MODELS = ("original", "shrp-3/6", "single-head-3/6", "head+ffn")
 #: Runtime variants: label -> export_onnx arguments (None: the PyTorch model itself).
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "torch fp32": None,
@@ -90,9 +99,18 @@ def base_model(family: str) -> torch.nn.Module:
     return model
 
 
+def models_of(family: str) -> tuple[str, ...]:
+    """The models benched for ``family``: SHRP's stand-in only for the real MiniLM."""
+    return MODELS if family == "bert" else tuple(m for m in MODELS if m != "shrp-3/6")
+
+
 def build(family: str, name: str) -> torch.nn.Module:
     model = base_model(family)
     if name == "shrp-3/6":
+        surgery.convert(model, ExpertAttentionStrategy(layers=[3, 4, 5]))
+        usage = make_inputs(int(model.config.vocab_size), batch_size=8, seq_len=16, seed=0)
+        surgery.convert(model, Top1PruningStrategy(keep=1), data=[usage])
+    elif name == "single-head-3/6":
         surgery.convert(model, HeadPruningStrategy(heads={i: list(range(1, 12)) for i in (3, 4, 5)}))
     elif name == "head+ffn":
         surgery.convert(model, HeadPruningStrategy(heads={i: list(range(n)) for i, n in HEADS_REMOVED.items() if n}))
@@ -122,7 +140,7 @@ def graph_path(work: Path, family: str, name: str, variant: str) -> Path:
 
 def export_all(args: argparse.Namespace) -> None:
     for family in args.families:
-        for name in MODELS:
+        for name in models_of(family):
             model = build(family, name)
             batches = calibration_batches(family, model, args.seq)
             entry: dict[str, Any] = {"ops": {}, "fused_attention": None}
@@ -166,7 +184,7 @@ def time_all(args: argparse.Namespace) -> None:
     for family in args.families:
         for threads in args.threads_list:
             models: dict[str, torch.nn.Module] = {}
-            for name in MODELS:
+            for name in models_of(family):
                 model = build(family, name)
                 for variant, options in VARIANTS.items():
                     label = f"{name} | {variant}"
@@ -205,7 +223,7 @@ def profile(args: argparse.Namespace) -> None:
     inputs["token_type_ids"] = inputs["input_ids"] * 0
     found: dict[str, Any] = {}
     for name in ("original", "shrp-3/6"):
-        for variant in ("ort fp32 fused", "int8 dynamic", "int8 static"):
+        for variant in ("ort fp32 fused", "int8 dynamic unfused", "int8 dynamic", "int8 static"):
             options = ort.SessionOptions()
             options.intra_op_num_threads = 1
             options.enable_profiling = True
@@ -272,14 +290,15 @@ def render(_: argparse.Namespace) -> None:
                       "Against the same model in PyTorch fp32:", "",
                       "| model | " + " | ".join(variants) + " | PyTorch fp32 vs original |",
                       "|---" * (len(variants) + 2) + "|"]
-            for name in MODELS:
+            benched = [name for name in MODELS if f"{name} | torch fp32" in run["rows"]]
+            for name in benched:
                 rows = run["rows"]
                 cells = [_cell(rows.get(f"{name} | {v}"), "vs_own_torch") for v in variants]
                 own = _cell(rows.get(f"{name} | torch fp32"), "paired_speedup")
                 lines.append(f"| {name} | " + " | ".join(cells) + f" | {own} |")
             lines += ["", "Against the original in PyTorch fp32:", "",
                       "| model | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
-            for name in MODELS:
+            for name in benched:
                 cells = [_cell(run["rows"].get(f"{name} | {v}"), "paired_speedup") for v in variants]
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
             for warning in run.get("warnings", []):
