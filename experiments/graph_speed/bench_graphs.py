@@ -91,7 +91,10 @@ def base_model(family: str) -> torch.nn.Module:
     """all-MiniLM-L6-v2 for bert, else the family at MiniLM-L6 widths with random weights."""
     if family == "bert":
         return surgery.from_pretrained(resolve_model_path("minilm-l6")).eval()
-    model = tiny_model(TinySpec(family, heads=12, head_dim=32, layers=6, ffn=1536, seed=FAMILIES.index(family)))
+    # ModernBERT at its real local window (128 tokens; the tiny test config's 8 is for tests of the window).
+    real = {"local_attention": 128} if family == "modernbert" else {}
+    model = tiny_model(TinySpec(family, heads=12, head_dim=32, layers=6, ffn=1536, seed=FAMILIES.index(family)),
+                       **real)
     # PyTorch rows run as from_pretrained would load them: SDPA where the family has it (MPNet and
     # DeBERTa-v2 have their own attention only).
     with contextlib.suppress(ValueError, ImportError):
