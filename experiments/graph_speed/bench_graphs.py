@@ -338,7 +338,7 @@ def render(_: argparse.Namespace) -> None:
                   "| graph | ms per batch | top operators (share of kernel time) |", "|---|---|---|"]
         for label, found in prof["graphs"].items():
             top = ", ".join(f"{k} {v:.0%}" for k, v in list(found["share"].items())[:6])
-            lines.append(f"| {label} | {found['ms_per_batch']:.1f} | {top} |")
+            lines.append(f"| {label.replace(' | ', ', ')} | {found['ms_per_batch']:.1f} | {top} |")
         lines.append("")
     RESULTS.with_suffix(".md").write_text("\n".join(lines))
 
