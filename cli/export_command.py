@@ -56,7 +56,8 @@ def int8_label(report: ExportReport) -> str:
     kept = f", {', '.join(report.int8_fp32)} in fp32 ({report.int8_fp32_nodes} products)" if report.int8_fp32 else ""
     smooth = report.int8_smoothing
     smoothed = f", activations smoothed (alpha {smooth.alpha:g}, {smooth.modules} products)" if smooth else ""
-    return (f"int8 (dynamic, per-{'channel' if report.int8_per_channel is not False else 'tensor'} weights"
+    scales = "channel" if report.int8_per_channel is not False else "tensor"
+    return (f"int8 ({report.int8_mode or 'dynamic'}, per-{scales} weights"
             f"{smoothed}{kept})")
 
 
@@ -75,6 +76,12 @@ def export_view(report: ExportReport, out: Path) -> RenderableType:
                           f"on a padded {report.parity_batch[0]}x{report.parity_batch[1]} batch "
                           f"(tolerance {report.tolerance:g})"),
     ]
+    if report.fused_attention is not None:
+        info = report.fused_attention
+        rows.append(("fused attention", f"{len(info.layers)} of {len(info.layers) + len(info.unfused_layers)} layers "
+                                        f"(num_heads {'/'.join(map(str, info.num_heads)) or '-'})"
+                                        + (f"; layers {info.unfused_layers} unfused: {info.reason}"
+                                           if info.unfused_layers else "")))
     if report.optimized is not None:
         fused = {k: v for k, v in report.optimized.items() if k in FUSED_OPS}
         rows.append(("optimized", ", ".join(f"{k} x{v}" for k, v in fused.items()) or "no fused operators"))
@@ -122,6 +129,12 @@ def export_command(
     smooth_alpha: SmoothAlpha = SMOOTH_ALPHA,
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
+    fuse_attention: Annotated[bool, typer.Option("--fuse-attention/--no-fuse-attention", help="Each layer's "
+                                                 "attention as one ONNX Runtime MultiHeadAttention operator with "
+                                                 "its own head count (default); --no-fuse-attention writes "
+                                                 "MatMul + Softmax (plain ONNX, for other runtimes).")] = True,
+    int8_mode: Annotated[str, typer.Option("--int8-mode", help="With --int8: dynamic (activation scales per "
+                                           "batch) or static (calibrated on --calibration, QDQ).")] = "dynamic",
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
     batch: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Parity batch: sequences.")] = 4,
     seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,
@@ -197,7 +210,8 @@ def export_command(
     with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
         report = export_onnx(model, target, tokenizer=tokenizer, task=task, int8=int8, per_channel=not per_tensor,
                              int8_fp32=int8_fp32 or (), calibration=smoothing_batches, smooth_alpha=smooth_alpha,
-                             optimize=optimize, batch=batch, seq=seq,
+                             optimize=optimize, batch=batch, seq=seq, fuse_attention=fuse_attention,
+                             int8_mode=int8_mode,
                              tolerance=tolerance, opset=opset, data=batches, threads=threads, overwrite=overwrite)
     stdout().print(export_view(report, target))
 

@@ -34,9 +34,18 @@ from torch import nn
 
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.core.manifest import source_dir_of, steps_of
+from surgery.deploy.fused_attention import FusedAttentionInfo, fused_attention, fusion_info
 from surgery.deploy.names import INFO_NAME, ONNX_NAME, TASKS
-from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, quantize_int8, quiet_loggers, require_onnx
+from surgery.deploy.runtime import (
+    OnnxRuntimeModel,
+    op_counts,
+    optimize_graph,
+    quantize_int8,
+    quiet_loggers,
+    require_onnx,
+)
 from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
+from surgery.deploy.static_int8 import check_int8_mode, quantize_static_int8
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
 from surgery.persist.model_io import atomic_directory
@@ -83,9 +92,14 @@ class ExportReport(BaseModel):
     parity_batch: tuple[int, int]
     tolerance: float
     parity: Agreement = Field(description="fp32 ONNX Runtime against fp32 PyTorch")
+    fused_attention: FusedAttentionInfo | None = Field(default=None, description="the layers whose attention is "
+                                                       "one fused operator (None: fusion turned off)")
+    operators: dict[str, int] = Field(default_factory=dict, description="operator counts of the written graph")
     optimized: dict[str, int] | None = Field(default=None, description="operator counts after ORT's optimizer")
     optimized_parity: Agreement | None = None
     int8: bool = False
+    int8_mode: str | None = Field(default=None, description="dynamic: activation scales per batch at run time; "
+                                  "static: calibrated on the calibration texts (QDQ); None: no int8")
     int8_per_channel: bool | None = Field(default=None, description="int8 weight scales per output channel "
                                           "(False: per tensor; None: no int8)")
     int8_fp32: list[str] = Field(default_factory=list, description="parts whose products stayed in fp32")
@@ -334,6 +348,8 @@ def export_onnx(
     threads: int | None = None,
     overwrite: bool = False,
     max_length: int | None = None,
+    fuse_attention: bool = True,
+    int8_mode: str = "dynamic",
 ) -> ExportReport:
     """Export ``model`` to ``out_dir/model.onnx``, check ONNX Runtime against PyTorch, optionally quantize.
 
@@ -361,6 +377,11 @@ def export_onnx(
         max_length: the tokens the saved ``tokenizer.json`` truncates at; default: ``max_seq_length`` of
             the source's ``sentence_bert_config.json``, else the tokenizer's own limit, else the model's
             positions (:mod:`surgery.deploy.tokenizer`); it pads to the longest text of each batch.
+        fuse_attention: write each layer's attention core as one ONNX Runtime ``MultiHeadAttention``
+            operator with the layer's own head count (:mod:`surgery.deploy.fused_attention`); layers
+            whose family computes attention its own way stay MatMul + Softmax. False: the plain graph.
+        int8_mode: with ``int8``, ``dynamic`` (activation scales per batch at run time) or ``static``
+            (scales calibrated once on ``calibration``, after smoothing; :mod:`surgery.deploy.static_int8`).
 
     Example:
         >>> import tempfile
@@ -382,6 +403,9 @@ def export_onnx(
     check_int8_fp32(int8_fp32, int8, "export")
     if calibration is not None and not int8:
         raise ConfigError("export: calibration batches smooth the activations for int8; they need --int8")
+    if calibration is not None:
+        calibration = list(calibration)  # read twice with static int8: smoothing, then the activation ranges
+    check_int8_mode(int8_mode, int8=int8, calibrated=calibration is not None)
     target, output, task = export_target(model, task)
     source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     was_training = model.training
@@ -403,7 +427,13 @@ def export_onnx(
         with atomic_directory(out_dir, overwrite=overwrite) as tmp:
             path = tmp / ONNX_NAME
             start = time.perf_counter()
-            _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
+            fusion = None
+            if fuse_attention:
+                with fused_attention(module) as recorder:
+                    _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
+                fusion = fusion_info(module, recorder)
+            else:
+                _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
             seconds = time.perf_counter() - start
 
             def session(graph: Path) -> OnnxRuntimeModel:
@@ -415,8 +445,12 @@ def export_onnx(
             fp32_nodes: list[str] = []
             if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
                 quantized = tmp / "model.int8.onnx"
-                fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
-                                           keep_fp32=_export_scopes(fp32_modules))
+                if int8_mode == "static" and calibration is not None:
+                    fp32_nodes = quantize_static_int8(path, quantized, calibration, input_names=names,
+                                                      per_channel=per_channel, keep_fp32=_export_scopes(fp32_modules))
+                else:
+                    fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
+                                               keep_fp32=_export_scopes(fp32_modules))
                 os.replace(quantized, path)
                 runtime = session(path)
                 drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
@@ -446,8 +480,10 @@ def export_onnx(
                 dynamic_axes={name: ["batch", "sequence"] for name in names},
                 opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)", versions=_versions(),
                 steps=[str(s.get("strategy")) for s in steps_of(model)], parity_batch=(batch, seq),
-                tolerance=tolerance, parity=parity, optimized=optimized, optimized_parity=optimized_parity,
-                int8=int8, int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
+                tolerance=tolerance, parity=parity, fused_attention=fusion, operators=op_counts(path),
+                optimized=optimized, optimized_parity=optimized_parity,
+                int8=int8, int8_mode=int8_mode if int8 else None,
+                int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
                 int8_fp32_nodes=len(fp32_nodes), int8_smoothing=smoothing, int8_drift=drift,
                 accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
                 onnx_bytes=path.stat().st_size, export_seconds=seconds,

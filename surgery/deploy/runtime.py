@@ -134,6 +134,57 @@ def nodes_in_modules(graph: Any, modules: Collection[str]) -> list[str]:
     return found
 
 
+@contextmanager
+def prepared_for_quantization(src: Path, dst: Path, keep_fp32: Collection[str] = ()) -> Iterator[tuple[Path, list[str],
+                                                                                                    list[str]]]:
+    """``src`` as ONNX Runtime's quantizers can take it: a bare copy next to ``dst``, and the nodes to leave alone.
+
+    Yields ``(bare graph, nodes kept in fp32 by keep_fp32, nodes to exclude)``; the copy is removed after
+    the block. Shared by dynamic (:func:`quantize_int8`) and static
+    (:func:`surgery.deploy.static_int8.quantize_static_int8`) quantization, so both skip the same nodes.
+    """
+    import onnx
+
+    # The exporter annotates intermediate shapes from its trace; where a routed layer's data-dependent
+    # gather made one of those more specific than the graph, the quantizer's shape inference rejects
+    # the graph. Without the annotations it infers them from the graph itself.
+    proto = onnx.load(str(src))
+    kept = nodes_in_modules(proto.graph, keep_fp32) if keep_fp32 else []
+    # A product with an empty weight (an FFN pruned to width 0) has nothing to quantize, and the
+    # quantizer fails on it; it stays as it is.
+    empty = {t.name for t in proto.graph.initializer if 0 in t.dims}
+    skipped = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and empty.intersection(n.input)]
+    # ONNX's shape inference knows no com.microsoft operator, so it cannot type a fused MultiHeadAttention's
+    # output nor anything downstream of it, and the static quantizer leaves untyped product inputs in fp32;
+    # those outputs keep the exporter's annotation (always an fp32 tensor).
+    contrib = {out for node in proto.graph.node if node.domain == "com.microsoft" for out in node.output}
+    kept_info = [info for info in proto.graph.value_info if info.name in contrib]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept_info)
+    bare = dst.with_name(dst.stem + ".bare.onnx")
+    onnx.save(proto, str(bare))
+    try:
+        with quiet_loggers(""):  # the quantizers log a pre-processing hint on the root logger
+            yield bare, kept, kept + skipped
+    finally:
+        bare.unlink(missing_ok=True)
+
+
+def quantizer_options() -> dict[str, Any]:
+    """``extra_options`` both quantizers get: products with a constant weight only, fp32 where types are unknown.
+
+    Example:
+        >>> quantizer_options()["MatMulConstBOnly"]
+        True
+    """
+    require_onnx("int8 quantization")
+    import onnx
+
+    # ONNX's shape inference knows no com.microsoft operator, so the output of a fused MultiHeadAttention
+    # (and the products reading it) has no inferred type; every float tensor of an exported graph is fp32.
+    return {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
+
+
 def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: Collection[str] = ()) -> list[str]:
     """ONNX Runtime dynamic quantization of ``src`` to ``dst``: int8 weights, activations quantized per batch.
 
@@ -143,34 +194,19 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: 
     ``export_dynamic_quantized_onnx_model`` examples use): on all-MiniLM-L6-v2, per-channel scales
     kept mean cosine 0.992 and recall@10 0.853 against the fp32 embeddings where per-tensor kept
     0.958 and 0.715, at the same speed (2.53x against 2.49x over PyTorch fp32, one thread;
-    docs/deploy.md "int8 granularity", experiments/int8/probe_int8_granularity.py).
+    docs/deploy.md "int8 granularity", experiments/int8/probe_int8_granularity.py). A fused
+    ``MultiHeadAttention`` stays fp32; the projections around it are quantized.
 
     ``keep_fp32`` names modules (as in :func:`nodes_in_modules`) whose products stay in fp32; the
     names of those nodes are returned.
     """
     require_onnx("int8 quantization")
-    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # The exporter annotates intermediate shapes from its trace; where a routed layer's data-dependent
-    # gather made one of those more specific than the graph, the quantizer's shape inference rejects
-    # the graph. Without the annotations it infers them from the graph itself.
-    proto = onnx.load(str(src))
-    excluded = nodes_in_modules(proto.graph, keep_fp32) if keep_fp32 else []
-    # A product with an empty weight (an FFN pruned to width 0) has nothing to quantize, and the
-    # quantizer fails on it; it stays as it is.
-    empty = {t.name for t in proto.graph.initializer if 0 in t.dims}
-    skipped = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and empty.intersection(n.input)]
-    del proto.graph.value_info[:]
-    bare = dst.with_name(dst.stem + ".bare.onnx")
-    onnx.save(proto, str(bare))
-    with quiet_loggers(""):  # the quantizer logs a pre-processing hint on the root logger
-        try:
-            quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
-                             nodes_to_exclude=excluded + skipped, extra_options={"MatMulConstBOnly": True})
-        finally:
-            bare.unlink(missing_ok=True)
-    return excluded
+    with prepared_for_quantization(src, dst, keep_fp32) as (bare, kept, excluded):
+        quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
+                         nodes_to_exclude=excluded, extra_options=quantizer_options())
+    return kept
 
 
 _OUTPUT_TYPES = {"logits": SequenceClassifierOutput, "last_hidden_state": BaseModelOutput}
