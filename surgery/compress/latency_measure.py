@@ -76,6 +76,7 @@ from surgery.compress.latency_table import RUNTIMES, LatencyTable, round_up
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.deploy.names import GRAPH_FORMAT
 from surgery.measure.machine import machine_info
 from surgery.measure.side_by_side import (
     BenchReport,
@@ -472,7 +473,8 @@ def measure_latency_table(
     key = {"shape": shape, "runtime": runtime, "batch_size": batch_size, "seq_len": seq_len, "threads": threads,
            "repeats": repeats, "probe_layers": probe_layers, "heads_grid": list(HEAD_FRACTIONS),
            "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
-           "machine": machine.fingerprint, "versions": machine.versions}
+           "machine": machine.fingerprint, "versions": machine.versions,
+           "graph_format": None if runtime == "torch" else GRAPH_FORMAT}
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
     stale = None
     if cache:

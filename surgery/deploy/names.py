@@ -14,3 +14,7 @@ TASKS: tuple[str, ...] = ("auto", "base", "seq-cls", "mlm")
 SMOOTH_ALPHA = 0.85
 #: How many texts calibrate the activation ranges by default (``--calibration-texts``).
 CALIBRATION_TEXTS = 512
+#: What the default exported graph looks like, for caches of its timings (surgery.compress's latency
+#: tables): raised whenever a change of the exporter changes the speed of the graphs it writes
+#: (2: each layer's attention fused into one MultiHeadAttention operator).
+GRAPH_FORMAT = 2
