@@ -31,6 +31,7 @@ import surgery
 from surgery.compress import SpeedupTarget
 from surgery.data.assets import resolve_model_path
 from surgery.data.tasks import load_task
+from surgery.deploy.names import GRAPH_FORMAT
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import mean_std
 from surgery.training import accuracy
@@ -202,6 +203,13 @@ def _common(result: Any, task_name: str, seed: int, target_name: str, seconds: f
     }
 
 
+def _graph(row: dict[str, Any]) -> str:
+    """How an ONNX Runtime run's graphs were exported: rows before the graph format was recorded had format 1."""
+    if row["runtime"] == "torch":
+        return "-"
+    return "fused attention" if row.get("graph_format", 1) >= 2 else "unfused attention"
+
+
 def render(results: dict[str, Any]) -> str:
     runs = {k: r for k, r in results["runs"].items() if r.get("objective", "task") == "task"}
     lines = ["| target | issue's target | retained % (test, mean ± std) | measured speedup | predicted | "
@@ -220,11 +228,11 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {name} ({spec.runtime}, {spec.speedup:g}x) | {spec.goal} | "
                      f"{ret[0]:.1f} ± {ret[1]:.1f} | {sp[0]:.2f} ± {sp[1]:.2f}x | {pr[0]:.2f}x | "
                      f"{mins[0]:.1f} | {len(rows)} |")
-    lines += ["", "| task | seed | target | fine-tuned test | winner test | retained % | winner | measured x |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| task | seed | target | fine-tuned test | winner test | retained % | winner | measured x | "
+              "exported graph |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(runs.values(), key=lambda r: (r["target"], r["task"], r["seed"])):
         lines.append(f"| {r['task']} | {r['seed']} | {r['target']} | {r['finetuned_test']:.3f} | {r['test']:.3f} | "
-                     f"{r['retained']:.1f} | {r['winner']} | {r['measured_speedup'] or 0:.2f} |")
+                     f"{r['retained']:.1f} | {r['winner']} | {r['measured_speedup'] or 0:.2f} | {_graph(r)} |")
     lines += ["", "Single-method cuts that `compress` tried as candidates in the same run (dev accuracy drop in "
               "points, measured speedup; every cut refitted, none trained): the search's winner, every layer cut "
               "alike (uniform heads and FFN neurons), every-other-style uniform layer-drop.", "",
@@ -257,12 +265,12 @@ def render(results: dict[str, Any]) -> str:
                   f"{EMBED_TRAIN:,} texts, judged on {EMBED_DEV}, and the figures are on {EMBED_TEST:,} test texts "
                   "that chose nothing):", "",
                   "| target | issue's target | seed | mean cosine | recall@10 | measured speedup | winner | "
-                  "training | job minutes |", "|---|---|---|---|---|---|---|---|---|"]
+                  "training | job minutes | exported graph |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(embedding, key=lambda r: (r["target"], r["seed"])):
             epochs = (r.get("training") or {}).get("epochs", 0)
             lines.append(f"| {r['target']} | {TARGETS[r['target']].goal} | {r['seed']} | {r['test_cosine']:.4f} | "
                          f"{r['test_recall_at_10']:.3f} | {r['measured_speedup'] or 0:.2f}x | {r['winner']} | "
-                         f"{epochs} epoch(s) | {r['seconds'] / 60:.1f} |")
+                         f"{epochs} epoch(s) | {r['seconds'] / 60:.1f} | {_graph(r)} |")
     machine = results.get("machine", {})
     lines += ["", f"Machine: {machine.get('cpu_model', '?')}; flags {', '.join(machine.get('flags', []) or [])}; "
               f"1-minute load average after each run in the JSON."]
@@ -300,6 +308,7 @@ def main() -> None:
                            else run_one(args, task, seed, target, tokenizer))
                     row["load_average"] = list(os.getloadavg())
                     row["commit"] = _commit()
+                    row["graph_format"] = GRAPH_FORMAT
                     results["runs"][key] = row
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     args.out.write_text(json.dumps(results, indent=1))
