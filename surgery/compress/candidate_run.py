@@ -17,25 +17,27 @@ from surgery.core.progress import ProgressEvent
 
 #: Predicted and measured speedups further apart than this are reported.
 PREDICTION_TOLERANCE = 0.05
+#: How far below a --speedup target a measured candidate may be and still meet it (issue 24 accepts
+#: 1.95x for 2x): timing noise must not pass over a candidate that is as fast as asked.
+MEET_TOLERANCE = 0.025
 #: Distillation epochs at most, however long the budget (the recovery runs this project measured used 2-4).
 MAX_EPOCHS = 6
 
 def meets(result: CandidateResult, goal: float) -> bool:
-    """Whether ``result`` measured ``goal`` times faster: its median ratio, or ``goal`` within its 95% interval
-    (timing noise must not pass over a candidate that is as fast as asked).
+    """Whether ``result`` measured ``goal`` times faster, within :data:`MEET_TOLERANCE` of it (median ratio).
+
+    A fixed tolerance rather than "the goal inside the 95% interval": that rule let a candidate timed
+    through noise (a wide interval) pass at 7% below the goal while a steady one at 1% below failed.
 
     Example:
         >>> from surgery.compress.candidates import CandidateResult, Removal
         >>> r = CandidateResult(name="a", origin="path", runtime="torch", structure=[], removal=Removal(),
-        ...                     predicted_speedup=2.0, measured_speedup=1.99, speedup_interval=[1.95, 2.03], drop=1.0)
-        >>> meets(r, 2.0), meets(r.model_copy(update={"speedup_interval": None}), 2.0)
+        ...                     predicted_speedup=2.0, measured_speedup=1.96, speedup_interval=[1.95, 1.97], drop=1.0)
+        >>> meets(r, 2.0), meets(r.model_copy(update={"measured_speedup": 1.9, "speedup_interval": [1.7, 2.1]}), 2.0)
         (True, False)
     """
     measured = result.measured_speedup
-    if measured is None:
-        return False
-    interval = result.speedup_interval
-    return measured >= goal or (interval is not None and interval[0] <= goal <= interval[1])
+    return measured is not None and measured >= goal * (1.0 - MEET_TOLERANCE)
 
 
 def _steps(path: RemovalPath) -> list[dict[str, Any]]:
@@ -207,10 +209,10 @@ class CandidateRun:
             if met:
                 winner = min(met, key=lambda r: (r.drop, -(r.measured_speedup or 0)))
                 why = (f"the smallest {metric} drop ({winner.drop:.2f} points) among the {len(met)} candidate(s) "
-                       f"measured at least {goal:g}x faster")
+                       f"measured at least {goal:g}x faster (less {MEET_TOLERANCE:.1%})")
                 if (winner.measured_speedup or 0) < goal:
-                    why += (f" (its {winner.measured_speedup:.3f}x is below {goal:g}x, but {goal:g}x is within the "
-                            "95% interval of its measurement)")
+                    why += (f" (its {winner.measured_speedup:.3f}x is below {goal:g}x, within the "
+                            f"{MEET_TOLERANCE:.1%} a measurement may miss by)")
             else:
                 winner = max(timed, key=lambda r: (r.measured_speedup or 0, -r.drop))
                 why = f"no candidate measured {goal:g}x faster; the fastest measured ({winner.measured_speedup:.2f}x)"
