@@ -665,10 +665,14 @@ def render_demo(data: dict[str, Any]) -> str:
 
 def render_readme_compress(table: str) -> str:
     """The README's compress block: the per-target summary of ``compress.md`` and the machine it ran on."""
-    summary = table.strip().split("\n\n")[0]
+    blocks = table.strip().split("\n\n")
+    summary = blocks[0]
+    # The embedding targets: their heading and table, when the study has run them.
+    at = next((i for i, b in enumerate(blocks) if b.startswith("Embeddings (")), None)
+    embedding = "\n\n".join(blocks[at:at + 2]) if at is not None else ""
     machine = next((line for line in table.splitlines() if line.startswith("Machine:")), "")
     return "\n\n".join(part for part in (
-        summary, machine, "Rendered by `python experiments/render_results.py` from "
+        summary, embedding, machine, "Rendered by `python experiments/render_results.py` from "
         "[experiments/compress/results/compress.json](experiments/compress/results/compress.json); per run, "
         "the winner and every candidate: "
         "[docs/results.md](docs/results.md#target-driven-compression-surgery-compress).")
