@@ -269,7 +269,8 @@ def render(results: dict[str, Any]) -> str:
         for r in sorted(embedding, key=lambda r: (r["target"], r["seed"])):
             epochs = (r.get("training") or {}).get("epochs", 0)
             lines.append(f"| {r['target']} | {TARGETS[r['target']].goal} | {r['seed']} | {r['test_cosine']:.4f} | "
-                         f"{r['test_recall_at_10']:.3f} | {r['measured_speedup'] or 0:.2f}x | {r['winner']} | "
+                         f"{r['test_recall_at_10']:.3f} | {r['measured_speedup'] or 0:.2f}x | {r['winner']}"
+                         f"{' (' + r['note'] + ')' if r.get('note') else ''} | "
                          f"{epochs} epoch(s) | {r['seconds'] / 60:.1f} | {_graph(r)} |")
     machine = results.get("machine", {})
     lines += ["", f"Machine: {machine.get('cpu_model', '?')}; flags {', '.join(machine.get('flags', []) or [])}; "
