@@ -201,7 +201,8 @@ def export_command(
             report = export_sentence_transformers(model, target, tokenizer=tokenizer, sentence_config=sentence,
                                                   int8=int8, per_channel=not per_tensor, int8_fp32=int8_fp32 or (),
                                                   calibration=smoothing_batches, smooth_alpha=smooth_alpha,
-                                                  threads=threads, overwrite=overwrite)
+                                                  threads=threads, fuse_attention=fuse_attention,
+                                                  int8_mode=int8_mode, overwrite=overwrite)
         stdout().print(export_view(report, target / "onnx"))
         stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend='onnx') "
                        f"loads it ({sentence.describe()}); needs sentence-transformers[onnx], not surgery",

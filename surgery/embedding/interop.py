@@ -127,8 +127,8 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
                                  sentence_config: SentenceConfig | None = None, int8: bool = False,
                                  per_channel: bool = True, int8_fp32: tuple[str, ...] | list[str] = (),
                                  calibration: Any = None, smooth_alpha: float = SMOOTH_ALPHA,
-                                 threads: int | None = None,
-                                 overwrite: bool = False) -> Any:
+                                 threads: int | None = None, fuse_attention: bool = True,
+                                 int8_mode: str = "dynamic", overwrite: bool = False) -> Any:
     """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
 
     The directory holds the encoder's graph in ``onnx/model.onnx`` (exported and parity-checked by
@@ -142,6 +142,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     The directory holds no torch weights, so the default torch backend fails to load it instead of
     rebuilding the original shapes: load it with ``backend="onnx"``.
 
+    ``fuse_attention`` and ``int8_mode`` pass to the export (``--no-fuse-attention``, ``--int8-mode``).
     The pooling comes from ``sentence_config``, else from the directory the model was loaded from.
     Returns the :class:`~surgery.deploy.ExportReport` of the graph (also written as
     ``onnx/surgery-onnx.json``). The directory is written atomically.
@@ -156,6 +157,10 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         ...                                       sentence_config=SentenceConfig(normalize=True))
         >>> sorted(p.name for p in out.iterdir())[:4], report.output
         (['1_Pooling', 'config.json', 'modules.json', 'onnx'], 'last_hidden_state')
+        >>> unfused = export_sentence_transformers(tiny_model(TinySpec("bert")), out.with_name("plain"), tokenizer=tok,
+        ...                                        sentence_config=SentenceConfig(), fuse_attention=False)
+        >>> report.fused_attention.layers, unfused.fused_attention
+        ([0, 1], None)
     """
     from surgery.deploy.export import export_onnx
     from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length
@@ -173,7 +178,8 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False, task="base",
                              int8=int8, per_channel=per_channel, int8_fp32=int8_fp32, calibration=calibration,
-                             smooth_alpha=smooth_alpha, threads=threads)
+                             smooth_alpha=smooth_alpha, threads=threads, fuse_attention=fuse_attention,
+                             int8_mode=int8_mode)
         # At the top, where sentence-transformers' Transformer module reads it; truncating where it does, and
         # sentence_bert_config.json says the same length.
         limit = serving_max_length(encoder.config, tokenizer, config.max_seq_length)
