@@ -292,3 +292,19 @@ def test_measured_speedup_times_the_candidate_against_the_original() -> None:
     assert speedup > 1.2 and interval.low <= speedup <= interval.high and interval.rounds == 5
     assert [m.name for m in reports[0].models] == ["original [torch]", "candidate [torch]"]
     assert reports[0].machine is not None
+
+
+def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("onnxruntime")
+    import surgery.compress.latency_measure as latency_measure
+
+    calls = count_timing(monkeypatch)
+    model = tiny_model(TinySpec("bert"))
+    settings = {**FAST, "cache": True, "cache_dir": tmp_path}
+    first = measure_latency_table(model, runtime="onnxruntime", **settings)
+    timed = len(calls)
+    assert measure_latency_table(model, runtime="onnxruntime", **settings).measured["cached"] and len(calls) == timed
+    # The exporter changed what it writes (as fused attention did): the old table no longer says how fast it is.
+    monkeypatch.setattr(latency_measure, "GRAPH_FORMAT", latency_measure.GRAPH_FORMAT + 1)
+    again = measure_latency_table(model, runtime="onnxruntime", **settings)
+    assert not again.measured["cached"] and len(calls) == 2 * timed and first.model_key == again.model_key
