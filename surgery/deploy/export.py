@@ -427,13 +427,9 @@ def export_onnx(
         with atomic_directory(out_dir, overwrite=overwrite) as tmp:
             path = tmp / ONNX_NAME
             start = time.perf_counter()
-            fusion = None
-            if fuse_attention:
-                with fused_attention(module) as recorder:
-                    _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
-                fusion = fusion_info(module, recorder)
-            else:
+            with fused_attention(module) if fuse_attention else contextlib.nullcontext() as recorder:
                 _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
+            fusion = fusion_info(module, recorder) if fuse_attention else None
             seconds = time.perf_counter() - start
 
             def session(graph: Path) -> OnnxRuntimeModel:

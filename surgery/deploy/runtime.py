@@ -180,8 +180,7 @@ def quantizer_options() -> dict[str, Any]:
     require_onnx("int8 quantization")
     import onnx
 
-    # ONNX's shape inference knows no com.microsoft operator, so the output of a fused MultiHeadAttention
-    # (and the products reading it) has no inferred type; every float tensor of an exported graph is fp32.
+    # Untyped tensors (downstream of a fused operator, see prepared_for_quantization) are fp32.
     return {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
 
 
