@@ -12,7 +12,7 @@ import importlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,25 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: 
     return kept
 
 
+def graph_feeds(batch: Mapping[str, torch.Tensor | None], names: Sequence[str]) -> dict[str, Any]:
+    """A tokenized batch as an exported graph's int64 inputs ``names`` (missing: ones for a mask, else zeros).
+
+    Example:
+        >>> feeds = graph_feeds({"input_ids": torch.tensor([[2, 5]])}, ["input_ids", "attention_mask"])
+        >>> {k: v.tolist() for k, v in feeds.items()}
+        {'input_ids': [[2, 5]], 'attention_mask': [[1, 1]]}
+    """
+    ids = batch["input_ids"]
+    assert ids is not None
+    feeds = {}
+    for name in names:
+        value = batch.get(name)
+        if value is None:
+            value = torch.ones_like(ids) if name == "attention_mask" else torch.zeros_like(ids)
+        feeds[name] = value.detach().cpu().numpy().astype("int64", copy=False)
+    return feeds
+
+
 _OUTPUT_TYPES = {"logits": SequenceClassifierOutput, "last_hidden_state": BaseModelOutput}
 
 
@@ -238,13 +257,7 @@ class OnnxRuntimeModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, **_: Any) -> Any:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        feeds = {}
-        for name in self.input_names:
-            value = given.get(name)
-            if value is None:
-                value = torch.ones_like(input_ids) if name == "attention_mask" else torch.zeros_like(input_ids)
-            feeds[name] = value.detach().cpu().numpy().astype("int64", copy=False)
-        (result,) = self.session.run([self.output], feeds)
+        (result,) = self.session.run([self.output], graph_feeds(given, self.input_names))
         tensor = torch.from_numpy(result)
         if self.output == "logits" and self.task == "mlm":
             return MaskedLMOutput(logits=tensor)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from surgery.core.errors import ConfigError
-from surgery.deploy.runtime import prepared_for_quantization, quantizer_options, require_onnx
+from surgery.deploy.runtime import graph_feeds, prepared_for_quantization, quantizer_options, require_onnx
 
 #: How export_onnx's ``int8_mode`` can quantize.
 INT8_MODES = ("dynamic", "static")
@@ -55,7 +55,7 @@ def _reader_class() -> type:
         """ONNX Runtime's calibration reader over tokenized batches, fed as the graph's int64 inputs."""
 
         def __init__(self, batches: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str]) -> None:
-            self._feeds = [{name: _int64(batch, name) for name in names} for batch in batches]
+            self._feeds = [graph_feeds(batch, names) for batch in batches]
             self._next: Iterator[dict[str, np.ndarray]] = iter(self._feeds)
 
         def get_next(self) -> dict[str, np.ndarray] | None:
@@ -65,14 +65,6 @@ def _reader_class() -> type:
             self._next = iter(self._feeds)
 
     return BatchReader
-
-
-def _int64(batch: Mapping[str, torch.Tensor], name: str) -> np.ndarray:
-    ids = batch["input_ids"]
-    value = batch.get(name)
-    if value is None:  # a graph input the tokenizer did not return: ones for the mask, zeros for segments
-        value = torch.ones_like(ids) if name == "attention_mask" else torch.zeros_like(ids)
-    return value.detach().cpu().numpy().astype(np.int64)
 
 
 def calibration_reader(batches: Iterable[Mapping[str, torch.Tensor]], names: Sequence[str]) -> Any:
