@@ -145,7 +145,7 @@ def _export_scopes(modules: set[str]) -> set[str]:
     return {f"model.{name}" for name in modules}
 
 
-class _SingleOutput(nn.Module):
+class SingleOutput(nn.Module):
     """The model called with keyword inputs, returning one named output tensor (what the graph returns)."""
 
     def __init__(self, model: nn.Module, output: str, inputs: list[str]) -> None:
@@ -415,7 +415,7 @@ def export_onnx(
         # at traced tensors, and ORT's CPU kernels are fp32, so a half-precision model is exported as fp32.
         module = copy.deepcopy(target).float()
         names = input_names(module)
-        wrapper = _SingleOutput(module, output, names).eval()
+        wrapper = SingleOutput(module, output, names).eval()
         inputs = parity_inputs(module.config, names, batch=batch, seq=seq, tokenizer=tokenizer)
         expected = _run_torch(wrapper, inputs)
         fp32_modules = part_modules(module, int8_fp32)
