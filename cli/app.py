@@ -58,13 +58,13 @@ from surgery.cli.options import (
 from surgery.cli.outputs import decide_outputs
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
-from surgery.cli.reference import teacher_path
+from surgery.cli.teacher import teacher_path
 from surgery.core import registry
 from surgery.core.distributed import end_process, is_main_process, leave_process_group
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
-from surgery.persist.atomic import atomic_write
+from surgery.persist.atomic import atomic_write, saved_outputs
 from surgery.persist.config_values import check_length
 
 EXIT_BAD_INPUT = 2
@@ -197,6 +197,7 @@ class SurgeryGroup(typer.core.TyperGroup):
         for problem in PLUGIN_PROBLEMS:
             typer.echo(f"warning: {problem}", err=True)
         joined = False
+        saved_before = len(saved_outputs())
         try:
             with _signals_interrupt(), _quiet_libraries(state.debug):
                 try:
@@ -206,8 +207,10 @@ class SurgeryGroup(typer.core.TyperGroup):
             code = result if isinstance(result, int) else 0
         except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-            typer.echo(f"error: interrupted ({signal.Signals(signum).name}); nothing was saved unless a "
-                       "'saved to' line was printed", err=True)
+            # Told from what was put in place, not guessed: a signal held during a swap lands right after it.
+            saved = ", ".join(str(path) for path in saved_outputs()[saved_before:])
+            typer.echo(f"error: interrupted ({signal.Signals(signum).name}); "
+                       + (f"{saved} had been saved in full" if saved else "nothing was saved"), err=True)
             code = EXIT_SIGNAL.get(signum, 130)
         except Exception as exc:
             message = error_message(exc)
@@ -349,7 +352,7 @@ def apply_command(
     # Imported here, not at the top: they import transformers, which `surgery --help` must not pay for.
     from surgery.cli.embedding_apply import evaluate_against, pop_objective, teacher_copy
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
-    from surgery.cli.reference import load_teacher, reference_label
+    from surgery.cli.teacher import load_teacher, reference_label
     from surgery.embedding.pooling import write_sentence_config
 
     requested_objective = pop_objective(settings)
@@ -452,7 +455,7 @@ def bench_command(
         resolve_model_path(path)
     json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],
                                files=[("--json", json_file)], overwrite=overwrite).file("--json")
-    from surgery.measure.side_by_side import bench_models, check_device, check_seq_len, load_dirs, model_names
+    from surgery.measure.bench import bench_models, check_device, check_seq_len, load_dirs, model_names
 
     check_device(device)
     model_names(paths)

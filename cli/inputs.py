@@ -19,6 +19,7 @@ import surgery
 from surgery.core.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.core.manifest import MANIFEST_NAME
 from surgery.core.registry import adapter_class_for
+from surgery.persist.atomic import check_creatable, prepare_output
 from surgery.persist.tokenizer_files import TOKENIZER_FILES, has_tokenizer, read_tokenizer
 from surgery.persist.untrusted import read_regular, refuse_custom_code
 
@@ -166,24 +167,23 @@ def strategy_settings(config_file: str | Path | None, sets: Sequence[str]) -> di
 
 # -- paths -------------------------------------------------------------------------------
 def check_output_dir(out: str | Path, *, overwrite: bool, flag: str = "--out") -> Path:
-    """Refuse an output directory that is a file, or that holds files without ``overwrite`` (see surgery.cli.outputs).
+    """Refuse, before any work, an output directory the save could not or must not replace (see surgery.cli.outputs).
+
+    The rule is :func:`surgery.persist.atomic.output_problem`: a new path whose directories can be
+    made, an empty directory, or with ``--overwrite`` an earlier surgery output; never a file, a
+    directory of the user's own files, the working or home directory or an ancestor of one. A
+    previous output stranded by an interrupted save is renamed back first.
 
     Example:
         >>> import tempfile
         >>> full = Path(tempfile.mkdtemp())
         >>> _ = (full / "mine.txt").write_text("x")
-        >>> check_output_dir(full, overwrite=False)  # doctest: +ELLIPSIS
+        >>> check_output_dir(full, overwrite=True)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.core.errors.OutputPathError: --out ... exists and is not empty; pass --overwrite to replace it, or ...
+        surgery.core.errors.OutputPathError: --out ... holds files surgery did not write (no surgery.json, ...); ...
     """
-    target = Path(out).expanduser().resolve()
-    if target.exists() and not target.is_dir():
-        raise OutputPathError(f"{flag} {target} is a file; choose a directory path")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise OutputPathError(f"{flag} {target} exists and is not empty; pass --overwrite to replace it, or choose "
-                              "a new directory")
-    return target
+    return prepare_output(out, overwrite=overwrite, flag=flag)
 
 
 def check_writable_file(path: Path | None, flag: str) -> Path | None:
@@ -195,7 +195,7 @@ def check_writable_file(path: Path | None, flag: str) -> Path | None:
         >>> check_writable_file(a_file / "report.json", "--report")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.core.errors.OutputPathError: --report .../report.json: ... is a file, so the directory cannot be created
+        surgery.core.errors.OutputPathError: --report .../report.json: ... is a file, so the directory cannot be ...
     """
     if path is None:
         return None
@@ -206,13 +206,7 @@ def check_writable_file(path: Path | None, flag: str) -> Path | None:
         if not os.access(file, os.W_OK):
             raise OutputPathError(f"{flag} {file} exists and is not writable; choose another file")
         return file
-    parent = file.parent
-    while not parent.exists():  # the first existing ancestor decides whether the directories can be made
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputPathError(f"{flag} {file}: {parent} is a file, so the directory cannot be created")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{flag} {file}: directory {parent} is not writable; choose another path")
+    check_creatable(file, flag)
     return file
 
 

@@ -183,8 +183,8 @@ def test_apply_with_data_keeps_a_matching_classifier(ws: dict[str, Path], tmp_pa
 
 def test_overwrite_replaces_a_non_empty_output(ws: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [1]}", "-o", str(out)])
+    (out / "old.txt").write_text("old")  # an earlier surgery output (surgery.json), so --overwrite may replace it
     ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [0]}", "-o", str(out), "--overwrite"])
     assert not (out / "old.txt").exists() and (out / "surgery.json").exists()
 
@@ -203,7 +203,7 @@ def test_bench_side_by_side(ws: dict[str, Path], tmp_path: Path) -> None:
     # Warnings such as "smaller but not faster" are printed, not only stored.
     from rich.console import Console
 
-    from surgery.measure.side_by_side import BenchReport
+    from surgery.measure.bench import BenchReport
 
     shown = BenchReport.model_validate(report).model_copy(update={"warnings": ["pruned is smaller but not faster"]})
     console = Console(record=True, width=200)
@@ -243,7 +243,7 @@ def _bad_cases(ws: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
          "with 3 labels but the data has 2"),
         (["apply", bare, *hp, "-o", bare], "is the input model directory"),
         (["apply", bare, *hp, "-o", str(ws["bare"].parent)], "contains the input model directory"),
-        (["apply", bare, *hp, "-o", str(ws["nonempty"])], "exists and is not empty; pass --overwrite"),
+        (["apply", bare, *hp, "-o", str(ws["nonempty"])], "holds files surgery did not write"),
         (["apply", bare, *hp, "-o", data], "is a file"),
         (["apply", bare, *hp], "--out is required"),
         (["apply", bare, *hp, "--max-length", "x", "-o", str(tmp / "a")], "'--max-length'"),

@@ -123,8 +123,9 @@ def test_a_save_never_replaces_what_another_writer_finished(tmp_path: Path) -> N
 def test_stale_leftovers_of_a_killed_save_are_cleaned_and_a_live_lock_is_named(tmp_path: Path) -> None:
     out = tmp_path / "m"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / ".m.tmp-1-deadbeef").mkdir()
-    (tmp_path / ".m.tmp-1-deadbeef" / "model.safetensors").write_bytes(b"partial")
+    leftover = tmp_path / f".m.tmp-{int(dead.stdout)}-deadbeef"  # the form surgery makes, of a dead writer
+    leftover.mkdir()
+    (leftover / "model.safetensors").write_bytes(b"partial")
     (tmp_path / ".m.lock").write_text(f"{os.uname().nodename}:{int(dead.stdout)}")  # its process has exited
     with atomic_directory(out) as tmp:
         (tmp / "a").write_text("x")
@@ -351,7 +352,7 @@ def test_redirected_output_shows_progress_lines_and_uncut_tables() -> None:
 
 
 def test_bench_writes_nothing_to_stderr_below_python(capfd: pytest.CaptureFixture[str]) -> None:
-    from surgery.measure.side_by_side import bench_models
+    from surgery.measure.bench import bench_models
 
     report = bench_models({"tiny": tiny_model(TinySpec("bert"))}, batch_size=2, seq_len=8, repeats=1, warmup=0)
     assert report.models[0].activation_peak_bytes

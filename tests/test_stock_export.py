@@ -121,8 +121,13 @@ def test_an_existing_directory_is_not_replaced_without_overwrite(tmp_path: Path)
     with pytest.raises(surgery.core.errors.OutputPathError):
         save_stock(model, out)
     assert (out / "mine.txt").read_text() == "keep"
-    save_stock(model, out, overwrite=True)
-    assert not (out / "mine.txt").exists() and (out / "config.json").exists()
+    with pytest.raises(surgery.core.errors.OutputPathError, match="holds files surgery did not write"):
+        save_stock(model, out, overwrite=True)  # the user's own directory, even with overwrite
+    (out / "mine.txt").unlink()
+    save_stock(model, out)
+    (out / "extra.txt").write_text("x")
+    save_stock(model, out, overwrite=True)  # an earlier stock output (surgery-stock.json) is replaced
+    assert not (out / "extra.txt").exists() and (out / "config.json").exists()
 
 
 def test_tokenizer_and_sentence_files_come_from_the_source_directory(tmp_path: Path) -> None:
