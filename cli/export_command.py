@@ -161,10 +161,6 @@ def export_command(
                                                           ("--optimize", optimize), ("--data", data),
                                                           ("--task", task != "auto")) if given])
         return
-    from surgery.deploy import export_onnx
-    from surgery.deploy.runtime import require_onnx
-
-    require_onnx()  # before anything is loaded: a missing extra is one line
     if format == "sentence-transformers" and (data is not None or optimize or task not in ("auto", "base")):
         raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop "
                           "--data, --optimize and --task")
@@ -173,6 +169,12 @@ def export_command(
     source = resolve_model_path(model_dir)
     target = cast(Path, decide_outputs([source, data, eval_data, calibration], out=("--out", out),
                                        overwrite=overwrite).directory)
+    # After the cheap checks (surgery.deploy.runtime imports torch), before anything is loaded: a missing
+    # extra is one line.
+    from surgery.deploy import export_onnx
+    from surgery.deploy.runtime import require_onnx
+
+    require_onnx()
     model_config = read_model_config(source)
     check_length(model_config, seq, "--seq", source)
     if data is not None or calibration is not None:
@@ -220,13 +222,14 @@ def export_command(
 def export_stock(model_dir: str, out: Path, *, overwrite: bool, onnx_flags: list[str]) -> None:
     """``surgery export --format stock``: the model as a plain Hugging Face directory (no surgery needed to load)."""
     import surgery
-    from surgery.compress.stock_export import save_stock
 
     if onnx_flags:
         raise ConfigError(f"--format stock writes PyTorch weights; {', '.join(onnx_flags)} belong to the ONNX formats, "
                           "drop them")
     source = resolve_model_path(model_dir)
     target = cast(Path, decide_outputs([source], out=("--out", out), overwrite=overwrite).directory)
+    from surgery.compress.stock_export import save_stock  # imports torch: after the output checks
+
     read_model_config(source)
     saved = save_stock(surgery.from_pretrained(source), target, overwrite=overwrite, tokenizer=load_tokenizer(source))
     loaders = "AutoModel.from_pretrained(DIR)" + (" and SentenceTransformer(DIR)" if (saved / "modules.json").is_file()

@@ -25,7 +25,7 @@ from surgery.core.registry import PluginInfo
 from surgery.core.report import ModelAnatomy, ParamCount, SurgeryReport
 
 if TYPE_CHECKING:
-    from surgery.measure.side_by_side import BenchReport
+    from surgery.measure.bench import BenchReport
 
 MAX_CELL = 100
 
@@ -100,7 +100,7 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "", depth: int = 2
     """Separate what reads best as its own table from the scalar metrics.
 
     Lists of records (per-epoch histories, search probes) and embedded benchmark reports become
-    sections ``(dotted.name, value)``, a benchmark as a :class:`~surgery.measure.side_by_side.BenchReport`; the
+    sections ``(dotted.name, value)``, a benchmark as a :class:`~surgery.measure.bench.BenchReport`; the
     rest keeps its nesting for :func:`flatten`. Any strategy's metrics get the same treatment.
 
     Example:
@@ -116,7 +116,7 @@ def split_metrics(values: Mapping[str, Any], prefix: str = "", depth: int = 2
         if _is_records(value):
             sections.append((name, value))
         elif isinstance(value, Mapping) and {"settings", "models", "comparisons"} <= value.keys():
-            from surgery.measure.side_by_side import (
+            from surgery.measure.bench import (
                 BenchReport,  # only reports that hold a benchmark pay for torch here
             )
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from surgery.measure.side_by_side import BenchReport
+    from surgery.measure.bench import BenchReport
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "results.md"
@@ -459,7 +459,7 @@ README_VARIANT = "head-prune 0.5"
 
 
 def _bench_report(result: dict[str, Any]) -> BenchReport:
-    from surgery.measure.side_by_side import BenchReport  # torch: only when this section is rendered
+    from surgery.measure.bench import BenchReport  # torch: only when this section is rendered
 
     return BenchReport.model_validate(result["bench"])
 

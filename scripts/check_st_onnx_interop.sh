@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import surgery
 from surgery.embedding import embed_texts, read_sentence_config
-from surgery.embedding.suite import corpus_texts
+from experiments.embedding_suite import corpus_texts
 from transformers import AutoTokenizer
 work = Path(sys.argv[1])
 texts = corpus_texts()

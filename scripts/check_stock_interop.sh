@@ -28,7 +28,7 @@ import torch
 import surgery
 from surgery.compress.stock_export import save_stock
 from surgery.embedding import embed_texts, read_sentence_config
-from surgery.embedding.suite import corpus_texts
+from experiments.embedding_suite import corpus_texts
 from surgery.core.manifest import source_dir_of
 from surgery.strategies import FFNPruningStrategy, LayerDropStrategy
 from transformers import AutoTokenizer

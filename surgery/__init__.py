@@ -29,20 +29,20 @@ from surgery.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from surgery.anatomy import adapter_for
-    from surgery.core.api import apply_plan, convert, count_params, inspect, plan, preview
-    from surgery.core.pipeline import Pipeline, PipelineSession
     from surgery.core.registry import get_strategy, register_adapter, register_strategy
     from surgery.core.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
     from surgery.core.run import RunContext
     from surgery.core.strategy import Method, Plan, Strategy, StrategyConfig
+    from surgery.orchestration.api import apply_plan, convert, count_params, inspect, plan, preview
+    from surgery.orchestration.pipeline import Pipeline, PipelineSession
     from surgery.persist.model_io import from_pretrained, save_pretrained
 
 # Imported on first use, so that `import surgery` (and with it `surgery --help` and every input
 # error of the command line) does not pay for torch and transformers.
 _LAZY = {
-    "adapter_for": "surgery.anatomy", "apply_plan": "surgery.core.api", "convert": "surgery.core.api",
-    "count_params": "surgery.core.api", "inspect": "surgery.core.api", "plan": "surgery.core.api",
-    "preview": "surgery.core.api", "Pipeline": "surgery.core.pipeline", "PipelineSession": "surgery.core.pipeline",
+    "adapter_for": "surgery.anatomy", "apply_plan": "surgery.orchestration.api", "convert": "surgery.orchestration.api",
+    "count_params": "surgery.orchestration.api", "inspect": "surgery.orchestration.api", "plan": "surgery.orchestration.api",
+    "preview": "surgery.orchestration.api", "Pipeline": "surgery.orchestration.pipeline", "PipelineSession": "surgery.orchestration.pipeline",
     "RunContext": "surgery.core.run", "Method": "surgery.core.strategy",
     "from_pretrained": "surgery.persist.model_io", "save_pretrained": "surgery.persist.model_io",
     "get_strategy": "surgery.core.registry",

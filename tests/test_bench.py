@@ -1,4 +1,4 @@
-"""surgery.measure.side_by_side on tiny models: fields, ratios, exact FLOP accounting and the warnings."""
+"""surgery.measure.bench on tiny models: fields, ratios, exact FLOP accounting and the warnings."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import surgery
-from surgery.measure.flops import count_flops
-from surgery.measure.side_by_side import (
+from surgery.measure.bench import (
     BenchSettings,
     Comparison,
     ModelBench,
@@ -20,6 +19,7 @@ from surgery.measure.side_by_side import (
     noise_warning,
     not_faster_warning,
 )
+from surgery.measure.flops import count_flops
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import TinySpec, tiny_model
 

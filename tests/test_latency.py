@@ -31,8 +31,8 @@ from surgery.compress.latency_measure import (
 from surgery.compress.latency_table import LatencyTable, round_up
 from surgery.compress.structure import LayerShape, Structure
 from surgery.core.errors import ConfigError
+from surgery.measure.bench import bench_models
 from surgery.measure.machine import INT8_FLAGS, SPEED_FLAGS, MachineInfo, machine_info, parse_cpuinfo
-from surgery.measure.side_by_side import bench_models
 from surgery.strategies import FFNPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 

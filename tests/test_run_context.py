@@ -8,8 +8,8 @@ import pytest
 
 import surgery
 from surgery.core.errors import DataError, ModelLoadError, PlanError
-from surgery.core.pipeline import Pipeline, PipelineSession
 from surgery.core.strategy import Strategy
+from surgery.orchestration.pipeline import Pipeline, PipelineSession
 from surgery.strategies import HeadPruningStrategy, ShrpStrategy
 from surgery.testing import TinySpec, tiny_model
 

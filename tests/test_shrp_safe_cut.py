@@ -13,8 +13,8 @@ import torch
 import surgery
 from surgery.core.errors import ConfigError
 from surgery.core.manifest import steps_of
-from surgery.core.pipeline import PipelineSession
 from surgery.data.task_data import TaskData
+from surgery.orchestration.pipeline import PipelineSession
 from surgery.strategies import ShrpStrategy
 from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
 from surgery.strategies.shrp.config import DEEP_CONVERSION_SETTINGS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from surgery.measure.side_by_side import bench_models
+from surgery.measure.bench import bench_models
 from surgery.measure.stats import Interval, bootstrap_median, interval_warning, rounds_for
 from surgery.testing import TinySpec, tiny_model
 

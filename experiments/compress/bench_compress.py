@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,13 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.compress import SpeedupTarget
 from surgery.data.assets import resolve_model_path
-from surgery.data.tasks import load_task
 from surgery.deploy.names import GRAPH_FORMAT
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import mean_std
 from surgery.training import accuracy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "compress" / "results" / "compress.json"
@@ -112,9 +115,9 @@ def run_embedding(args: argparse.Namespace, seed: int, target_name: str) -> dict
     import random
     import tempfile
 
+    from experiments.embedding_suite import corpus_texts
     from surgery.compress.candidates import Judge
     from surgery.embedding import load_text_data, read_sentence_config
-    from surgery.embedding.suite import corpus_texts
 
     spec = TARGETS[target_name]
     path = resolve_model_path(args.model)

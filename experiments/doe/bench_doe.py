@@ -4,7 +4,7 @@ Runs, in one process, on seeded subsets sized for a shared 2-core CPU:
 
 1. fine-tuning (all weights, classifier head), prompt tuning (20 soft tokens + head, encoder
    frozen: classifier mode, MiniLM has no MLM head) and DoE (attribution, binary search with
-   condensation): accuracy, pruning rate, CPU speedup and FLOP bound via ``surgery.measure.side_by_side.bench_models``;
+   condensation): accuracy, pruning rate, CPU speedup and FLOP bound via ``surgery.measure.bench.bench_models``;
 2. attribution vs activation, gradient and random at 50% FFN pruning, each with condensation (Fig. 5);
 3. DoE without condensation at the pruning rate DoE found (Table 4);
 4. module sets FFN / attention / dense / all at 30% (Fig. 6), accuracy and speedup;
@@ -33,7 +33,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from surgery.data.assets import DATASETS, resolve_model_path
 from surgery.data.task_data import load_task_data
-from surgery.measure.side_by_side import bench_models
+from surgery.measure.bench import bench_models
 from surgery.strategies.doe import DoEResult, DoEStrategy, run_doe
 from surgery.strategies.doe.prompt_tuning import evaluate, train, trainable
 from surgery.strategies.doe.soft_prompt import SoftPromptStrategy

@@ -35,6 +35,7 @@ import copy
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -48,14 +49,16 @@ from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.deploy.smooth import calibration_batches
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
 from surgery.embedding.objective import recover_embeddings
-from surgery.embedding.suite import corpus_texts, probe_suite
-from surgery.measure.side_by_side import bench_models
+from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
 from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import ShrpStrategy, embedding_shrp
 from surgery.training import RecoveryConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.embedding_suite import corpus_texts, probe_suite
 
 # Parameter-matched head+FFN ratios: SHRP-3 keeps 5.63M of 10.80M non-embedding parameters and
 # SHRP-5 2.18M (docs/results.md); pruning the same fraction of heads and of neurons matches that.

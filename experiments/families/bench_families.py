@@ -2,7 +2,7 @@
 
 For each family the model is built from a config at the public base checkpoint's size, with random
 weights (speed needs no trained weights), and three surgeries of it are benchmarked side by side
-with the original in one process (``surgery.measure.side_by_side.bench_models``: same inputs, interleaved rounds
+with the original in one process (``surgery.measure.bench.bench_models``: same inputs, interleaved rounds
 whose order rotates):
 
 * ``head+ffn 0.5``: half the attention heads and half the FFN neurons of every layer removed
@@ -45,7 +45,7 @@ import torch
 import transformers
 
 import surgery
-from surgery.measure.side_by_side import BenchReport, bench_models, make_inputs
+from surgery.measure.bench import BenchReport, bench_models, make_inputs
 from surgery.measure.stats import bootstrap_median, rounds_for
 from surgery.strategies import (
     ExpertAttentionStrategy,

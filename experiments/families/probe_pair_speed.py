@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_families import base_config, op_profile, pooled, variants
 
-from surgery.measure.side_by_side import bench_models, make_inputs
+from surgery.measure.bench import bench_models, make_inputs
 from surgery.measure.stats import bootstrap_median
 
 

@@ -25,7 +25,7 @@ Stages, so that only the timing holds the machine's timing lock:
   models, the fidelity of both int8 graphs against fp32 PyTorch on 2,000 held-out Rotten Tomatoes texts
   (mean cosine, recall@10; 512 other texts calibrate);
 * ``time``: per family and thread count, all 18 variants side by side in one process
-  (``surgery.measure.side_by_side.bench_models``: same batch of 32 x ``--seq`` tokens, interleaved rounds in
+  (``surgery.measure.bench.bench_models``: same batch of 32 x ``--seq`` tokens, interleaved rounds in
   rotating order, paired ratios against PyTorch fp32 of the original, 95% bootstrap intervals);
 * ``profile``: ONNX Runtime's profiler on the MiniLM graphs, time per operator type;
 * ``render``: ``results/graph_speed.md`` from ``results/graph_speed.json``.
@@ -44,6 +44,7 @@ import contextlib
 import fcntl
 import json
 import random
+import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -58,9 +59,8 @@ from surgery.deploy import export_onnx
 from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, require_onnx
 from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
-from surgery.embedding.suite import corpus_texts
+from surgery.measure.bench import bench_models, make_inputs
 from surgery.measure.machine import machine_info
-from surgery.measure.side_by_side import bench_models, make_inputs
 from surgery.measure.stats import bootstrap_median
 from surgery.strategies import (
     ExpertAttentionStrategy,
@@ -69,6 +69,9 @@ from surgery.strategies import (
     Top1PruningStrategy,
 )
 from surgery.testing import FAMILIES, TinySpec, tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.embedding_suite import corpus_texts
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 RESULTS = ROOT / "experiments" / "graph_speed" / "results" / "graph_speed.json"

@@ -16,6 +16,7 @@ import argparse
 import copy
 import json
 import random
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from transformers import AutoTokenizer
 
 import surgery
 from surgery.data.assets import resolve_model_path
-from surgery.embedding.suite import corpus_texts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.embedding_suite import corpus_texts
 
 
 def quantize_weight(w: torch.Tensor) -> torch.Tensor:

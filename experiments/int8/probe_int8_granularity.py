@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,8 +36,10 @@ from surgery.deploy.export import int8_fp32_scopes
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8
 from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
-from surgery.embedding.suite import corpus_texts, probe_suite
-from surgery.measure.side_by_side import bench_models
+from surgery.measure.bench import bench_models
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.embedding_suite import corpus_texts, probe_suite
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,16 +37,18 @@ from transformers import AutoTokenizer
 
 import surgery
 from surgery.data.assets import resolve_model_path
-from surgery.data.tasks import load_task
 from surgery.deploy import export_onnx
 from surgery.deploy.runtime import OnnxRuntimeModel
 from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.deploy.smooth import DEFAULT_ALPHA
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
-from surgery.embedding.suite import corpus_texts, probe_suite
-from surgery.measure.side_by_side import bench_models
+from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
 from surgery.training.task_accuracy import accuracy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.embedding_suite import corpus_texts, probe_suite
+from experiments.tasks import load_task
 
 PLAIN = "int8"  # per-channel int8 without smoothing: what `surgery export --int8` writes without --calibration
 PER_TENSOR = -1.0  # stands for `--int8 --per-tensor` among the alphas of the classifier comparison

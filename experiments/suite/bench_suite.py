@@ -38,13 +38,15 @@ from transformers import AutoTokenizer
 import surgery
 from surgery.cli.plot import write_pareto, write_usage
 from surgery.data.assets import resolve_model_path
-from surgery.data.tasks import SuiteTask, load_task
-from surgery.measure.side_by_side import bench_models
+from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import finetune
 from surgery.training import RecoveryConfig, accuracy, recover
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.tasks import SuiteTask, load_task
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 RESULTS = ROOT / "experiments" / "suite" / "results" / "suite.json"

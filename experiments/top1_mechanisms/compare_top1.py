@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,15 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.core.pipeline import PipelineSession
 from surgery.data.assets import resolve_model_path
-from surgery.data.tasks import load_task
 from surgery.measure.stats import mean_std
+from surgery.orchestration.pipeline import PipelineSession
 from surgery.strategies.shrp import ShrpStrategy, finetune_after_cut
 from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.training import accuracy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+from experiments.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 OUT = ROOT / "experiments" / "top1_mechanisms" / "results" / "top1_mechanisms.json"

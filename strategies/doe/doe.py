@@ -29,12 +29,12 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from surgery.core.api import convert
 from surgery.core.errors import ConfigError, DataError
-from surgery.core.pipeline import Pipeline, PipelineSession
 from surgery.core.progress import ProgressCallback
 from surgery.core.report import SurgeryReport
 from surgery.core.strategy import Data, StrategyConfig
+from surgery.orchestration.api import convert
+from surgery.orchestration.pipeline import Pipeline, PipelineSession
 from surgery.scoring.importance import model_device
 from surgery.strategies.doe.prompt_tuning import (
     PromptTask,

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.core.pipeline import PipelineSession
 from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
 from surgery.embedding.objective import (
     EmbeddingDistillTrainer,
@@ -36,6 +35,7 @@ from surgery.embedding.objective import (
     sentence_config_of,
 )
 from surgery.embedding.texts import require_text_data
+from surgery.orchestration.pipeline import PipelineSession
 from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy, RouterInput, expert_layers
 from surgery.strategies.shrp.shrp_training import (
     ProgressiveConversion,
@@ -135,7 +135,7 @@ def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, sess
     session.metrics["usage"] = prune.metrics.get("usage")
     session.metrics["embedding_pruned"] = report()
     if cfg.bench:
-        from surgery.measure.side_by_side import bench_models
+        from surgery.measure.bench import bench_models
 
         bench = bench_models({"input": teacher, "shrp": model}, batch_size=cfg.bench_batch_size,
                              seq_len=cfg.bench_seq_len, repeats=cfg.bench_repeats, warmup=1)

@@ -1,6 +1,6 @@
 """``shrp``: the SHRP pipeline: progressive Expert Attention training, usage analysis, Top-1 pruning.
 
-The pipeline (a :class:`~surgery.core.pipeline.Pipeline`) records two ordinary steps, so a saved
+The pipeline (a :class:`~surgery.orchestration.pipeline.Pipeline`) records two ordinary steps, so a saved
 model replays ``expert-attention`` and then ``top1-prune`` and never needs this module to reload:
 
 1. ``expert-attention`` converts **all** target layers up front, so every parameter that training
@@ -38,9 +38,9 @@ from transformers import PrinterCallback, TrainerCallback, TrainingArguments
 from surgery.anatomy import adapter_for
 from surgery.anatomy.slicing import check_indices
 from surgery.core.errors import ConfigError, DataError
-from surgery.core.pipeline import Pipeline, PipelineSession
 from surgery.core.strategy import Data
 from surgery.data.task_data import PaddingCollator, TaskData
+from surgery.orchestration.pipeline import Pipeline, PipelineSession
 from surgery.strategies.shrp.config import DEEP_CONVERSION_SETTINGS, ShrpConfig
 from surgery.strategies.shrp.embedding_shrp import run_embedding_shrp
 from surgery.strategies.shrp.expert_attention import (
@@ -176,7 +176,7 @@ class ShrpStrategy(Pipeline):
             finetune_after_cut(model, teacher, task, cfg)
             session.metrics["accuracy_recovered"] = accuracy(model, eval_loader)
         if reference is not None:
-            from surgery.measure.side_by_side import bench_models
+            from surgery.measure.bench import bench_models
 
             report = bench_models({"input": reference, "shrp": model}, batch_size=cfg.bench_batch_size,
                                   seq_len=cfg.bench_seq_len, repeats=cfg.bench_repeats, warmup=1)

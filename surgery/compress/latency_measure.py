@@ -24,7 +24,7 @@ Method (what :func:`measure_latency_table` does):
    runtime every probe is exported as :func:`surgery.deploy.runtime_bench.runtime_variants` exports for
    ``surgery bench`` (fp32; or int8 smoothed on random-token calibration, as ``surgery export --int8
    --calibration`` does) and timed in an ONNX Runtime session with the same threads.
-2. **Timing, interleaved.** :func:`surgery.measure.side_by_side.time_rounds` runs every probe once per round, in an
+2. **Timing, interleaved.** :func:`surgery.measure.bench.time_rounds` runs every probe once per round, in an
    order that rotates round by round. A probe shorter than :data:`MIN_TIMED_SECONDS` runs several
    times in a row per round: on a busy machine a short run either escapes other processes or waits a
    whole scheduler slice, so its time would not scale with load as the model's does. Other processes
@@ -42,7 +42,7 @@ Method (what :func:`measure_latency_table` does):
    add up perfectly): probes fix the shape, the model the level.
 
 The table is cached (:mod:`surgery.compress.latency_cache`). :func:`measured_speedup` times a result
-against the original side by side through :func:`surgery.measure.side_by_side.bench_models`, the same code as
+against the original side by side through :func:`surgery.measure.bench.bench_models`, the same code as
 ``surgery bench``.
 """
 
@@ -77,8 +77,7 @@ from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.deploy.names import GRAPH_FORMAT
-from surgery.measure.machine import machine_info
-from surgery.measure.side_by_side import (
+from surgery.measure.bench import (
     BenchReport,
     bench_models,
     check_seq_len,
@@ -87,6 +86,7 @@ from surgery.measure.side_by_side import (
     time_rounds,
     torch_threads,
 )
+from surgery.measure.machine import machine_info
 from surgery.measure.stats import Interval
 
 #: Fractions of the template layer's heads (0 stands for one head, the fewest a kept layer has; the
@@ -552,7 +552,7 @@ def side_by_side(models: Mapping[str, tuple[nn.Module, str]], *, batch_size: int
                  calibration: Sequence[Mapping[str, torch.Tensor]] | None = None) -> BenchReport:
     """Bench ``name -> (model, runtime)`` side by side (the first is the reference), each in its runtime.
 
-    Exports happen first (:func:`runtime_model`); the timing is :func:`surgery.measure.side_by_side.bench_models`:
+    Exports happen first (:func:`runtime_model`); the timing is :func:`surgery.measure.bench.bench_models`:
     the same inputs, interleaved rounds, paired speedups with their 95% intervals, the machine.
 
     Example:

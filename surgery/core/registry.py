@@ -1,7 +1,7 @@
 """Plugin discovery through entry points.
 
 Methods (a :class:`~surgery.core.strategy.Strategy`, one replayable step, or a
-:class:`~surgery.core.pipeline.Pipeline` of recorded steps with training between) live in the
+:class:`~surgery.orchestration.pipeline.Pipeline` of recorded steps with training between) live in the
 entry-point group ``surgery.strategies`` (its name predates pipelines; third-party packages register
 under it, so it stays), anatomy adapters in
 ``surgery.encoders`` and command-line commands in ``surgery.commands`` (functions that add commands

@@ -1,12 +1,12 @@
 """One surgery run: its context (progress, metrics, artefacts) and the plan → apply → record path.
 
-Both ``surgery.convert`` and a pipeline's :class:`~surgery.core.pipeline.PipelineSession` carry a step
+Both ``surgery.convert`` and a pipeline's :class:`~surgery.orchestration.pipeline.PipelineSession` carry a step
 out through :func:`perform_step`, so a step inside a pipeline is planned, applied, recorded in the
 manifest and guarded exactly like a top-level one. Run state never lives on a strategy object: a
 fresh :class:`RunContext` is made for every run, handed to the strategy, and what it gathered comes
 back in the :class:`~surgery.core.report.SurgeryReport`.
 
-This module sits below :mod:`surgery.core.strategy`, :mod:`surgery.core.pipeline` and :mod:`surgery.core.api`
+This module sits below :mod:`surgery.core.strategy`, :mod:`surgery.orchestration.pipeline` and :mod:`surgery.orchestration.api`
 (it only needs their types), so none of them has to import another inside a function.
 
 Example:
@@ -58,7 +58,7 @@ class RunContext:
     progress: ProgressCallback = no_progress
     metrics: dict[str, Any] = field(default_factory=dict)
     artefacts: dict[str, Any] = field(default_factory=dict)
-    #: The reference model that recovery distils from and the guard measures against (surgery.core.reference);
+    #: The reference model that recovery distils from and the guard measures against (surgery.orchestration.reference);
     #: None: a copy of the model before each step.
     teacher: nn.Module | None = None
 
@@ -141,7 +141,7 @@ def perform_step(model: nn.Module, strategy: Strategy, data: Data | None, contex
         report = run()
     else:
         # Lazy: the guard trains (transformers' Trainer), which plain pruning never needs to import.
-        from surgery.core.guard import guarded_step
+        from surgery.orchestration.guard import guarded_step
 
         report, _ = guarded_step(model, strategy, run, index=index, data=guard_data, recovery=recovery,
                                  in_pipeline=in_pipeline, progress=context.progress, reference=context.teacher)

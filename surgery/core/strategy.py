@@ -8,7 +8,7 @@ Every method (:class:`Method`) has a registry ``name``, a pydantic config, a dec
   plan is plain JSON. ``apply`` must be deterministic, need no data, and accept the plan exactly as
   it comes back from ``json.loads`` (so integer dict keys arrive as strings): reloading a saved
   model replays the recorded plans through this method.
-* A pipeline (:class:`surgery.core.pipeline.Pipeline`) runs several strategies as recorded steps with
+* A pipeline (:class:`surgery.orchestration.pipeline.Pipeline`) runs several strategies as recorded steps with
   training in between; it has no plan of its own and is never replayed.
 
 Run state (progress, metrics, artefacts) lives in a :class:`surgery.core.run.RunContext` made per run,
@@ -27,8 +27,8 @@ from torch import nn
 
 from surgery.core.errors import ConfigError, DataError
 from surgery.core.report import LayerChange, SurgeryReport
+from surgery.core.requirements import describe, require_training_data
 from surgery.core.run import RunContext, perform_step, plan_step
-from surgery.data.requirements import describe, require_training_data
 
 if TYPE_CHECKING:
     from surgery.training import RecoveryConfig
@@ -70,7 +70,7 @@ def validation_message(prefix: str, exc: ValidationError) -> str:
 
 
 class Method(ABC):
-    """Base class of both kinds of surgery method: :class:`Strategy` and :class:`~surgery.core.pipeline.Pipeline`.
+    """Base class of both kinds of surgery method: :class:`Strategy` and :class:`~surgery.orchestration.pipeline.Pipeline`.
 
     Subclasses set ``name`` (the registry name) and ``config_class``. Settings are given either as a
     config object or as keyword arguments. ``requires`` declares the data the method needs, and

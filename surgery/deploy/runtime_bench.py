@@ -2,7 +2,7 @@
 
 :func:`bench_runtimes` loads each model once, exports it to ONNX (with the parity check of
 :func:`surgery.deploy.export_onnx`) where a runtime needs it, quantizes that graph for int8, and then
-hands every variant to :func:`surgery.measure.side_by_side.bench_models`: same inputs, interleaved rounds, same
+hands every variant to :func:`surgery.measure.bench.bench_models`: same inputs, interleaved rounds, same
 thread count (ONNX Runtime sessions get torch's intra-op thread count), ratios against the first
 row. With labelled data, every variant's accuracy on it is added to the report.
 """
@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.core.api import count_params
 from surgery.core.errors import ConfigError
 from surgery.core.report import ParamCount
 from surgery.deploy.export import ONNX_NAME, check_int8_fp32, export_onnx, export_target, int8_fp32_scopes
 from surgery.deploy.names import SMOOTH_ALPHA
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8, require_onnx
+from surgery.measure.bench import BenchReport, bench_models
 from surgery.measure.flops import count_flops
-from surgery.measure.side_by_side import BenchReport, bench_models
+from surgery.orchestration.api import count_params
 
 RUNTIMES: tuple[str, ...] = ("torch", "onnxruntime")
 
@@ -48,7 +48,7 @@ class BenchedOnnxModel(OnnxRuntimeModel):
     def bench_counts(self, inputs: Mapping[str, torch.Tensor]) -> tuple[ParamCount, int, int, None, None, str]:
         """Parameters and FLOPs of the source model, and the ONNX file size.
 
-        The hook :mod:`surgery.measure.side_by_side` calls.
+        The hook :mod:`surgery.measure.bench` calls.
         """
         flops = count_flops(self._source, inputs)
         return self.params, flops, self.file_bytes(), None, None, "ONNX file size; ONNX Runtime memory not measured"
@@ -184,7 +184,7 @@ def bench_runtimes(
             smoothed on them first (:mod:`surgery.deploy.smooth`); ``smooth_alpha`` is the strength.
         data: labelled batches; each variant's accuracy on them is recorded (sequence classifiers only).
         threads: intra-op threads for torch and ONNX Runtime alike (default: torch's current count).
-        **kwargs: passed to :func:`surgery.measure.side_by_side.bench_models` (``batch_size``, ``seq_len``,
+        **kwargs: passed to :func:`surgery.measure.bench.bench_models` (``batch_size``, ``seq_len``,
             ``repeats`` ...).
 
     Example:

@@ -19,8 +19,8 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
+from surgery.core.requirements import describe
 from surgery.data.assets import resolve_data_path
-from surgery.data.requirements import describe
 from surgery.data.task_data import TaskData, read_table
 from surgery.embedding.pooling import SentenceConfig
 

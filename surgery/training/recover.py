@@ -16,7 +16,7 @@ from surgery.anatomy import adapter_for
 from surgery.core.errors import ConfigError
 from surgery.core.manifest import steps_of
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
-from surgery.data.requirements import require_training_data
+from surgery.core.requirements import require_training_data
 from surgery.data.task_data import TaskData
 from surgery.training.distill import DistillConfig, default_layer_map
 from surgery.training.refit import RefitResult, calibration_batches, refit_projections

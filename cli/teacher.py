@@ -1,7 +1,7 @@
 """``surgery apply --teacher ORIGINAL``: the original model a surgered input was cut from, as the run's reference.
 
 Recovery distils from it and the report's accuracy or embedding fidelity is measured against it
-(:mod:`surgery.core.reference`), so the second step of a chain is held to the model the user started
+(:mod:`surgery.orchestration.reference`), so the second step of a chain is held to the model the user started
 from, not to the first step's output. It is loaded like MODEL (same objective, same class choice)
 and must have the same family, hidden size, vocabulary and task head.
 """
@@ -46,7 +46,7 @@ def teacher_path(teacher: str | None, source: Path, out: Path | None, *, has_dat
         except OutputPathError as exc:
             raise OutputPathError(f"{exc} (it holds the --teacher model)") from None
     from surgery.cli.inputs import read_model_config
-    from surgery.core.reference import config_mismatch
+    from surgery.orchestration.reference import config_mismatch
 
     problem = config_mismatch(read_model_config(source), read_model_config(path))
     if problem is not None:
@@ -67,7 +67,7 @@ def reference_label(teacher: str, path: Path) -> str:
 def load_teacher(state: CliState, path: Path, inputs: Inputs, data: Any) -> nn.Module:
     """The original model at ``path``, loaded like MODEL was, checked to fit it (one-line ConfigError otherwise)."""
     from surgery.cli.inputs import load_model, read_model_config
-    from surgery.core.reference import check_reference
+    from surgery.orchestration.reference import check_reference
     from surgery.persist.task_heads import new_head_keys
 
     flag = f"--teacher {path}"

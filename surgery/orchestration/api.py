@@ -11,10 +11,10 @@ from surgery.anatomy.slicing import count_parameters
 from surgery.core.errors import ConfigError, PlanError
 from surgery.core.manifest import steps_of
 from surgery.core.progress import ProgressCallback, no_progress
-from surgery.core.reference import check_reference, reference_name
 from surgery.core.report import LayerAnatomy, ModelAnatomy, ParamCount, StepSummary, SurgeryReport
 from surgery.core.run import RunContext, apply_step, count_params, plan_step
 from surgery.core.strategy import Data, Method, Plan, Strategy
+from surgery.orchestration.reference import check_reference, reference_name
 
 __all__ = ["apply_plan", "check_arguments", "convert", "count_params", "inspect", "plan", "preview"]
 
@@ -117,7 +117,7 @@ def convert(
         recovery: distillation after surgery (:class:`surgery.training.RecoveryConfig`), with the
             model before the step as teacher; needs labelled :class:`~surgery.data.task_data.TaskData`. A
             direct step recovers always (or, with ``max_drop``, when it loses more); a pipeline's
-            steps are guarded (see :mod:`surgery.core.guard`). Recovery changes weights only: the
+            steps are guarded (see :mod:`surgery.orchestration.guard`). Recovery changes weights only: the
             recorded plan stays the same, so the saved model still replays.
         teacher: the reference when ``model`` was already surgered: the original it was cut from
             (same family, hidden size and vocabulary). Recovery distils from it instead of from the
