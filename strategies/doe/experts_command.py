@@ -106,14 +106,15 @@ def build_command(
     if unknown:
         raise ConfigError(f"--eval-task: {unknown} name no --task; known tasks: {sorted(tasks)}")
     settings = strategy_settings(config, sets or [])
+    source = resolve_model_path(model_dir)
+    # Before torch is imported: a bad --out or --report fails in a second.
+    outputs = decide_outputs([source, config, *tasks.values(), *evals.values()], out=("--out", out),
+                             files=[("--report", report_file)], overwrite=overwrite)
     # Imported here, not at the top: they import torch and transformers, which `surgery --help` must not pay for.
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
     from surgery.strategies.doe import build_runtime, check_tasks, runtime_config
 
     doe_config = runtime_config(settings)  # doe's own checks of the shared settings, before anything is loaded
-    source = resolve_model_path(model_dir)
-    outputs = decide_outputs([source, config, *tasks.values(), *evals.values()], out=("--out", out),
-                             files=[("--report", report_file)], overwrite=overwrite)
     target, report_file = outputs.directory, outputs.file("--report")
     inputs = prepare_inputs(ctx.ensure_object(CliState), source,
                             {name: DataFiles(path, evals.get(name)) for name, path in tasks.items()},
