@@ -119,7 +119,7 @@ def test_cli_prints_one_warning_line_and_strict_exits_3(tmp_path: Path, monkeypa
     from test_cli import labelled_rows, tiny_tokenizer, write_rows  # the CLI tests' tiny tokenizer and data
     from typer.testing import CliRunner
 
-    import surgery.orchestration.guard
+    import surgery.training
     from surgery.cli.app import app
 
     model = tiny_model(TinySpec("bert", task="base"))
@@ -132,7 +132,8 @@ def test_cli_prints_one_warning_line_and_strict_exits_3(tmp_path: Path, monkeypa
     runner = CliRunner(env={"COLUMNS": "200"})
     for strict, code in ((False, 0), (True, 3)):
         values = iter([0.9, 0.4])
-        monkeypatch.setattr(surgery.orchestration.guard, "accuracy", lambda *a, _v=values, **k: next(_v))
+        # The guard imports accuracy from surgery.training when it runs, so the patch is seen there.
+        monkeypatch.setattr(surgery.training, "accuracy", lambda *a, _v=values, **k: next(_v))
         args = [*base, "-o", str(tmp_path / f"out{strict}")] + (["--strict"] if strict else [])
         result = runner.invoke(app, args)
         assert result.exit_code == code, result.output

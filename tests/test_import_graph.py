@@ -1,8 +1,12 @@
-"""The import graph of surgery, surgery.strategies and surgery.cli: no cycle, no private imports.
+"""The import graph of surgery, surgery.strategies and surgery.cli: layers, no cycle, no private imports.
 
-Read from the source with ``ast`` (nothing is imported). An import made at module level (outside
-``if TYPE_CHECKING:``) is an edge; so is one inside a function, which the library uses only to keep
-heavy optional packages off the import path, never to dodge a cycle.
+Read from the source with ``ast`` (nothing is imported). Every import is an edge, the ones inside a
+function included (a function-level import dodges a cycle at import time, not in the design); only
+imports under ``if TYPE_CHECKING:`` are left out, since they never run.
+
+The layer order (docs/architecture.md, "Layers") is :data:`LAYERS`: a package may import its own
+modules and packages of lower layers, nothing else. Packages that share a layer do not import each
+other, so no package cycle can form; :func:`package_cycles` says so independently.
 """
 
 from __future__ import annotations
@@ -12,11 +16,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"surgery": ROOT / "surgery", "surgery.strategies": ROOT / "strategies", "surgery.cli": ROOT / "cli"}
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "layered"
+
+#: Lowest first. The base knows no method and no training; the parts build on it; orchestration
+#: chains steps from the parts; methods (surgery.strategies) are plugins over orchestration;
+#: compress searches over methods; the package facade and the CLI sit on top.
+LAYERS: list[set[str]] = [
+    {"surgery.core"},
+    {"surgery.anatomy", "surgery.persist", "surgery.scoring"},
+    {"surgery.data"},
+    {"surgery.training", "surgery.measure", "surgery.testing"},
+    {"surgery.embedding"},
+    {"surgery.deploy"},
+    {"surgery.runtimes"},
+    {"surgery.orchestration"},
+    {"surgery.strategies"},
+    {"surgery.compress"},
+    {"surgery"},
+    {"surgery.cli"},
+]
 
 
-def modules() -> dict[str, Path]:
+def modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
     found = {}
-    for package, folder in PACKAGES.items():
+    for package, folder in packages.items():
         for file in folder.rglob("*.py"):
             parts = [p for p in file.relative_to(folder).with_suffix("").parts if p != "__init__"]
             found[".".join([package, *parts])] = file
@@ -34,7 +57,8 @@ def type_checking_nodes(tree: ast.Module) -> set[int]:
             for n in ast.walk(node)}
 
 
-def imports(known: dict[str, Path]) -> tuple[dict[str, set[str]], list[str]]:
+def imports(known: dict[str, Path], top: str = "surgery") -> tuple[dict[str, set[str]], list[str]]:
+    """Module -> the modules it imports (anywhere but under TYPE_CHECKING); private names imported across."""
     graph: dict[str, set[str]] = {m: set() for m in known}
     private = []
     for module, file in known.items():
@@ -43,7 +67,7 @@ def imports(known: dict[str, Path]) -> tuple[dict[str, set[str]], list[str]]:
         for node in ast.walk(tree):
             if id(node) in skip:
                 continue
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("surgery"):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == top:
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"
                     target = owner(full if full in known else node.module, known)
@@ -53,14 +77,50 @@ def imports(known: dict[str, Path]) -> tuple[dict[str, set[str]], list[str]]:
                         private.append(f"{module} imports {node.module}.{alias.name}")
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    target = owner(alias.name, known) if alias.name.startswith("surgery") else None
+                    target = owner(alias.name, known) if alias.name.split(".")[0] == top else None
                     if target and target != module:
                         graph[module].add(target)
     return graph, private
 
 
+def package_of(module: str, layers: list[set[str]]) -> str:
+    """The longest layered package that holds ``module`` (``surgery.core.run`` -> ``surgery.core``)."""
+    named = {p for layer in layers for p in layer}
+    name = module
+    while name and name not in named:
+        name = name.rpartition(".")[0]
+    if not name:
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and to docs/architecture.md)")
+    return name
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Every edge from a package to one in the same or a higher layer, as 'a -> b (module -> module)'."""
+    level = {p: i for i, layer in enumerate(layers) for p in layer}
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = package_of(module, layers)
+        for target in sorted(targets):
+            there = package_of(target, layers)
+            if there != here and level[there] >= level[here]:
+                found.append(f"{here} -> {there} ({module} -> {target})")
+    return found
+
+
+def package_graph(graph: dict[str, set[str]], layers: list[set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        here = package_of(module, layers)
+        packages.setdefault(here, set()).update(package_of(t, layers) for t in targets)
+        packages[here].discard(here)
+    for targets in list(packages.values()):
+        for t in targets:
+            packages.setdefault(t, set())
+    return packages
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
+    """Strongly connected components with more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -91,14 +151,34 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_import_graph_has_no_cycle() -> None:
+def test_every_import_goes_down_the_layers() -> None:
     graph, _ = imports(modules())
-    assert "surgery.core.strategy" in graph and graph["surgery.orchestration.api"], "the graph was not read"
+    assert graph["surgery.orchestration.api"], "the graph was not read"
+    assert layer_violations(graph, LAYERS) == []
+
+
+def test_no_package_cycle_and_no_module_cycle() -> None:
+    graph, _ = imports(modules())
+    assert cycles(package_graph(graph, LAYERS)) == []
     assert cycles(graph) == []
 
 
 def test_no_module_imports_a_private_name_from_another() -> None:
     assert imports(modules())[1] == []
+
+
+def test_the_layer_check_catches_an_upward_edge_in_a_fixture_tree() -> None:
+    # tests/fixtures/layered/fakepkg: base/contract.py imports fakepkg.cli inside a function (an
+    # upward edge), parts/a.py and parts/b.py import each other (a cycle), and parts/typed.py
+    # imports fakepkg.cli only under TYPE_CHECKING (not an edge).
+    layers = [{"fakepkg.base"}, {"fakepkg.parts"}, {"fakepkg.cli"}, {"fakepkg"}]
+    graph, _ = imports(modules({"fakepkg": FIXTURE / "fakepkg"}), top="fakepkg")
+    assert layer_violations(graph, layers) == [
+        "fakepkg.base -> fakepkg.cli (fakepkg.base.contract -> fakepkg.cli.app)"]
+    # the upward edge closes a package cycle with cli/app.py's import of the base
+    assert cycles(package_graph(graph, layers)) == [["fakepkg.base", "fakepkg.cli"]]
+    assert cycles(graph) == [["fakepkg.base.contract", "fakepkg.cli.app"], ["fakepkg.parts.a", "fakepkg.parts.b"]]
+    assert graph["fakepkg.parts.typed"] == {"fakepkg.base.contract"}
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

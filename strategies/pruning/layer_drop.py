@@ -24,10 +24,10 @@ from pydantic import Field
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.anatomy.slicing import check_indices, count_parameters
+from surgery.anatomy.slicing import check_indices
 from surgery.core.errors import PlanError
 from surgery.core.report import LayerChange
-from surgery.core.run import RunContext
+from surgery.core.run import RunContext, count_parameters
 from surgery.core.strategy import Data, Plan, Strategy
 from surgery.strategies.pruning.units import OneSourceConfig
 

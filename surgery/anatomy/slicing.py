@@ -86,22 +86,6 @@ def keep_linear_inputs_(linear: nn.Linear, keep: Sequence[int]) -> nn.Linear:
     return linear
 
 
-def count_parameters(module: nn.Module) -> int:
-    """Number of distinct parameters (shared tensors, e.g. tied embeddings, counted once).
-
-    Example:
-        >>> count_parameters(nn.Linear(4, 3))
-        15
-    """
-    seen: set[int] = set()
-    total = 0
-    for p in module.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
-
-
 class ZeroRecoveryLinear(nn.Module):
     """A Linear that computes only some output features and scatters them into zeros of full width.
 

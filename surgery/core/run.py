@@ -6,8 +6,9 @@ manifest and guarded exactly like a top-level one. Run state never lives on a st
 fresh :class:`RunContext` is made for every run, handed to the strategy, and what it gathered comes
 back in the :class:`~surgery.core.report.SurgeryReport`.
 
-This module sits below :mod:`surgery.core.strategy`, :mod:`surgery.orchestration.pipeline` and :mod:`surgery.orchestration.api`
-(it only needs their types), so none of them has to import another inside a function.
+It is part of the base (:mod:`surgery.core`): it knows no method and does not train. A step that asks
+for measurement or recovery runs under ``context.guard``, which the entry verbs and pipelines
+(:mod:`surgery.orchestration`) set to :func:`surgery.orchestration.guard.guarded_step`.
 
 Example:
     >>> from surgery.strategies import HeadPruningStrategy
@@ -23,12 +24,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from surgery.anatomy.slicing import count_parameters
 from surgery.core.errors import ConfigError, PlanError
 from surgery.core.manifest import record_step, to_jsonable
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from surgery.core.strategy import Data, Plan, Strategy
     from surgery.training import RecoveryConfig
 
+#: Runs a step (the callable) between two measurements and recovers it (surgery.orchestration.guard.guarded_step).
+StepGuard = Callable[..., tuple[SurgeryReport, Any]]
 
 @dataclass
 class RunContext:
@@ -61,6 +64,9 @@ class RunContext:
     #: The reference model that recovery distils from and the guard measures against (surgery.orchestration.reference);
     #: None: a copy of the model before each step.
     teacher: nn.Module | None = None
+    #: The guard a step asking for recovery or measurement runs under. The entry verbs and pipelines
+    #: (surgery.orchestration) set it; the base cannot import it, since it trains.
+    guard: StepGuard | None = None
 
     def emit(self, task: str, completed: int, total: int | None = None, **info: Any) -> None:
         """Report progress of long work to whoever is listening."""
@@ -68,7 +74,23 @@ class RunContext:
 
     def child(self) -> RunContext:
         """A fresh context for a sub-step, reporting progress to the same place, with the same reference."""
-        return RunContext(self.progress, teacher=self.teacher)
+        return RunContext(self.progress, teacher=self.teacher, guard=self.guard)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of distinct parameters (shared tensors, e.g. tied embeddings, counted once).
+
+    Example:
+        >>> count_parameters(nn.Linear(4, 3))
+        15
+    """
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
 
 
 def count_params(model: nn.Module) -> ParamCount:
@@ -139,11 +161,11 @@ def perform_step(model: nn.Module, strategy: Strategy, data: Data | None, contex
 
     if recovery is None and guard_data is None:
         report = run()
+    elif context.guard is None:
+        raise ConfigError(f"{strategy.name}: a guarded step (recovery or accuracy checks) needs RunContext.guard; "
+                          "run it through surgery.convert or a Pipeline, which set it")
     else:
-        # Lazy: the guard trains (transformers' Trainer), which plain pruning never needs to import.
-        from surgery.orchestration.guard import guarded_step
-
-        report, _ = guarded_step(model, strategy, run, index=index, data=guard_data, recovery=recovery,
+        report, _ = context.guard(model, strategy, run, index=index, data=guard_data, recovery=recovery,
                                  in_pipeline=in_pipeline, progress=context.progress, reference=context.teacher)
     report.seconds = time.perf_counter() - start
     return report

@@ -20,12 +20,12 @@ from torch import nn
 
 from surgery.core.errors import ConfigError
 from surgery.core.report import ParamCount
+from surgery.core.run import count_params
 from surgery.deploy.export import ONNX_NAME, check_int8_fp32, export_onnx, export_target, int8_fp32_scopes
 from surgery.deploy.names import SMOOTH_ALPHA
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8, require_onnx
 from surgery.measure.bench import BenchReport, bench_models
 from surgery.measure.flops import count_flops
-from surgery.orchestration.api import count_params
 
 RUNTIMES: tuple[str, ...] = ("torch", "onnxruntime")
 

@@ -54,11 +54,11 @@ from torch import nn
 
 from surgery.core.errors import ConfigError
 from surgery.core.report import ParamCount
+from surgery.core.run import count_params
 from surgery.measure.flops import count_flops
 from surgery.measure.machine import MachineInfo, machine_info
 from surgery.measure.memory import memory_use
 from surgery.measure.stats import Interval, bootstrap_median, interval_warning
-from surgery.orchestration.api import count_params
 from surgery.persist.atomic import atomic_write
 from surgery.persist.config_values import usable_positions
 

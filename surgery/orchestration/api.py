@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from surgery.anatomy import adapter_for
-from surgery.anatomy.slicing import count_parameters
 from surgery.core.errors import ConfigError, PlanError
 from surgery.core.manifest import steps_of
 from surgery.core.progress import ProgressCallback, no_progress
 from surgery.core.report import LayerAnatomy, ModelAnatomy, ParamCount, StepSummary, SurgeryReport
-from surgery.core.run import RunContext, apply_step, count_params, plan_step
+from surgery.core.run import RunContext, apply_step, count_parameters, count_params, plan_step
 from surgery.core.strategy import Data, Method, Plan, Strategy
+from surgery.orchestration.guard import guarded_step
 from surgery.orchestration.reference import check_reference, reference_name
 
 __all__ = ["apply_plan", "check_arguments", "convert", "count_params", "inspect", "plan", "preview"]
@@ -138,7 +138,7 @@ def convert(
     adapter_for(model)
     if teacher is not None:
         check_reference(model, teacher)
-    context = RunContext(progress or no_progress, teacher=teacher)
+    context = RunContext(progress or no_progress, teacher=teacher, guard=guarded_step)
     # Polymorphic: a strategy plans, applies and records one step; a pipeline runs its steps and trains.
     report = strategy.perform(model, data, context, recovery=recovery)
     report.reference = reference_name(teacher)

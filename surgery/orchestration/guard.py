@@ -23,15 +23,16 @@ from torch import nn
 
 from surgery.core.progress import ProgressCallback
 from surgery.core.report import StepCheck, SurgeryReport
-from surgery.data.task_data import TaskData
-from surgery.training import RecoveryConfig, accuracy, recover
 
 if TYPE_CHECKING:
     from surgery.core.strategy import Strategy
+    from surgery.training import RecoveryConfig
 
 
 def measurable(model: nn.Module, data: Any) -> bool:
     """Whether the guard can measure ``model`` on ``data``: a sequence classifier and labelled eval data."""
+    from surgery.data.task_data import TaskData
+
     return (isinstance(data, TaskData) and data.eval is not None and "labels" in data.eval.column_names
             and type(model).__name__.endswith("ForSequenceClassification"))
 
@@ -65,6 +66,11 @@ def guarded_step(model: nn.Module, strategy: Strategy, do_step: Callable[[], Sur
         >>> check.strategy, check.exceeded
         ('head-prune', False)
     """
+    # Imported here so that convert (which sets this guard on every run) loads transformers' Trainer
+    # only for a step that is measured or recovered.
+    from surgery.data.task_data import TaskData
+    from surgery.training import accuracy, recover
+
     can_measure = measurable(model, data)
     max_drop = recovery.max_drop if recovery is not None else None
     trained_after = in_pipeline and strategy.trained_after

@@ -41,6 +41,7 @@ from surgery.core.progress import ProgressCallback, no_progress
 from surgery.core.report import SurgeryReport
 from surgery.core.run import RunContext, count_params, perform_step
 from surgery.core.strategy import Data, Method, Strategy
+from surgery.orchestration.guard import guarded_step
 
 if TYPE_CHECKING:
     from surgery.training import RecoveryConfig
@@ -64,6 +65,8 @@ class PipelineSession:
         self.model = model
         #: The pipeline's own run state: its figures end up in the report next to the steps'.
         self.context = context if context is not None else RunContext(progress or no_progress)
+        if self.context.guard is None:  # a context made outside convert: every step is still guarded
+            self.context.guard = guarded_step
         self.reports: list[SurgeryReport] = []
         #: The pipeline's labelled task data and recovery settings: the guard measures every step on
         #: ``task``'s evaluation split and recovers a step that loses more than ``recovery.max_drop``.
