@@ -62,8 +62,8 @@ from surgery.cli.teacher import teacher_path
 from surgery.core import registry
 from surgery.core.distributed import end_process, is_main_process, leave_process_group
 from surgery.core.errors import ConfigError, SurgeryError
-from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
+from surgery.persist.assets import resolve_model_path
 from surgery.persist.atomic import atomic_write, saved_outputs
 from surgery.persist.config_values import check_length
 

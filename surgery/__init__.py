@@ -56,7 +56,7 @@ _LAZY = {
     # needs the optional onnx extra only when called
     "export_onnx": "surgery.deploy",
     # needs the optional embeddings extra (sentence-transformers) only when called
-    "to_sentence_transformer": "surgery.embedding.interop",
+    "to_sentence_transformer": "surgery.deploy.sentence_interop",
 }
 
 __version__ = "0.1.0"

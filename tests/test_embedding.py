@@ -12,7 +12,6 @@ from transformers import BertTokenizer
 
 import surgery
 from surgery.core.errors import DataError, ModelLoadError
-from surgery.data.assets import MODELS
 from surgery.embedding import (
     SentenceConfig,
     embed_texts,
@@ -22,6 +21,7 @@ from surgery.embedding import (
     read_texts,
 )
 from surgery.embedding.pooling import write_sentence_config
+from surgery.persist.assets import MODELS
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.testing import VOCAB, TinySpec, tiny_model
 
@@ -110,7 +110,7 @@ def test_sentence_config_roundtrips_through_surgery_file(tmp_path: Path) -> None
 
 @needs_st
 def test_to_sentence_transformer_encodes_with_uneven_heads(tmp_path: Path) -> None:
-    from surgery.embedding.interop import to_sentence_transformer
+    from surgery.deploy.sentence_interop import to_sentence_transformer
 
     root = st_dir(tmp_path / "src", {"pooling_mode_mean_tokens": True}, True)
     model = surgery.from_pretrained(root)

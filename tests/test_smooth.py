@@ -188,9 +188,9 @@ def test_cli_bench_int8_with_calibration_benches_the_smoothed_graph(tmp_path) ->
 def test_sentence_transformers_export_smooths_too(tmp_path) -> None:
     from transformers import AutoTokenizer
 
+    from surgery.deploy.sentence_interop import export_sentence_transformers
     from surgery.deploy.smooth import calibration_batches
     from surgery.embedding import SentenceConfig
-    from surgery.embedding.interop import export_sentence_transformers
 
     saved, corpus = saved_with_corpus(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(saved)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from experiments.tasks import DEBATES, load_task, split_table, task_spec
 from surgery.cli.app import app
 from surgery.core.errors import ConfigError
-from surgery.data.assets import resolve_model_path
+from surgery.persist.assets import resolve_model_path
 
 
 def _table(n: int = 120) -> datasets.Dataset:

@@ -30,10 +30,10 @@ from transformers import AutoTokenizer
 
 import surgery
 from surgery.compress import SpeedupTarget
-from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import GRAPH_FORMAT
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import mean_std
+from surgery.persist.assets import resolve_model_path
 from surgery.training import accuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules

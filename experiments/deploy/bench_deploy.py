@@ -67,7 +67,7 @@ def build_standin(out: Path) -> Path:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     import surgery
-    from surgery.data.assets import resolve_model_path
+    from surgery.persist.assets import resolve_model_path
     from surgery.strategies import ExpertAttentionStrategy, Top1PruningStrategy
 
     source = resolve_model_path("minilm-l6")
@@ -85,8 +85,8 @@ def build_standin(out: Path) -> Path:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from surgery.data.assets import resolve_model_path
     from surgery.data.task_data import load_task_data
+    from surgery.persist.assets import resolve_model_path
 
     shrp = build_standin(ROOT / "out" / "minilm-shrp-standin") if args.standin else resolve_model_path(args.shrp)
     tokenizer = AutoTokenizer.from_pretrained(shrp)

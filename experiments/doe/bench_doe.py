@@ -31,9 +31,9 @@ import datasets
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from surgery.data.assets import DATASETS, resolve_model_path
 from surgery.data.task_data import load_task_data
 from surgery.measure.bench import bench_models
+from surgery.persist.assets import DATASETS, resolve_model_path
 from surgery.strategies.doe import DoEResult, DoEStrategy, run_doe
 from surgery.strategies.doe.prompt_tuning import evaluate, train, trainable
 from surgery.strategies.doe.soft_prompt import SoftPromptStrategy

@@ -44,13 +44,13 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.deploy.smooth import calibration_batches
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
 from surgery.embedding.objective import recover_embeddings
 from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
+from surgery.persist.assets import resolve_model_path
 from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy

@@ -14,8 +14,8 @@ import time
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from surgery.data.assets import resolve_model_path
 from surgery.data.task_data import load_task_data
+from surgery.persist.assets import resolve_model_path
 
 
 def main() -> None:

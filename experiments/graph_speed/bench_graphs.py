@@ -54,7 +54,6 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.deploy import export_onnx
 from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, require_onnx
 from surgery.deploy.runtime_bench import BenchedOnnxModel
@@ -62,6 +61,7 @@ from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_c
 from surgery.measure.bench import bench_models, make_inputs
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import bootstrap_median
+from surgery.persist.assets import resolve_model_path
 from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,

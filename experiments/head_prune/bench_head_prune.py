@@ -28,9 +28,9 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.data.task_data import read_table
 from surgery.measure.bench import bench_models
+from surgery.persist.assets import resolve_model_path
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
+from surgery.persist.assets import resolve_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 from experiments.embedding_suite import corpus_texts

@@ -30,13 +30,13 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.deploy import export_onnx
 from surgery.deploy.export import int8_fp32_scopes
 from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8
 from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.measure.bench import bench_models
+from surgery.persist.assets import resolve_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 from experiments.embedding_suite import corpus_texts, probe_suite

@@ -36,7 +36,6 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.deploy import export_onnx
 from surgery.deploy.runtime import OnnxRuntimeModel
 from surgery.deploy.runtime_bench import BenchedOnnxModel
@@ -44,6 +43,7 @@ from surgery.deploy.smooth import DEFAULT_ALPHA
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
+from surgery.persist.assets import resolve_model_path
 from surgery.training.task_accuracy import accuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules

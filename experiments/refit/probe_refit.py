@@ -22,9 +22,9 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.embedding import load_text_data, read_sentence_config
 from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
+from surgery.persist.assets import resolve_model_path
 from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.training.refit import calibration_batches, refit_projections

@@ -28,9 +28,9 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.data.task_data import TaskData, load_task_data
 from surgery.measure.bench import bench_models
+from surgery.persist.assets import resolve_model_path
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
 from surgery.training import accuracy, fit, scratch_dir, training_arguments
 

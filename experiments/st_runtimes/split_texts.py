@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from surgery.data.assets import resolve_model_path
+from surgery.persist.assets import resolve_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 from experiments.embedding_suite import probe_task

@@ -37,9 +37,9 @@ from transformers import AutoTokenizer
 
 import surgery
 from surgery.cli.plot import write_pareto, write_usage
-from surgery.data.assets import resolve_model_path
 from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
+from surgery.persist.assets import resolve_model_path
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import finetune

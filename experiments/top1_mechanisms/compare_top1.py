@@ -33,9 +33,9 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.data.assets import resolve_model_path
 from surgery.measure.stats import mean_std
 from surgery.orchestration.pipeline import PipelineSession
+from surgery.persist.assets import resolve_model_path
 from surgery.strategies.shrp import ShrpStrategy, finetune_after_cut
 from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.training import accuracy

@@ -40,7 +40,7 @@ from surgery.cli.options import (
 from surgery.cli.outputs import decide_outputs
 from surgery.core.distributed import is_main_process
 from surgery.core.errors import ConfigError
-from surgery.data.assets import resolve_model_path
+from surgery.persist.assets import resolve_model_path
 from surgery.persist.atomic import atomic_write
 
 experts_app = typer.Typer(

@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
-from surgery.data.assets import DATASETS, resolve_data_path
 from surgery.data.data_diagnosis import diagnose
+from surgery.persist.assets import DATASETS, resolve_data_path
 
 _BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "labels")

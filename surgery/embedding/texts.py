@@ -20,9 +20,9 @@ from transformers import PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
 from surgery.core.requirements import describe
-from surgery.data.assets import resolve_data_path
 from surgery.data.task_data import TaskData, read_table
 from surgery.embedding.pooling import SentenceConfig
+from surgery.persist.assets import resolve_data_path
 
 if TYPE_CHECKING:
     from torch import nn

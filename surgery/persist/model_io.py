@@ -286,7 +286,7 @@ def from_pretrained(
         >>> from_pretrained(out).encoder.layer[1].attention.self.num_attention_heads
         2
     """
-    from surgery.data.assets import resolve_model_path
+    from surgery.persist.assets import resolve_model_path
 
     if kwargs.pop("trust_remote_code", False):
         raise ModelLoadError("trust_remote_code=True is not supported: surgery never runs code from a model directory")

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         from surgery_ffn_align import FFNAlignStrategy
 
         import surgery
-        from surgery.data.assets import resolve_model_path
+        from surgery.persist.assets import resolve_model_path
 
         model = surgery.from_pretrained(resolve_model_path(model_dir))
         plan = surgery.plan(model, FFNAlignStrategy(multiple=multiple))

@@ -91,7 +91,7 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
     Normalize, Pooling = _modules().Normalize, _modules().Pooling
 
     import surgery
-    from surgery.data.assets import resolve_model_path
+    from surgery.persist.assets import resolve_model_path
 
     if isinstance(model_or_dir, nn.Module):
         model = model_or_dir
