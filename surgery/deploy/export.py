@@ -72,12 +72,12 @@ class Agreement(BaseModel):
 
     max_abs_diff: float = Field(description="largest absolute element-wise difference")
     min_cosine: float = Field(description="smallest cosine similarity between the two outputs of any one example")
+    mean_cosine: float | None = Field(default=None, description="mean over examples of that cosine")
 
 
-class ExportReport(BaseModel):
-    """What :func:`export_onnx` wrote and measured; saved as ``surgery-onnx.json`` next to the graph."""
+class ExportRecord(BaseModel):
+    """What every export records about the exported model: task, class, inputs and output, the steps."""
 
-    onnx_file: str = ONNX_NAME
     task: str
     model_class: str
     model_type: str | None
@@ -85,12 +85,29 @@ class ExportReport(BaseModel):
     inputs: list[str]
     output: str
     dynamic_axes: dict[str, list[str]]
-    opset: int
-    exporter: str
-    versions: dict[str, str]
     steps: list[str] = Field(description="the surgery steps the model went through, in order")
+    versions: dict[str, str]
     parity_batch: tuple[int, int]
     tolerance: float
+
+
+def export_record(model: nn.Module, module: nn.Module, *, task: str, source_dtype: str, inputs: list[str],
+                  output: str, versions: dict[str, str], parity_batch: tuple[int, int], tolerance: float
+                  ) -> dict[str, Any]:
+    """The :class:`ExportRecord` fields of ``module`` (the fp32 copy exported) from ``model`` (its source)."""
+    return dict(task=task, model_class=type(module).__name__, model_type=getattr(module.config, "model_type", None),
+                source_dtype=source_dtype, inputs=inputs, output=output,
+                dynamic_axes={name: ["batch", "sequence"] for name in inputs},
+                steps=[str(s.get("strategy")) for s in steps_of(model)], versions=versions,
+                parity_batch=parity_batch, tolerance=tolerance)
+
+
+class ExportReport(ExportRecord):
+    """What :func:`export_onnx` wrote and measured; saved as ``surgery-onnx.json`` next to the graph."""
+
+    onnx_file: str = ONNX_NAME
+    opset: int
+    exporter: str
     parity: Agreement = Field(description="fp32 ONNX Runtime against fp32 PyTorch")
     fused_attention: FusedAttentionInfo | None = Field(default=None, description="the layers whose attention is "
                                                        "one fused operator (None: fusion turned off)")
@@ -260,7 +277,7 @@ def agreement(reference: torch.Tensor, other: torch.Tensor, mask: torch.Tensor |
         ref, got = ref * keep, got * keep
     diff = float((ref - got).abs().max()) if ref.numel() else 0.0
     cosine = torch.nn.functional.cosine_similarity(ref.flatten(1), got.flatten(1), dim=1, eps=1e-12)
-    return Agreement(max_abs_diff=diff, min_cosine=float(cosine.min()))
+    return Agreement(max_abs_diff=diff, min_cosine=float(cosine.min()), mean_cosine=float(cosine.mean()))
 
 
 def _torch_export(module: nn.Module, inputs: Mapping[str, torch.Tensor], path: Path, *, opset: int | None,
@@ -307,7 +324,24 @@ def _run_torch(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.T
         return module(**inputs).detach().float()
 
 
-def _accuracy(model: nn.Module, data: Iterable[Mapping[str, torch.Tensor]]) -> float:
+def check_export_settings(batch: int, seq: int, tolerance: float) -> None:
+    """Refuse, in one line, a parity batch smaller than 1 x 2 or a tolerance that is not positive.
+
+    Example:
+        >>> check_export_settings(4, 1, 1e-4)
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: export: seq must be at least 2, got 1
+    """
+    for field, value, least in (("batch", batch, 1), ("seq", seq, 2)):
+        if value < least:
+            raise ConfigError(f"export: {field} must be at least {least}, got {value}")
+    if not tolerance > 0:
+        raise ConfigError(f"export: tolerance must be positive, got {tolerance}")
+
+
+def data_accuracy(model: nn.Module, data: Iterable[Mapping[str, torch.Tensor]]) -> float:
+    """Accuracy of a classifier (torch, ONNX Runtime or OpenVINO) on labelled batches (NaN without any)."""
     correct = total = 0
     with torch.no_grad():
         for batch in data:
@@ -395,11 +429,7 @@ def export_onnx(
         (True, ['input_ids', 'attention_mask', 'token_type_ids'], ['head-prune'])
     """
     require_onnx()
-    for field, value, least in (("batch", batch, 1), ("seq", seq, 2)):
-        if value < least:
-            raise ConfigError(f"export: {field} must be at least {least}, got {value}")
-    if not tolerance > 0:
-        raise ConfigError(f"export: tolerance must be positive, got {tolerance}")
+    check_export_settings(batch, seq, tolerance)
     check_int8_fp32(int8_fp32, int8, "export")
     if calibration is not None and not int8:
         raise ConfigError("export: calibration batches smooth the activations for int8; they need --int8")
@@ -465,18 +495,16 @@ def export_onnx(
                 if task != "seq-cls":
                     raise ConfigError(f"export: accuracy on data needs a sequence classifier, this export is {task!r}")
                 batches = list(data)
-                accuracy_torch = _accuracy(module, batches)
-                accuracy_onnx = _accuracy(runtime, batches)
+                accuracy_torch = data_accuracy(module, batches)
+                accuracy_onnx = data_accuracy(runtime, batches)
             if tokenizer is not None and save_tokenizer:
                 limit = max_length or source_max_seq_length(source_dir_of(model))
                 save_serving_tokenizer(tokenizer, tmp, serving_max_length(module.config, tokenizer, limit))
             report = ExportReport(
-                task=task, model_class=type(module).__name__, model_type=getattr(module.config, "model_type", None),
-                source_dtype=source_dtype, inputs=names, output=output,
-                dynamic_axes={name: ["batch", "sequence"] for name in names},
-                opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)", versions=_versions(),
-                steps=[str(s.get("strategy")) for s in steps_of(model)], parity_batch=(batch, seq),
-                tolerance=tolerance, parity=parity, fused_attention=fusion, operators=op_counts(path),
+                **export_record(model, module, task=task, source_dtype=source_dtype, inputs=names, output=output,
+                                versions=_versions(), parity_batch=(batch, seq), tolerance=tolerance),
+                opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)",
+                parity=parity, fused_attention=fusion, operators=op_counts(path),
                 optimized=optimized, optimized_parity=optimized_parity,
                 int8=int8, int8_mode=int8_mode if int8 else None,
                 int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),

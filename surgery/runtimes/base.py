@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-__all__ = ["Batch", "Runtime", "RuntimeArtefact", "fp32_copy"]
+__all__ = ["Batch", "Runtime", "RuntimeArtefact", "artefact_of", "fp32_copy", "missing_packages"]
 
 #: A tokenized batch: ``input_ids``, ``attention_mask`` and, where the family has them, ``token_type_ids``.
 Batch = Mapping[str, torch.Tensor]
@@ -133,6 +133,29 @@ class Runtime(ABC):
 
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
+
+
+def missing_packages(packages: Sequence[str], hint: str) -> str | None:
+    """The one-line reason a runtime is unavailable when any of ``packages`` cannot be imported, else None.
+
+    Example:
+        >>> missing_packages(["json"], "pip install x") is None, missing_packages(["no_such_pkg"], "pip install x")
+        (True, 'needs no_such_pkg (not installed): pip install x')
+    """
+    import importlib.util
+
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    return f"needs {', '.join(missing)} (not installed): {hint}" if missing else None
+
+
+def artefact_of(runtime: str, out_dir: Path, *, task: str, output: str, found: Any, info: dict[str, Any]
+                ) -> RuntimeArtefact:
+    """A :class:`RuntimeArtefact` for the files in ``out_dir``, with ``found`` (an export report's
+    :class:`~surgery.deploy.export.Agreement`) as its parity figures."""
+    out = Path(out_dir).expanduser().resolve()
+    parity = {"max_abs_diff": float(found.max_abs_diff), "mean_cosine": float(found.mean_cosine or 0.0),
+              "min_cosine": float(found.min_cosine)}
+    return RuntimeArtefact(runtime, out, tuple(sorted(p.name for p in out.iterdir())), task, output, parity, info)
 
 
 def fp32_copy(model: nn.Module) -> nn.Module:

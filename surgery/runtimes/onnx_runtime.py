@@ -20,18 +20,15 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
-import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from surgery.deploy.names import ONNX_NAME
-from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact
-from surgery.runtimes.parity import agreement_of, reference_batch
+from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, artefact_of, missing_packages
 
 
 class OnnxRuntimeRuntime(Runtime):
@@ -45,8 +42,7 @@ class OnnxRuntimeRuntime(Runtime):
     def unavailable(self) -> str | None:
         from surgery.deploy.runtime import INSTALL_HINT, ONNX_PACKAGES
 
-        missing = [p for p in ONNX_PACKAGES if importlib.util.find_spec(p) is None]
-        return f"needs {', '.join(missing)} (not installed): {INSTALL_HINT}" if missing else None
+        return missing_packages(ONNX_PACKAGES, INSTALL_HINT)
 
     def write_artefact(self, model: nn.Module, out_dir: Path, *, task: str = "auto",
                        calibration: Sequence[Batch] | None = None, threads: int | None = None,
@@ -55,15 +51,9 @@ class OnnxRuntimeRuntime(Runtime):
 
         report = export_onnx(model, out_dir, task=task, threads=threads, opset=opset, int8=self.int8,
                              calibration=list(calibration) if (self.int8 and calibration) else None)
-        ref = reference_batch(model, report.task)
-        served = self.load(Path(out_dir), config=ref.module.config, threads=threads)
-        with torch.no_grad():
-            got = getattr(served(**ref.inputs), report.output)
-        del served
-        out = Path(out_dir).expanduser().resolve()
-        return RuntimeArtefact(self.name, out, tuple(sorted(p.name for p in out.iterdir())), report.task,
-                               report.output, agreement_of(ref.expected, got, ref.inputs["attention_mask"]),
-                               report.model_dump(mode="json"))
+        found = report.int8_drift if report.int8_drift is not None else report.parity
+        return artefact_of(self.name, Path(out_dir), task=report.task, output=report.output, found=found,
+                           info=report.model_dump(mode="json"))
 
     def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
         from surgery.deploy.export import read_export_info

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgery.deploy.export import SingleOutput, export_target, input_names, parity_inputs
+from surgery.deploy.export import SingleOutput, agreement, export_target, input_names, parity_inputs
 from surgery.runtimes.base import fp32_copy
 
 
@@ -50,13 +50,9 @@ def reference_batch(model: nn.Module, task: str = "auto", *, batch: int = 4, seq
 def agreement_of(expected: torch.Tensor, got: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
     """``max_abs_diff``, ``mean_cosine`` and ``min_cosine`` (per example) of ``got`` against ``expected``.
 
-    Per-token outputs (``[batch, seq, ...]``) are compared on real tokens only (``mask``): padded
-    positions are read by nothing downstream.
+    Per-token outputs (``[batch, seq, ...]``) are compared on real tokens only (``mask``), as
+    :func:`surgery.deploy.export.agreement` does: padded positions are read by nothing downstream.
     """
-    ref, out = expected.detach().double(), got.detach().double()
-    if mask is not None and ref.dim() >= 3 and tuple(ref.shape[:2]) == tuple(mask.shape):
-        keep = mask.to(torch.bool).reshape(*mask.shape, *([1] * (ref.dim() - 2)))
-        ref, out = ref * keep, out * keep
-    cosine = torch.nn.functional.cosine_similarity(ref.flatten(1), out.flatten(1), dim=1, eps=1e-12)
-    return {"max_abs_diff": float((ref - out).abs().max()) if ref.numel() else 0.0,
-            "mean_cosine": float(cosine.mean()), "min_cosine": float(cosine.min())}
+    found = agreement(expected, got, mask)
+    return {"max_abs_diff": found.max_abs_diff, "mean_cosine": float(found.mean_cosine or 0.0),
+            "min_cosine": found.min_cosine}

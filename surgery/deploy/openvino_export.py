@@ -1,0 +1,394 @@
+"""OpenVINO IR export of any surgered model, with a parity check against PyTorch, and NNCF int8.
+
+:func:`export_openvino` writes a directory that needs only ``openvino`` to serve:
+
+* ``openvino_model.xml`` + ``openvino_model.bin``: the IR, converted by ``openvino.convert_model`` from the
+  surgery model itself (uneven heads and FFN widths are just the shapes of its weights), with dynamic
+  batch and sequence dimensions and one output named ``last_hidden_state`` or ``logits``; with
+  ``int8`` it is NNCF's post-training quantization of that IR (``model_type=TRANSFORMER``, SmoothQuant,
+  fast bias correction: the recipe optimum-intel and sentence-transformers' static OpenVINO export use)
+  calibrated on the user's texts;
+* ``config.json`` (and the tokenizer, when given): the layout optimum-intel's ``OVModelFor*`` classes
+  and sentence-transformers' ``backend="openvino"`` load;
+* ``surgery-openvino.json``: inputs, output, versions, the fp32 parity check (OpenVINO held to f32
+  against PyTorch on a padded batch), the int8 drift and the NNCF settings.
+
+OpenVINO's CPU plugin runs an fp32 IR in bf16 on CPUs that have bf16 instructions unless told not to;
+:class:`OpenVinoModel` holds it to f32 (``INFERENCE_PRECISION_HINT``) so the f32 artefact runs what was
+checked, and to ``threads`` (``INFERENCE_NUM_THREADS``, pinning off) so timings side by side are fair.
+
+openvino and nncf are the ``openvino`` extra (``pip install 'encoder-surgery[openvino]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.metadata
+import importlib.util
+import io
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+from surgery.core.errors import ConfigError
+from surgery.core.manifest import source_dir_of
+from surgery.deploy.export import (
+    Agreement,
+    ExportParityError,
+    ExportRecord,
+    SingleOutput,
+    agreement,
+    check_export_settings,
+    check_parity,
+    data_accuracy,
+    export_record,
+    export_target,
+    input_names,
+    parity_inputs,
+)
+from surgery.deploy.runtime import MissingDependencyError, graph_feeds, quiet_loggers
+from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
+from surgery.persist.model_io import atomic_directory
+
+#: The IR file names optimum-intel and sentence-transformers' OpenVINO backend look for.
+OV_XML = "openvino_model.xml"
+OV_BIN = "openvino_model.bin"
+OV_INFO = "surgery-openvino.json"
+OPENVINO_HINT = "pip install 'encoder-surgery[openvino]'"
+#: NNCF's SmoothQuant strength for the products (its own default for transformers, recorded in the report).
+SMOOTH_QUANT_ALPHA = 0.95
+
+
+def require_openvino(feature: str = "OpenVINO export", *, int8: bool = False) -> None:
+    """Raise a one-line :class:`MissingDependencyError` unless openvino (and, for ``int8``, nncf) import.
+
+    Example:
+        >>> require_openvino()  # silent when the extra is installed
+    """
+    missing = [name for name in ("openvino", *(("nncf",) if int8 else ())) if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependencyError(f"{feature} needs {', '.join(missing)} (not installed); install the extra: "
+                                     f"{OPENVINO_HINT}")
+
+
+def compile_config(threads: int | None) -> dict[str, Any]:
+    """The CPU plugin settings every OpenVINO model here runs with: f32, ``threads`` threads, no pinning.
+
+    Example:
+        >>> compile_config(1)["INFERENCE_PRECISION_HINT"], compile_config(1)["INFERENCE_NUM_THREADS"]
+        ('f32', 1)
+    """
+    return {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
+            "ENABLE_CPU_PINNING": False, "PERFORMANCE_HINT": "LATENCY"}
+
+
+class OpenVinoModel(nn.Module):
+    """An OpenVINO IR compiled for the CPU, callable like the Hugging Face model it came from.
+
+    ``model(input_ids=..., attention_mask=...)`` returns ``.last_hidden_state`` or ``.logits`` as torch
+    tensors (``MaskedLMOutput`` for an ``mlm`` task), like :class:`surgery.deploy.runtime.OnnxRuntimeModel`,
+    so evaluation and benchmark code written for torch models runs unchanged. :func:`export_openvino`'s
+    docstring shows it in use.
+    """
+
+    runtime = "openvino"
+
+    def __init__(self, path: str | os.PathLike[str], *, config: Any, output: str | None = None,
+                 threads: int | None = None, task: str | None = None) -> None:
+        super().__init__()
+        require_openvino("OpenVINO inference")
+        import openvino as ov
+
+        self.path = Path(path)
+        self.config = config
+        core = ov.Core()
+        model = core.read_model(str(self.path))
+        self.input_names = [port.get_any_name() for port in model.inputs]
+        self.output = output or next(iter(model.outputs[0].get_names()), "last_hidden_state")
+        self.task = task
+        self.compiled = core.compile_model(model, "CPU", compile_config(threads))
+        self.request = self.compiled.create_infer_request()
+        # No weights live in torch; this empty parameter only tells device-aware callers "cpu".
+        self.device_anchor = nn.Parameter(torch.empty(0), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, **_: Any) -> Any:
+        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        result = self.request.infer(graph_feeds(given, self.input_names))
+        tensor = torch.from_numpy(result[self.compiled.outputs[0]].copy())
+        if self.output == "logits" and self.task == "mlm":
+            return MaskedLMOutput(logits=tensor)
+        if self.output == "logits":
+            return SequenceClassifierOutput(logits=tensor)
+        return BaseModelOutput(last_hidden_state=tensor)
+
+    def file_bytes(self) -> int:
+        """Size of the IR (``.xml`` and ``.bin``)."""
+        return self.path.stat().st_size + self.path.with_suffix(".bin").stat().st_size
+
+
+class QuantizationInfo(BaseModel):
+    """How NNCF quantized the IR (what a reader needs to reproduce it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str = "nncf.quantize (post-training, static activation scales)"
+    model_type: str = "transformer"
+    preset: str = Field(description="NNCF's preset for the transformer model type (mixed: symmetric weights, "
+                        "asymmetric activations)")
+    smooth_quant_alpha: float
+    fast_bias_correction: bool = True
+    calibration_texts: int = Field(description="calibration examples (one text each, unpadded)")
+    calibration_tokens: int
+
+
+class OpenVinoExportReport(ExportRecord):
+    """What :func:`export_openvino` wrote and measured; saved as ``surgery-openvino.json`` next to the IR."""
+
+    xml_file: str = OV_XML
+    converter: str = "openvino.convert_model(torch module, example_input=...)"
+    precision: str = Field(description="f32, or int8 (NNCF)")
+    inference_precision_hint: str = "f32"
+    parity: Agreement = Field(description="the fp32 IR in OpenVINO (f32) against fp32 PyTorch")
+    int8: bool = False
+    int8_quantization: QuantizationInfo | None = None
+    int8_drift: Agreement | None = Field(default=None, description="the int8 IR against fp32 PyTorch, on the "
+                                         "parity batch's real tokens (padded positions left out)")
+    accuracy_torch: float | None = None
+    accuracy_openvino: float | None = None
+    ir_bytes: int
+    export_seconds: float
+    quantize_seconds: float | None = None
+
+    def write(self, out_dir: Path) -> Path:
+        path = out_dir / OV_INFO
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+        return path
+
+
+def read_openvino_info(directory: str | os.PathLike[str]) -> OpenVinoExportReport:
+    """The :class:`OpenVinoExportReport` saved next to an exported IR."""
+    path = Path(directory) / OV_INFO
+    try:
+        return OpenVinoExportReport.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is missing or not an OpenVINO export record ({exc}); export the model "
+                          "again") from None
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # The TorchScript tracer behind convert_model warns about every Python branch on a shape, and NNCF
+    # prints progress bars; a library keeps that quiet. Failures still raise.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings(), quiet_loggers("nncf", "openvino", "torch.jit"):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def convert(wrapper: nn.Module, inputs: Mapping[str, torch.Tensor]) -> Any:
+    """``openvino.convert_model`` of ``wrapper`` (a :class:`SingleOutput`), dynamic batch and sequence, int64 inputs."""
+    import openvino as ov
+
+    shapes = [(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in inputs]
+    try:
+        with _quiet(), torch.no_grad():
+            model = ov.convert_model(wrapper, example_input=dict(inputs), input=shapes)
+    except Exception as exc:  # the converter raises many types; all mean "this model could not be converted"
+        detail = " ".join(str(exc).split())[:300]
+        raise ExportParityError(f"export: openvino.convert_model failed: {detail}") from exc
+    model.outputs[0].get_tensor().set_names({wrapper.output})
+    return model
+
+
+def calibration_examples(batches: Iterable[Mapping[str, torch.Tensor]], names: Sequence[str]) -> list[dict[str, Any]]:
+    """Each text of tokenized ``batches`` on its own, padding cut off: NNCF's calibration items.
+
+    One text per item, as optimum-intel calibrates (batch size 1): padded positions would otherwise
+    enter the activation ranges.
+
+    Example:
+        >>> batch = {"input_ids": torch.tensor([[2, 5, 0], [2, 6, 7]]), "attention_mask": torch.tensor([[1, 1, 0],
+        ...          [1, 1, 1]])}
+        >>> [item["input_ids"].tolist() for item in calibration_examples([batch], ["input_ids", "attention_mask"])]
+        [[[2, 5]], [[2, 6, 7]]]
+    """
+    items = []
+    for batch in batches:
+        feeds = graph_feeds(batch, names)
+        lengths = feeds["attention_mask"].sum(-1) if "attention_mask" in feeds else None
+        for row in range(feeds["input_ids"].shape[0]):
+            keep = int(lengths[row]) if lengths is not None else feeds["input_ids"].shape[1]
+            items.append({name: value[row: row + 1, :keep] for name, value in feeds.items()})
+    return items
+
+
+def quantize(model: Any, items: Sequence[Mapping[str, Any]], *, alpha: float = SMOOTH_QUANT_ALPHA) -> tuple[Any,
+                                                                                                         QuantizationInfo]:
+    """NNCF post-training int8 of the IR ``model`` on ``items`` (:func:`calibration_examples`), transformer recipe."""
+    import nncf
+
+    advanced = nncf.AdvancedQuantizationParameters(
+        smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=alpha))
+    with _quiet():
+        quantized = nncf.quantize(model, nncf.Dataset(list(items)), model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(items), fast_bias_correction=True, advanced_parameters=advanced)
+    info = QuantizationInfo(preset="mixed", smooth_quant_alpha=alpha, calibration_texts=len(items),
+                            calibration_tokens=int(sum(item["input_ids"].size for item in items)))
+    return quantized, info
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    found = {"torch": torch.__version__, "transformers": transformers.__version__}
+    for name in ("openvino", "nncf"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def write_model_config(module: nn.Module, directory: Path) -> None:
+    """``config.json`` of ``module`` with its class as ``architectures`` (what ``OVModelFor*`` reads)."""
+    config = copy.deepcopy(module.config)
+    config.architectures = [type(module).__name__]
+    config.to_json_file(str(directory / "config.json"))
+
+
+def export_openvino(
+    model: nn.Module,
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    task: str = "auto",
+    int8: bool = False,
+    calibration: Iterable[Mapping[str, torch.Tensor]] | None = None,
+    smooth_quant_alpha: float = SMOOTH_QUANT_ALPHA,
+    save_tokenizer: bool = True,
+    write_config: bool = True,
+    batch: int = 4,
+    seq: int = 32,
+    tolerance: float = 1e-4,
+    data: Iterable[Mapping[str, torch.Tensor]] | None = None,
+    threads: int | None = None,
+    overwrite: bool = False,
+    max_length: int | None = None,
+) -> OpenVinoExportReport:
+    """Export ``model`` to an OpenVINO IR in ``out_dir``, check it against PyTorch, optionally NNCF int8.
+
+    Args:
+        model: any supported model, surgered or not (in any float dtype; the IR is fp32 or int8).
+        out_dir: a new or empty directory (written atomically).
+        tokenizer: saved next to the IR, and used to build the parity batch from sample sentences.
+        task: ``auto``, ``base``, ``seq-cls`` or ``mlm`` (:func:`surgery.deploy.export.export_target`).
+        int8: quantize the IR with NNCF on ``calibration`` (required); its drift from PyTorch is recorded.
+        calibration: tokenized batches of the user's own texts (a few hundred texts); each text is one
+            calibration example, unpadded.
+        smooth_quant_alpha: NNCF's SmoothQuant strength for the products (0 to 1).
+        save_tokenizer: write ``tokenizer``'s files next to the IR.
+        write_config: write ``config.json`` (optimum-intel's loaders read it).
+        batch, seq: shape of the parity batch (right-padded); the IR itself takes any shape.
+        tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
+        data: labelled batches; the accuracy of PyTorch and of the written IR is recorded (classifiers).
+        threads: OpenVINO threads for the checks (default: torch's).
+        overwrite: replace a non-empty ``out_dir``.
+        max_length: the tokens the saved tokenizer truncates at (as :func:`surgery.deploy.export_onnx`).
+
+    Example:
+        >>> import tempfile
+        >>> import surgery
+        >>> from surgery.strategies import HeadPruningStrategy
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> spec = TinySpec("bert")
+        >>> model = tiny_model(spec)
+        >>> _ = surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))
+        >>> out = Path(tempfile.mkdtemp()) / "ov"
+        >>> report = export_openvino(model, out, batch=2, seq=8)
+        >>> report.parity.max_abs_diff < 1e-4, report.steps, sorted(p.name for p in out.iterdir())
+        (True, ['head-prune'], ['config.json', 'openvino_model.bin', 'openvino_model.xml', 'surgery-openvino.json'])
+        >>> served = OpenVinoModel(out / OV_XML, config=model.config)
+        >>> tuple(served(**tiny_inputs(spec, batch=5, seq=11)).last_hidden_state.shape)
+        (5, 11, 32)
+    """
+    require_openvino("OpenVINO export" + (" with int8" if int8 else ""), int8=int8)
+    import openvino as ov
+
+    check_export_settings(batch, seq, tolerance)
+    if not 0.0 <= smooth_quant_alpha <= 1.0:
+        raise ConfigError(f"export: smooth_quant_alpha must be in [0, 1], got {smooth_quant_alpha}")
+    if calibration is not None and not int8:
+        raise ConfigError("export: calibration texts set the int8 activation scales; they need int8 "
+                          "(--runtime openvino-int8)")
+    calibration = list(calibration) if calibration is not None else None
+    if int8 and not calibration:
+        raise ConfigError("export: OpenVINO int8 (NNCF) sets static activation scales from your texts: pass "
+                          "--calibration FILE (a few hundred representative texts)")
+    target, output, task = export_target(model, task)
+    source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    was_training = model.training
+    model.eval()
+    try:
+        module = copy.deepcopy(target).float().eval()
+        names = input_names(module)
+        wrapper = SingleOutput(module, output, names).eval()
+        inputs = parity_inputs(module.config, names, batch=batch, seq=seq, tokenizer=tokenizer)
+        with torch.no_grad():
+            expected = wrapper(**inputs).detach().float()
+        with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+            start = time.perf_counter()
+            ov_model = convert(wrapper, inputs)
+            seconds = time.perf_counter() - start
+            path = tmp / OV_XML
+            # compress_to_fp16=False: the default would store the weights in fp16, which the parity check
+            # below would then have to forgive.
+            ov.save_model(ov_model, str(path), compress_to_fp16=False)
+
+            def served(xml: Path) -> OpenVinoModel:
+                return OpenVinoModel(xml, config=module.config, output=output, threads=threads, task=task)
+
+            runtime = served(path)
+            parity = check_parity(expected, runtime, inputs, tolerance=tolerance, what="OpenVINO (f32)")
+            drift = quantization = quantize_seconds = None
+            if int8 and calibration:
+                start = time.perf_counter()
+                quantized, quantization = quantize(ov_model, calibration_examples(calibration, names),
+                                                   alpha=smooth_quant_alpha)
+                quantize_seconds = time.perf_counter() - start
+                del runtime
+                ov.save_model(quantized, str(path), compress_to_fp16=False)
+                runtime = served(path)
+                drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
+            accuracy_torch = accuracy_openvino = None
+            if data is not None:
+                if task != "seq-cls":
+                    raise ConfigError(f"export: accuracy on data needs a sequence classifier, this export is {task!r}")
+                batches = list(data)
+                accuracy_torch = data_accuracy(module, batches)
+                accuracy_openvino = data_accuracy(runtime, batches)
+            if write_config:
+                write_model_config(module, tmp)
+            if tokenizer is not None and save_tokenizer:
+                limit = max_length or source_max_seq_length(source_dir_of(model))
+                save_serving_tokenizer(tokenizer, tmp, serving_max_length(module.config, tokenizer, limit))
+            report = OpenVinoExportReport(
+                **export_record(model, module, task=task, source_dtype=source_dtype, inputs=names, output=output,
+                                versions=_versions(), parity_batch=(batch, seq), tolerance=tolerance),
+                precision="int8" if int8 else "f32", parity=parity, int8=int8,
+                int8_quantization=quantization, int8_drift=drift, accuracy_torch=accuracy_torch,
+                accuracy_openvino=accuracy_openvino, ir_bytes=runtime.file_bytes(), export_seconds=seconds,
+                quantize_seconds=quantize_seconds)
+            report.write(tmp)
+            del runtime  # release the compiled model before the directory is renamed
+    finally:
+        model.train(was_training)
+    return report
