@@ -166,24 +166,3 @@ def tiny_task_data(n: int = 48, *, seed: int = 0, batch_size: int = 8) -> Any:
     held = datasets.Dataset.from_dict({"input_ids": ids[: n // 2], "labels": labels[: n // 2]})
     return TaskData(train, held, ["a", "b", "c"], batch_size=batch_size)
 
-
-def shape_latency_table(model: nn.Module, runtime: str = "torch", *, scale: float = 1.0) -> Any:
-    """A :class:`~surgery.compress.latency_table.LatencyTable` whose times follow the model's shape.
-
-    A fixed part, a cost per kept layer, one per head and one per FFN neuron (times ``scale``): the
-    shape of a measured table without this machine's timing noise, for tests of the search.
-
-    Example:
-        >>> table = shape_latency_table(tiny_model(TinySpec("bert")))
-        >>> table.attention_ms[4], round(table.ffn_ms[37], 2)
-        (2.4, 2.96)
-    """
-    from surgery.compress.latency_table import LatencyTable
-    from surgery.compress.structure import Structure
-
-    kept = Structure.from_model(model).kept
-    heads, width = max(s.heads for s in kept), max(s.ffn_width for s in kept)
-    return LatencyTable(runtime=runtime, batch_size=4, seq_len=8, model_key=f"shape-{heads}-{width}",
-                        base_ms=0.5 * scale, overhead_ms=0.3 * scale,
-                        attention_ms={h: 0.6 * h * scale for h in range(1, heads + 1)},
-                        ffn_ms={w: 0.08 * w * scale for w in range(1, width + 1)})

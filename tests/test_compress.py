@@ -26,10 +26,11 @@ from surgery.compress.latency_source import MeasuredLatency, TableLatency
 from surgery.compress.latency_table import LatencyTable
 from surgery.compress.mask_fisher import UnitCosts, unit_costs
 from surgery.compress.removal_path import Removal, search_path
+from surgery.compress.shape_table import shape_latency_table
 from surgery.compress.structure import LayerShape, Structure
 from surgery.core.errors import DataError
 from surgery.embedding import SentenceConfig, load_text_data
-from surgery.testing import FAMILIES, TinySpec, shape_latency_table, tiny_model, tiny_task_data
+from surgery.testing import FAMILIES, TinySpec, tiny_model, tiny_task_data
 from tests.test_cli import labelled_rows, tiny_tokenizer, write_rows
 from tests.test_embedding import st_dir
 from tests.test_embedding import tokenizer as embedding_tokenizer

@@ -84,7 +84,8 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
     Example:
         >>> from surgery.compress import DropTarget
         >>> from surgery.compress.latency_source import TableLatency
-        >>> from surgery.testing import TinySpec, shape_latency_table, tiny_model, tiny_task_data
+        >>> from surgery.compress.shape_table import shape_latency_table
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
         >>> model, report, candidates = compress(model, tiny_task_data(), target=DropTarget(max_drop=2.0),
         ...                                      latency=TableLatency({"torch": shape_latency_table(model)}))

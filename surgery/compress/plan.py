@@ -170,7 +170,8 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
 
     Example:
         >>> from surgery.compress.latency_source import TableLatency
-        >>> from surgery.testing import TinySpec, shape_latency_table, tiny_model, tiny_task_data
+        >>> from surgery.compress.shape_table import shape_latency_table
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
         >>> plan = plan_compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5),
         ...                      latency=TableLatency({"torch": shape_latency_table(model)}))

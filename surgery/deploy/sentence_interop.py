@@ -22,6 +22,8 @@ from surgery.core.manifest import source_dir_of
 from surgery.deploy.names import SMOOTH_ALPHA
 from surgery.embedding.evaluate import EXTRA_HINT, encoder_of
 from surgery.embedding.pooling import SentenceConfig, read_sentence_config
+from surgery.persist.assets import resolve_model_path
+from surgery.persist.model_io import from_pretrained
 
 _PRELOADED = "surgery_model"  # the model_kwargs key that hands an in-memory model to the module
 
@@ -54,9 +56,7 @@ def _module_class() -> type:
             preloaded = model_kwargs.pop(_PRELOADED, None)
             if preloaded is not None:
                 return preloaded
-            import surgery
-
-            return encoder_of(surgery.from_pretrained(model_name_or_path))
+            return encoder_of(from_pretrained(model_name_or_path))
 
     return SurgeryTransformer
 
@@ -90,9 +90,6 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
 
     Normalize, Pooling = _modules().Normalize, _modules().Pooling
 
-    import surgery
-    from surgery.persist.assets import resolve_model_path
-
     if isinstance(model_or_dir, nn.Module):
         model = model_or_dir
         source = source_dir_of(model)
@@ -102,7 +99,7 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
                                  "tokenizer_dir= (a directory with its config and tokenizer) and sentence_config=")
     else:
         where = Path(tokenizer_dir) if tokenizer_dir else resolve_model_path(model_or_dir)
-        model = surgery.from_pretrained(resolve_model_path(model_or_dir))
+        model = from_pretrained(resolve_model_path(model_or_dir))
     config = sentence_config or read_sentence_config(where)
     if config is None and source_dir_of(model):
         config = read_sentence_config(source_dir_of(model))  # type: ignore[arg-type]
