@@ -97,7 +97,7 @@ def choose_objective(source: Path, config: PretrainedConfig, requested: str | No
 
 
 def load_embedding_data(data: str, tokenizer: Any, objective: Objective, *, eval_data: str | None,
-                        text_column: str, max_length: int, seed: int, max_train: int | None,
+                        text_column: str, max_length: int | None, seed: int, max_train: int | None,
                         batch_size: int) -> Any:
     """Unlabelled text data (labels, if any, ignored) carrying the objective's pooling."""
     from surgery.embedding.texts import load_text_data

@@ -26,6 +26,9 @@ TextColumn = Annotated[str, typer.Option(help="Column holding the text.")]
 TextPairColumn = Annotated[str | None, typer.Option(help="Column holding the second text of a pair.")]
 LabelColumn = Annotated[str, typer.Option(help="Column holding the label.")]
 MaxLength = Annotated[int, typer.Option(min=1, help="Tokens per text (longer texts are truncated).")]
+MaxLengthAuto = Annotated[int | None, typer.Option(
+    "--max-length", min=1, help="Tokens per text (longer texts are truncated); default: the model's own limit, "
+    "capped by the 99th percentile of the data's token lengths (rounded up to a multiple of 8).")]
 BatchSize = Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Batch size of the data loaders.")]
 Seed = Annotated[int, typer.Option(help="Seed of the evaluation split(s), new heads and the strategy.")]
 MaxTrain = Annotated[int | None, typer.Option(min=1, help="Use at most N training examples (per task).")]

@@ -62,7 +62,8 @@ class DataOptions:
     text_column: str = "text"
     text_pair_column: str | None = None
     label_column: str = "label"
-    max_length: int = 64
+    #: None: the model's own limit, capped by what the data needs (chosen by the data loader).
+    max_length: int | None = None
     batch_size: int = 32
     seed: int = 0
     max_train: int | None = None
@@ -98,15 +99,34 @@ class Inputs:
         return self.objective is not None and self.objective.is_embedding
 
 
-def load_task(files: DataFiles, tokenizer: Any, options: DataOptions) -> TaskData:
-    """Labelled task data from ``files``, read with ``options`` (the CLI's single call of ``load_task_data``)."""
+def model_head_labels(source: Path, model_config: Any) -> list[str] | None:
+    """The label names (in id order) of the classification head ``source`` loads with; None without one.
+
+    A directory that loads as a sequence classifier (its manifest's class, else the class whose head
+    its weights hold) reads data labels through its ``id2label``; any other gets a new head from the data.
+    """
+    from surgery.cli.inputs import SEQUENCE_CLASSIFIER_SUFFIX, recorded_class
+    from surgery.data.task_data import head_label_names
+
+    name, _ = recorded_class(source, model_config)
+    return head_label_names(model_config) if name and name.endswith(SEQUENCE_CLASSIFIER_SUFFIX) else None
+
+
+def load_task(files: DataFiles, tokenizer: Any, options: DataOptions, *, model: tuple[Path, Any] | None = None
+              ) -> TaskData:
+    """Labelled task data from ``files``, read with ``options`` (the CLI's single call of ``load_task_data``).
+
+    ``model``: the model directory and its config: labels are read the way its classification head
+    reads them (:func:`model_head_labels`), and a default max length follows its limit.
+    """
     from surgery.data.task_data import load_task_data
 
+    head = model_head_labels(*model) if model is not None else None
     return load_task_data(
         files.train, tokenizer, eval_data=files.eval, text_column=options.text_column,
         text_pair_column=options.text_pair_column, label_column=options.label_column,
         max_length=options.max_length, seed=options.seed, max_train=options.max_train,
-        batch_size=options.batch_size,
+        batch_size=options.batch_size, head_labels=head, model_config=model[1] if model is not None else None,
     )
 
 
@@ -144,7 +164,7 @@ def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles],
     import torch
 
     model_config = read_model_config(source)  # an unsupported family fails here, before anything is read
-    if data:
+    if data and options.max_length is not None:
         check_length(model_config, options.max_length, "--max-length", source)
     objective = None if strategy is None else choose_objective(source, model_config, requested_objective, strategy)
     embedding = objective is not None and objective.is_embedding
@@ -158,7 +178,7 @@ def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles],
                     files.train, tokenizer, objective, eval_data=files.eval, text_column=options.text_column,
                     max_length=options.max_length, seed=options.seed, max_train=options.max_train,
                     batch_size=options.batch_size,
-                ) if embedding else load_task(files, tokenizer, options)
+                ) if embedding else load_task(files, tokenizer, options, model=(source, model_config))
     first = next(iter(loaded.values()), None)
     model = load_model(source, model_config, None if embedding else first, allow_pickle=state.allow_pickle)
     if check is not None:
@@ -168,6 +188,9 @@ def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles],
         note(objective.note())
     for name, d in loaded.items():
         note(data_note(data_label.format(name=name), d))
+        chosen = d.info.get("text_length") or {}
+        if options.max_length is None and chosen.get("why"):  # a length the user did not give: say which and why
+            note(f"{data_label.format(name=name)}: texts cut at {chosen['why']}")
     if model.note:
         note(model.note)
     return Inputs(source=source, model=model.model, tokenizer=tokenizer, data=loaded, objective=objective)

@@ -173,8 +173,8 @@ def test_apply_with_data_turns_a_bare_encoder_into_a_classifier(ws: dict[str, Pa
 
 
 def test_apply_with_data_keeps_a_matching_classifier(ws: dict[str, Path], tmp_path: Path) -> None:
-    three = write_rows(tmp_path / "three.csv", [{"text": f"w{i} w{i + 1}", "label": ["a", "b", "c"][i % 3]}
-                                                 for i in range(30)])
+    # Labels as the head reads them: its ids (the tiny classifier's id2label is LABEL_0..LABEL_2).
+    three = write_rows(tmp_path / "three.csv", [{"text": f"w{i} w{i + 1}", "label": i % 3} for i in range(30)])
     result = ok(["apply", str(ws["classifier"]), "-s", "ffn-prune", "--set", "ratio=0.5", "--set",
                  "importance=activation", "--set", "max_batches=1", "--data", str(three), "--dry-run"])
     assert "head" not in result.stderr  # the existing 3-label head is kept
@@ -240,7 +240,7 @@ def _bad_cases(ws: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
         (["apply", bare, *hp, "--eval-data", data, "-o", str(tmp / "a")], "--eval-data needs --data"),
         (["apply", str(ws["no_tokenizer"]), *hp, "--data", data, "-o", str(tmp / "a")], "has no tokenizer files"),
         (["apply", str(ws["classifier"]), *hp, "--data", data, "-o", str(tmp / "a")],
-         "with 3 labels but the data has 2"),
+         "labels 'pos', 'neg' (48 rows) are not labels of the model's classification head"),
         (["apply", bare, *hp, "-o", bare], "is the input model directory"),
         (["apply", bare, *hp, "-o", str(ws["bare"].parent)], "contains the input model directory"),
         (["apply", bare, *hp, "-o", str(ws["nonempty"])], "holds files surgery did not write"),

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
 from surgery.core.requirements import describe
-from surgery.data.task_data import TaskData, read_table
+from surgery.data.task_data import TaskData, TextLength, choose_text_length, read_table
 from surgery.embedding.pooling import SentenceConfig
 from surgery.persist.assets import resolve_data_path
 
@@ -122,7 +122,7 @@ def load_text_data(
     *,
     eval_data: str | os.PathLike[str] | list[str] | None = None,
     text_column: str = "text",
-    max_length: int = 64,
+    max_length: int | None = None,
     eval_fraction: float = 0.1,
     seed: int = 0,
     max_train: int | None = None,
@@ -164,9 +164,12 @@ def load_text_data(
         train_texts = train_texts[:max_train]
     if max_eval is not None:
         eval_texts = eval_texts[:max_eval]
+    # None: the model's own limit, capped by what the texts need (as for labelled data).
+    length = choose_text_length(tokenizer, texts, seed=seed) if max_length is None else TextLength(
+        tokens=max_length, why=f"{max_length} tokens, as given")
 
     def encode(rows: list[str]) -> datasets.Dataset:
-        enc = tokenizer(rows, truncation=True, max_length=max_length)
+        enc = tokenizer(rows, truncation=True, max_length=length.tokens)
         return datasets.Dataset.from_dict({k: list(v) for k, v in enc.items()})
 
     return TextData(
@@ -174,8 +177,8 @@ def load_text_data(
         batch_size=batch_size, split_seed=seed if eval_data is None else None, train_texts=train_texts,
         eval_texts=eval_texts, sentence_config=sentence_config,
         info={"train_file": _name(train), "eval_file": _name(eval_data) if eval_data is not None else None,
-              "seed": seed, "train_size": len(train_texts), "eval_size": len(eval_texts), "max_length": max_length,
-              "objective": "embedding"},
+              "seed": seed, "train_size": len(train_texts), "eval_size": len(eval_texts), "max_length": length.tokens,
+              "text_length": length.as_dict(), "objective": "embedding"},
     )
 
 

@@ -16,6 +16,9 @@ Rules, applied by :func:`surgery.persist.model_io.from_pretrained` to plain Hugg
 * class from ``architectures``, head missing: load the first listed class whose head is present,
   else the family's masked-LM or sequence classifier if present, else the bare model, and warn in
   one line (:class:`HeadWarning`);
+* class named in ``architectures`` a trained task head (``...ForSequenceClassification`` and the
+  like, :data:`TRAINED_HEADS`), its tensors missing in part or whole: refuse as damaged weights,
+  whatever class is asked for, except the bare model (no head is made up then);
 * class asked for explicitly, head missing: refuse (``ModelLoadError``) unless the caller opts
   into a new head (``allow_new_head=True``); the model then records which keys were made up
   (:func:`new_head_keys`), so strategies can refuse to treat them as trained.
@@ -45,10 +48,39 @@ MAX_HEADER_BYTES = 100 * 2**20
 #: Task classes tried, in order, when the named class's head is missing.
 FALLBACK_TASKS = ("AutoModelForMaskedLM", "AutoModelForSequenceClassification")
 _NEW_HEAD_ATTR = "_surgery_new_head_keys"
+#: Class-name endings of heads trained for a task. Unlike a masked-LM head (sentence-transformers checkpoints
+#: name one and ship only the encoder), such a head is part of what the checkpoint is: without its tensors
+#: the weights are damaged, and a random head in their place would be scored and saved as the model.
+TRAINED_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice", "ForQuestionAnswering")
+SHOWN = 4
 
 
 class HeadWarning(UserWarning):
     """A checkpoint lacks the head its config names, so another class was loaded."""
+
+
+def is_trained_head(name: str | None) -> bool:
+    """Whether a class name is a task head trained for its task (a classifier, not a masked LM).
+
+    Example:
+        >>> is_trained_head("BertForSequenceClassification"), is_trained_head("MPNetForMaskedLM")
+        (True, False)
+    """
+    return bool(name) and str(name).endswith(TRAINED_HEADS)
+
+
+def damaged_head(where: str | Path, name: str, missing: list[str]) -> ModelLoadError:
+    """The one-line refusal of weights that lack tensors of the trained head config.json names."""
+    shown = ", ".join(missing[:SHOWN]) + (f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else "")
+    return ModelLoadError(f"{where}: config.json names {name} but the weights lack {len(missing)} of its head "
+                          f"tensor(s) ({shown}); the checkpoint is damaged (a random head would replace the trained "
+                          "one), re-download or re-save the model")
+
+
+def weights_file(directory: str | Path) -> Path:
+    """The file that lists a directory's tensors: the safetensors index when sharded, else model.safetensors."""
+    where = Path(directory)
+    return where / SAFETENSORS_INDEX if (where / SAFETENSORS_INDEX).exists() else where / SAFETENSORS_FILE
 
 
 def safetensors_keys(file: str | Path) -> set[str]:
@@ -183,6 +215,7 @@ def choose_class(directory: str | Path, config: PretrainedConfig, requested: Any
     if keys is None:
         return ClassChoice(requested)
     cls = concrete_class(requested, config)
+    _check_trained_head(directory, config, keys, cls)
     missing = missing_head_keys(cls, config, keys)
     if not missing:
         return ClassChoice(requested)
@@ -202,6 +235,24 @@ def choose_class(directory: str | Path, config: PretrainedConfig, requested: Any
     bare = concrete_class(transformers.AutoModel, config)
     return ClassChoice(bare, note=f"config.json names {cls.__name__} but the weights hold no {cls.__name__} head; "
                        f"loaded the bare {bare.__name__} (missing {missing[0]})")
+
+
+def _check_trained_head(directory: str | Path, config: PretrainedConfig, keys: set[str], cls: type[nn.Module]
+                        ) -> None:
+    """Refuse a checkpoint whose config names a trained head (a classifier) that its weights lack in part or whole.
+
+    Loading the bare encoder (no head at all) from it stays possible: nothing random is made up then.
+    """
+    named = [str(n) for n in getattr(config, "architectures", None) or []]
+    if not named or not is_trained_head(named[0]) or not head_keys(cls, config):
+        return
+    trained = getattr(transformers, named[0], None)
+    if not (isinstance(trained, type) and issubclass(trained, transformers.PreTrainedModel)
+            and isinstance(config, trained.config_class)):
+        return  # not a transformers class of this family: loading reports the name
+    missing = missing_head_keys(trained, config, keys)
+    if missing:
+        raise damaged_head(weights_file(directory), named[0], missing)
 
 
 def loaded_class_name(directory: str | Path, config: PretrainedConfig) -> str | None:

@@ -11,7 +11,8 @@ line:
 * tensors whose shape differs from the model built from ``config.json``, naming the tensor and both
   shapes (transformers' own message only points at a report printed elsewhere).
 
-Only a task head may be new: the one :func:`surgery.heads.choose_class` allowed, and a pooler the
+A trained head that config.json names (a classifier) must be complete too. Only a task head may be
+new: the one :func:`surgery.persist.task_heads.choose_class` allowed, and a pooler the
 checkpoint does not hold (the pooler feeds only a sequence classifier's head), which is returned so
 the caller can announce it. Tensors of another task's head (an MLM head when a classifier is loaded)
 are dropped as transformers does. :func:`check_finite` refuses NaN or infinite weights, for plain and
@@ -77,12 +78,29 @@ def check_loading_info(model: nn.Module, info: Mapping[str, Any], where: Path, *
         raise ModelLoadError(f"{where} lacks {len(lacking)} encoder weight(s) ({_listed(lacking)}), which would be "
                              "randomly initialised; the weights are damaged or belong to a smaller model, "
                              "re-download or re-save it")
+    _check_trained_head(model, info, where, allowed)
     foreign = sorted(k for k in info.get("unexpected_keys") or [] if _encoder_path(model, k) is not None)
     if foreign:
         raise ModelLoadError(f"{where} holds {len(foreign)} tensor(s) the model built from config.json has no place "
                              f"for ({_listed(foreign)}); config.json does not describe these weights (e.g. fewer "
                              "layers), use the config they were saved with")
     return pooler
+
+
+def _check_trained_head(model: nn.Module, info: Mapping[str, Any], where: Path, allowed: set[str]) -> None:
+    """Refuse missing head tensors of a trained head (a classifier) that config.json names and that was loaded.
+
+    :func:`surgery.persist.task_heads.choose_class` refuses it from the safetensors header already; this
+    catches the weights it cannot read before loading (a pickled ``pytorch_model.bin``).
+    """
+    from surgery.persist.task_heads import damaged_head, is_trained_head
+
+    named = [str(n) for n in getattr(getattr(model, "config", None), "architectures", None) or []]
+    if not named or named[0] != type(model).__name__ or not is_trained_head(named[0]):
+        return
+    missing = sorted(k for k in info.get("missing_keys") or [] if k not in allowed and _encoder_path(model, k) is None)
+    if missing:
+        raise damaged_head(where, named[0], missing)
 
 
 def check_finite(model: nn.Module, where: Path) -> None:
