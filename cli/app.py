@@ -1,7 +1,8 @@
 """The ``surgery`` command: ``strategies``, ``inspect``, ``apply``, ``compress``, ``bench``, ``export``, ``plot``.
 
-Commands of one method, such as ``experts`` (strategies/doe/experts_command.py), register through the entry-point group
-``surgery.commands`` (:mod:`surgery.cli.plugins`), as a third-party package's commands do.
+Commands of one method, such as ``experts`` (:mod:`surgery.cli.experts`), register through the entry-point
+group ``surgery.commands`` (:mod:`surgery.cli.plugins`) and are built from :mod:`surgery.cli.plugin_kit`, as a
+third-party package's commands are.
 
 Bad input (every :class:`surgery.core.errors.SurgeryError`, pydantic validation errors, bad command-line
 parameters, missing or unreadable files) prints one line ``error: ...`` to stderr and exits with

@@ -8,8 +8,9 @@
 Here: every registered method's strategy (or pipeline) and config class, and DoE's multi-task entry
 points. The pieces of one method (SHRP's trainer and callbacks, DoE's unplug runtime) are in its
 package's ``__all__``. A registered method's module carries its registered name (``head-prune`` in
-``pruning/head_prune.py``). The names below are imported on first use: a method's command
-(``doe/experts_command.py``) is loaded by ``surgery --help``, which must not pay for torch.
+``pruning/head_prune.py``). The names below are imported on first use, so that importing one method
+does not pay for the others. A method's command (``surgery experts``) is a CLI plugin in
+:mod:`surgery.cli.experts`: no method imports ``surgery.cli``.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@
 * :mod:`.unplug`: per-task experts plugged in and out of one shared model (the removal engine's undo);
 * :mod:`.doe`: the ``doe`` pipeline, :func:`run_doe` and the multi-task :func:`build_runtime`;
 * :mod:`.rate_search`: Algorithm 1, the binary search of the pruning rate;
-* :mod:`.experts_command`: ``surgery experts``, registered through the ``surgery.commands`` entry point.
 
-The names below are imported on first use, so that ``surgery --help`` (which loads the command) does not
-pay for torch.
+``surgery experts`` (per-task experts from the command line) is :mod:`surgery.cli.experts`, a CLI plugin
+registered through the ``surgery.commands`` entry point.
+
+The names below are imported on first use, so that ``surgery experts --help`` does not pay for torch.
 """
 
 from __future__ import annotations

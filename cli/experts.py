@@ -1,5 +1,8 @@
 """``surgery experts``: unplug-and-play task experts (DoE) from the command line.
 
+A command plugin like a third party's: registered through the ``surgery.commands`` entry point and
+built only from :mod:`surgery.cli.plugin_kit`.
+
 ``build`` runs ``doe`` once per task on copies of one model and saves a runtime directory: the full
 model once (a normal surgery model directory) plus ``experts/<task>.safetensors`` and ``.json``
 per task. ``show`` lists a runtime's experts and measures how long switching takes.
@@ -24,20 +27,24 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from surgery.cli import render
-from surgery.cli.console import CliState, stderr, stdout
-from surgery.cli.inputs import read_model_config, strategy_settings
-from surgery.cli.options import (
+from surgery.cli.plugin_kit import (
     BatchSize,
+    CliState,
     LabelColumn,
     MaxLength,
     MaxTrain,
     Overwrite,
+    ProgressDisplay,
     Seed,
     TextColumn,
     TextPairColumn,
+    decide_outputs,
+    format_value,
+    read_model_config,
+    stderr,
+    stdout,
+    strategy_settings,
 )
-from surgery.cli.outputs import decide_outputs
 from surgery.core.distributed import is_main_process
 from surgery.core.errors import ConfigError
 from surgery.persist.assets import resolve_model_path
@@ -111,7 +118,7 @@ def build_command(
     outputs = decide_outputs([source, config, *tasks.values(), *evals.values()], out=("--out", out),
                              files=[("--report", report_file)], overwrite=overwrite)
     # Imported here, not at the top: they import torch and transformers, which `surgery --help` must not pay for.
-    from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
+    from surgery.cli.plugin_kit import DataFiles, DataOptions, prepare_inputs
     from surgery.strategies.doe import build_runtime, check_tasks, runtime_config
 
     doe_config = runtime_config(settings)  # doe's own checks of the shared settings, before anything is loaded
@@ -120,7 +127,7 @@ def build_command(
                             {name: DataFiles(path, evals.get(name)) for name, path in tasks.items()},
                             DataOptions.from_command(ctx), required_by="--task", data_label="task {name}",
                             check=lambda model, data: check_tasks(model, data, doe_config))
-    with render.ProgressDisplay(stderr()) as progress:
+    with ProgressDisplay(stderr()) as progress:
         runtime, metrics = build_runtime(inputs.model, inputs.data, doe_config, progress=progress)
     if not is_main_process():  # under torchrun every process built the same runtime; the main one writes it
         return
@@ -180,7 +187,7 @@ def tasks_table(title: str, rows: dict[str, dict[str, Any]]) -> Table:
         table.add_column(column.replace("_", " "), justify="left" if column in ("labels", "mode", "module_set")
                          else "right")
     for name, row in rows.items():
-        table.add_row(Text(name), *(Text(render.format_value(row.get(c), limit=40)) for c in present))
+        table.add_row(Text(name), *(Text(format_value(row.get(c), limit=40)) for c in present))
     return table
 
 
