@@ -19,7 +19,16 @@ from typing import Annotated, Any
 import typer
 
 from surgery.cli.console import CliState, note, stderr, stdout
-from surgery.cli.options import EvalData, LabelColumn, MaxLength, MaxTrain, Overwrite, Seed, TextColumn, TextPairColumn
+from surgery.cli.options import (
+    EvalData,
+    LabelColumn,
+    MaxLengthAuto,
+    MaxTrain,
+    Overwrite,
+    Seed,
+    TextColumn,
+    TextPairColumn,
+)
 from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
 from surgery.persist.assets import resolve_model_path
@@ -162,7 +171,7 @@ def compress_command(
     text_column: TextColumn = "text",
     text_pair_column: TextPairColumn = None,
     label_column: LabelColumn = "label",
-    max_length: MaxLength = 64,
+    max_length: MaxLengthAuto = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Batch size of the data loaders.")] = 32,
     seed: Seed = 0,
     max_train: MaxTrain = None,

@@ -188,7 +188,8 @@ def export_command(
         from surgery.cli.prepare import DataFiles, DataOptions, load_task
 
         with quiet_datasets(ctx.ensure_object(CliState).debug):
-            task_data = load_task(DataFiles(data, eval_data), tokenizer, DataOptions.from_command(ctx))
+            task_data = load_task(DataFiles(data, eval_data), tokenizer, DataOptions.from_command(ctx),
+                                  model=(source, model_config))
         batches = task_data.loader("eval")
     model = surgery.from_pretrained(source)
     if format == "sentence-transformers":
@@ -270,5 +271,7 @@ def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_colum
     with quiet_datasets(ctx.ensure_object(CliState).debug):
         # Not DataOptions.from_command: bench's --batch-size is the benchmark's, not the data loader's.
         options = DataOptions(text_column=text_column, label_column=label_column, max_length=max_length)
-        task_data = load_task(DataFiles(data), tokenizer, options)
+        # Labels as the first model's head reads them (a classifier compared with its compressed copy).
+        first = resolve_model_path(paths[0])
+        task_data = load_task(DataFiles(data), tokenizer, options, model=(first, read_model_config(first)))
     return task_data.loader("eval")

@@ -67,6 +67,8 @@ class CompressReport(BaseModel):
     original: dict[str, float] = Field(default_factory=dict, description="the reference's own dev figures")
     batch_size: int
     seq_len: int
+    text_length: dict[str, Any] = Field(default_factory=dict, description="the tokens texts were cut "
+                                        "to and why (the data's info['text_length'])")
     threads: int | None = None
     stock: bool = False
     budget_minutes: float | None = None

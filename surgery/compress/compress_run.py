@@ -115,6 +115,7 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
             winner, why, warnings = run.pick()
             final_model, winner_name, training = run.train_winner(winner, data, budget_minutes, seed, train=train)
         report = run.report(winner_name, why, warnings, training, budget_minutes, threads, stock, clock)
+        report.text_length = dict((getattr(data, "info", None) or {}).get("text_length") or {})
     finally:
         model.train(was_training)
     return CompressResult(final_model, report, plan.smoothing)
