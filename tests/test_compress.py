@@ -210,7 +210,9 @@ def timed_by_tables(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def cli_ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("compress")
-    model = tiny_model(TinySpec("bert", task="seq-cls", layers=3), num_labels=2)
+    # The head names the data's labels: data labels are read through id2label (issue 29).
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=3), num_labels=2, id2label={0: "neg", 1: "pos"},
+                       label2id={"neg": 0, "pos": 1})
     model.save_pretrained(root / "classifier")
     tiny_tokenizer().save_pretrained(root / "classifier")
     corpus = root / "corpus.txt"
