@@ -146,15 +146,17 @@ class ShrpStrategy(Pipeline):
         if resolved is not requested:  # the report's config stays what the user asked; metrics say what ran
             session.metrics["deep_conversion_settings"] = {
                 k: getattr(resolved, k) for k in DEEP_CONVERSION_SETTINGS if k not in requested.model_fields_set}
-        self.config = resolved
-        try:
-            self.run_task(model, task, session)
-        finally:
-            self.config = requested
+        # The resolved settings travel as an argument: run state never lives on the method object.
+        self.run_task(model, task, session, resolved)
 
-    def run_task(self, model: nn.Module, task: TaskData, session: PipelineSession) -> None:
-        """The task objective's run with settings already resolved for the conversion depth."""
-        cfg = self.config
+    def settings(self, cfg: ShrpConfig | None) -> ShrpConfig:
+        """``cfg`` (settings resolved for one run) or, when a stage is called on its own, the configured ones."""
+        return cfg if cfg is not None else self.config
+
+    def run_task(self, model: nn.Module, task: TaskData, session: PipelineSession,
+                 cfg: ShrpConfig | None = None) -> None:
+        """The task objective's run with ``cfg``, the settings already resolved for the conversion depth."""
+        cfg = self.settings(cfg)
         eval_loader = task.loader("eval", batch_size=cfg.batch_size)
         reference = copy.deepcopy(model) if cfg.bench else None
         start = time.perf_counter()
@@ -164,14 +166,14 @@ class ShrpStrategy(Pipeline):
             session.metrics["data_warning"] = small
             warnings.warn(small, UserWarning, stacklevel=2)
         session.metrics["accuracy_input"] = accuracy(model, eval_loader)
-        layers = self.convert_layers(model, session)
-        history = self.train(model, session, task, layers, session.metrics["layers"], eval_loader)
-        history += self.train_stage2(model, session, task, layers, eval_loader)
+        layers = self.convert_layers(model, session, cfg)
+        history = self.train(model, session, task, layers, session.metrics["layers"], eval_loader, cfg)
+        history += self.train_stage2(model, session, task, layers, eval_loader, cfg)
         session.context.artefacts.pop("teacher", None)  # training's copy; not a result of the run
         session.metrics["history"] = history
         session.metrics["train_seconds"] = time.perf_counter() - start
         teacher = copy.deepcopy(model).eval() if cfg.recover_epochs > 0 else None
-        self.cut(model, session, eval_loader)
+        self.cut(model, session, eval_loader, cfg)
         if teacher is not None:
             finetune_after_cut(model, teacher, task, cfg)
             session.metrics["accuracy_recovered"] = accuracy(model, eval_loader)
@@ -182,9 +184,10 @@ class ShrpStrategy(Pipeline):
                                   seq_len=cfg.bench_seq_len, repeats=cfg.bench_repeats, warmup=1)
             session.metrics["bench"] = report.model_dump(mode="json")
 
-    def convert_layers(self, model: nn.Module, session: PipelineSession) -> dict[int, ExpertAttentionLayer]:
+    def convert_layers(self, model: nn.Module, session: PipelineSession,
+                       cfg: ShrpConfig | None = None) -> dict[int, ExpertAttentionLayer]:
         """Record ``expert-attention`` on the target layers, each bypassed by its original until its epoch."""
-        cfg = self.config
+        cfg = self.settings(cfg)
         adapter = adapter_for(model)
         order = self.conversion_order(adapter.num_layers)
         session.metrics["layers"] = order
@@ -194,21 +197,20 @@ class ShrpStrategy(Pipeline):
             expander=cfg.expander, expander_init=cfg.expander_init, expander_gain=cfg.expander_gain, seed=cfg.seed))
         return prepare_progressive(model, originals)
 
-    def cut(self, model: nn.Module, session: PipelineSession, eval_loader: Any) -> None:
+    def cut(self, model: nn.Module, session: PipelineSession, eval_loader: Any, cfg: ShrpConfig | None = None) -> None:
         """Usage analysis on the evaluation data, then the recorded ``top1-prune`` step, with accuracy around it."""
         # The counts are also persisted in the layers' buffers.
         for _, layer in expert_layers(model):
             layer.usage.zero_()
         metrics = session.metrics
         metrics["accuracy_moe"] = accuracy(model, eval_loader, progress=lambda c, n: session.emit("evaluate", c, n))
-        prune = session.step(Top1PruningStrategy(keep=self.config.keep), data=eval_loader)
+        prune = session.step(Top1PruningStrategy(keep=self.settings(cfg).keep), data=eval_loader)
         metrics["usage"] = prune.metrics.get("usage")
         metrics["coverage"] = prune.metrics.get("coverage")
         metrics["accuracy_pruned"] = accuracy(model, eval_loader)
 
     def _trainer(self, model: nn.Module, task: TaskData, args: TrainingArguments, callbacks: list[TrainerCallback],
-                 state: ShrpTrainingState) -> ShrpTrainer:
-        cfg = self.config
+                 state: ShrpTrainingState, cfg: ShrpConfig) -> ShrpTrainer:
         distill = DistillConfig(alpha=cfg.distill_alpha, temperature=cfg.distill_temperature,
                                 hidden_weight=cfg.distill_hidden_weight)
         trainer = ShrpTrainer(model=model, args=args, train_dataset=train_columns(task),
@@ -219,21 +221,23 @@ class ShrpStrategy(Pipeline):
         trainer.remove_callback(PrinterCallback)
         return trainer
 
-    def total_epochs(self, num_converted: int) -> int:
+    def total_epochs(self, num_converted: int, cfg: ShrpConfig | None = None) -> int:
         """Epochs of stages 0, 1 and 2 together."""
-        return self.config.finetune_epochs + num_converted + self.config.extra_epochs
+        cfg = self.settings(cfg)
+        return cfg.finetune_epochs + num_converted + cfg.extra_epochs
 
     def train(self, model: nn.Module, session: PipelineSession, task: TaskData,
-              layers: dict[int, ExpertAttentionLayer], order: list[int], eval_loader: Any) -> list[dict[str, Any]]:
+              layers: dict[int, ExpertAttentionLayer], order: list[int], eval_loader: Any,
+              cfg: ShrpConfig | None = None) -> list[dict[str, Any]]:
         """Stages 0 and 1 (stage 2 too when it has no epochs) on the HF Trainer; returns per-epoch figures.
 
         The learning rate decays linearly over all three stages; stage 2 is a second Trainer run
         (:meth:`train_stage2`) that continues the same schedule, so stage-2 variants can start from
         one stage-1 model.
         """
-        cfg = self.config
+        cfg = self.settings(cfg)
         state = ShrpTrainingState()
-        epochs = self.total_epochs(len(order))
+        epochs = self.total_epochs(len(order), cfg)
         stop = cfg.finetune_epochs + len(order) if cfg.extra_epochs else None
         callback = ProgressiveConversion(layers, order, state, balance_weight=cfg.balance_weight,
                                          delay=cfg.finetune_epochs, stop_after=stop,
@@ -245,33 +249,34 @@ class ShrpStrategy(Pipeline):
             # Before the conversion callback in the list: the copy is taken before a layer switches over.
             callbacks.insert(0, TeacherSnapshot(state, at_epoch=cfg.finetune_epochs))
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
-            self._trainer(model, task, training_arguments(cfg, epochs, tmp), callbacks, state).train()
+            self._trainer(model, task, training_arguments(cfg, epochs, tmp), callbacks, state, cfg).train()
         model.eval()
         session.context.artefacts["teacher"] = state.teacher
         return state.history
 
     def train_stage2(self, model: nn.Module, session: PipelineSession, task: TaskData,
-                     layers: dict[int, ExpertAttentionLayer], eval_loader: Any) -> list[dict[str, Any]]:
+                     layers: dict[int, ExpertAttentionLayer], eval_loader: Any,
+                     cfg: ShrpConfig | None = None) -> list[dict[str, Any]]:
         """Stage 2 (``extra_epochs``): no balance loss; concentration pressure and expert dropping if set."""
-        cfg = self.config
+        cfg = self.settings(cfg)
         if cfg.extra_epochs == 0:
             return []
         state = ShrpTrainingState(teacher=session.context.artefacts.get("teacher"))
-        done = self.total_epochs(len(layers)) - cfg.extra_epochs
+        done = self.total_epochs(len(layers), cfg) - cfg.extra_epochs
         callbacks: list[TrainerCallback] = [ProgressiveConversion(
             layers, list(layers), state, delay=cfg.finetune_epochs, first_epoch=done,
             concentration_weight=cfg.concentration_weight,
             eval_loader=eval_loader if cfg.eval_each_epoch else None, emit=session.emit,
-            total_epochs=self.total_epochs(len(layers)))]
+            total_epochs=self.total_epochs(len(layers), cfg))]
         dropping = None
         if cfg.expert_dropping == "halve":
             dropping = ProgressiveExpertDropping(layers, end=cfg.dropping_end, keep=cfg.keep)
             callbacks.append(dropping)
         # The rate where the one-run linear schedule would be at the start of stage 2, decaying to 0.
-        lr = cfg.learning_rate * cfg.extra_epochs / self.total_epochs(len(layers))
+        lr = cfg.learning_rate * cfg.extra_epochs / self.total_epochs(len(layers), cfg)
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
             args = training_arguments(cfg, cfg.extra_epochs, tmp, learning_rate=lr, warmup_steps=0)
-            self._trainer(model, task, args, callbacks, state).train()
+            self._trainer(model, task, args, callbacks, state, cfg).train()
         model.eval()
         if dropping is not None:
             session.metrics["expert_drops"] = dropping.events
