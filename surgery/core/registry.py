@@ -20,6 +20,7 @@ import ast
 import importlib.util
 import os
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -48,7 +49,9 @@ class PluginInfo:
 
 
 _runtime: dict[str, dict[str, PluginInfo]] = {STRATEGY_GROUP: {}, ENCODER_GROUP: {}, COMMAND_GROUP: {}}
-_cache: dict[str, dict[str, PluginInfo]] = {}
+_cache: dict[str, dict[str, PluginInfo]] = {}  # group -> every plugin of it, imported
+_single: dict[str, PluginInfo | None] = {}  # method name -> that one entry point, imported on its own
+_by_model_type: dict[str, type[EncoderAdapter]] = {}  # adapters by config.model_type, built once
 
 
 def _allowed(dist: str) -> bool:
@@ -59,10 +62,15 @@ def _allowed(dist: str) -> bool:
 
 
 def _discover(group: str) -> dict[str, PluginInfo]:
-    if group in _cache:
-        return _cache[group]
+    if group not in _cache:
+        _cache[group] = _load(metadata.entry_points(group=group))
+    return _cache[group]
+
+
+def _load(entry_points: Iterable[metadata.EntryPoint]) -> dict[str, PluginInfo]:
+    """Import ``entry_points`` (of one group); a name registered twice keeps the first distribution's."""
     found: dict[str, PluginInfo] = {}
-    for ep in metadata.entry_points(group=group):
+    for ep in entry_points:
         dist = ep.dist.name if ep.dist is not None else "<unknown>"
         if not _allowed(dist):
             continue
@@ -84,7 +92,6 @@ def _discover(group: str) -> dict[str, PluginInfo]:
             )
             continue
         found[ep.name] = PluginInfo(ep.name, obj, dist, _summary(obj))
-    _cache[group] = found
     return found
 
 
@@ -96,6 +103,8 @@ def _summary(obj: Any) -> str:
 def refresh() -> None:
     """Forget discovered plugins so the next lookup reads the entry points again."""
     _cache.clear()
+    _single.clear()
+    _by_model_type.clear()
 
 
 def _all(group: str) -> dict[str, PluginInfo]:
@@ -203,15 +212,22 @@ def get_strategy(name: str) -> type[Method]:
     Raises:
         StrategyNotFoundError: with the installed names and how to install more.
     """
-    # An unknown name is answered from the entry-point names alone, before any plugin (and torch) is imported.
-    found = _all(STRATEGY_GROUP) if name in strategy_names() else {}
-    if name not in found:
-        known = ", ".join(sorted(found) if found else strategy_names()) or "none"
+    info = _runtime[STRATEGY_GROUP].get(name) or _one_strategy(name)
+    if info is None:  # answered from the entry-point names alone, before any plugin (and torch) is imported
         raise StrategyNotFoundError(
-            f"unknown strategy {name!r}; installed strategies: {known}. Install the package that provides "
-            f"it (it registers under the entry-point group {STRATEGY_GROUP!r})"
+            f"unknown strategy {name!r}; installed strategies: {', '.join(strategy_names()) or 'none'}. Install "
+            f"the package that provides it (it registers under the entry-point group {STRATEGY_GROUP!r})"
         )
-    return found[name].obj
+    return info.obj
+
+
+def _one_strategy(name: str) -> PluginInfo | None:
+    """The method registered as ``name``, importing only its own entry point's module (not every method's)."""
+    if STRATEGY_GROUP in _cache:
+        return _cache[STRATEGY_GROUP].get(name)
+    if name not in _single:
+        _single[name] = _load(metadata.entry_points(group=STRATEGY_GROUP, name=name)).get(name)
+    return _single[name]
 
 
 # -- command-line commands ---------------------------------------------------------------
@@ -232,16 +248,22 @@ def register_adapter(cls: type[EncoderAdapter], *, name: str | None = None) -> t
     """Register an anatomy adapter in-process for the ``config.model_type`` values it lists."""
     key = name or cls.__name__
     _runtime[ENCODER_GROUP][key] = PluginInfo(key, cls, "<runtime>", _summary(cls))
+    _by_model_type.clear()
     return cls
 
 
 def adapters() -> dict[str, type[EncoderAdapter]]:
     """Map every supported ``config.model_type`` to its adapter class."""
-    by_type: dict[str, type[EncoderAdapter]] = {}
-    for info in _all(ENCODER_GROUP).values():
-        for model_type in getattr(info.obj, "model_types", ()):
-            by_type[model_type] = info.obj
-    return dict(sorted(by_type.items()))
+    return dict(_adapter_table())
+
+
+def _adapter_table() -> dict[str, type[EncoderAdapter]]:
+    # Built once (every surgery call asks for its model's adapter), again after register_adapter or refresh.
+    if not _by_model_type:
+        by_type = {model_type: info.obj for info in _all(ENCODER_GROUP).values()
+                   for model_type in getattr(info.obj, "model_types", ())}
+        _by_model_type.update(sorted(by_type.items()))
+    return _by_model_type
 
 
 def adapter_class_for(model_type: str) -> type[EncoderAdapter]:
@@ -250,7 +272,7 @@ def adapter_class_for(model_type: str) -> type[EncoderAdapter]:
     Raises:
         UnsupportedModelError: naming the supported types and how to add an adapter.
     """
-    table = adapters()
+    table = _adapter_table()
     if model_type not in table:
         raise UnsupportedModelError(
             f"unsupported model type {model_type!r}; supported: {', '.join(table) or 'none'}. To add one, "
