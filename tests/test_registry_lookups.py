@@ -31,7 +31,7 @@ def test_looking_one_method_up_imports_only_its_entry_point() -> None:
 def test_an_unknown_method_imports_no_method_and_names_the_installed_ones() -> None:
     assert loaded_methods_after(
         "try:\n    registry.get_strategy('nope')\nexcept Exception as e:\n    print(e, file=sys.stderr)") == set()
-    with pytest.raises(StrategyNotFoundError, match="installed strategies: .*head-prune"):
+    with pytest.raises(StrategyNotFoundError, match=r"installed strategies: .*head-prune"):
         registry.get_strategy("nope")
 
 
