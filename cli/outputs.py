@@ -9,10 +9,15 @@ user owns:
 * a result file inside an input model directory, equal to an input file, or inside the output
   directory (which the save replaces, so the file would be lost or would overwrite what was saved);
 * two outputs that are the same file;
-* an existing file, unless ``--overwrite`` was given.
+* an existing file, unless ``--overwrite`` was given;
+* an output directory that ``--overwrite`` must not replace: the working or home directory, an ancestor
+  of one, ``/``, or a directory of files surgery did not write (only an empty directory or an earlier
+  surgery output, one holding ``surgery.json``, ``compress.json``, ``surgery-onnx.json``,
+  ``surgery-openvino.json`` or ``surgery-output.json``, may be replaced: :func:`surgery.persist.atomic.output_problem`);
+* an output under an existing file, or in a directory that is not writable.
 
 Symlinks are resolved first, so a link to an input's ``config.json`` is that file. The files are
-then written with :func:`surgery.atomic.atomic_write`, which again never replaces a file that
+then written with :func:`surgery.persist.atomic.atomic_write`, which again never replaces a file that
 appeared in the meantime unless ``--overwrite`` allows it.
 """
 

@@ -38,7 +38,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from surgery.anatomy import adapter_for
 from surgery.core.errors import ConfigError, StockFormatError
 from surgery.core.manifest import source_dir_of, steps_of
-from surgery.persist.atomic import atomic_directory, write_stock_mark
+from surgery.persist.atomic import atomic_directory, write_output_mark
 from surgery.persist.model_io import WEIGHTS_NAME, output_directory, weights_dtype
 
 __all__ = ["save_stock", "stock_config", "stock_structure_problem"]
@@ -207,7 +207,7 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
         >>> _ = surgery.convert(model, LayerDropStrategy(layers=[2]))
         >>> out = save_stock(model, Path(tempfile.mkdtemp()) / "stock")
         >>> sorted(p.name for p in out.iterdir())
-        ['config.json', 'model.safetensors', 'surgery-stock.json']
+        ['config.json', 'model.safetensors', 'surgery-output.json']
         >>> from transformers import AutoModel
         >>> AutoModel.from_pretrained(out).config.num_hidden_layers
         2
@@ -226,7 +226,7 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
     config = stock_config(model)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         config.save_pretrained(tmp)
-        write_stock_mark(tmp)  # so that a later --overwrite knows this directory is surgery's to replace
+        write_output_mark(tmp, "stock")  # so that a later --overwrite knows this directory is surgery's to replace
         # The weight names are the stock model's (checked above): the ModuleList already renumbers kept layers.
         save_model(model, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         if tokenizer is not None:

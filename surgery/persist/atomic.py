@@ -8,8 +8,9 @@ writer's: of two writers to one path, exactly one succeeds and the other gets a 
 
 What may be replaced (:func:`output_problem`): a missing path or an empty directory, and with
 ``overwrite`` an earlier surgery output (it holds ``surgery.json``, ``compress.json``,
-``surgery-onnx.json`` or ``surgery-stock.json`` as surgery writes them); never the working directory,
-an ancestor of it, the home directory or ``/``, and never a directory of someone else's files.
+``surgery-onnx.json``, ``surgery-openvino.json`` or ``surgery-output.json`` as surgery writes
+them); never the working directory, an ancestor of it, the home directory or ``/``, and never a
+directory of someone else's files.
 
 Temporaries are surgery's own: ``.NAME.tmp-<pid>-<8 hex>`` (the new directory being written, or the
 previous output being deleted) and ``.NAME.old-<pid>-<8 hex>`` (the previous output during a swap
@@ -18,8 +19,8 @@ a ``tmp`` one is deleted, an ``old`` one, the previous output stranded by a kill
 back to ``NAME`` when ``NAME`` is missing and otherwise left alone; never deleted.
 
 The replace itself is one ``renameat2(RENAME_EXCHANGE)`` where the system has it, else two renames
-that restore the previous output on any exception; SIGINT and SIGTERM are held during the swap, so
-a signal lands before it (nothing replaced) or after it (the new output complete).
+that restore the previous output on any exception; SIGINT and SIGTERM are deferred during the swap,
+so a signal lands before it (nothing replaced) or after it (the new output complete).
 """
 
 from __future__ import annotations
@@ -42,20 +43,29 @@ from typing import Any
 
 from surgery.core.errors import OutputPathError
 from surgery.core.manifest import MANIFEST_NAME
-from surgery.deploy.names import INFO_NAME
 
-#: The file ``save_stock`` writes into a stock Hugging Face directory, so that a later ``--overwrite``
-#: knows the directory is surgery's (transformers ignores it).
-STOCK_MARK_NAME = "surgery-stock.json"
+#: The file a writer without a report of its own (``save_stock``) puts in its output directory, so
+#: that a later ``--overwrite`` knows the directory is surgery's (transformers ignores it).
+OUTPUT_MARK_NAME = "surgery-output.json"
+
+_ONNX_INFO = "surgery-onnx.json"  # surgery.deploy.names.INFO_NAME (deploy is a higher layer than persist)
+_OPENVINO_INFO = "surgery-openvino.json"  # surgery.deploy.openvino_export.OV_INFO
+
+
+def _has(*keys: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda value: set(keys) <= value.keys()
+
 
 #: Files that make a directory an earlier surgery output: name -> what its JSON object must hold.
 #: A file of that name alone is not enough (a user's project may have its own ``compress.json``).
 SURGERY_OUTPUT_FILES: dict[str, Callable[[dict[str, Any]], bool]] = {
-    MANIFEST_NAME: lambda d: d.get("format") == "surgery",
-    "compress.json": lambda d: {"target", "runtime", "reference", "candidates"} <= d.keys(),  # cli.compress
-    INFO_NAME: lambda d: {"onnx_bytes", "export_seconds"} <= d.keys(),
-    f"onnx/{INFO_NAME}": lambda d: {"onnx_bytes", "export_seconds"} <= d.keys(),  # sentence-transformers, compress
-    STOCK_MARK_NAME: lambda d: d.get("format") == "surgery-stock",
+    MANIFEST_NAME: lambda value: value.get("format") == "surgery",
+    "compress.json": _has("target", "runtime", "reference", "candidates"),  # surgery.cli.compress.REPORT_NAME
+    _ONNX_INFO: _has("onnx_bytes", "export_seconds"),
+    f"onnx/{_ONNX_INFO}": _has("onnx_bytes", "export_seconds"),  # sentence-transformers export, compress
+    _OPENVINO_INFO: _has("ir_bytes", "export_seconds"),
+    f"openvino/{_OPENVINO_INFO}": _has("ir_bytes", "export_seconds"),
+    OUTPUT_MARK_NAME: lambda value: value.get("format") == "surgery-output",
 }
 #: Largest marker file read: real ones are kilobytes (compress.json with its search path, tens of them).
 _MAX_MARK_BYTES = 64 * 2**20
@@ -177,19 +187,20 @@ def surgery_output_mark(directory: Path) -> str | None:
     return None
 
 
-def write_stock_mark(directory: Path) -> Path:
-    """Write :data:`STOCK_MARK_NAME` into a stock directory being saved (transformers ignores the file).
+def write_output_mark(directory: Path, kind: str) -> Path:
+    """Write :data:`OUTPUT_MARK_NAME` into an output being saved that has no manifest or report of its own.
 
     Example:
         >>> import tempfile
         >>> d = Path(tempfile.mkdtemp())
-        >>> _ = write_stock_mark(d)
+        >>> _ = write_output_mark(d, "stock")
         >>> surgery_output_mark(d)
-        'surgery-stock.json'
+        'surgery-output.json'
     """
-    file = directory / STOCK_MARK_NAME
-    file.write_text(json.dumps({"format": "surgery-stock", "note": "a stock Hugging Face directory written by "
-                                "surgery; it loads without surgery"}, indent=2) + "\n")
+    file = directory / OUTPUT_MARK_NAME
+    file.write_text(json.dumps({"format": "surgery-output", "kind": kind,
+                                "note": "written by surgery; surgery --overwrite may replace this directory"},
+                               indent=2) + "\n")
     return file
 
 
@@ -203,9 +214,12 @@ def _protected(target: Path) -> str | None:
     for what, place in places:
         if target == place:
             return f"is {what}"
+    if target == Path(target.anchor):
+        return "is /"
+    for what, place in places:
         if target in place.parents:
-            return f"contains {what} {place}" if target != Path(target.anchor) else f"is / and contains {what}"
-    return "is /" if target == Path(target.anchor) else None
+            return f"contains {what} {place}"
+    return None
 
 
 def output_problem(out: str | os.PathLike[str], *, overwrite: bool, flag: str = "output directory") -> str | None:
@@ -401,16 +415,28 @@ def atomic_directory(out_dir: str | os.PathLike[str], *, overwrite: bool = False
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends (main thread; elsewhere no Python handler can interrupt it)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive during the block take effect when it ends, once each.
+
+    Their handlers are swapped for one that only notes the signal, and the noted signals are raised
+    again afterwards. Not ``pthread_sigmask``: a signal to the process is delivered to any thread that
+    does not block it (torch keeps worker threads), and Python then runs its handler in the main
+    thread anyway, in the middle of the swap. Outside the main thread no handler can interrupt the block.
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    noted: list[int] = []
+    previous = {signum: signal.signal(signum, lambda number, frame: noted.append(number))
+                for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None)}  # an ignored signal stays ignored
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)  # now the usual handler runs (or the default action ends the process)
 
 
 _AT_FDCWD = -100
@@ -455,7 +481,7 @@ def _created_meanwhile(out: Path, exc: OSError) -> OSError:
 
 
 def _place(tmp: Path, out: Path, overwrite: bool) -> None:
-    with _signals_held():  # a signal lands before the swap (nothing replaced) or after it (all saved)
+    with _signals_deferred():  # a signal lands before the swap (nothing replaced) or after it (all saved)
         if overwrite and out.exists():
             _check_target(out, overwrite)  # a lockless writer may have put its files there meanwhile
             if exchange(tmp, out):
