@@ -7,50 +7,18 @@ directories with a tiny word-level tokenizer; data is a generated CSV.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertTokenizer, GPT2Config, GPT2Model
-from typer.testing import CliRunner
+from transformers import GPT2Config, GPT2Model
 
 import surgery
 from surgery.cli.app import app
 from surgery.cli.render import bench_view
 from surgery.testing import VOCAB, TinySpec, tiny_model
-
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
-runner = CliRunner(env={"COLUMNS": "200"})  # wide tables, so assertions do not depend on wrapping
-
-
-def tiny_tokenizer() -> BertTokenizer:
-    """A word-level BERT tokenizer whose vocabulary matches the tiny models' 99 ids."""
-    return BertTokenizer(vocab={token: i for i, token in enumerate(SPECIALS + WORDS)})
-
-
-def write_rows(path: Path, rows: list[dict[str, object]]) -> Path:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
-def labelled_rows(n: int, text: str = "text", label: str = "label", seed: int = 0) -> list[dict[str, object]]:
-    """Separable two-class data: "pos" texts use the first half of the vocabulary, "neg" the second."""
-    rng = random.Random(seed)
-    half = len(WORDS) // 2
-    rows = []
-    for i in range(n):
-        positive = i % 2 == 0
-        pool = WORDS[:half] if positive else WORDS[half:]
-        rows.append({text: " ".join(rng.choices(pool, k=rng.randint(3, 9))), label: "pos" if positive else "neg"})
-    return rows
 
 
 @pytest.fixture(scope="module")
@@ -677,6 +645,7 @@ CHILD = """
 import json, sys
 from typer.testing import CliRunner
 from surgery.cli.app import app
+from tests.helpers import SPECIALS, WORDS, labelled_rows, runner, tiny_tokenizer, write_rows
 runner = CliRunner()
 print(json.dumps([[r.exit_code, r.stderr, r.stdout] for r in (runner.invoke(app, a) for a in json.loads(sys.argv[1]))]))
 """

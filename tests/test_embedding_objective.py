@@ -33,14 +33,13 @@ from surgery.strategies.shrp.embedding_shrp import EMBEDDING_EXPANDER_GAIN
 from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_model
 from surgery.training import RecoveryConfig, recover, scratch_dir, training_arguments
-from tests.test_embedding import WORDS, st_dir, tokenizer
+from tests.helpers import EMBEDDING_TEXTS, st_dir, tiny_tokenizer
 
-TEXTS = [" ".join(WORDS[(i * 7 + j * 13) % len(WORDS)] for j in range(2 + i % 7)) for i in range(48)]
 runner = CliRunner(env={"COLUMNS": "200"})
 
 
 def text_data(batch_size: int = 8):
-    data = load_text_data(TEXTS, tokenizer(), batch_size=batch_size)
+    data = load_text_data(EMBEDDING_TEXTS, tiny_tokenizer(), batch_size=batch_size)
     data.sentence_config = SentenceConfig(normalize=True)
     return data
 
@@ -98,10 +97,10 @@ def test_the_neighbour_term_trains_and_is_refused_for_a_task_model() -> None:
     teacher = tiny_model(TinySpec("bert", layers=2))
     student = tiny_model(TinySpec("bert", layers=2, seed=1))
     config = data.sentence_config
-    target = embed_texts(teacher, data.tokenizer, TEXTS, config)
+    target = embed_texts(teacher, data.tokenizer, EMBEDDING_TEXTS, config)
 
     def ranking_distance() -> float:
-        return float(neighbour_loss(embed_texts(student, data.tokenizer, TEXTS, config), target))
+        return float(neighbour_loss(embed_texts(student, data.tokenizer, EMBEDDING_TEXTS, config), target))
 
     before = ranking_distance()
     # The neighbour term alone (no MSE, no cosine) must move the student's neighbour ranking toward the teacher's.
@@ -130,10 +129,10 @@ def test_pruned_student_recovers_its_teachers_embeddings(family: str) -> None:
     student = tiny_model(TinySpec(family, layers=2, seed=1))
     surgery.convert(student, HeadPruningStrategy(ratio=0.5, importance="gradient", max_batches=2), data=data)
     config = data.sentence_config
-    target = embed_texts(teacher, data.tokenizer, TEXTS, config)
+    target = embed_texts(teacher, data.tokenizer, EMBEDDING_TEXTS, config)
 
     def distance() -> float:
-        return float(embedding_loss(embed_texts(student, data.tokenizer, TEXTS, config), target))
+        return float(embedding_loss(embed_texts(student, data.tokenizer, EMBEDDING_TEXTS, config), target))
 
     before = distance()
     result = recover_embeddings(student, teacher, data, RecoveryConfig(epochs=3, learning_rate=1e-3, batch_size=8))
@@ -163,8 +162,8 @@ def test_shrp_distils_embeddings_and_reloads(tmp_path: Path, family: str) -> Non
     cls = ShrpStrategy(num_layers=1, extra_epochs=0, bench=False, router_input="cls")
     assert surgery.convert(tiny_model(TinySpec(family, layers=2)), cls, data=data).metrics["router_input"] == "cls"
     out = surgery.save_pretrained(model, tmp_path / "m")
-    expected = embed_texts(model, data.tokenizer, TEXTS, data.sentence_config)
-    torch.testing.assert_close(embed_texts(surgery.from_pretrained(out), data.tokenizer, TEXTS,
+    expected = embed_texts(model, data.tokenizer, EMBEDDING_TEXTS, data.sentence_config)
+    torch.testing.assert_close(embed_texts(surgery.from_pretrained(out), data.tokenizer, EMBEDDING_TEXTS,
                                            data.sentence_config), expected)
 
 
@@ -180,12 +179,12 @@ def test_embedding_shrp_starts_close_to_its_teacher(family: str) -> None:
     assert report.metrics["expander_gain"] == EMBEDDING_EXPANDER_GAIN
     assert report.metrics["embedding_converted"]["mean_cosine"] >= 0.9, report.metrics["embedding_converted"]
     config = data.sentence_config
-    target = embed_texts(teacher, data.tokenizer, TEXTS, config)
+    target = embed_texts(teacher, data.tokenizer, EMBEDDING_TEXTS, config)
 
     def converted_cosine(gain: float) -> float:
         student = copy.deepcopy(teacher)
         surgery.convert(student, ExpertAttentionStrategy(layers=[1], router_input="mean", expander_gain=gain))
-        return mean_cosine(embed_texts(student, data.tokenizer, TEXTS, config), target)
+        return mean_cosine(embed_texts(student, data.tokenizer, EMBEDDING_TEXTS, config), target)
 
     assert converted_cosine(EMBEDDING_EXPANDER_GAIN) >= 0.9 > converted_cosine(1.0) + 0.1
     explicit = ShrpStrategy(num_layers=1, extra_epochs=0, bench=False, expander_gain=1.0)
@@ -218,7 +217,7 @@ def test_cli_detects_the_embedding_objective_and_saves_an_encodable_model(tmp_pa
 
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(TEXTS) + "\n")
+    corpus.write_text("\n".join(EMBEDDING_TEXTS) + "\n")
     out = tmp_path / "out"
     result = runner.invoke(app, ["apply", str(source), "-s", "shrp", "--set", "num_layers=1", "--set",
                                  "extra_epochs=0", "--set", "bench=false", "--data", str(corpus), "-o", str(out),
@@ -229,15 +228,15 @@ def test_cli_detects_the_embedding_objective_and_saves_an_encodable_model(tmp_pa
     assert set(metrics["embedding"]) >= {"mean_cosine", "recall_at_k"}
     assert (out / SURGERY_FILE).is_file() and read_sentence_config(out).normalize
     model = surgery.from_pretrained(out)
-    expected = embed_texts(model, tokenizer(), TEXTS[:5], read_sentence_config(out))
-    encoded = torch.tensor(to_sentence_transformer(out).encode(TEXTS[:5]))
+    expected = embed_texts(model, tiny_tokenizer(), EMBEDDING_TEXTS[:5], read_sentence_config(out))
+    encoded = torch.tensor(to_sentence_transformer(out).encode(EMBEDDING_TEXTS[:5]))
     torch.testing.assert_close(encoded, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_cli_objective_override_and_task_default(tmp_path: Path) -> None:
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
     rows = tmp_path / "rows.csv"
-    rows.write_text("text,label\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(TEXTS)))
+    rows.write_text("text,label\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(EMBEDDING_TEXTS)))
     args = ["apply", str(source), "-s", "head-prune", "--set", "ratio=0.25", "--data", str(rows), "--dry-run"]
     task = runner.invoke(app, [*args, "--set", "objective=task"])
     assert task.exit_code == 0 and "objective: task (--set objective=task)" in task.stderr
@@ -247,7 +246,7 @@ def test_cli_objective_override_and_task_default(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "objective='both'" in bad.stderr
     plain = tmp_path / "plain"
     tiny_model(TinySpec("bert")).save_pretrained(plain)
-    tokenizer().save_pretrained(plain)
+    tiny_tokenizer().save_pretrained(plain)
     result = runner.invoke(app, ["apply", str(plain), "-s", "head-prune", "--set", "ratio=0.25", "--data", str(rows),
                                  "--dry-run"])
     assert result.exit_code == 0 and "objective: task (not a sentence-transformers directory" in result.stderr
@@ -271,7 +270,7 @@ def test_cli_head_and_ffn_pruning_with_recovery_on_plain_text(tmp_path: Path) ->
     """The README's embedding recipe: two pruning commands, each distilling the embeddings back on a .txt file."""
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(TEXTS) + "\n")
+    corpus.write_text("\n".join(EMBEDDING_TEXTS) + "\n")
     heads, both = tmp_path / "heads", tmp_path / "both"
     for strategy, src, out, report in (("head-prune", source, heads, "h.json"), ("ffn-prune", heads, both, "f.json")):
         result = runner.invoke(app, ["apply", str(src), "-s", strategy, "--set", "ratio=0.5", "--set",
@@ -314,9 +313,9 @@ def test_export_sentence_transformers_directory_encodes_like_the_surgered_model(
     assert config is not None and config.describe() == "mean pooling, L2-normalised" and config.max_seq_length == 16
     # The graph plus the written pooling give the surgered model's embeddings.
     model = surgery.from_pretrained(pruned)
-    tok = tokenizer()
-    expected = embed_texts(model, tok, TEXTS[:6], config)
-    batch = tok(TEXTS[:6], padding=True, return_tensors="np")
+    tok = tiny_tokenizer()
+    expected = embed_texts(model, tok, EMBEDDING_TEXTS[:6], config)
+    batch = tok(EMBEDDING_TEXTS[:6], padding=True, return_tensors="np")
     session = ort.InferenceSession(str(out / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
     feeds = {i.name: batch[i.name].astype(np.int64) for i in session.get_inputs()}
     (hidden,) = session.run(["last_hidden_state"], feeds)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
 import pytest
 import torch
 from torch import nn
@@ -17,11 +16,11 @@ import surgery
 from surgery.core.report import LayerChange
 from surgery.core.run import RunContext
 from surgery.core.strategy import Data, Plan, Strategy, StrategyConfig
-from surgery.data.task_data import TaskData
 from surgery.orchestration.pipeline import Pipeline, PipelineSession
 from surgery.strategies import SoftPromptStrategy
 from surgery.testing import TinySpec, tiny_model
-from surgery.training import PaddingCollator, RecoveryConfig
+from surgery.training import RecoveryConfig
+from tests.helpers import self_labelled
 
 
 class ZeroHead(Strategy):
@@ -54,18 +53,6 @@ class Steps(Pipeline):
     def run(self, model: nn.Module, data: Data | None, session: PipelineSession) -> None:
         for strategy in self.steps:
             session.step(strategy, data=data)
-
-
-def self_labelled(model: nn.Module, n: int = 30) -> TaskData:
-    gen = torch.Generator().manual_seed(0)
-    ids = [[2, *torch.randint(5, 99, (int(k),), generator=gen).tolist(), 3]
-           for k in torch.randint(2, 8, (n,), generator=gen)]
-    with torch.no_grad():
-        labels = model(**PaddingCollator(None)([{"input_ids": r} for r in ids])).logits.argmax(-1).tolist()
-    table = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
-    task = TaskData(table, table, ["a", "b", "c"], batch_size=10)
-    task.rarest = min(range(3), key=labels.count)  # type: ignore[attr-defined]
-    return task
 
 
 def test_a_direct_step_that_loses_more_than_max_drop_is_recovered_and_reported() -> None:
@@ -116,11 +103,11 @@ def test_pipeline_steps_are_measured_and_a_trained_after_step_never_warns() -> N
 
 
 def test_cli_prints_one_warning_line_and_strict_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_cli import labelled_rows, tiny_tokenizer, write_rows  # the CLI tests' tiny tokenizer and data
     from typer.testing import CliRunner
 
     import surgery.training
     from surgery.cli.app import app
+    from tests.helpers import labelled_rows, tiny_tokenizer, write_rows  # the CLI tests' tiny tokenizer and data
 
     model = tiny_model(TinySpec("bert", task="base"))
     model.save_pretrained(tmp_path / "m")

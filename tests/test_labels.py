@@ -24,8 +24,7 @@ from surgery.core.errors import DataError, ModelLoadError
 from surgery.data.task_data import fresh_label_names, head_label_ids, head_label_names, load_task_data
 from surgery.persist.weight_checks import check_loading_info
 from surgery.testing import TinySpec, tiny_model
-from tests.test_cli import WORDS, runner, tiny_tokenizer, write_rows
-from tests.test_compress import timed_by_tables  # noqa: F401  (a fixture: times from shape tables, not measured)
+from tests.helpers import WORDS, runner, tiny_tokenizer, write_rows
 
 
 # -- the mapping ----------------------------------------------------------------------------------
@@ -127,7 +126,7 @@ def _classifier(root: Path, num_labels: int, id2label: dict[int, str] | None) ->
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["twelve", "not-alphabetical"])
 def test_compress_reports_the_true_accuracy_of_a_perfect_classifier(case: str, tmp_path: Path,
-                                                                   timed_by_tables: None) -> None:  # noqa: F811
+                                                                   timed_by_tables: None) -> None:
     id2label = None if case == "twelve" else {0: "positive", 1: "negative"}
     model = _classifier(tmp_path / "model", 12 if case == "twelve" else 2, id2label)
     files = {}

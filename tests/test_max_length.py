@@ -19,8 +19,7 @@ import surgery.data.task_data as task_data
 from surgery.cli.app import app
 from surgery.data.task_data import choose_text_length, load_task_data, model_text_limit
 from surgery.testing import TinySpec, tiny_model
-from tests.test_cli import WORDS, runner, tiny_tokenizer, write_rows
-from tests.test_compress import timed_by_tables  # noqa: F401  (a fixture: times from shape tables, not measured)
+from tests.helpers import WORDS, runner, tiny_tokenizer, write_rows
 
 
 def _texts(n: int, words: tuple[int, int], seed: int = 0) -> list[str]:
@@ -110,7 +109,7 @@ def test_the_loader_defaults_to_the_chosen_length_and_a_given_one_wins(tmp_path:
 
 @pytest.mark.slow
 def test_compress_judges_and_times_long_texts_at_the_model_length_and_says_so(tmp_path: Path,
-                                                                                timed_by_tables: None  # noqa: F811
+                                                                                timed_by_tables: None
                                                                                 ) -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=2), num_labels=2)  # 72 positions
     model.save_pretrained(tmp_path / "model")

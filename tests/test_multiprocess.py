@@ -32,7 +32,7 @@ ROWS = 40  # a 10% evaluation split leaves 36 training rows: 9 full batches of 4
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from test_cli import labelled_rows, tiny_tokenizer, write_rows
+    from tests.helpers import labelled_rows, tiny_tokenizer, write_rows
 
     root = tmp_path_factory.mktemp("ddp")
     model = tiny_model(TinySpec("bert"), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -17,9 +17,7 @@ from surgery.embedding import load_text_data, read_sentence_config
 from surgery.strategies import HeadPruningStrategy, LayerDropStrategy
 from surgery.testing import TinySpec, tiny_model
 from surgery.training import RecoveryConfig, accuracy
-from tests.test_embedding import st_dir, tokenizer
-from tests.test_embedding_objective import TEXTS
-from tests.test_guard import self_labelled
+from tests.helpers import EMBEDDING_TEXTS, self_labelled, st_dir, tiny_tokenizer
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -78,7 +76,7 @@ def test_a_reference_of_another_shape_is_refused_in_one_line(other: TinySpec, sa
 def test_cli_chain_reports_the_embedding_fidelity_against_the_original(tmp_path: Path) -> None:
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(TEXTS) + "\n")
+    corpus.write_text("\n".join(EMBEDDING_TEXTS) + "\n")
     heads, both, alone = tmp_path / "heads", tmp_path / "both", tmp_path / "alone"
     common = ["--set", "ratio=0.5", "--data", str(corpus), "--recover-epochs", "1"]
     first = runner.invoke(app, ["apply", str(source), "-s", "head-prune", *common, "-o", str(heads),
@@ -97,10 +95,10 @@ def test_cli_chain_reports_the_embedding_fidelity_against_the_original(tmp_path:
                                 "--report", str(tmp_path / "a.json")])
     assert plain.exit_code == 0, plain.output
     # Recomputed here, on the held-out texts the command used (same file, seed and tokenizer).
-    data = load_text_data(str(corpus), tokenizer(), batch_size=32, sentence_config=read_sentence_config(source))
+    data = load_text_data(str(corpus), tiny_tokenizer(), batch_size=32, sentence_config=read_sentence_config(source))
     final, original, step1 = (surgery.from_pretrained(d) for d in (both, source, heads))
-    vs_original = evaluate_against(original, final, data, tokenizer(), 64)["mean_cosine"]
-    vs_step1 = evaluate_against(step1, final, data, tokenizer(), 64)["mean_cosine"]
+    vs_original = evaluate_against(original, final, data, tiny_tokenizer(), 64)["mean_cosine"]
+    vs_step1 = evaluate_against(step1, final, data, tiny_tokenizer(), 64)["mean_cosine"]
     # Tiny random encoders agree closely (cosines near 1), so the figures differ in the fifth decimal.
     assert report["metrics"]["embedding"]["mean_cosine"] == pytest.approx(vs_original, abs=1e-7)
     assert abs(vs_original - vs_step1) > 1e-6
@@ -112,7 +110,7 @@ def test_cli_teacher_refusals_are_one_line_and_exit_2(tmp_path: Path) -> None:
     narrow = tmp_path / "narrow"
     tiny_model(TinySpec("bert", heads=2)).save_pretrained(narrow)
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(TEXTS) + "\n")
+    corpus.write_text("\n".join(EMBEDDING_TEXTS) + "\n")
     base = ["apply", str(source), "-s", "ffn-prune", "--set", "ratio=0.5"]
     cases = [
         ([*base, "--teacher", str(source), "-o", str(tmp_path / "o1")], "--teacher needs --data"),

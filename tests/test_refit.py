@@ -114,10 +114,10 @@ def test_recovery_refits_first_when_asked_for_both_objectives() -> None:
 def test_cli_refit_alone_is_the_recovery_and_is_reported(tmp_path) -> None:
     import json
 
-    from test_cli import labelled_rows, tiny_tokenizer, write_rows  # the CLI tests' tiny tokenizer and data
     from typer.testing import CliRunner
 
     from surgery.cli.app import app
+    from tests.helpers import labelled_rows, tiny_tokenizer, write_rows  # the CLI tests' tiny tokenizer and data
 
     model = tiny_model(TinySpec("bert", task="base", heads=4))
     model.save_pretrained(tmp_path / "m")

@@ -1,0 +1,90 @@
+"""What several test modules share: a tiny tokenizer and data files, a sentence-transformers directory,
+self-labelled task data and shape-based latency tables. Test modules import these from here, never
+from one another (fixtures shared the same way live in conftest.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import datasets
+import torch
+from torch import nn
+from transformers import BertTokenizer
+from typer.testing import CliRunner
+
+from surgery.compress.latency_source import TableLatency
+from surgery.compress.shape_table import shape_latency_table
+from surgery.data.task_data import TaskData
+from surgery.testing import VOCAB, TinySpec, tiny_model
+from surgery.training import PaddingCollator
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+#: The tiny tokenizer's words: w0 ... w93, one id each after the specials, 99 ids in all (the tiny models' vocabulary).
+WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
+#: 48 unlabelled sentences of the tiny vocabulary, for the embedding objective.
+EMBEDDING_TEXTS = [" ".join(WORDS[(i * 7 + j * 13) % len(WORDS)] for j in range(2 + i % 7)) for i in range(48)]
+runner = CliRunner(env={"COLUMNS": "200"})  # wide tables, so assertions do not depend on wrapping
+
+
+def tiny_tokenizer() -> BertTokenizer:
+    """A word-level BERT tokenizer whose vocabulary matches the tiny models' 99 ids."""
+    return BertTokenizer(vocab={token: i for i, token in enumerate(SPECIALS + WORDS)})
+
+
+def write_rows(path: Path, rows: list[dict[str, object]]) -> Path:
+    """``rows`` as a CSV file with a header."""
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def labelled_rows(n: int, text: str = "text", label: str = "label", seed: int = 0) -> list[dict[str, object]]:
+    """Separable two-class data: "pos" texts use the first half of the vocabulary, "neg" the second."""
+    rng = random.Random(seed)
+    half = len(WORDS) // 2
+    rows = []
+    for i in range(n):
+        positive = i % 2 == 0
+        pool = WORDS[:half] if positive else WORDS[half:]
+        rows.append({text: " ".join(rng.choices(pool, k=rng.randint(3, 9))), label: "pos" if positive else "neg"})
+    return rows
+
+
+def st_dir(root: Path, pooling: dict[str, object], normalize: bool, model: torch.nn.Module | None = None) -> Path:
+    """A complete sentence-transformers directory around a tiny BERT."""
+    (model or tiny_model(TinySpec("bert"))).save_pretrained(root)
+    tiny_tokenizer().save_pretrained(root)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (root / "modules.json").write_text(json.dumps(modules))
+    (root / "1_Pooling").mkdir()
+    (root / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **pooling}))
+    (root / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": False}))
+    return root
+
+
+def self_labelled(model: nn.Module, n: int = 30) -> TaskData:
+    """Task data labelled by ``model`` itself (its accuracy is 100%), 3 labels; ``rarest`` is its least used label."""
+    gen = torch.Generator().manual_seed(0)
+    ids = [[2, *torch.randint(5, 99, (int(k),), generator=gen).tolist(), 3]
+           for k in torch.randint(2, 8, (n,), generator=gen)]
+    with torch.no_grad():
+        labels = model(**PaddingCollator(None)([{"input_ids": r} for r in ids])).logits.argmax(-1).tolist()
+    table = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+    task = TaskData(table, table, ["a", "b", "c"], batch_size=10)
+    task.rarest = min(range(3), key=labels.count)  # type: ignore[attr-defined]
+    return task
+
+
+def tables_for(model: torch.nn.Module) -> TableLatency:
+    """Latency from shape tables: torch and ORT fp32 alike; int8 at 40% of their time."""
+    return TableLatency({"torch": shape_latency_table(model), "onnxruntime": shape_latency_table(model, "onnxruntime"),
+                         "onnxruntime-int8": shape_latency_table(model, "onnxruntime-int8", scale=0.4)})
