@@ -19,6 +19,7 @@ import surgery
 from surgery.cli.app import app
 from surgery.cli.render import bench_view
 from surgery.testing import VOCAB, TinySpec, tiny_model
+from tests.helpers import labelled_rows, runner, tiny_tokenizer, write_rows
 
 
 @pytest.fixture(scope="module")
@@ -645,7 +646,6 @@ CHILD = """
 import json, sys
 from typer.testing import CliRunner
 from surgery.cli.app import app
-from tests.helpers import SPECIALS, WORDS, labelled_rows, runner, tiny_tokenizer, write_rows
 runner = CliRunner()
 print(json.dumps([[r.exit_code, r.stderr, r.stdout] for r in (runner.invoke(app, a) for a in json.loads(sys.argv[1]))]))
 """
