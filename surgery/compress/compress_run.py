@@ -38,6 +38,7 @@ from surgery.compress.mask_fisher import ObjectiveName
 from surgery.compress.plan import CALIBRATION_BATCH, Clock, check_arguments, data_objective, plan_compress
 from surgery.core.errors import DataError
 from surgery.core.progress import ProgressCallback, no_progress
+from surgery.data.task_data import check_label_order
 
 
 def _dev_source(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int) -> tuple[list[Any], list[str]]:
@@ -101,6 +102,9 @@ def compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "tor
         # The held-out data is checked before any work: without it no candidate can be judged.
         dev, texts = _dev_source(data, eval_data, data_objective(data, objective),
                                  batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH)))
+        if type(model).__name__.endswith("ForSequenceClassification"):  # ids numbered as the head reads them
+            for name, source in (("compress: the data", data), ("compress: the eval data", eval_data)):
+                check_label_order(model.config, getattr(source, "label_names", None) or [], name)
         plan = plan_compress(model, data, target=target, runtime=runtime, against_runtime=against_runtime,
                              objective=objective, batch_size=batch_size, seq_len=seq_len, stock=stock,
                              latency=latency, threads=threads, progress=progress, clock=clock)

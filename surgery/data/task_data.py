@@ -198,6 +198,36 @@ def head_label_ids(values: Sequence[Any], head: Sequence[str], where: str) -> li
     return ids
 
 
+def check_label_order(config: Any, label_names: Sequence[str], where: str = "the data") -> None:
+    """Refuse labels numbered in another order than a classification head reads them (``config.id2label``).
+
+    For data loaded without ``head_labels`` and handed to a classifier from Python: the same label
+    names as the head's in another order (``negative, positive`` for a head ``{0: positive, 1:
+    negative}``), or integer labels whose ids are not themselves (``0, 1, 10, 11, 2, ...`` on a head
+    without names) would score every right answer as wrong. Other names (a new head's) pass.
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> check_label_order(BertConfig(id2label={0: "positive", 1: "negative"}), ["negative", "positive"])
+        ... # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.DataError: the data numbers its labels negative, positive but ... positive, negative; ...
+        >>> check_label_order(BertConfig(num_labels=3), ["a", "b", "c"])  # names the head does not have: a new head
+    """
+    head = head_label_names(config)
+    names = [str(n) for n in label_names]
+    defaults = head == [f"LABEL_{i}" for i in range(len(head))]
+    swapped = sorted(names) == sorted(head) and names != head
+    renumbered = defaults and all(_number(n) is not None for n in names) and names != [str(i) for i in
+                                                                                          range(len(names))]
+    if swapped or renumbered:
+        shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        reads = ", ".join(head[:12]) + (", ..." if len(head) > 12 else "")
+        raise DataError(f"{where} numbers its labels {shown} but the model's classification head reads {reads}; "
+                        "load it with load_task_data(..., head_labels=head_label_names(model.config))")
+
+
 def check_cells(table: datasets.Dataset, text_columns: list[str], label_column: str, where: str) -> None:
     """Refuse empty labels and non-text text columns, naming the column, the row count and the first row.
 
