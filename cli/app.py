@@ -267,7 +267,7 @@ def strategies_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List every registered strategy, the package it comes from and one line of help."""
-    infos = registry.strategy_catalog()
+    infos = registry.method_catalog()
     if as_json:
         typer.echo(json.dumps([{"name": i.name, "package": i.source, "help": i.summary} for i in infos.values()],
                               indent=2))
@@ -347,7 +347,7 @@ def apply_command(
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
     original = teacher_path(teacher, source, target, has_data=data is not None)
-    strategy_class = registry.get_strategy(strategy)
+    strategy_class = registry.get_method(strategy)
     settings = strategy_settings(config, sets or [])
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None, refit=refit)
     # Imported here, not at the top: they import transformers, which `surgery --help` must not pay for.

@@ -75,13 +75,13 @@ def check_runtime(name: str, flag: str) -> str:
     return name
 
 
-def pareto_points(report: Any) -> list[dict[str, Any]]:
+def candidate_points(report: Any) -> list[dict[str, Any]]:
     """One plot point per timed candidate: measured speedup against % of the original's accuracy or fidelity.
 
     Example:
         >>> from types import SimpleNamespace as NS
         >>> c = NS(name="path-3", origin="path", tier="refit", measured_speedup=2.0, accuracy=0.8, mean_cosine=None)
-        >>> pareto_points(NS(candidates=[c], winner="path-3", original={"accuracy": 0.9}, objective="task"))
+        >>> candidate_points(NS(candidates=[c], winner="path-3", original={"accuracy": 0.9}, objective="task"))
         [{'label': 'path (refit)', 'group': 'winner', 'speedup': 2.0, 'retained': 88.88888888888889}]
     """
     points = []
@@ -115,7 +115,7 @@ def write_outputs(directory: Path, result: Any, *, tokenizer: Any, runtime: str,
         int8 = runtime == "onnxruntime-int8"
         export_onnx(result.model, directory / ONNX_DIR, tokenizer=tokenizer, int8=int8,
                     task="base" if objective == "embedding" else "auto", calibration=calibration if int8 else None)
-    points = pareto_points(report)
+    points = candidate_points(report)
     if importlib.util.find_spec("matplotlib") is None:
         skipped.append(f"{PARETO_NAME} not written: matplotlib is not installed (pip install "
                        "'encoder-surgery[plot]')")

@@ -243,12 +243,12 @@ def calibration_texts_batches(ctx: typer.Context, calibration: str | None, token
     """``--calibration``'s texts (a seeded sample of ``max_texts``) as tokenized batches; None without it."""
     if calibration is None:
         return None
-    from surgery.deploy.smooth import calibration_batches
+    from surgery.deploy.smooth import text_calibration_batches
     from surgery.embedding.texts import read_texts
 
     with quiet_datasets(ctx.ensure_object(CliState).debug):
         texts = read_texts(calibration, text_column=text_column)
-    return calibration_batches(texts, tokenizer, max_texts=max_texts, max_length=max_length)
+    return text_calibration_batches(texts, tokenizer, max_texts=max_texts, max_length=max_length)
 
 
 def bench_tokenizer(paths: list[str], needed_by: str = "--calibration") -> object:

@@ -16,7 +16,7 @@ Example:
     >>> from surgery.testing import TinySpec, tiny_model
     >>> saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), Path(tempfile.mkdtemp()) / "m")
     >>> inputs = prepare_inputs(CliState(), saved, {}, DataOptions(), required_by="--data",
-    ...                         strategy=surgery.get_strategy("head-prune"))  # notes go to stderr
+    ...                         strategy=surgery.get_method("head-prune"))  # notes go to stderr
     >>> type(inputs.model).__name__, inputs.data, inputs.is_embedding
     ('BertModel', {}, False)
 """

@@ -185,7 +185,7 @@ class SuiteTask:
                         batch_size=self.data.batch_size)
 
 
-def load_task(name: str, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, max_train: int | None = 1200,
+def load_suite_task(name: str, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, max_train: int | None = 1200,
               max_dev: int | None = 300, max_test: int | None = 600, max_length: int = 64,
               batch_size: int = 32) -> SuiteTask:
     """Read, split (seeded, stratified) and tokenize a registered task."""

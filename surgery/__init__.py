@@ -29,7 +29,7 @@ from surgery.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from surgery.anatomy import adapter_for
-    from surgery.core.registry import get_strategy, register_adapter, register_strategy
+    from surgery.core.registry import get_method, register_adapter, register_method
     from surgery.core.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
     from surgery.core.run import RunContext
     from surgery.core.strategy import Method, Plan, Strategy, StrategyConfig
@@ -45,8 +45,8 @@ _LAZY = {
     "preview": "surgery.orchestration.api", "Pipeline": "surgery.orchestration.pipeline", "PipelineSession": "surgery.orchestration.pipeline",
     "RunContext": "surgery.core.run", "Method": "surgery.core.strategy",
     "from_pretrained": "surgery.persist.model_io", "save_pretrained": "surgery.persist.model_io",
-    "get_strategy": "surgery.core.registry",
-    "register_adapter": "surgery.core.registry", "register_strategy": "surgery.core.registry",
+    "get_method": "surgery.core.registry",
+    "register_adapter": "surgery.core.registry", "register_method": "surgery.core.registry",
     "LayerChange": "surgery.core.report", "ModelAnatomy": "surgery.core.report", "ParamCount": "surgery.core.report",
     "SurgeryReport": "surgery.core.report", "Plan": "surgery.core.strategy", "Strategy": "surgery.core.strategy",
     "StrategyConfig": "surgery.core.strategy", "strategies": "surgery.strategies",
@@ -87,12 +87,12 @@ __all__ = [
     "convert",
     "count_params",
     "from_pretrained",
-    "get_strategy",
+    "get_method",
     "inspect",
     "plan",
     "preview",
     "register_adapter",
-    "register_strategy",
+    "register_method",
     "save_pretrained",
 ]
 

@@ -62,14 +62,14 @@ def state(method: Any) -> dict[str, Any]:
 
 
 def test_every_registered_method_has_a_case() -> None:
-    assert sorted(registry.strategy_names()) == sorted(CASES), "add the new method to CASES"
+    assert sorted(registry.method_names()) == sorted(CASES), "add the new method to CASES"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_method_instance_is_unchanged_by_running_it_twice(name: str) -> None:
     settings, make_model, make_data = CASES[name]
-    method = registry.get_strategy(name)(settings)
+    method = registry.get_method(name)(settings)
     before = state(method)
     changed_during: list[str] = []
 

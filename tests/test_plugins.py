@@ -104,25 +104,25 @@ def model_dir(tmp_path: Path) -> Path:
 
 def test_not_registered_until_installed() -> None:
     registry.refresh()
-    assert PLUGIN_NAME not in registry.strategies()
+    assert PLUGIN_NAME not in registry.methods()
     with pytest.raises(surgery.StrategyNotFoundError, match=PLUGIN_NAME):
-        registry.get_strategy(PLUGIN_NAME)
+        registry.get_method(PLUGIN_NAME)
 
 
 def test_discovered_through_entry_point(installed: Path) -> None:
-    info = registry.strategies()[PLUGIN_NAME]
+    info = registry.methods()[PLUGIN_NAME]
     assert info.source == PLUGIN_DIST
     assert info.summary.startswith("Round every FFN width down")
-    cls = registry.get_strategy(PLUGIN_NAME)
+    cls = registry.get_method(PLUGIN_NAME)
     assert Path(sys.modules[cls.__module__].__file__).is_relative_to(installed)
-    assert "head-prune" in registry.strategies()  # built-ins load through the same path
+    assert "head-prune" in registry.methods()  # built-ins load through the same path
 
 
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_api_convert_equals_masking_and_survives_reload(installed: Path, tmp_path: Path, family: str) -> None:
     spec = TinySpec(family, ffn=37, task="seq-cls")
     model, reference = tiny_model(spec), tiny_model(spec)
-    strategy = registry.get_strategy(PLUGIN_NAME)({"multiple": 8})
+    strategy = registry.get_method(PLUGIN_NAME)({"multiple": 8})
     report = surgery.convert(model, strategy)
     assert [(c.layer, c.before, c.after) for c in report.changes] == [(0, 37, 32), (1, 37, 32)]
     assert [layer.ffn_width for layer in surgery.inspect(model).layers] == [32, 32]
@@ -254,7 +254,7 @@ def test_broken_plugin_warns_and_is_skipped(plugin_site: Path, broken_site: Path
     _use_sites(monkeypatch, plugin_site, broken_site)
     try:
         with pytest.warns(RuntimeWarning, match=f"{BROKEN_NAME}.*{BROKEN_DIST}.*failed to import"):
-            names = registry.strategies()
+            names = registry.methods()
         assert PLUGIN_NAME in names and "head-prune" in names and BROKEN_NAME not in names
 
         registry.refresh()
@@ -276,12 +276,12 @@ def test_surgery_plugins_restricts_third_party(plugin_site: Path, broken_site: P
         model = surgery.from_pretrained(model_dir)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the broken plugin, tested above
-            surgery.convert(model, registry.get_strategy(PLUGIN_NAME)(multiple=8))
+            surgery.convert(model, registry.get_method(PLUGIN_NAME)(multiple=8))
         surgery.save_pretrained(model, saved)
 
         monkeypatch.setenv("SURGERY_PLUGINS", "")  # built-ins only
         registry.refresh()
-        names = registry.strategies()
+        names = registry.methods()
         assert "head-prune" in names and PLUGIN_NAME not in names
         with pytest.raises(surgery.ModelLoadError, match=f"strategy '{PLUGIN_NAME}', which is not installed"):
             surgery.from_pretrained(saved)
@@ -292,7 +292,7 @@ def test_surgery_plugins_restricts_third_party(plugin_site: Path, broken_site: P
         registry.refresh()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            names = registry.strategies()
+            names = registry.methods()
         assert PLUGIN_NAME in names and not [w for w in caught if BROKEN_NAME in str(w.message)]
         assert [layer.ffn_width for layer in surgery.inspect(surgery.from_pretrained(saved)).layers] == [32, 32]
     finally:

@@ -20,19 +20,19 @@ def loaded_methods_after(call: str) -> set[str]:
 
 
 def test_looking_one_method_up_imports_only_its_entry_point() -> None:
-    shrp = loaded_methods_after("registry.get_strategy('shrp')")
+    shrp = loaded_methods_after("registry.get_method('shrp')")
     assert "surgery.strategies.shrp.shrp" in shrp
     assert not any(m.startswith("surgery.strategies.doe") for m in shrp), shrp  # DoE is another method
-    head = loaded_methods_after("registry.get_strategy('head-prune')")
+    head = loaded_methods_after("registry.get_method('head-prune')")
     assert "surgery.strategies.pruning.head_prune" in head
     assert not any(m.startswith(("surgery.strategies.doe", "surgery.strategies.shrp")) for m in head), head
 
 
 def test_an_unknown_method_imports_no_method_and_names_the_installed_ones() -> None:
     assert loaded_methods_after(
-        "try:\n    registry.get_strategy('nope')\nexcept Exception as e:\n    print(e, file=sys.stderr)") == set()
+        "try:\n    registry.get_method('nope')\nexcept Exception as e:\n    print(e, file=sys.stderr)") == set()
     with pytest.raises(StrategyNotFoundError, match=r"installed strategies: .*head-prune"):
-        registry.get_strategy("nope")
+        registry.get_method("nope")
 
 
 def test_the_adapter_table_is_built_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,7 @@ import surgery
 from surgery.anatomy import adapter_for
 from surgery.anatomy.removal import GROUPS, MODULE_GROUPS, Undo, commit_reversibly, layer_cuts, restore, units_of
 from surgery.anatomy.slicing import head_rows
-from surgery.core.registry import get_strategy, strategy_catalog
+from surgery.core.registry import get_method, method_catalog
 from surgery.strategies import (
     FFNPruningStrategy,
     ZeroRecoveryPruningConfig,
@@ -164,16 +164,16 @@ def test_ffn_prune_attribution_and_zero_recovery_ffn_are_one_cut(family, data, r
     assert torch.equal(main_output(a, x), main_output(b, x))
     # Either plan format replays onto a fresh model to the same result (saved models record both).
     c, d = tiny_model(spec), tiny_model(spec)
-    get_strategy("ffn-prune")(neurons={0: []}).apply(c, ffn.plan)
-    get_strategy("zero-recovery-prune")(module_set="ffn", ratio=0.0).apply(d, zr.plan)
+    get_method("ffn-prune")(neurons={0: []}).apply(c, ffn.plan)
+    get_method("zero-recovery-prune")(module_set="ffn", ratio=0.0).apply(d, zr.plan)
     assert torch.equal(main_output(c, x), main_output(a, x)) and torch.equal(main_output(d, x), main_output(a, x))
 
 
 def test_zero_recovery_prune_is_registered_under_its_name() -> None:
-    assert get_strategy("zero-recovery-prune") is ZeroRecoveryPruningStrategy
+    assert get_method("zero-recovery-prune") is ZeroRecoveryPruningStrategy
     assert ZeroRecoveryPruningStrategy.name == "zero-recovery-prune"
     # Read without importing the module.
-    assert strategy_catalog()["zero-recovery-prune"].summary.startswith("Prune a module set with zero-recovery")
+    assert method_catalog()["zero-recovery-prune"].summary.startswith("Prune a module set with zero-recovery")
     with pytest.raises(surgery.ConfigError, match="exactly one of 'remove' \\(explicit units\\) or 'ratio'"):
         ZeroRecoveryPruningStrategy(remove={0: {"neurons": [1]}}, ratio=0.5)
     assert ZeroRecoveryPruningConfig(ratio=0.5).module_set == "ffn"

@@ -39,7 +39,7 @@ def test_convert_checks_the_declared_data_need_once_with_one_line() -> None:
         surgery.convert(model, ShrpStrategy(num_layers=1), data=[{"input_ids": None}])
     assert "\n" not in str(caught.value)
     with pytest.raises(DataError, match="top1-prune: data must be TaskData or an iterable"):
-        surgery.convert(model, surgery.get_strategy("top1-prune")(), data="texts.txt")
+        surgery.convert(model, surgery.get_method("top1-prune")(), data="texts.txt")
 
 
 def test_a_manifest_naming_a_pipeline_is_refused_on_load(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from surgery.core.manifest import steps_of
 from surgery.data.task_data import TaskData
 from surgery.orchestration.pipeline import PipelineSession
 from surgery.strategies import ShrpStrategy
-from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, training_arguments
+from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, shrp_training_arguments
 from surgery.strategies.shrp.config import DEEP_CONVERSION_SETTINGS
 from surgery.strategies.shrp.expert_attention import (
     ExpertAttentionStrategy,
@@ -111,7 +111,7 @@ def test_trainer_adds_the_weighted_concentration_term(tmp_path: Path) -> None:
     surgery.convert(model, ExpertAttentionStrategy(layers=[1]))
     task = _task()
     batch = next(iter(task.loader("train")))
-    args = training_arguments(ShrpStrategy(num_layers=1).config, 1, str(tmp_path))
+    args = shrp_training_arguments(ShrpStrategy(num_layers=1).config, 1, str(tmp_path))
     losses = {}
     for weight in (0.0, 0.5):
         trainer = ShrpTrainer(model=model, args=args, shrp_state=ShrpTrainingState(concentration_weight=weight))
@@ -169,7 +169,7 @@ def test_distillation_teacher_is_the_model_when_conversion_begins() -> None:
     assert not torch.allclose(main_output(teacher, inputs), main_output(model, inputs))
     losses = {}
     for alpha in (0.0, 1.0):
-        trainer = ShrpTrainer(model=model, args=training_arguments(strategy.config, 1, "/tmp/unused"),
+        trainer = ShrpTrainer(model=model, args=shrp_training_arguments(strategy.config, 1, "/tmp/unused"),
                               shrp_state=ShrpTrainingState(teacher=teacher),
                               distill=DistillConfig(alpha=alpha))
         batch = next(iter(task.loader("train")))

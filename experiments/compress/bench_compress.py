@@ -37,7 +37,7 @@ from surgery.persist.assets import resolve_model_path
 from surgery.training import accuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
-from experiments.tasks import load_task
+from experiments.tasks import load_suite_task
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "compress" / "results" / "compress.json"
@@ -92,7 +92,7 @@ def runtime_accuracy(result: Any, runtime: str, test: Any, workdir: Path) -> flo
 def run_one(args: argparse.Namespace, task_name: str, seed: int, target_name: str, tokenizer: Any) -> dict[str, Any]:
     """One compress run on a fine-tuned classifier; retained = winner test accuracy / fine-tuned test accuracy."""
     spec = TARGETS[target_name]
-    task = load_task(task_name, tokenizer, seed=seed, max_train=args.max_train, max_dev=args.max_dev,
+    task = load_suite_task(task_name, tokenizer, seed=seed, max_train=args.max_train, max_dev=args.max_dev,
                      max_test=args.max_test)
     model_dir = args.work / task_name / str(seed) / "finetuned"
     original = surgery.from_pretrained(model_dir, model_class="AutoModelForSequenceClassification").eval()
@@ -159,17 +159,17 @@ def compare_uniform(args: argparse.Namespace, row: dict[str, Any], tokenizer: An
     from surgery.compress.candidates import Judge
     from surgery.compress.removal_path import Removal
     from surgery.compress.training_tier import distil
-    from surgery.training.refit import calibration_batches
+    from surgery.training.refit import task_calibration_batches
 
     uniform = next(c for c in row["candidates"] if c["origin"] == "uniform-path")
     epochs = (row.get("training") or {}).get("epochs") or 0
-    task = load_task(row["task"], tokenizer, seed=row["seed"], max_train=args.max_train, max_dev=args.max_dev,
+    task = load_suite_task(row["task"], tokenizer, seed=row["seed"], max_train=args.max_train, max_dev=args.max_dev,
                      max_test=args.max_test)
     original = surgery.from_pretrained(args.work / row["task"] / str(row["seed"]) / "finetuned",
                                        model_class="AutoModelForSequenceClassification").eval()
     with tempfile.TemporaryDirectory(prefix="bench-compress-") as tmp:
         judge = Judge(original=original, objective="task", runtime="torch", workdir=Path(tmp),
-                      calibration=calibration_batches(task.data, 8, batch_size=32))
+                      calibration=task_calibration_batches(task.data, 8, batch_size=32))
         model, _, _ = judge.build(Removal.model_validate(uniform["removal"]))
     torch.manual_seed(row["seed"])
     if epochs:

@@ -45,7 +45,7 @@ from transformers import AutoTokenizer
 
 import surgery
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
-from surgery.deploy.smooth import calibration_batches
+from surgery.deploy.smooth import text_calibration_batches
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
 from surgery.embedding.objective import recover_embeddings
 from surgery.measure.bench import bench_models
@@ -182,7 +182,7 @@ def main() -> None:
         "int8_smoothing": {"alpha": args.smooth_alpha, "calibration_texts": CALIBRATION_TEXTS,
                            "calibration": "the run's training texts"} if args.int8 and args.smooth_alpha else None,
     }
-    calibration = (calibration_batches(train_texts, tokenizer, max_length=args.eval_length) if args.smooth_alpha
+    calibration = (text_calibration_batches(train_texts, tokenizer, max_length=args.eval_length) if args.smooth_alpha
                    else None)
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
@@ -277,7 +277,7 @@ def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: a
         calibration = None
         if args.smooth_alpha:  # the speed of a smoothed graph does not depend on which texts calibrated it
             tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
-            calibration = calibration_batches(corpus_texts(), tokenizer, max_length=args.eval_length)
+            calibration = text_calibration_batches(corpus_texts(), tokenizer, max_length=args.eval_length)
         bench = bench_runtimes([resolve_model_path(args.model), *(work / n for n in names)], names=["teacher", *names],
                                runtimes=("torch", "onnxruntime"), int8=True, calibration=calibration,
                                smooth_alpha=args.smooth_alpha or SMOOTH_ALPHA, threads=args.threads, batch_size=32,

@@ -48,7 +48,7 @@ from surgery.training.task_accuracy import accuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 from experiments.embedding_suite import corpus_texts, probe_suite
-from experiments.tasks import load_task
+from experiments.tasks import load_suite_task
 
 PLAIN = "int8"  # per-channel int8 without smoothing: what `surgery export --int8` writes without --calibration
 PER_TENSOR = -1.0  # stands for `--int8 --per-tensor` among the alphas of the classifier comparison
@@ -126,7 +126,7 @@ def classifiers(args: argparse.Namespace, alphas: list[float | None], tmp: Path)
     runs: dict[str, Any] = {}
     for model_dir in sorted(Path(args.suite_work).glob("*/*/finetuned")):
         task_name, seed = model_dir.parent.parent.name, int(model_dir.parent.name)
-        task = load_task(task_name, tokenizer, seed=seed, max_train=args.suite_max_train, max_dev=args.suite_max_dev,
+        task = load_suite_task(task_name, tokenizer, seed=seed, max_train=args.suite_max_train, max_dev=args.suite_max_dev,
                          max_test=args.suite_max_test)
         test = list(task.test_data().loader("eval"))
         calibration = [{k: v for k, v in b.items() if k != "labels"}

@@ -27,7 +27,7 @@ from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
 from surgery.persist.assets import resolve_model_path
 from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
-from surgery.training.refit import calibration_batches, refit_projections
+from surgery.training.refit import refit_projections, task_calibration_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 from experiments.embedding_suite import corpus_texts
@@ -73,7 +73,7 @@ def main() -> None:
                   "held_out_texts": len(held_out), "threads": args.threads},
         "pruned": evaluate(pruned), "refit": {}}
     print("pruned", results["pruned"], flush=True)
-    batches = calibration_batches(data, args.calibration_batches, batch_size=32)
+    batches = task_calibration_batches(data, args.calibration_batches, batch_size=32)
     for ridge in args.ridge:
         model = copy.deepcopy(pruned)
         start = time.perf_counter()

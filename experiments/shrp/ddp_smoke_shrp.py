@@ -25,7 +25,7 @@ from surgery.strategies.shrp import (
     ShrpTrainer,
     ShrpTrainingState,
     prepare_progressive,
-    training_arguments,
+    shrp_training_arguments,
 )
 from surgery.testing import TinySpec, tiny_model
 
@@ -45,7 +45,7 @@ def main() -> None:
     state = ShrpTrainingState()
     callback = ProgressiveConversion(layers, order, state, balance_weight=0.1)
     with tempfile.TemporaryDirectory() as tmp:
-        args = training_arguments(ShrpConfig(batch_size=8, learning_rate=1e-3), len(order) + 1, tmp,
+        args = shrp_training_arguments(ShrpConfig(batch_size=8, learning_rate=1e-3), len(order) + 1, tmp,
                                   ddp_backend="gloo")
         trainer = ShrpTrainer(model=model, args=args, train_dataset=rows, data_collator=PaddingCollator(None),
                               callbacks=[callback], shrp_state=state)

@@ -46,7 +46,7 @@ from surgery.strategies.shrp import finetune
 from surgery.training import RecoveryConfig, accuracy, recover
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
-from experiments.tasks import SuiteTask, load_task
+from experiments.tasks import SuiteTask, load_suite_task
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 RESULTS = ROOT / "experiments" / "suite" / "results" / "suite.json"
@@ -268,7 +268,7 @@ def step_train(args: argparse.Namespace, results: dict[str, Any]) -> None:
             names = ordered(args.methods)
             if all(run_key(task_name, seed, n) in results["runs"] for n in names):
                 continue
-            task = load_task(task_name, tokenizer, seed=seed, max_train=args.max_train, max_dev=args.max_dev,
+            task = load_suite_task(task_name, tokenizer, seed=seed, max_train=args.max_train, max_dev=args.max_dev,
                              max_test=args.max_test)
             rows = {n: results["runs"][run_key(task_name, seed, n)] for n in names
                     if run_key(task_name, seed, n) in results["runs"]}

@@ -41,7 +41,7 @@ from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.training import accuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
-from experiments.tasks import load_task
+from experiments.tasks import load_suite_task
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 OUT = ROOT / "experiments" / "top1_mechanisms" / "results" / "top1_mechanisms.json"
@@ -81,7 +81,7 @@ def run_pair(task_name: str, seed: int, variants: list[str], args: argparse.Name
     if not todo:
         return
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
-    task = load_task(task_name, tokenizer, seed=seed, max_train=args.max_train, max_dev=args.max_dev,
+    task = load_suite_task(task_name, tokenizer, seed=seed, max_train=args.max_train, max_dev=args.max_dev,
                      max_test=args.max_test)
     dev = task.data.loader("eval")
     test = task.test_data().loader("eval")

@@ -18,9 +18,9 @@ from surgery.strategies.shrp.shrp_training import (
     TeacherSnapshot,
     halving_sizes,
     prepare_progressive,
-    training_arguments,
+    shrp_training_arguments,
 )
 
 __all__ = ["ExpertDropping", "ProgressiveConversion", "ProgressiveExpertDropping", "ShrpConfig", "ShrpStrategy",
            "ShrpTrainer", "ShrpTrainingState", "TeacherSnapshot", "finetune", "finetune_after_cut",
-           "halving_sizes", "prepare_progressive", "training_arguments"]
+           "halving_sizes", "prepare_progressive", "shrp_training_arguments"]

@@ -42,7 +42,7 @@ from surgery.strategies.shrp.shrp_training import (
     ShrpTrainer,
     ShrpTrainingState,
     prepare_progressive,
-    training_arguments,
+    shrp_training_arguments,
 )
 from surgery.strategies.shrp.top1_prune import Top1PruningStrategy
 from surgery.training import scratch_dir
@@ -119,7 +119,7 @@ def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, sess
                                      delay=cfg.finetune_epochs, reinit=cfg.reinit_on_activate, eval_loader=None,
                                      emit=session.emit, total_epochs=epochs)
     with scratch_dir("shrp-embed-") as tmp:
-        trainer = embedding_trainer(model, teacher, text, training_arguments(cfg, epochs, tmp),
+        trainer = embedding_trainer(model, teacher, text, shrp_training_arguments(cfg, epochs, tmp),
                                     trainer_class=shrp_embedding_trainer_class(), callbacks=[callback],
                                     shrp_state=state)
         trainer.train()

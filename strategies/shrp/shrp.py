@@ -55,7 +55,7 @@ from surgery.strategies.shrp.shrp_training import (
     ShrpTrainingState,
     TeacherSnapshot,
     prepare_progressive,
-    training_arguments,
+    shrp_training_arguments,
 )
 from surgery.strategies.shrp.top1_prune import Top1PruningStrategy
 from surgery.training import (
@@ -66,8 +66,8 @@ from surgery.training import (
     recover,
     scratch_dir,
     train_columns,
+    training_arguments,
 )
-from surgery.training import training_arguments as trainer_arguments
 
 # -- the pipeline ------------------------------------------------------------------------------
 #: Below this many training examples SHRP's conversion is data-starved: on the project's suite
@@ -249,7 +249,7 @@ class ShrpStrategy(Pipeline):
             # Before the conversion callback in the list: the copy is taken before a layer switches over.
             callbacks.insert(0, TeacherSnapshot(state, at_epoch=cfg.finetune_epochs))
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
-            self._trainer(model, task, training_arguments(cfg, epochs, tmp), callbacks, state, cfg).train()
+            self._trainer(model, task, shrp_training_arguments(cfg, epochs, tmp), callbacks, state, cfg).train()
         model.eval()
         session.context.artefacts["teacher"] = state.teacher
         return state.history
@@ -275,7 +275,7 @@ class ShrpStrategy(Pipeline):
         # The rate where the one-run linear schedule would be at the start of stage 2, decaying to 0.
         lr = cfg.learning_rate * cfg.extra_epochs / self.total_epochs(len(layers), cfg)
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
-            args = training_arguments(cfg, cfg.extra_epochs, tmp, learning_rate=lr, warmup_steps=0)
+            args = shrp_training_arguments(cfg, cfg.extra_epochs, tmp, learning_rate=lr, warmup_steps=0)
             self._trainer(model, task, args, callbacks, state, cfg).train()
         model.eval()
         if dropping is not None:
@@ -311,5 +311,5 @@ def finetune(model: nn.Module, task: TaskData, *, epochs: int, learning_rate: fl
         >>> finetune(model, TaskData(rows, rows, ["a", "b", "c"]), epochs=1, learning_rate=1e-3)
     """
     with scratch_dir("surgery-finetune-") as tmp:
-        fit(model, task, trainer_arguments(tmp, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+        fit(model, task, training_arguments(tmp, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                                            seed=seed))

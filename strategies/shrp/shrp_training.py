@@ -30,8 +30,8 @@ from surgery.training import (
     EpochStats,
     SurgeryTrainer,
     accuracy,
+    training_arguments,
 )
-from surgery.training import training_arguments as surgery_training_arguments
 
 
 # -- Trainer integration -----------------------------------------------------------------------
@@ -324,7 +324,7 @@ def prepare_progressive(model: nn.Module, originals: dict[int, nn.Module]) -> di
     return {i: layers[i] for i in originals}
 
 
-def training_arguments(config: ShrpConfig, epochs: int, output_dir: str, **overrides: Any) -> TrainingArguments:
+def shrp_training_arguments(config: ShrpConfig, epochs: int, output_dir: str, **overrides: Any) -> TrainingArguments:
     """The Trainer settings of an SHRP run (no checkpoints; unused parameters found on purpose)."""
     settings: dict[str, Any] = {
         "epochs": epochs, "batch_size": config.batch_size, "learning_rate": config.learning_rate,
@@ -332,6 +332,6 @@ def training_arguments(config: ShrpConfig, epochs: int, output_dir: str, **overr
         # Bypassed layers' experts and activated layers' originals get no gradient in a step.
         "ddp_find_unused_parameters": True, **overrides,
     }
-    return surgery_training_arguments(output_dir, **settings)
+    return training_arguments(output_dir, **settings)
 
 

@@ -35,7 +35,7 @@ class Top1PruningConfig(StrategyConfig):
     max_batches: int | None = Field(default=None, ge=1, description="calibration batches read (default: all)")
 
 
-def calibration_batches(data: Data | Any, who: str) -> Iterable[Mapping[str, Any]]:
+def routing_calibration_batches(data: Data | Any, who: str) -> Iterable[Mapping[str, Any]]:
     """Model-input batches for calibration: a TaskData's eval split (train if none), or an iterable of batches."""
     from surgery.data.task_data import TaskData
 
@@ -60,7 +60,7 @@ def count_usage(model: nn.Module, data: Data | Any, *, max_batches: int | None =
     try:
         for _, m in layers:
             m.track_usage = False
-        batches = calibration_batches(data, who)
+        batches = routing_calibration_batches(data, who)
         total = len(batches) if hasattr(batches, "__len__") else None
         for n, batch in enumerate(batches):
             if max_batches is not None and n >= max_batches:

@@ -11,7 +11,7 @@ from torch import nn
 from surgery.compress.candidates import CandidateResult, Judge, layer_drop_removal, result_of
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
 from surgery.compress.latency_source import LatencySource
-from surgery.compress.plan import AROUND_TARGET, Clock, Plan
+from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.removal_path import Removal, RemovalPath
 from surgery.core.progress import ProgressEvent
 
@@ -50,7 +50,7 @@ def _steps(path: RemovalPath) -> list[dict[str, Any]]:
 class CandidateRun:
     """Phase 5 and 6: build, judge and time candidates within the budget, pick, train the winner."""
 
-    def __init__(self, plan: Plan, judge: Judge, source: LatencySource, clock: Clock,
+    def __init__(self, plan: CompressPlan, judge: Judge, source: LatencySource, clock: Clock,
                  emit: Callable[[ProgressEvent], None], target: Target, runtime: str, against: str) -> None:
         self.plan, self.judge, self.source, self.clock, self.emit = plan, judge, source, clock, emit
         self.target, self.runtime, self.against = target, runtime, against

@@ -1,6 +1,6 @@
 """Phases 1-4 of ``surgery.compress``: the batch shape, the latency table, what every unit carries, the search.
 
-:func:`plan_compress` measures and scores but changes nothing; its :class:`Plan` is what
+:func:`plan_compress` measures and scores but changes nothing; its :class:`CompressPlan` is what
 ``--dry-run`` prints and what the candidates (:mod:`surgery.compress.candidate_run`) are cut from.
 """
 
@@ -18,11 +18,11 @@ from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
 from surgery.compress.latency_table import RUNTIMES, LatencyTable
 from surgery.compress.mask_fisher import ObjectiveName, UnitCosts, unit_costs
-from surgery.compress.removal_path import RemovalPath, describe, search_path
+from surgery.compress.removal_path import RemovalPath, describe_cut, search_path
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError, DataError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
-from surgery.training.refit import calibration_batches
+from surgery.training.refit import task_calibration_batches
 
 #: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes); int8
 #: smoothing reads them too (as many as ``surgery export --calibration`` reads texts by default).
@@ -90,7 +90,7 @@ def batch_seq_len(data: Any, batch_size: int, batches: int = 20) -> int:
 
 
 @dataclass
-class Plan:
+class CompressPlan:
     """What the search decided before any candidate is built: the table, the costs, the path."""
 
     table: LatencyTable
@@ -121,12 +121,12 @@ class Plan:
     def preview(self, target: Target) -> dict[str, Any]:
         """The latency prediction and the structure the run would cut (``--dry-run``)."""
         k = self.target_step(target)
-        points = [describe(self.path, j) for j in _speed_points(self.path)]
+        points = [describe_cut(self.path, j) for j in _speed_points(self.path)]
         return {"target": target.describe(), "runtime": self.table.runtime, "batch_size": self.batch_size,
                 "seq_len": self.seq_len, "objective": self.objective,
                 "predicted_ms_original": round(self.table.predict_ms(self.start), 4),
                 "unchanged_speedup": round(self.unchanged_speedup, 4),
-                "would_cut": describe(self.path, k) if k is not None else None,
+                "would_cut": describe_cut(self.path, k) if k is not None else None,
                 "reachable": k is not None or isinstance(target, DropTarget),
                 "max_predicted_speedup": round(self.path.speedup_at(len(self.path.steps)), 4),
                 "speed_points": points}
@@ -165,7 +165,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
                   against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
                   threads: int | None = None, progress: ProgressCallback | None = None,
-                  clock: Clock | None = None) -> Plan:
+                  clock: Clock | None = None) -> CompressPlan:
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
 
     Example:
@@ -185,7 +185,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     since = time.perf_counter()
     batch_size = batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
     seq_len = seq_len or batch_seq_len(data, batch_size)
-    calibration = calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
+    calibration = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
                                       batch_size=CALIBRATION_BATCH)
     clock.phase("data", since)
     emit(ProgressEvent("compress: batch shape", 1, 1, {"batch": batch_size, "seq_len": seq_len,
@@ -233,7 +233,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     emit(ProgressEvent("compress: search", 1, 1, {"steps": len(path.steps),
                                                   "max_speedup": round(path.speedup_at(len(path.steps)), 3)}))
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
-    return Plan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path, start=start,
+    return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path, start=start,
                 unchanged_speedup=unchanged,
                 batch_size=batch_size, seq_len=seq_len, objective=chosen, calibration=refit, smoothing=calibration,
                 phases=clock.phases)

@@ -296,7 +296,7 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
     return path
 
 
-def describe(path: RemovalPath, k: int) -> dict[str, Any]:
+def describe_cut(path: RemovalPath, k: int) -> dict[str, Any]:
     """A short account of the cut after ``k`` steps, for reports and ``--dry-run``."""
     structure = path.structure_at(k)
     removal = path.removal_at(k)

@@ -7,7 +7,7 @@ under it, so it stays), anatomy adapters in
 ``surgery.encoders`` and command-line commands in ``surgery.commands`` (functions that add commands
 to the ``surgery`` typer app, see :mod:`surgery.cli.plugins`). The built-ins are registered in this
 package's own ``pyproject.toml`` and are loaded through exactly the same path as third-party plugins.
-``register_strategy`` and ``register_adapter`` add classes in-process (for notebooks and tests).
+``register_method`` and ``register_adapter`` add classes in-process (for notebooks and tests).
 
 Set ``SURGERY_PLUGINS`` to a comma-separated list of distribution names to restrict which
 installed packages may contribute plugins (the built-ins of ``encoder-surgery`` always load);
@@ -114,21 +114,21 @@ def _all(group: str) -> dict[str, PluginInfo]:
 
 
 # -- strategies --------------------------------------------------------------------------
-def register_strategy(cls: type[Method], *, source: str = "<runtime>") -> type[Method]:
+def register_method(cls: type[Method], *, source: str = "<runtime>") -> type[Method]:
     """Register a method class (a strategy or a pipeline) in-process under ``cls.name``. Usable as a decorator.
 
     Example:
         >>> from surgery import Strategy, StrategyConfig
         >>> class NoopConfig(StrategyConfig):
         ...     pass
-        >>> @register_strategy
+        >>> @register_method
         ... class Noop(Strategy):
         ...     '''Does nothing.'''
         ...     name = "noop-doc"
         ...     config_class = NoopConfig
         ...     def plan(self, model, data=None, context=None): return {}
         ...     def apply(self, model, plan): return []
-        >>> get_strategy("noop-doc") is Noop
+        >>> get_method("noop-doc") is Noop
         True
     """
     _check_name(cls.name)
@@ -141,7 +141,7 @@ def _check_name(name: str) -> None:
         raise ValueError(f"invalid strategy name {name!r}: use letters, digits, '-', '_' or '.'")
 
 
-def strategies() -> dict[str, PluginInfo]:
+def methods() -> dict[str, PluginInfo]:
     """All registered methods (strategies and pipelines) by name, with their source package and one line of help."""
     return dict(sorted(_all(STRATEGY_GROUP).items()))
 
@@ -174,18 +174,18 @@ def _static_summary(value: str) -> str | None:
     return None
 
 
-def strategy_catalog() -> dict[str, PluginInfo]:
+def method_catalog() -> dict[str, PluginInfo]:
     """Every registered strategy with its package and one line of help, without importing plugins where possible.
 
     The help line is read from the class's source; ``obj`` is ``None`` for classes that were not
-    imported (use :func:`get_strategy` for the class itself).
+    imported (use :func:`get_method` for the class itself).
 
     Example:
-        >>> strategy_catalog()["head-prune"].summary.startswith("Remove attention heads")
+        >>> method_catalog()["head-prune"].summary.startswith("Remove attention heads")
         True
     """
     if STRATEGY_GROUP in _cache:
-        return strategies()
+        return methods()
     found: dict[str, PluginInfo] = {}
     for ep in metadata.entry_points(group=STRATEGY_GROUP):
         dist = ep.dist.name if ep.dist is not None else "<unknown>"
@@ -193,20 +193,20 @@ def strategy_catalog() -> dict[str, PluginInfo]:
             continue
         summary = _static_summary(ep.value)
         if summary is None:
-            return strategies()  # a plugin that cannot be read statically: import them all
+            return methods()  # a plugin that cannot be read statically: import them all
         found[ep.name] = PluginInfo(ep.name, None, dist, summary)
     found.update(_runtime[STRATEGY_GROUP])
     return dict(sorted(found.items()))
 
 
-def strategy_names() -> list[str]:
+def method_names() -> list[str]:
     """The names of every registered strategy, read from the entry points without importing any plugin."""
     names = {ep.name for ep in metadata.entry_points(group=STRATEGY_GROUP)
              if _allowed(ep.dist.name if ep.dist is not None else "<unknown>")}
     return sorted(names | set(_runtime[STRATEGY_GROUP]))
 
 
-def get_strategy(name: str) -> type[Method]:
+def get_method(name: str) -> type[Method]:
     """The method class (a strategy or a pipeline) registered as ``name``.
 
     Raises:
@@ -215,7 +215,7 @@ def get_strategy(name: str) -> type[Method]:
     info = _runtime[STRATEGY_GROUP].get(name) or _one_strategy(name)
     if info is None:  # answered from the entry-point names alone, before any plugin (and torch) is imported
         raise StrategyNotFoundError(
-            f"unknown strategy {name!r}; installed strategies: {', '.join(strategy_names()) or 'none'}. Install "
+            f"unknown strategy {name!r}; installed strategies: {', '.join(method_names()) or 'none'}. Install "
             f"the package that provides it (it registers under the entry-point group {STRATEGY_GROUP!r})"
         )
     return info.obj

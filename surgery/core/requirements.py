@@ -5,7 +5,7 @@ recovery checks its data (:func:`surgery.training.require_labelled`), and both e
 attributes are read (duck typing), so this module imports nothing heavy.
 
 Example:
-    >>> describe(None), describe([1])
+    >>> describe_data(None), describe_data([1])
     ('no data', 'list')
     >>> require_training_data(None, "recovery")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -20,7 +20,7 @@ from typing import Any
 from surgery.core.errors import DataError
 
 
-def describe(data: Any) -> str:
+def describe_data(data: Any) -> str:
     """A short name of what ``data`` is, for error messages."""
     return "no data" if data is None else type(data).__name__
 
@@ -42,7 +42,7 @@ def require_training_data(data: Any, who: str, *, objectives: tuple[str, ...] = 
     if not all(hasattr(data, a) for a in ("train", "eval", "label_names")) or (
             not need_eval and "labels" not in data.train.column_names):
         raise DataError(f"{who} trains the model and needs labelled task data (surgery.data.task_data.TaskData, e.g. "
-                        f"{example}); got {describe(data)}")
+                        f"{example}); got {describe_data(data)}")
     if "labels" not in data.train.column_names:
         raise DataError(f"{who}: the training data has no labels; name the label column with --label-column")
     if need_eval and data.eval is None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from surgery.core.errors import ConfigError, DataError
 from surgery.core.report import LayerChange, SurgeryReport
-from surgery.core.requirements import describe, require_training_data
+from surgery.core.requirements import describe_data, require_training_data
 from surgery.core.run import RunContext, perform_step, plan_step
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class Method(ABC):
         if need == "batches":  # any iterable of model inputs: TaskData, unlabelled TextData, a DataLoader
             if data is None or isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
                 raise DataError(f"{self.name}: data must be TaskData or an iterable of model-input batches, got "
-                                f"{describe(data)}")
+                                f"{describe_data(data)}")
             return data
         return require_training_data(data, self.name, objectives=self.objectives, need_eval=True)
 

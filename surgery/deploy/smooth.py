@@ -173,14 +173,14 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
                          outlier_ratio=ratio)
 
 
-def calibration_batches(texts: Sequence[str], tokenizer: Any, *, max_texts: int = CALIBRATION_TEXTS,
+def text_calibration_batches(texts: Sequence[str], tokenizer: Any, *, max_texts: int = CALIBRATION_TEXTS,
                         max_length: int = 128, batch_size: int = 32, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """Up to ``max_texts`` of ``texts`` (a seeded sample), tokenized into padded batches for :func:`smooth_linears`.
 
     Example:
         >>> from transformers import BertTokenizer
         >>> tok = BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"])})
-        >>> [b["input_ids"].shape[0] for b in calibration_batches(["a"] * 70, tok, max_texts=40, batch_size=32)]
+        >>> [b["input_ids"].shape[0] for b in text_calibration_batches(["a"] * 70, tok, max_texts=40, batch_size=32)]
         [32, 8]
     """
     if max_texts < 1:

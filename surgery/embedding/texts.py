@@ -19,7 +19,7 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
-from surgery.core.requirements import describe
+from surgery.core.requirements import describe_data
 from surgery.data.task_data import TaskData, TextLength, choose_text_length, read_table
 from surgery.embedding.pooling import SentenceConfig
 from surgery.persist.assets import resolve_data_path
@@ -196,5 +196,5 @@ def require_text_data(data: Any, who: str) -> TextData:
     """``data`` as unlabelled :class:`TextData` with a pooling config, or a one-line DataError."""
     if not isinstance(data, TextData):
         raise DataError(f"{who} with the embedding objective needs unlabelled texts (surgery.embedding.TextData, "
-                        f"e.g. --data corpus.txt); got {describe(data)}")
+                        f"e.g. --data corpus.txt); got {describe_data(data)}")
     return data

@@ -16,20 +16,20 @@ from surgery.core.strategy import Data, Method, Plan, Strategy
 from surgery.orchestration.guard import guarded_step
 from surgery.orchestration.reference import check_reference, reference_name
 
-__all__ = ["apply_plan", "check_arguments", "convert", "count_params", "inspect", "plan", "preview"]
+__all__ = ["apply_plan", "check_model_and_method", "convert", "count_params", "inspect", "plan", "preview"]
 
 if TYPE_CHECKING:
     from surgery.training import RecoveryConfig
 
 
-def check_arguments(model: Any, strategy: Any, what: str) -> None:
+def check_model_and_method(model: Any, strategy: Any, what: str) -> None:
     """Refuse arguments of the wrong type with a one-line error that says what to pass instead.
 
     Example:
         >>> from transformers import BertConfig, BertModel
         >>> cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
         ...                  num_attention_heads=4, intermediate_size=37)
-        >>> check_arguments(BertModel(cfg), "head-prune", "convert")  # doctest: +ELLIPSIS
+        >>> check_model_and_method(BertModel(cfg), "head-prune", "convert")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         surgery.core.errors.ConfigError: convert: strategy must be a Strategy object, got the str 'head-prune'; ...
@@ -41,7 +41,7 @@ def check_arguments(model: Any, strategy: Any, what: str) -> None:
         shown = f"the {type(strategy).__name__} {strategy!r:.40}" if isinstance(strategy, str) else \
             type(strategy).__name__
         raise ConfigError(f"{what}: strategy must be a Strategy object, got {shown}; build one by name with "
-                          "surgery.get_strategy('head-prune')(ratio=0.5), or import its class")
+                          "surgery.get_method('head-prune')(ratio=0.5), or import its class")
 
 
 def plan(model: nn.Module, strategy: Method, *, data: Data | None = None) -> Plan:
@@ -55,7 +55,7 @@ def plan(model: nn.Module, strategy: Method, *, data: Data | None = None) -> Pla
         >>> plan(BertModel(cfg), HeadPruningStrategy(heads={0: [1]}))["heads"]
         {'0': [1]}
     """
-    check_arguments(model, strategy, "plan")
+    check_model_and_method(model, strategy, "plan")
     adapter_for(model)  # fail early, with the supported families, on an unknown model
     if not isinstance(strategy, Strategy):
         # A pipeline decides its steps' plans while it trains; its schedule is what can be shown.
@@ -78,7 +78,7 @@ def preview(model: nn.Module, strategy: Method, *, data: Data | None = None) -> 
         >>> preview(model, ShrpStrategy(num_layers=1))["steps"]
         ['expert-attention', 'top1-prune']
     """
-    check_arguments(model, strategy, "preview")
+    check_model_and_method(model, strategy, "preview")
     adapter_for(model)
     return strategy.preview(model, data)
 
@@ -90,7 +90,7 @@ def apply_plan(
 
     This is the same path ``convert`` and reloading take.
     """
-    check_arguments(model, strategy, "apply_plan")
+    check_model_and_method(model, strategy, "apply_plan")
     if not isinstance(strategy, Strategy):
         raise PlanError(f"{strategy.name} is a pipeline: its steps are recorded as separate strategies and replayed "
                         "one by one; there is no plan to apply for the pipeline itself")
@@ -134,7 +134,7 @@ def convert(
         >>> [c.after for c in report.changes]
         [2]
     """
-    check_arguments(model, strategy, "convert")
+    check_model_and_method(model, strategy, "convert")
     adapter_for(model)
     if teacher is not None:
         check_reference(model, teacher)

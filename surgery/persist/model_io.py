@@ -40,7 +40,7 @@ from surgery.core.manifest import (
     source_dir_of,
     steps_of,
 )
-from surgery.core.registry import get_strategy
+from surgery.core.registry import get_method
 from surgery.core.strategy import Strategy
 from surgery.persist.atomic import atomic_directory, check_separate
 from surgery.persist.config_values import load_config
@@ -208,7 +208,7 @@ def _replay(model: nn.Module, steps: list[ManifestStep], where: Path) -> None:
     for number, step in enumerate(steps):
         name = step.strategy
         try:
-            cls = get_strategy(name)
+            cls = get_method(name)
         except SurgeryError:
             raise ModelLoadError(
                 f"{where / MANIFEST_NAME}: step {number} used strategy {name!r}, which is not installed; "

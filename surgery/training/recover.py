@@ -19,7 +19,7 @@ from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.core.requirements import require_training_data
 from surgery.data.task_data import TaskData
 from surgery.training.distill import DistillConfig, default_layer_map
-from surgery.training.refit import RefitResult, calibration_batches, refit_projections
+from surgery.training.refit import RefitResult, refit_projections, task_calibration_batches
 from surgery.training.task_accuracy import accuracy
 from surgery.training.trainer import EpochHistory, EpochStats, fit, scratch_dir, training_arguments
 
@@ -77,7 +77,7 @@ def refit_before_training(model: nn.Module, teacher: nn.Module, data: Any,
     """The least-squares refit that ``config.refit`` asks for, on ``data``'s training batches (else None)."""
     if not config.refit:
         return None
-    return refit_projections(model, teacher, calibration_batches(data, config.refit_batches,
+    return refit_projections(model, teacher, task_calibration_batches(data, config.refit_batches,
                                                                  batch_size=config.batch_size))
 
 

@@ -52,14 +52,14 @@ class RefitResult(BaseModel):
     seconds: float = 0.0
 
 
-def calibration_batches(data: Any, batches: int, *, batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
+def task_calibration_batches(data: Any, batches: int, *, batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
     """The first ``batches`` batches of ``data``'s training split (seeded shuffle), as a re-iterable list.
 
     Example:
         >>> import datasets
         >>> from surgery.data.task_data import TaskData
         >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 5, "labels": [0] * 5})
-        >>> [len(b["input_ids"]) for b in calibration_batches(TaskData(rows, None, ["a"]), 2, batch_size=2)]
+        >>> [len(b["input_ids"]) for b in task_calibration_batches(TaskData(rows, None, ["a"]), 2, batch_size=2)]
         [2, 2]
     """
     loader = data.loader("train", batch_size=batch_size, shuffle=True, seed=0)
