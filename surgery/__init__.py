@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from surgery.anatomy import adapter_for
     from surgery.core.registry import get_method, register_adapter, register_method
     from surgery.core.report import LayerChange, ModelAnatomy, ParamCount, SurgeryReport
-    from surgery.core.run import RunContext
+    from surgery.core.run import RunContext, count_params
     from surgery.core.strategy import Method, Plan, Strategy, StrategyConfig
-    from surgery.orchestration.api import apply_plan, convert, count_params, inspect, plan, preview
+    from surgery.orchestration.api import apply_plan, convert, inspect, plan, preview
     from surgery.orchestration.pipeline import Pipeline, PipelineSession
     from surgery.persist.model_io import from_pretrained, save_pretrained
 
@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 # error of the command line) does not pay for torch and transformers.
 _LAZY = {
     "adapter_for": "surgery.anatomy", "apply_plan": "surgery.orchestration.api", "convert": "surgery.orchestration.api",
-    "count_params": "surgery.orchestration.api", "inspect": "surgery.orchestration.api", "plan": "surgery.orchestration.api",
-    "preview": "surgery.orchestration.api", "Pipeline": "surgery.orchestration.pipeline", "PipelineSession": "surgery.orchestration.pipeline",
+    "count_params": "surgery.core.run", "inspect": "surgery.orchestration.api", "plan": "surgery.orchestration.api",
+    "preview": "surgery.orchestration.api", "Pipeline": "surgery.orchestration.pipeline",
+    "PipelineSession": "surgery.orchestration.pipeline",
     "RunContext": "surgery.core.run", "Method": "surgery.core.strategy",
     "from_pretrained": "surgery.persist.model_io", "save_pretrained": "surgery.persist.model_io",
     "get_method": "surgery.core.registry",

@@ -126,8 +126,8 @@ def classifiers(args: argparse.Namespace, alphas: list[float | None], tmp: Path)
     runs: dict[str, Any] = {}
     for model_dir in sorted(Path(args.suite_work).glob("*/*/finetuned")):
         task_name, seed = model_dir.parent.parent.name, int(model_dir.parent.name)
-        task = load_suite_task(task_name, tokenizer, seed=seed, max_train=args.suite_max_train, max_dev=args.suite_max_dev,
-                         max_test=args.suite_max_test)
+        task = load_suite_task(task_name, tokenizer, seed=seed, max_train=args.suite_max_train,
+                               max_dev=args.suite_max_dev, max_test=args.suite_max_test)
         test = list(task.test_data().loader("eval"))
         calibration = [{k: v for k, v in b.items() if k != "labels"}
                        for b in task.data.loader("train", shuffle=True, seed=0)][: args.calibration_texts // 32]

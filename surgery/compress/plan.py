@@ -233,7 +233,6 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     emit(ProgressEvent("compress: search", 1, 1, {"steps": len(path.steps),
                                                   "max_speedup": round(path.speedup_at(len(path.steps)), 3)}))
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
-    return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path, start=start,
-                unchanged_speedup=unchanged,
-                batch_size=batch_size, seq_len=seq_len, objective=chosen, calibration=refit, smoothing=calibration,
-                phases=clock.phases)
+    return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path,
+                        start=start, unchanged_speedup=unchanged, batch_size=batch_size, seq_len=seq_len,
+                        objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases)

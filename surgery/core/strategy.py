@@ -70,7 +70,7 @@ def validation_message(prefix: str, exc: ValidationError) -> str:
 
 
 class Method(ABC):
-    """Base class of both kinds of surgery method: :class:`Strategy` and :class:`~surgery.orchestration.pipeline.Pipeline`.
+    """Base class of both kinds of surgery method: :class:`Strategy` and a pipeline (surgery.orchestration.pipeline).
 
     Subclasses set ``name`` (the registry name) and ``config_class``. Settings are given either as a
     config object or as keyword arguments. ``requires`` declares the data the method needs, and

@@ -52,7 +52,8 @@ class RefitResult(BaseModel):
     seconds: float = 0.0
 
 
-def task_calibration_batches(data: Any, batches: int, *, batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
+def task_calibration_batches(data: Any, batches: int, *,
+                             batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
     """The first ``batches`` batches of ``data``'s training split (seeded shuffle), as a re-iterable list.
 
     Example:
