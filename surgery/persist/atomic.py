@@ -237,7 +237,7 @@ def output_problem(out: str | os.PathLike[str], *, overwrite: bool, flag: str = 
         >>> output_problem(mine, overwrite=True, flag="--out")  # doctest: +ELLIPSIS
         '--out ... holds files surgery did not write (no surgery.json, ...); --overwrite replaces only ...'
         >>> output_problem(Path.home(), overwrite=True, flag="--out")  # doctest: +ELLIPSIS
-        '--out ... is your home directory; ...'
+        '--out ... is ... directory; the save replaces the whole directory, so name a new one ...'
         >>> output_problem(mine / "new", overwrite=False) is None
         True
     """
@@ -281,7 +281,7 @@ def _temporary_name(out: Path, kind: str) -> Path:
 
 def _leftovers(out: Path, kind: str) -> list[Path]:
     """Surgery's own temporary directories of ``kind`` beside ``out`` whose writer process is dead, newest first."""
-    found = []
+    found: list[tuple[float, Path]] = []
     try:
         entries = list(out.parent.iterdir())
     except OSError:
@@ -291,8 +291,9 @@ def _leftovers(out: Path, kind: str) -> list[Path]:
         if (match is None or match["name"] != out.name or match["kind"] != kind or entry.is_symlink()
                 or not entry.is_dir() or _pid_alive(int(match["pid"]))):
             continue
-        found.append(entry)
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+        with suppress(OSError):  # gone meanwhile
+            found.append((entry.stat().st_mtime, entry))
+    return [entry for _, entry in sorted(found, reverse=True)]
 
 
 def restore_stranded(out: Path) -> Path | None:
