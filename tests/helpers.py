@@ -71,6 +71,19 @@ def st_dir(root: Path, pooling: dict[str, object], normalize: bool, model: torch
     return root
 
 
+def saved_classifier(root: Path, *, layers: int = 2, labels: tuple[str, ...] = ("neg", "pos")) -> nn.Module:
+    """A tiny BERT classifier whose head names ``labels`` (id order), saved with the tiny tokenizer into ``root``.
+
+    Data labels are read through the head's ``id2label``: a classifier used with ``labelled_rows``
+    (``pos``/``neg``) must name them.
+    """
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=layers), num_labels=len(labels),
+                       id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
+    model.save_pretrained(root)
+    tiny_tokenizer().save_pretrained(root)
+    return model
+
+
 def self_labelled(model: nn.Module, n: int = 30) -> TaskData:
     """Task data labelled by ``model`` itself (its accuracy is 100%), 3 labels; ``rarest`` is its least used label."""
     gen = torch.Generator().manual_seed(0)

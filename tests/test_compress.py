@@ -30,7 +30,15 @@ from surgery.compress.structure import LayerShape, Structure
 from surgery.core.errors import DataError
 from surgery.embedding import SentenceConfig, load_text_data
 from surgery.testing import FAMILIES, TinySpec, tiny_model, tiny_task_data
-from tests.helpers import EMBEDDING_TEXTS, labelled_rows, st_dir, tables_for, tiny_tokenizer, write_rows
+from tests.helpers import (
+    EMBEDDING_TEXTS,
+    labelled_rows,
+    saved_classifier,
+    st_dir,
+    tables_for,
+    tiny_tokenizer,
+    write_rows,
+)
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -193,11 +201,7 @@ def test_the_budget_bounds_the_candidates_and_the_training() -> None:
 @pytest.fixture(scope="module")
 def cli_ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("compress")
-    # The head names the data's labels: data labels are read through id2label (issue 29).
-    model = tiny_model(TinySpec("bert", task="seq-cls", layers=3), num_labels=2, id2label={0: "neg", 1: "pos"},
-                       label2id={"neg": 0, "pos": 1})
-    model.save_pretrained(root / "classifier")
-    tiny_tokenizer().save_pretrained(root / "classifier")
+    saved_classifier(root / "classifier", layers=3)  # its head names the data's labels (neg/pos)
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(EMBEDDING_TEXTS) + "\n")
     return {"classifier": root / "classifier", "data": write_rows(root / "train.csv", labelled_rows(64)),

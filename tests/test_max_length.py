@@ -19,7 +19,7 @@ import surgery.data.task_data as task_data
 from surgery.cli.app import app
 from surgery.data.task_data import choose_text_length, load_task_data, model_text_limit
 from surgery.testing import TinySpec, tiny_model
-from tests.helpers import WORDS, runner, tiny_tokenizer, write_rows
+from tests.helpers import WORDS, runner, saved_classifier, tiny_tokenizer, write_rows
 
 
 def _texts(n: int, words: tuple[int, int], seed: int = 0) -> list[str]:
@@ -111,9 +111,7 @@ def test_the_loader_defaults_to_the_chosen_length_and_a_given_one_wins(tmp_path:
 def test_compress_judges_and_times_long_texts_at_the_model_length_and_says_so(tmp_path: Path,
                                                                                 timed_by_tables: None
                                                                                 ) -> None:
-    model = tiny_model(TinySpec("bert", task="seq-cls", layers=2), num_labels=2)  # 72 positions
-    model.save_pretrained(tmp_path / "model")
-    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    saved_classifier(tmp_path / "model")  # 72 positions; labels 0/1 are its ids
     rows = [{"text": t, "label": i % 2} for i, t in enumerate(_texts(64, (100, 140)))]
     data = write_rows(tmp_path / "news.csv", rows)
     out = tmp_path / "out"
