@@ -436,9 +436,12 @@ def bench_command(
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     json_file: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON to this "
                                                    "file.")] = None,
-    runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="torch or onnxruntime (fp32), repeatable; "
-                                                       "every model runs in each.")] = None,
-    int8: Annotated[bool, typer.Option("--int8", help="Add each model's ONNX Runtime dynamic-int8 graph.")] = False,
+    runtimes: Annotated[list[str] | None, typer.Option("--runtime", help="torch, torch-bf16, onnxruntime, "
+                                                       "onnxruntime-int8, openvino, openvino-int8 (NNCF, needs "
+                                                       "--calibration) ..., repeatable; every model runs in each "
+                                                       "(`surgery export --runtime list` shows what runs here).")
+                        ] = None,
+    int8: Annotated[bool, typer.Option("--int8", hidden=True, help="Replaced by --runtime onnxruntime-int8.")] = False,
     int8_fp32: Int8Fp32 = None,
     calibration: Calibration = None,
     calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
@@ -451,6 +454,9 @@ def bench_command(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --json file.")] = False,
 ) -> None:
     """Measure throughput, latency, parameters, FLOPs and peak memory, side by side with --against."""
+    if int8:
+        raise ConfigError("--int8 is replaced by --runtime onnxruntime-int8 (add it beside --runtime torch; one name "
+                          "per runtime, as export and compress take it)")
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
         resolve_model_path(path)
@@ -468,12 +474,15 @@ def bench_command(
                     device=device)
     console = stderr()
     waiting = f"benchmarking {len(paths)} model(s): {warmup} warm-up and {repeats} timed interleaved rounds"
-    # Across runtimes (surgery.deploy): exports, then the same bench; it also refuses --int8-fp32 or
-    # --calibration without --int8.
-    if runtimes or int8 or int8_fp32 or data is not None or calibration is not None:
-        from surgery.deploy.runtime_bench import bench_runtimes, check_runtimes
+    # Across runtimes (surgery.runtimes): each runtime's artefact, then the same bench; it also refuses
+    # --calibration without an int8 runtime, and openvino-int8 without --calibration.
+    if runtimes or int8_fp32 or data is not None or calibration is not None:
+        from surgery.runtimes.bench import bench_runtimes, resolve_runtimes
 
-        check_runtimes(runtimes or ["torch"])
+        if int8_fp32 and "onnxruntime-int8" not in (runtimes or []):
+            raise ConfigError("--int8-fp32 (parts kept in fp32) belongs to --runtime onnxruntime-int8; add it")
+        options = {"onnxruntime-int8": {"int8_fp32": list(int8_fp32 or ()), "smooth_alpha": smooth_alpha}}
+        resolve_runtimes(runtimes or ["torch"], options)  # unknown or unavailable here: one line, before exporting
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
                                 max_length=max_length) if data is not None else None
         smoothing = None if calibration is None else calibration_texts_batches(
@@ -482,8 +491,8 @@ def bench_command(
         if not console.is_terminal:  # the spinner below is invisible in a log: say what the wait is for
             note(f"exporting to ONNX where needed, then {waiting}")
         with console.status("exporting to ONNX where needed, then benchmarking (interleaved rounds)"):
-            report = bench_runtimes(paths, runtimes=runtimes or ["torch"], int8=int8, int8_fp32=int8_fp32 or (),
-                                    calibration=smoothing, smooth_alpha=smooth_alpha, data=batches, **settings)
+            report = bench_runtimes(paths, runtimes=runtimes or ["torch"], options=options, calibration=smoothing,
+                                    data=batches, **settings)
     else:
         models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
         check_seq_len(models, seq_len)

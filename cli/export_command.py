@@ -1,4 +1,7 @@
-"""``surgery export``: a saved model to ONNX (parity-checked, optionally int8 and graph-optimized).
+"""``surgery export``: a saved model as a runtime runs it (``--runtime``: ONNX Runtime, OpenVINO, int8 ...), checked.
+
+The settings become one :class:`surgery.runtimes.export_config.ExportConfig` (validated once, the same
+object the Python API takes) and :func:`surgery.runtimes.export_config.export` writes the artefact.
 
 Example:
     >>> import tempfile
@@ -17,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Group, RenderableType
@@ -35,7 +38,6 @@ from surgery.cli.options import (
     LabelColumn,
     MaxLength,
     Overwrite,
-    SmoothAlpha,
     TextColumn,
     TextPairColumn,
 )
@@ -45,10 +47,11 @@ from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_length
 
-FORMATS = ("onnx", "sentence-transformers", "stock")
+FORMATS = ("graph", "onnx", "sentence-transformers", "stock")
 
 if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must not
     from surgery.deploy.export import ExportReport
+    from surgery.deploy.openvino_export import OpenVinoExportReport
 
 
 def int8_label(report: ExportReport) -> str:
@@ -63,18 +66,10 @@ def int8_label(report: ExportReport) -> str:
 
 def export_view(report: ExportReport, out: Path) -> RenderableType:
     """What was written and how closely it agrees with PyTorch."""
-    table = Table(title=f"Exported to {out}", title_justify="left", show_header=False)
-    table.add_column("what")
-    table.add_column("value")
     rows = [
         ("graph", f"{report.onnx_file} ({report.onnx_bytes / 2**20:,.1f} MiB), opset {report.opset}, "
                   f"{int8_label(report) if report.int8 else 'fp32'}"),
-        ("task", f"{report.task}: {report.model_class} -> {report.output}"),
-        ("inputs", ", ".join(report.inputs) + " (dynamic batch and sequence)"),
-        ("steps", ", ".join(report.steps) or "none"),
-        ("parity (fp32)", f"max abs {report.parity.max_abs_diff:.2e}, min cosine {report.parity.min_cosine:.6f} "
-                          f"on a padded {report.parity_batch[0]}x{report.parity_batch[1]} batch "
-                          f"(tolerance {report.tolerance:g})"),
+        *record_rows(report),
     ]
     if report.fused_attention is not None:
         info = report.fused_attention
@@ -98,9 +93,19 @@ def export_view(report: ExportReport, out: Path) -> RenderableType:
     if report.accuracy_torch is not None:
         rows.append(("accuracy", f"PyTorch fp32 {report.accuracy_torch:.2%}, this graph {report.accuracy_onnx:.2%}"))
     rows.append(("export time", f"{report.export_seconds:.1f} s"))
-    for key, value in rows:
-        table.add_row(key, Text(value))
-    return Group(table)
+    return Group(_rows(f"Exported to {out}", rows))
+
+
+def record_rows(report: Any) -> list[tuple[str, str]]:
+    """The rows every export report shows: task, inputs, steps and the fp32 parity check."""
+    return [
+        ("task", f"{report.task}: {report.model_class} -> {report.output}"),
+        ("inputs", ", ".join(report.inputs) + " (dynamic batch and sequence)"),
+        ("steps", ", ".join(report.steps) or "none"),
+        ("parity (fp32)", f"max abs {report.parity.max_abs_diff:.2e}, min cosine {report.parity.min_cosine:.6f} "
+                          f"on a padded {report.parity_batch[0]}x{report.parity_batch[1]} batch "
+                          f"(tolerance {report.tolerance:g})"),
+    ]
 
 
 #: Operators that ONNX Runtime's optimizer creates by fusing several nodes.
@@ -114,19 +119,27 @@ def export_command(
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write model.onnx, the tokenizer and "
                                       "surgery-onnx.json to (new or empty).")],
-    int8: Annotated[bool, typer.Option("--int8", help="Write ONNX Runtime's dynamic int8 graph; its drift from "
-                                       "PyTorch is recorded.")] = False,
-    format: Annotated[str, typer.Option("--format", help="onnx: model.onnx and its report; sentence-transformers: "
-                                        "a directory stock SentenceTransformer(DIR, backend='onnx') loads, for a "
-                                        "sentence-embedding model; stock: a plain Hugging Face directory that "
-                                        "AutoModel loads without surgery (uniform FFN width, dropped layers, all "
-                                        "heads).")] = "onnx",
+    runtime: Annotated[str, typer.Option("--runtime", help="How the model will run, and so what is written: "
+                                         "onnxruntime (model.onnx), onnxruntime-int8, openvino (an OpenVINO IR), "
+                                         "openvino-int8 (NNCF int8, needs --calibration), torch-bf16 ... (`surgery "
+                                         "export --runtime list` lists them with their availability here).")
+                       ] = "onnxruntime",
+    int8: Annotated[bool, typer.Option("--int8", hidden=True, help="Replaced by --runtime onnxruntime-int8.")] = False,
+    format: Annotated[str, typer.Option("--format", help="graph (or onnx, its old name): the runtime's artefact "
+                                        "(model.onnx, openvino_model.xml ...) and its report; sentence-transformers: "
+                                        "a directory stock SentenceTransformer(DIR, backend='onnx' or 'openvino') "
+                                        "loads, for a sentence-embedding model; stock: a plain Hugging Face "
+                                        "directory that AutoModel loads without surgery (uniform FFN width, dropped "
+                                        "layers, all heads).")] = "graph",
     per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
                                              "instead of per output channel (less faithful, same speed).")] = False,
     int8_fp32: Int8Fp32 = None,
     calibration: Calibration = None,
     calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
-    smooth_alpha: SmoothAlpha = SMOOTH_ALPHA,
+    smooth_alpha: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="With an int8 runtime and "
+                                                       "--calibration: SmoothQuant's migration strength (default: "
+                                                       f"onnxruntime-int8 {SMOOTH_ALPHA}, openvino-int8 0.95).")
+                            ] = None,
     optimize: Annotated[bool, typer.Option("--optimize", help="Write the graph after ONNX Runtime's offline "
                                            "optimizations (fusions).")] = False,
     fuse_attention: Annotated[bool, typer.Option("--fuse-attention/--no-fuse-attention", help="Each layer's "
@@ -150,39 +163,55 @@ def export_command(
     threads: Annotated[int | None, typer.Option(min=1, help="ONNX Runtime threads for the checks.")] = None,
     overwrite: Overwrite = False,
 ) -> None:
-    """Export a model to ONNX with a parity check (optionally int8 / optimized), or as a stock HF directory."""
+    """Export a model for a runtime (ONNX Runtime, OpenVINO, int8 ...), parity-checked, or as a stock HF directory."""
     import surgery
 
+    if int8:
+        raise ConfigError("--int8 is replaced by --runtime onnxruntime-int8 (one name per runtime, as bench and "
+                          "compress take it)")
+    if runtime == "list":
+        stdout().print(runtimes_view())
+        return
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
     if format == "stock":
         export_stock(model_dir, out, overwrite=overwrite,
-                     onnx_flags=[flag for flag, given in (("--int8", int8), ("--calibration", calibration),
+                     onnx_flags=[flag for flag, given in (("--runtime", runtime != "onnxruntime"),
+                                                          ("--calibration", calibration), ("--opset", opset),
                                                           ("--optimize", optimize), ("--data", data),
                                                           ("--task", task != "auto")) if given])
         return
-    if format == "sentence-transformers" and (data is not None or optimize or task not in ("auto", "base")):
-        raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop "
-                          "--data, --optimize and --task")
-    if calibration is not None and not int8:
-        raise ConfigError("--calibration smooths the activations for int8; add --int8 (or drop --calibration)")
+    from surgery.runtimes.export_config import ExportConfig
+
+    # Every setting validated once, before anything is loaded: a setting of another runtime is one line.
+    config = ExportConfig(runtime=runtime, format="sentence-transformers" if format == "sentence-transformers"
+                          else "graph", task=task, calibration_texts=calibration_texts, smooth_alpha=smooth_alpha,
+                          per_tensor=per_tensor, int8_fp32=tuple(int8_fp32 or ()), int8_mode=int8_mode,
+                          optimize=optimize, fuse_attention=fuse_attention, opset=opset, batch=batch, seq=seq,
+                          tolerance=tolerance, threads=threads, overwrite=overwrite)
+    if format == "sentence-transformers" and data is not None:
+        raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop --data")
     source = resolve_model_path(model_dir)
     target = cast(Path, decide_outputs([source, data, eval_data, calibration], out=("--out", out),
                                        overwrite=overwrite).directory)
-    # After the cheap checks (surgery.deploy.runtime imports torch), before anything is loaded: a missing
-    # extra is one line.
-    from surgery.deploy import export_onnx
-    from surgery.deploy.runtime import require_onnx
+    # After the cheap checks (a runtime's module imports torch), before anything is loaded: an unavailable
+    # runtime (a missing extra, a CPU without the instructions) is one line.
+    from surgery.runtimes import get_runtime
+    from surgery.runtimes.export_config import export
 
-    require_onnx()
+    chosen = get_runtime(config.runtime)
+    if calibration is not None and not chosen.needs_calibration:
+        raise ConfigError(f"--calibration sets int8 activation scales; --runtime {runtime} does not use them: pick "
+                          "an int8 runtime (onnxruntime-int8, openvino-int8) or drop --calibration")
+    chosen.check_calibration(calibration is not None)
     model_config = read_model_config(source)
     check_length(model_config, seq, "--seq", source)
     if data is not None or calibration is not None:
         check_length(model_config, max_length, "--max-length", source)
     needs = "--data" if data is not None else "--calibration" if calibration is not None else None
     tokenizer = load_tokenizer(source, required_by=needs)
-    smoothing_batches = calibration_texts_batches(ctx, calibration, tokenizer, max_texts=calibration_texts,
-                                                  max_length=max_length, text_column=text_column)
+    calibration_batches = calibration_texts_batches(ctx, calibration, tokenizer, max_texts=calibration_texts,
+                                                    max_length=max_length, text_column=text_column)
     batches = None
     if data is not None:
         from surgery.cli.prepare import DataFiles, DataOptions, load_task
@@ -192,32 +221,91 @@ def export_command(
                                   model=(source, model_config))
         batches = task_data.loader("eval")
     model = surgery.from_pretrained(source)
+    sentence = None
     if format == "sentence-transformers":
-        from surgery.deploy.sentence_interop import export_sentence_transformers
         from surgery.embedding import read_sentence_config
 
         sentence = read_sentence_config(source)
         if sentence is None:
             raise ConfigError(f"--format sentence-transformers: {source} is not a sentence-embedding model (no "
-                              "modules.json or sentence_embedding.json); use --format onnx")
-        with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
-            report = export_sentence_transformers(model, target, tokenizer=tokenizer, sentence_config=sentence,
-                                                  int8=int8, per_channel=not per_tensor, int8_fp32=int8_fp32 or (),
-                                                  calibration=smoothing_batches, smooth_alpha=smooth_alpha,
-                                                  threads=threads, fuse_attention=fuse_attention,
-                                                  int8_mode=int8_mode, overwrite=overwrite)
-        stdout().print(export_view(report, target / "onnx"))
-        stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend='onnx') "
-                       f"loads it ({sentence.describe()}); needs sentence-transformers[onnx], not surgery",
-                       markup=False)
-        return
-    with stderr().status("exporting (torch.onnx dynamo) and checking parity in ONNX Runtime"):
-        report = export_onnx(model, target, tokenizer=tokenizer, task=task, int8=int8, per_channel=not per_tensor,
-                             int8_fp32=int8_fp32 or (), calibration=smoothing_batches, smooth_alpha=smooth_alpha,
-                             optimize=optimize, batch=batch, seq=seq, fuse_attention=fuse_attention,
-                             int8_mode=int8_mode,
-                             tolerance=tolerance, opset=opset, data=batches, threads=threads, overwrite=overwrite)
-    stdout().print(export_view(report, target))
+                              "modules.json or sentence_embedding.json); use --format graph")
+    with stderr().status(f"exporting for {runtime} and checking it against PyTorch"):
+        report = export(model, target, config, tokenizer=tokenizer, calibration=calibration_batches, data=batches,
+                        sentence_config=sentence)
+    subfolder = "openvino" if runtime.startswith("openvino") else "onnx"
+    stdout().print(report_view(report, target / subfolder if sentence is not None else target))
+    if sentence is not None:
+        stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend="
+                       f"'{subfolder}') loads it ({sentence.describe()}); needs sentence-transformers[{subfolder}], "
+                       "not surgery", markup=False)
+
+
+def runtimes_view() -> RenderableType:
+    """Every registered runtime, what it is, and whether it runs here (else why, and the fix)."""
+    from surgery.runtimes import available_runtimes, runtime_class
+
+    table = Table(title="Runtimes (--runtime NAME)", title_justify="left")
+    for column in ("runtime", "what", "here"):
+        table.add_column(column)
+    for name, reason in available_runtimes().items():
+        try:
+            what = runtime_class(name).description
+        except ConfigError:
+            what = ""
+        table.add_row(name, Text(what), Text("available" if reason is None else reason))
+    return table
+
+
+def report_view(report: object, out: Path) -> RenderableType:
+    """The view of whichever report the export returned (ONNX, OpenVINO, or another runtime's artefact)."""
+    from surgery.deploy.export import ExportReport
+    from surgery.deploy.openvino_export import OpenVinoExportReport
+
+    if isinstance(report, ExportReport):
+        return export_view(report, out)
+    if isinstance(report, OpenVinoExportReport):
+        return openvino_view(report, out)
+    return artefact_view(report, out)
+
+
+def _rows(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    for key, value in rows:
+        table.add_row(key, Text(value))
+    return table
+
+
+def openvino_view(report: OpenVinoExportReport, out: Path) -> RenderableType:
+    """What the OpenVINO export wrote and how closely it agrees with PyTorch."""
+    rows = [
+        ("IR", f"{report.xml_file} + .bin ({report.ir_bytes / 2**20:,.1f} MiB), {report.precision}, run held to "
+               f"{report.inference_precision_hint}"),
+        *record_rows(report),
+    ]
+    if report.int8_drift is not None and report.int8_quantization is not None:
+        quant = report.int8_quantization
+        rows.append(("int8 drift", f"on real tokens: max abs {report.int8_drift.max_abs_diff:.2e}, mean cosine "
+                                   f"{report.int8_drift.mean_cosine or 0:.6f}, min {report.int8_drift.min_cosine:.6f}"))
+        rows.append(("calibration", f"NNCF {quant.model_type}, SmoothQuant alpha {quant.smooth_quant_alpha:g}: "
+                                    f"{quant.calibration_texts} texts, {quant.calibration_tokens:,} tokens"))
+    if report.accuracy_torch is not None:
+        rows.append(("accuracy", f"PyTorch fp32 {report.accuracy_torch:.2%}, this IR {report.accuracy_openvino:.2%}"))
+    rows.append(("export time", f"{report.export_seconds:.1f} s" + (f" + {report.quantize_seconds:.1f} s quantizing"
+                                                                   if report.quantize_seconds else "")))
+    return _rows(f"Exported to {out} (OpenVINO)", rows)
+
+
+def artefact_view(artefact: Any, out: Path) -> RenderableType:
+    """What a runtime without its own report wrote (``torch-bf16`` ...), and its drift from fp32 PyTorch."""
+    parity = artefact.parity
+    return _rows(f"Exported to {out} ({artefact.runtime})", [
+        ("files", ", ".join(artefact.files)),
+        ("task", f"{artefact.task} -> {artefact.output}"),
+        ("against fp32", f"max abs {parity['max_abs_diff']:.2e}, mean cosine {parity['mean_cosine']:.6f}"),
+        *((key, str(value)) for key, value in artefact.info.items()),
+    ])
 
 
 def export_stock(model_dir: str, out: Path, *, overwrite: bool, onnx_flags: list[str]) -> None:

@@ -25,7 +25,7 @@ out="$PWD/experiments/embeddings/results/st_onnx_interop.json"
 .venv/bin/surgery apply --strategy head-prune minilm-l6 --set ratio=0.5 --out "$work/heads" >/dev/null
 .venv/bin/surgery apply --strategy ffn-prune "$work/heads" --set ratio=0.5 --out "$work/pruned" >/dev/null
 .venv/bin/surgery export "$work/pruned" --out "$work/st-fp32" --format sentence-transformers
-.venv/bin/surgery export "$work/pruned" --out "$work/st-int8" --format sentence-transformers --int8
+.venv/bin/surgery export "$work/pruned" --out "$work/st-int8" --format sentence-transformers --runtime onnxruntime-int8
 .venv/bin/python - "$work" <<'EOF'
 import json, random, sys
 from pathlib import Path

@@ -131,15 +131,15 @@ def test_cli_bench_across_runtimes_side_by_side(tmp_path) -> None:
     pruned = surgery.save_pretrained(pruned_model, tmp_path / "pruned")
     result = CliRunner().invoke(app, [
         "bench", str(pruned), "--against", str(original), "--runtime", "torch", "--runtime", "onnxruntime",
-        "--int8", "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0",
+        "--runtime", "onnxruntime-int8", "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0",
         "--json", str(tmp_path / "bench.json")])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench.json").read_text())
     names = [m["name"] for m in report["models"]]
-    assert names == [f"{p} [{r}]" for p in (original, pruned) for r in ("torch", "onnxruntime", "onnxruntime int8")]
-    assert [m["runtime"] for m in report["models"]][:3] == ["torch", "onnxruntime", "onnxruntime"]
+    assert names == [f"{p} [{r}]" for p in (original, pruned) for r in ("torch", "onnxruntime", "onnxruntime-int8")]
+    assert [m["runtime"] for m in report["models"]][:3] == ["torch", "onnxruntime", "onnxruntime-int8"]
     sizes = {m["name"]: m["weights_bytes"] for m in report["models"]}
-    assert sizes[f"{pruned} [onnxruntime int8]"] < sizes[f"{pruned} [onnxruntime]"]  # int8 MatMul weights
+    assert sizes[f"{pruned} [onnxruntime-int8]"] < sizes[f"{pruned} [onnxruntime]"]  # int8 MatMul weights
     assert len(report["comparisons"]) == 5 and all(c["reference"] == f"{original} [torch]"
                                                    for c in report["comparisons"])
 
@@ -147,7 +147,7 @@ def test_cli_bench_across_runtimes_side_by_side(tmp_path) -> None:
 def test_bench_rejects_an_unknown_runtime(tmp_path) -> None:
     saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
     result = CliRunner().invoke(app, ["bench", str(saved), "--runtime", "tensorrt"])
-    assert result.exit_code == 2 and result.stderr.startswith("error: bench: runtime 'tensorrt' is not one of torch")
+    assert result.exit_code == 2 and result.stderr.startswith("error: runtime 'tensorrt' is not one of torch")
 
 
 def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_path) -> None:
@@ -169,8 +169,8 @@ def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_
     assert scales[False] and all(int(torch.tensor(shape).prod()) == 1 for shape in scales[False])
     assert export_onnx(model, tmp_path / "fp32", task="base", batch=2, seq=8).int8_per_channel is None
     surgery.save_pretrained(model, tmp_path / "saved")
-    result = CliRunner().invoke(app, ["export", str(tmp_path / "saved"), "--out", str(tmp_path / "cli"), "--int8",
-                                      "--per-tensor", "--seq", "8"])
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "saved"), "--out", str(tmp_path / "cli"),
+                                      "--runtime", "onnxruntime-int8", "--per-tensor", "--seq", "8"])
     assert result.exit_code == 0, result.output
     assert "per-tensor weights" in result.output
     assert json.loads((tmp_path / "cli" / INFO_NAME).read_text())["int8_per_channel"] is False
@@ -206,17 +206,18 @@ def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> Non
 def test_cli_bench_int8_fp32_benches_the_mixed_precision_graph(tmp_path) -> None:
     saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
     args = ["bench", str(saved), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0"]
-    result = CliRunner().invoke(app, [*args, "--int8", "--json", str(tmp_path / "full.json")])
+    int8 = ["--runtime", "onnxruntime-int8"]
+    result = CliRunner().invoke(app, [*args, *int8, "--json", str(tmp_path / "full.json")])
     assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(app, [*args, "--int8", "--int8-fp32", "ffn", "--json", str(tmp_path / "mixed.json")])
+    result = CliRunner().invoke(app, [*args, *int8, "--int8-fp32", "ffn", "--json", str(tmp_path / "mixed.json")])
     assert result.exit_code == 0, result.output
     size = {name: {m["runtime"]: m["weights_bytes"] for m in json.loads((tmp_path / f"{name}.json").read_text())
                    ["models"]} for name in ("full", "mixed")}
     # The FFN weights stay fp32 in the mixed graph, so it is larger than the fully quantized one.
-    assert size["mixed"]["onnxruntime"] > size["full"]["onnxruntime"]
+    assert size["mixed"]["onnxruntime-int8"] > size["full"]["onnxruntime-int8"]
     result = CliRunner().invoke(app, [*args, "--int8-fp32", "ffn"])
-    assert result.exit_code == 2 and "needs --int8" in result.stderr
-    result = CliRunner().invoke(app, [*args, "--int8", "--int8-fp32", "mlp"])
+    assert result.exit_code == 2 and "--runtime onnxruntime-int8" in result.stderr
+    result = CliRunner().invoke(app, [*args, *int8, "--int8-fp32", "mlp"])
     assert result.exit_code == 2 and "'mlp' is not one of" in result.stderr
 
 

@@ -17,7 +17,7 @@ import surgery
 from surgery.cli.app import app
 from surgery.deploy import export_onnx
 from surgery.deploy.export import part_modules
-from surgery.deploy.smooth import SmoothedLinear, smooth_linears, smoothing_scale, text_calibration_batches
+from surgery.deploy.smooth import SmoothedLinear, calibration_batches, smooth_linears, smoothing_scale
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 
@@ -135,12 +135,12 @@ def test_calibration_batches_take_a_seeded_sample() -> None:
 
     tok = BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b"])})
     texts = [" ".join(["a"] * (i % 5 + 1)) for i in range(100)]
-    first = text_calibration_batches(texts, tok, max_texts=50, batch_size=16)
-    again = text_calibration_batches(texts, tok, max_texts=50, batch_size=16)
+    first = calibration_batches(texts, tok, max_texts=50, batch_size=16)
+    again = calibration_batches(texts, tok, max_texts=50, batch_size=16)
     assert [b["input_ids"].shape[0] for b in first] == [16, 16, 16, 2]
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again, strict=True))
     with pytest.raises(surgery.ConfigError, match="at least one text"):
-        text_calibration_batches([], tok)
+        calibration_batches([], tok)
 
 
 def saved_with_corpus(tmp_path):
@@ -158,43 +158,44 @@ def saved_with_corpus(tmp_path):
 def test_cli_export_int8_with_calibration(tmp_path) -> None:
     saved, corpus = saved_with_corpus(tmp_path)
     args = ["export", str(saved), "--seq", "8", "--batch", "2"]
-    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o"), "--int8", "--calibration", str(corpus),
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o"), "--runtime", "onnxruntime-int8",
+                                      "--calibration", str(corpus),
                                       "--calibration-texts", "40"])
     assert result.exit_code == 0, result.output
     assert "activations smoothed (alpha 0.85" in result.stdout and "calibration" in result.stdout
     info = json.loads((tmp_path / "o" / "surgery-onnx.json").read_text())["int8_smoothing"]
     assert info["calibration_batches"] == 2 and info["modules"] == 12
-    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p"), "--int8"])
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p"), "--runtime", "onnxruntime-int8"])
     assert result.exit_code == 0 and "--calibration YOUR_TEXTS" in result.stdout
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "q"), "--calibration", str(corpus)])
-    assert result.exit_code == 2 and "add --int8" in result.stderr and not (tmp_path / "q").exists()
-    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r"), "--int8", "--calibration",
-                                      str(tmp_path / "missing.txt")])
+    assert result.exit_code == 2 and "pick an int8 runtime" in result.stderr and not (tmp_path / "q").exists()
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r"), "--runtime", "onnxruntime-int8",
+                                      "--calibration", str(tmp_path / "missing.txt")])
     assert result.exit_code == 2 and "missing.txt" in result.stderr and not (tmp_path / "r").exists()
 
 
 def test_cli_bench_int8_with_calibration_benches_the_smoothed_graph(tmp_path) -> None:
     saved, corpus = saved_with_corpus(tmp_path)
     args = ["bench", str(saved), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0"]
-    result = CliRunner().invoke(app, [*args, "--int8", "--calibration", str(corpus),
-                                      "--json", str(tmp_path / "b.json")])
+    result = CliRunner().invoke(app, [*args, "--runtime", "torch", "--runtime", "onnxruntime-int8", "--calibration",
+                                      str(corpus), "--json", str(tmp_path / "b.json")])
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "b.json").read_text())["models"]
-    assert [m["runtime"] for m in rows] == ["torch", "onnxruntime"] and "int8" in rows[1]["name"]
+    assert [m["runtime"] for m in rows] == ["torch", "onnxruntime-int8"] and "int8" in rows[1]["name"]
     result = CliRunner().invoke(app, [*args, "--calibration", str(corpus)])
-    assert result.exit_code == 2 and "add --int8" in result.stderr
+    assert result.exit_code == 2 and "add --runtime onnxruntime-int8" in result.stderr
 
 
 def test_sentence_transformers_export_smooths_too(tmp_path) -> None:
     from transformers import AutoTokenizer
 
     from surgery.deploy.sentence_interop import export_sentence_transformers
-    from surgery.deploy.smooth import text_calibration_batches
+    from surgery.deploy.smooth import calibration_batches
     from surgery.embedding import SentenceConfig
 
     saved, corpus = saved_with_corpus(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(saved)
-    batches = text_calibration_batches(corpus.read_text().splitlines(), tokenizer, max_texts=32)
+    batches = calibration_batches(corpus.read_text().splitlines(), tokenizer, max_texts=32)
     report = export_sentence_transformers(surgery.from_pretrained(saved), tmp_path / "st", tokenizer=tokenizer,
                                           sentence_config=SentenceConfig(normalize=True), int8=True,
                                           calibration=batches, smooth_alpha=0.8)

@@ -167,7 +167,7 @@ def test_cli_export_format_stock_writes_or_refuses_in_one_line(tmp_path: Path) -
     with torch.no_grad():
         torch.testing.assert_close(main_output(loaded, inputs), main_output(cut, inputs), atol=1e-5, rtol=0)
     for args, says in (([str(tmp_path / "heads")], "heads were pruned"),
-                       ([str(tmp_path / "cut"), "--int8"], "--int8 belong to the ONNX formats")):
+                       ([str(tmp_path / "cut"), "--runtime", "openvino"], "--runtime belong to the ONNX formats")):
         refused = runner.invoke(app, ["export", *args, "--format", "stock", "-o", str(tmp_path / "s2")])
         assert refused.exit_code == 2 and says in refused.stderr, refused.output
         assert len(refused.stderr.strip().splitlines()) == 1

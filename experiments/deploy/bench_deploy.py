@@ -28,8 +28,8 @@ import torch
 from transformers import BertConfig, BertModel
 
 from surgery.deploy import export_onnx
-from surgery.deploy.runtime_bench import bench_runtimes, runtime_label
 from surgery.persist.model_io import from_pretrained
+from surgery.runtimes.bench import bench_runtimes, runtime_label
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 RESULT = ROOT / "experiments" / "deploy" / "results" / "deploy.json"
@@ -95,15 +95,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     export = export_onnx(from_pretrained(shrp), Path(tempfile.mkdtemp()) / "shrp-int8", tokenizer=tokenizer,
                          int8=True, optimize=True, data=data and data.loader("eval"), threads=args.threads)
-    report = bench_runtimes(["minilm-l6", shrp], names=["original", "shrp"], runtimes=["torch", "onnxruntime"],
-                            int8=True, data=data and data.loader("eval"), threads=args.threads, batch_size=32,
-                            seq_len=64, repeats=args.repeats, warmup=args.warmup)
+    report = bench_runtimes(["minilm-l6", shrp], names=["original", "shrp"],
+                            runtimes=["torch", "onnxruntime", "onnxruntime-int8"], data=data and data.loader("eval"),
+                            threads=args.threads, batch_size=32, seq_len=64, repeats=args.repeats, warmup=args.warmup)
     bench = report.model_dump(mode="json")
     models = {m["name"]: m for m in bench["models"]}
     ref = runtime_label("original", "torch")
     shrp_torch = runtime_label("shrp", "torch")
-    composed = runtime_label("shrp", "onnxruntime", int8=True)
-    original_int8 = runtime_label("original", "onnxruntime", int8=True)
+    composed = runtime_label("shrp", "onnxruntime-int8")
+    original_int8 = runtime_label("original", "onnxruntime-int8")
     accuracy_share = None if data is None else models[composed]["accuracy"] / models[shrp_torch]["accuracy"]
     headline = {
         "speedup_vs_original_fp32": paired(models, composed, ref),

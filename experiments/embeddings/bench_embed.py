@@ -272,15 +272,16 @@ def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: a
     if args.int8:
         # Every model in PyTorch fp32, ONNX Runtime fp32 and ONNX Runtime int8 (the graphs the
         # evaluation scored), interleaved in one process; ratios against the teacher in PyTorch.
-        from surgery.deploy.runtime_bench import bench_runtimes
+        from surgery.runtimes.bench import bench_runtimes
 
         calibration = None
         if args.smooth_alpha:  # the speed of a smoothed graph does not depend on which texts calibrated it
             tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
             calibration = text_calibration_batches(corpus_texts(), tokenizer, max_length=args.eval_length)
         bench = bench_runtimes([resolve_model_path(args.model), *(work / n for n in names)], names=["teacher", *names],
-                               runtimes=("torch", "onnxruntime"), int8=True, calibration=calibration,
-                               smooth_alpha=args.smooth_alpha or SMOOTH_ALPHA, threads=args.threads, batch_size=32,
+                               runtimes=("torch", "onnxruntime", "onnxruntime-int8"), calibration=calibration,
+                               options={"onnxruntime-int8": {"smooth_alpha": args.smooth_alpha or SMOOTH_ALPHA}},
+                               threads=args.threads, batch_size=32,
                                seq_len=64, repeats=args.repeats, warmup=2)
     else:
         models = {"teacher": teacher, **{n: surgery.from_pretrained(work / n) for n in names}}

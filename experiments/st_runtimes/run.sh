@@ -4,7 +4,7 @@
 # transformers 5, optimum-onnx needs transformers < 4.58).
 #
 # Steps: (1) with surgery (./.venv): held-out and calibration texts (split_texts.py), then all-MiniLM-L6-v2
-# exported as `--format sentence-transformers --int8`, with and without `--calibration`; (2) the stock venv
+# exported as `--format sentence-transformers --runtime onnxruntime-int8`, with and without `--calibration`; (2) the stock venv
 # WORK-venv, made once and reused; (3) in it, sentence-transformers' own exports (bench_st_runtimes.py export),
 # then every backend's embeddings of the held-out texts (embed) and the interleaved timing (time), the timing
 # alone under the lock when LOCK names one (flock: timed runs on a shared machine take turns); (4) with
@@ -29,9 +29,11 @@ mkdir -p "$work"
 # The untimed steps run under nice: other people's benchmarks may share the machine.
 .venv/bin/python "$study/split_texts.py" "$work"
 rm -rf "$work/surgery-int8" "$work/surgery-int8-smooth"
-nice .venv/bin/surgery export minilm-l6 --out "$work/surgery-int8-smooth" --format sentence-transformers --int8 \
+nice .venv/bin/surgery export minilm-l6 --out "$work/surgery-int8-smooth" --format sentence-transformers \
+    --runtime onnxruntime-int8 \
     --calibration "$work/calibration.txt"
-nice .venv/bin/surgery export minilm-l6 --out "$work/surgery-int8" --format sentence-transformers --int8
+nice .venv/bin/surgery export minilm-l6 --out "$work/surgery-int8" --format sentence-transformers \
+    --runtime onnxruntime-int8
 
 # (2) the stock venv: the version set of /work/shared/design/ASSETS.md that installs together, torch from the
 # CPU wheel index (plain PyPI's torch pulls the CUDA libraries; TORCH_INDEX= empty keeps pip's own configuration,

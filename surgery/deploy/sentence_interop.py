@@ -118,6 +118,8 @@ def to_sentence_transformer(model_or_dir: nn.Module | str | os.PathLike[str], *,
 
 #: The subfolder where stock sentence-transformers' ONNX backend looks for ``model.onnx``.
 ONNX_SUBFOLDER = "onnx"
+#: The subfolder where its OpenVINO backend looks for ``openvino_model.xml``.
+OPENVINO_SUBFOLDER = "openvino"
 
 
 def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[str], *, tokenizer: Any,
@@ -125,7 +127,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
                                  per_channel: bool = True, int8_fp32: tuple[str, ...] | list[str] = (),
                                  calibration: Any = None, smooth_alpha: float = SMOOTH_ALPHA,
                                  threads: int | None = None, fuse_attention: bool = True,
-                                 int8_mode: str = "dynamic", overwrite: bool = False) -> Any:
+                                 int8_mode: str = "dynamic", overwrite: bool = False, runtime: str = "onnx") -> Any:
     """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
 
     The directory holds the encoder's graph in ``onnx/model.onnx`` (exported and parity-checked by
@@ -140,6 +142,9 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     rebuilding the original shapes: load it with ``backend="onnx"``.
 
     ``fuse_attention`` and ``int8_mode`` pass to the export (``--no-fuse-attention``, ``--int8-mode``).
+    ``runtime="openvino"`` writes the OpenVINO IR to ``openvino/openvino_model.xml`` instead
+    (:func:`surgery.deploy.openvino_export.export_openvino`; ``int8`` is NNCF's, calibrated on
+    ``calibration``, which it then requires), for ``SentenceTransformer(out_dir, backend="openvino")``.
     The pooling comes from ``sentence_config``, else from the directory the model was loaded from.
     Returns the :class:`~surgery.deploy.ExportReport` of the graph (also written as
     ``onnx/surgery-onnx.json``). The directory is written atomically.
@@ -172,11 +177,20 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         raise ConfigError("export --format sentence-transformers needs a sentence-embedding model: its directory "
                           "has no modules.json or sentence_embedding.json (pass sentence_config= in Python)")
     encoder = encoder_of(model)
+    if runtime not in ("onnx", "openvino"):
+        raise ConfigError(f"export --format sentence-transformers: runtime {runtime!r} is not onnx or openvino")
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False, task="base",
-                             int8=int8, per_channel=per_channel, int8_fp32=int8_fp32, calibration=calibration,
-                             smooth_alpha=smooth_alpha, threads=threads, fuse_attention=fuse_attention,
-                             int8_mode=int8_mode)
+        if runtime == "openvino":  # openvino/openvino_model.xml, where backend="openvino" looks
+            from surgery.deploy.openvino_export import export_openvino
+
+            report = export_openvino(encoder, tmp / OPENVINO_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False,
+                                     write_config=False, task="base", int8=int8, calibration=calibration,
+                                     smooth_quant_alpha=smooth_alpha, threads=threads)
+        else:
+            report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False,
+                                 task="base", int8=int8, per_channel=per_channel, int8_fp32=int8_fp32,
+                                 calibration=calibration, smooth_alpha=smooth_alpha, threads=threads,
+                                 fuse_attention=fuse_attention, int8_mode=int8_mode)
         # At the top, where sentence-transformers' Transformer module reads it; truncating where it does, and
         # sentence_bert_config.json says the same length.
         limit = serving_max_length(encoder.config, tokenizer, config.max_seq_length)

@@ -123,8 +123,8 @@ class Runtime(ABC):
         artefact = self.write_artefact(model, work_dir, task=task, calibration=calibration, threads=threads)
         return self.load(artefact.directory, config=model.config, threads=threads)
 
-    def check_calibration(self, calibration: Sequence[Batch] | None) -> None:
-        """Refuse, in one line, a missing ``calibration`` for a runtime that needs it."""
+    def check_calibration(self, calibration: Sequence[Batch] | bool | None) -> None:
+        """Refuse, in one line, a missing ``calibration`` (the batches, or whether they were given) where required."""
         from surgery.core.errors import ConfigError
 
         if self.needs_calibration and not calibration:

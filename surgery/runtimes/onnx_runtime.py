@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import nn
 from transformers import PretrainedConfig
@@ -39,6 +39,11 @@ class OnnxRuntimeRuntime(Runtime):
     description: ClassVar[str] = "ONNX Runtime, fp32 graph"
     int8: ClassVar[bool] = False
 
+    def __init__(self, **export_options: Any) -> None:
+        #: Further keyword arguments of :func:`surgery.deploy.export.export_onnx` (``int8_fp32``, ``smooth_alpha``,
+        #: ``per_channel``, ``int8_mode``, ``fuse_attention`` ...), as ``bench --int8-fp32`` passes them.
+        self.export_options = export_options
+
     def unavailable(self) -> str | None:
         from surgery.deploy.runtime import INSTALL_HINT, ONNX_PACKAGES
 
@@ -50,7 +55,8 @@ class OnnxRuntimeRuntime(Runtime):
         from surgery.deploy.export import export_onnx
 
         report = export_onnx(model, out_dir, task=task, threads=threads, opset=opset, int8=self.int8,
-                             calibration=list(calibration) if (self.int8 and calibration) else None)
+                             calibration=list(calibration) if (self.int8 and calibration) else None,
+                             **self.export_options)
         found = report.int8_drift if report.int8_drift is not None else report.parity
         return artefact_of(self.name, Path(out_dir), task=report.task, output=report.output, found=found,
                            info=report.model_dump(mode="json"))
@@ -71,3 +77,6 @@ class OnnxRuntimeInt8Runtime(OnnxRuntimeRuntime):
     description: ClassVar[str] = "ONNX Runtime, dynamic int8 (smoothed on --calibration texts when given)"
     needs_calibration: ClassVar[bool] = True
     int8: ClassVar[bool] = True
+
+    def check_calibration(self, calibration: Sequence[Batch] | bool | None) -> None:
+        """Calibration is optional here: without it the activations are quantized as they are (no smoothing)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import nn
 from transformers import PretrainedConfig
@@ -41,6 +41,11 @@ class OpenVinoRuntime(Runtime):
     #: The import names this runtime needs.
     packages: ClassVar[tuple[str, ...]] = ("openvino",)
 
+    def __init__(self, **export_options: Any) -> None:
+        #: Further keyword arguments of :func:`surgery.deploy.openvino_export.export_openvino`
+        #: (``smooth_quant_alpha`` ...).
+        self.export_options = export_options
+
     def unavailable(self) -> str | None:
         return missing_packages(self.packages, OPENVINO_HINT)
 
@@ -49,7 +54,8 @@ class OpenVinoRuntime(Runtime):
                        opset: int | None = None) -> RuntimeArtefact:
         self.check_calibration(calibration)
         report = export_openvino(model, out_dir, task=task, threads=threads, int8=self.int8,
-                                 calibration=list(calibration) if (self.int8 and calibration) else None)
+                                 calibration=list(calibration) if (self.int8 and calibration) else None,
+                                 **self.export_options)
         found = report.int8_drift if report.int8_drift is not None else report.parity
         return artefact_of(self.name, Path(out_dir), task=report.task, output=report.output, found=found,
                            info=report.model_dump(mode="json"))

@@ -1,0 +1,144 @@
+"""OpenVINO runtimes: the IR of every family, uneven structures included, reloads and matches; NNCF int8; the CLI.
+
+Skipped in one line where the ``openvino`` extra (openvino, nncf) is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+pytest.importorskip("openvino", reason="the openvino extra is not installed: pip install 'encoder-surgery[openvino]'")
+pytest.importorskip("nncf", reason="the openvino extra is not installed: pip install 'encoder-surgery[openvino]'")
+
+import surgery
+from surgery.cli.app import app
+from surgery.core.errors import ConfigError
+from surgery.deploy.openvino_export import OV_INFO, OV_XML, OpenVinoModel, export_openvino
+from surgery.runtimes import get_runtime
+from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
+from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
+
+pytestmark = pytest.mark.openvino
+
+
+def uneven(spec: TinySpec) -> torch.nn.Module:
+    """A tiny model of ``spec`` with layer 0 at 2 of 4 heads and both FFNs at different widths."""
+    model = tiny_model(spec)
+    surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))
+    surgery.convert(model, FFNPruningStrategy(neurons={0: list(range(20)), 1: list(range(5))}))
+    return model
+
+
+def calibration(spec: TinySpec) -> list[dict[str, torch.Tensor]]:
+    return [tiny_inputs(spec, batch=8, seq=12, seed=seed) for seed in range(3)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_ir_of_every_family_with_uneven_heads_and_ffn_reloads_and_matches(tmp_path, family) -> None:
+    spec = TinySpec(family, task="seq-cls")
+    model = uneven(spec).eval()
+    runtime = get_runtime("openvino")
+    artefact = runtime.write_artefact(model, tmp_path / "ir", threads=1)
+    assert artefact.parity["max_abs_diff"] < 1e-4 and artefact.output == "logits"
+    assert {OV_XML, "openvino_model.bin", "config.json", OV_INFO} <= set(artefact.files)
+    served = runtime.load(artefact.directory, config=model.config, threads=1)
+    # Another batch and length than the parity check's: the IR's batch and sequence are dynamic.
+    for batch, seq in ((5, 11), (1, 3)):
+        inputs = tiny_inputs(spec, batch=batch, seq=seq)
+        with torch.no_grad():
+            torch.testing.assert_close(served(**inputs).logits, model(**inputs).logits, atol=1e-4, rtol=0)
+
+
+def test_base_encoder_ir_with_padding_matches_on_real_tokens(tmp_path) -> None:
+    spec = TinySpec("bert")
+    model = uneven(spec).eval()
+    report = export_openvino(model, tmp_path / "ir", batch=3, seq=9, threads=1)
+    assert report.output == "last_hidden_state" and report.steps == ["head-prune", "ffn-prune"]
+    assert report.inputs == ["input_ids", "attention_mask", "token_type_ids"] and report.precision == "f32"
+    saved = json.loads((tmp_path / "ir" / OV_INFO).read_text())
+    assert saved["parity"]["max_abs_diff"] < 1e-4 and saved["inference_precision_hint"] == "f32"
+    served = OpenVinoModel(tmp_path / "ir" / OV_XML, config=model.config, threads=1)
+    assert served.compiled.get_property("INFERENCE_PRECISION_HINT").to_string() == "f32"
+    assert int(served.compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    inputs = tiny_inputs(spec, batch=4, seq=10)
+    inputs["attention_mask"][1, 6:] = 0
+    torch.testing.assert_close(main_output(served, inputs), main_output(model, inputs), atol=1e-4, rtol=0)
+
+
+def test_int8_is_calibrated_its_drift_recorded_and_it_needs_calibration(tmp_path) -> None:
+    spec = TinySpec("bert", task="seq-cls")
+    model = uneven(spec).eval()
+    runtime = get_runtime("openvino-int8")
+    artefact = runtime.write_artefact(model, tmp_path / "q", calibration=calibration(spec), threads=1)
+    info = artefact.info
+    assert info["precision"] == "int8" and info["int8_quantization"]["model_type"] == "transformer"
+    assert info["int8_quantization"]["calibration_texts"] == 24  # one item per text, padding cut off
+    assert info["int8_quantization"]["smooth_quant_alpha"] == 0.95
+    assert 0.9 < artefact.parity["mean_cosine"] <= 1.0 + 1e-9 and artefact.parity["max_abs_diff"] > 0
+    xml = (artefact.directory / OV_XML).read_text()
+    assert "FakeQuantize" in xml or "FakeConvert" in xml  # the IR is quantized, not the fp32 one again
+    served = runtime.load(artefact.directory, config=model.config, threads=1)
+    inputs = tiny_inputs(spec, batch=5, seq=11)
+    torch.testing.assert_close(served(**inputs).logits, model(**inputs).logits, atol=0.3, rtol=0)
+    with pytest.raises(ConfigError, match="--calibration FILE"):
+        runtime.write_artefact(model, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_export_openvino_int8_and_the_sentence_transformers_layout(tmp_path) -> None:
+    from transformers import BertTokenizer
+
+    spec = TinySpec("bert")
+    saved = surgery.save_pretrained(uneven(spec), tmp_path / "m")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *(f"w{i}" for i in range(95))]
+    BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(saved)
+    (saved / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (saved / "1_Pooling").mkdir()
+    (saved / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                 "pooling_mode_mean_tokens": True}))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(f"w{(i * j) % 95}" for j in range(i % 7 + 2)) for i in range(60)))
+    runner = CliRunner()
+    result = runner.invoke(app, ["export", str(saved), "--out", str(tmp_path / "ir"), "--runtime", "openvino-int8",
+                                 "--calibration", str(corpus), "--calibration-texts", "40", "--seq", "8"])
+    assert result.exit_code == 0, result.output
+    assert "int8 drift" in result.stdout and "NNCF transformer" in result.stdout
+    files = {p.name for p in (tmp_path / "ir").iterdir()}
+    assert {OV_XML, "openvino_model.bin", "config.json", OV_INFO, "tokenizer.json"} <= files
+    info = json.loads((tmp_path / "ir" / OV_INFO).read_text())
+    assert info["int8_quantization"]["calibration_texts"] == 40 and info["int8_drift"]["mean_cosine"] > 0.9
+    result = runner.invoke(app, ["export", str(saved), "--out", str(tmp_path / "st"), "--runtime", "openvino",
+                                 "--format", "sentence-transformers"])
+    assert result.exit_code == 0, result.output
+    assert "backend='openvino'" in result.stdout
+    st = tmp_path / "st"
+    assert (st / "openvino" / OV_XML).is_file() and (st / "modules.json").is_file()
+    assert (st / "1_Pooling" / "config.json").is_file() and (st / "config.json").is_file()
+    assert (st / "tokenizer.json").is_file() or (st / "vocab.txt").is_file()
+
+
+def test_cli_bench_runs_the_openvino_runtimes_side_by_side(tmp_path) -> None:
+    from transformers import BertTokenizer
+
+    saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *(f"w{i}" for i in range(95))]
+    BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(saved)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(f"w{(i * j) % 95}" for j in range(i % 5 + 2)) for i in range(40)))
+    result = CliRunner().invoke(app, [
+        "bench", str(saved), "--runtime", "torch", "--runtime", "openvino", "--runtime", "openvino-int8",
+        "--calibration", str(corpus), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0",
+        "--threads", "1", "--json", str(tmp_path / "b.json")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "b.json").read_text())["models"]
+    assert [m["runtime"] for m in rows] == ["torch", "openvino", "openvino-int8"]
+    # Every row times its own artefact: the IR files, and the int8 one is another IR than the f32 one.
+    assert rows[1]["weights_bytes"] > 0 and rows[2]["weights_bytes"] != rows[1]["weights_bytes"]
+    assert "openvino-int8 artefact size" in rows[2]["memory_method"]

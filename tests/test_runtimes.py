@@ -1,0 +1,242 @@
+"""One runtime concept: the registry (entry points, a third party's runtime), availability, ExportConfig, the CLI names.
+
+OpenVINO's own artefacts are tested in tests/test_openvino.py (skipped where the extra is missing).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import surgery
+from surgery.cli.app import app
+from surgery.core.errors import ConfigError
+from surgery.deploy.runtime import MissingDependencyError
+from surgery.runtimes import available_runtimes, get_runtime, register_runtime, runtime_class, runtime_names
+from surgery.runtimes.base import Runtime
+from surgery.runtimes.export_config import ExportConfig
+from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
+
+BUILTINS = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-int8")
+
+THIRD_PARTY = '''
+from torch import nn
+
+from surgery.runtimes.torch_runtime import TorchRuntime
+
+
+class Doubled(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, **inputs):
+        out = self.inner(**inputs)
+        out["last_hidden_state"] = out["last_hidden_state"] * 2
+        return out
+
+
+class DoubledRuntime(TorchRuntime):
+    """A third party's runtime: the model as it is, outputs doubled (so a test can tell it ran)."""
+
+    name = "doubled"
+    description = "doubled outputs"
+
+    def prepare(self, model, work_dir, *, task="auto", calibration=None, threads=None):
+        return Doubled(super().prepare(model, work_dir, task=task))
+'''
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_builtins_are_registered_through_the_entry_point_group_in_order() -> None:
+    assert runtime_names()[: len(BUILTINS)] == BUILTINS
+    for name in BUILTINS:
+        cls = runtime_class(name)
+        assert issubclass(cls, Runtime) and cls.name == name and cls.description
+    assert runtime_class("openvino-int8").needs_calibration and not runtime_class("openvino").needs_calibration
+    assert runtime_class("openvino").extra == "openvino" and runtime_class("onnxruntime").extra == "onnx"
+    assert runtime_class("torch").extra is None
+
+
+def test_resolving_one_name_imports_only_that_runtime(monkeypatch) -> None:
+    for module in ("surgery.runtimes.openvino_runtime", "surgery.runtimes.onnx_runtime"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    get_runtime("torch")
+    assert "surgery.runtimes.openvino_runtime" not in sys.modules
+    assert "surgery.runtimes.onnx_runtime" not in sys.modules
+
+
+def test_unknown_runtime_is_refused_listing_the_registered_names() -> None:
+    with pytest.raises(ConfigError, match=r"runtime 'tensorrt' is not one of torch, torch-bf16, .*openvino-int8"):
+        get_runtime("tensorrt")
+
+
+def test_a_third_party_runtime_registers_through_an_entry_point(tmp_path, monkeypatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "doubled_runtime.py").write_text(THIRD_PARTY)
+    info = site / "surgery_doubled-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: surgery-doubled\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[surgery.runtimes]\ndoubled = doubled_runtime:DoubledRuntime\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert "doubled" in runtime_names() and available_runtimes()["doubled"] is None
+    spec = TinySpec("bert")
+    model = tiny_model(spec)
+    served = get_runtime("doubled").prepare(model, tmp_path / "w")
+    inputs = tiny_inputs(spec)
+    torch.testing.assert_close(main_output(served, inputs), 2 * main_output(model, inputs))
+    # SURGERY_PLUGINS restricts third parties as it does for strategies; the built-ins stay.
+    monkeypatch.setenv("SURGERY_PLUGINS", "")
+    assert "doubled" not in runtime_names() and "openvino" in runtime_names()
+
+
+def test_register_runtime_in_process_and_a_broken_entry_is_reported_not_raised(tmp_path, monkeypatch) -> None:
+    from surgery.runtimes.torch_runtime import TorchRuntime
+
+    @register_runtime
+    class Renamed(TorchRuntime):
+        """PyTorch under another name."""
+
+        name = "renamed-test"
+
+    assert get_runtime("renamed-test").name == "renamed-test"
+    with pytest.raises(ValueError, match="invalid runtime name"):
+        register_runtime(type("Bad", (TorchRuntime,), {"name": "no spaces"}))
+    site = tmp_path / "broken"
+    info = site / "surgery_broken_rt-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: surgery-broken-rt\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[surgery.runtimes]\nbroken-rt = no_such_module_here:Runtime\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert "failed to import" in (available_runtimes()["broken-rt"] or "")
+    with pytest.raises(ConfigError, match=r"broken-rt.*failed to import"):
+        get_runtime("broken-rt")
+
+
+def test_a_missing_package_is_one_line_naming_the_extra(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("openvino", "nncf") else real(name, *a))
+    reason = available_runtimes()["openvino-int8"]
+    assert reason == "needs openvino, nncf (not installed): pip install 'encoder-surgery[openvino]'"
+    with pytest.raises(MissingDependencyError, match=r"encoder-surgery\[openvino\]"):
+        get_runtime("openvino")
+    result = CliRunner().invoke(app, ["export", "minilm-l6", "--out", "/tmp/never-written-rt", "--runtime", "openvino"])
+    assert "pip install 'encoder-surgery[openvino]'" in one_line_error(result)
+    assert not Path("/tmp/never-written-rt").exists()
+
+
+def test_bf16_needs_the_cpu_flag_or_cuda(monkeypatch) -> None:
+    from surgery.measure import machine
+
+    bare = machine.machine_info().model_copy(update={"flags": ["avx2", "avx512f"]})
+    monkeypatch.setattr(machine, "machine_info", lambda: bare)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reason = get_runtime("torch-bf16", require_available=False).unavailable()
+    assert reason is not None and "avx512_bf16 or amx_bf16" in reason and "--runtime torch" in reason
+    with pytest.raises(ConfigError, match=r"torch-bf16.*not available here"):
+        get_runtime("torch-bf16")
+    assert "CUDA" in (available_runtimes()["torch-fp16"] or "")
+    flagged = bare.model_copy(update={"flags": ["avx512_bf16"]})
+    monkeypatch.setattr(machine, "machine_info", lambda: flagged)
+    assert get_runtime("torch-bf16").unavailable() is None
+
+
+def test_torch_bf16_artefact_reloads_in_bf16_and_records_its_drift(tmp_path) -> None:
+    runtime = get_runtime("torch-bf16", require_available=False)
+    spec = TinySpec("bert", task="seq-cls")
+    model = tiny_model(spec)
+    artefact = runtime.write_artefact(model, tmp_path / "bf16")
+    assert artefact.info["dtype"] == "bfloat16" and artefact.output == "logits"
+    assert 0.99 < artefact.parity["mean_cosine"] <= 1.0 + 1e-9 and artefact.parity["max_abs_diff"] > 0
+    served = runtime.load(artefact.directory, config=model.config)
+    assert next(served.parameters()).dtype == torch.bfloat16
+    got = served(**tiny_inputs(spec)).logits
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, model(**tiny_inputs(spec)).logits, atol=0.05, rtol=0.05)
+    assert get_runtime("torch").prepare(model, tmp_path / "unused") is model
+
+
+@pytest.mark.onnx
+@pytest.mark.parametrize("name", ["onnxruntime", "onnxruntime-int8"])
+def test_onnx_runtimes_wrap_the_one_onnx_export(tmp_path, name) -> None:
+    spec = TinySpec("bert", heads=4)
+    model = tiny_model(spec)
+    surgery.convert(model, surgery.get_method("head-prune")(heads={0: [1, 2]}))
+    runtime = get_runtime(name)
+    artefact = runtime.write_artefact(model, tmp_path / name, threads=1)
+    info = json.loads((artefact.directory / "surgery-onnx.json").read_text())
+    assert info["int8"] is name.endswith("int8") and artefact.files == ("model.onnx", "surgery-onnx.json")
+    served = runtime.load(artefact.directory, config=model.config, threads=1)
+    inputs = tiny_inputs(spec, batch=5, seq=11)
+    tolerance = 1e-4 if name == "onnxruntime" else 0.2
+    torch.testing.assert_close(main_output(served, inputs), main_output(model, inputs), atol=tolerance, rtol=0)
+
+
+def test_export_config_validates_once_and_refuses_unknown_fields() -> None:
+    assert ExportConfig().runtime == "onnxruntime" and ExportConfig(runtime="openvino-int8").smooth_alpha is None
+    with pytest.raises(ValueError, match=r"unknown|extra"):
+        ExportConfig(int8=True)
+    with pytest.raises(ValueError, match="opset belongs to the ONNX Runtime runtimes"):
+        ExportConfig(runtime="openvino", opset=17)
+    with pytest.raises(ValueError, match="int8_fp32 belongs to --runtime onnxruntime-int8"):
+        ExportConfig(runtime="onnxruntime", int8_fp32=("ffn",))
+    with pytest.raises(ValueError, match="not an int8 runtime"):
+        ExportConfig(runtime="openvino", smooth_alpha=0.5)
+    with pytest.raises(ValueError, match="format sentence-transformers writes an ONNX graph or an OpenVINO IR"):
+        ExportConfig(runtime="torch-bf16", format="sentence-transformers")
+    with pytest.raises(ValueError, match="frozen"):
+        ExportConfig().runtime = "openvino"  # type: ignore[misc]
+
+
+def test_export_config_drives_the_python_api_for_any_runtime(tmp_path) -> None:
+    from surgery.runtimes.export_config import export
+
+    spec = TinySpec("bert")
+    model = tiny_model(spec)
+    artefact = export(model, tmp_path / "t", ExportConfig(runtime="torch"))
+    assert artefact.directory == (tmp_path / "t").resolve() and "model.safetensors" in artefact.files
+    reloaded = surgery.from_pretrained(tmp_path / "t")
+    torch.testing.assert_close(main_output(reloaded, tiny_inputs(spec)), main_output(model, tiny_inputs(spec)))
+    with pytest.raises(ConfigError, match="does not use them"):
+        export(model, tmp_path / "u", ExportConfig(runtime="torch"), calibration=[tiny_inputs(spec)])
+    assert not (tmp_path / "u").exists()
+
+
+@pytest.mark.parametrize("command", [["export", "minilm-l6", "--out", "/tmp/never-written-rt", "--int8"],
+                                     ["bench", "minilm-l6", "--int8"]])
+def test_old_int8_spelling_is_refused_naming_the_new_one(command) -> None:
+    line = one_line_error(CliRunner().invoke(app, command))
+    assert "--runtime onnxruntime-int8" in line and "--int8 is replaced" in line
+
+
+def test_cli_refuses_unavailable_unknown_and_misplaced_runtime_settings(tmp_path) -> None:
+    saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
+    runner = CliRunner()
+    out = ["--out", str(tmp_path / "o")]
+    if not torch.cuda.is_available():
+        assert "needs a CUDA device" in one_line_error(runner.invoke(app, ["export", str(saved), *out, "--runtime",
+                                                                         "torch-fp16"]))
+    assert "is not one of torch" in one_line_error(runner.invoke(app, ["export", str(saved), *out, "--runtime",
+                                                                     "tensorrt"]))
+    assert "opset belongs" in one_line_error(runner.invoke(app, ["export", str(saved), *out, "--runtime", "openvino",
+                                                               "--opset", "17"]))
+    assert "--calibration FILE" in one_line_error(runner.invoke(app, ["export", str(saved), *out, "--runtime",
+                                                                    "openvino-int8"]))
+    assert "is not one of torch" in one_line_error(runner.invoke(app, ["bench", str(saved), "--runtime", "tensorrt"]))
+    assert not (tmp_path / "o").exists()
+    listed = runner.invoke(app, ["export", str(saved), *out, "--runtime", "list"])
+    assert listed.exit_code == 0 and all(name in listed.stdout for name in BUILTINS)
