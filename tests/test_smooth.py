@@ -17,7 +17,7 @@ import surgery
 from surgery.cli.app import app
 from surgery.deploy import export_onnx
 from surgery.deploy.export import part_modules
-from surgery.deploy.smooth import SmoothedLinear, calibration_batches, smooth_linears, smoothing_scale
+from surgery.deploy.smooth import SmoothedLinear, smooth_linears, smoothing_scale, text_calibration_batches
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 
@@ -135,12 +135,12 @@ def test_calibration_batches_take_a_seeded_sample() -> None:
 
     tok = BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b"])})
     texts = [" ".join(["a"] * (i % 5 + 1)) for i in range(100)]
-    first = calibration_batches(texts, tok, max_texts=50, batch_size=16)
-    again = calibration_batches(texts, tok, max_texts=50, batch_size=16)
+    first = text_calibration_batches(texts, tok, max_texts=50, batch_size=16)
+    again = text_calibration_batches(texts, tok, max_texts=50, batch_size=16)
     assert [b["input_ids"].shape[0] for b in first] == [16, 16, 16, 2]
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again, strict=True))
     with pytest.raises(surgery.ConfigError, match="at least one text"):
-        calibration_batches([], tok)
+        text_calibration_batches([], tok)
 
 
 def saved_with_corpus(tmp_path):
@@ -190,12 +190,12 @@ def test_sentence_transformers_export_smooths_too(tmp_path) -> None:
     from transformers import AutoTokenizer
 
     from surgery.deploy.sentence_interop import export_sentence_transformers
-    from surgery.deploy.smooth import calibration_batches
+    from surgery.deploy.smooth import text_calibration_batches
     from surgery.embedding import SentenceConfig
 
     saved, corpus = saved_with_corpus(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(saved)
-    batches = calibration_batches(corpus.read_text().splitlines(), tokenizer, max_texts=32)
+    batches = text_calibration_batches(corpus.read_text().splitlines(), tokenizer, max_texts=32)
     report = export_sentence_transformers(surgery.from_pretrained(saved), tmp_path / "st", tokenizer=tokenizer,
                                           sentence_config=SentenceConfig(normalize=True), int8=True,
                                           calibration=batches, smooth_alpha=0.8)
