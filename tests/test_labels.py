@@ -21,7 +21,13 @@ from transformers import AutoModel, BertConfig
 import surgery
 from surgery.cli.app import app
 from surgery.core.errors import DataError, ModelLoadError
-from surgery.data.task_data import fresh_label_names, head_label_ids, head_label_names, load_task_data
+from surgery.data.task_data import (
+    check_label_order,
+    fresh_label_names,
+    head_label_ids,
+    head_label_names,
+    load_task_data,
+)
 from surgery.persist.weight_checks import check_loading_info
 from surgery.testing import TinySpec, tiny_model
 from tests.helpers import WORDS, runner, tiny_tokenizer, write_rows
@@ -62,6 +68,20 @@ def test_a_new_head_sorts_numeric_labels_numerically() -> None:
 
 def test_head_label_names_follow_id2label_order() -> None:
     assert head_label_names(BertConfig(id2label={1: "negative", 0: "positive"})) == ["positive", "negative"]
+
+
+def test_data_numbered_another_way_than_the_head_is_refused_before_judging() -> None:
+    # What surgery.compress checks when Python hands it task data loaded without head_labels.
+    with pytest.raises(DataError, match=r"^compress: the data numbers its labels negative, positive but the model's "
+                                        r"classification head reads positive, negative; load it with load_task_data"):
+        check_label_order(BertConfig(id2label={0: "positive", 1: "negative"}), ["negative", "positive"],
+                          "compress: the data")
+    twelve = BertConfig(num_labels=12)
+    with pytest.raises(DataError, match="numbers its labels 0, 1, 10, 11, 2, 3"):
+        check_label_order(twelve, sorted(str(i) for i in range(12)))
+    check_label_order(twelve, [str(i) for i in range(12)])  # numbered as the head reads them
+    check_label_order(BertConfig(num_labels=3), ["a", "b", "c"])  # names the head lacks: not a reordering
+    check_label_order(BertConfig(id2label={0: "positive", 1: "negative"}), ["positive", "negative"])
 
 
 # -- the loader -----------------------------------------------------------------------------------
