@@ -100,12 +100,18 @@ MARKS = {"surgery.json": {"format": "surgery", "steps": []},
 
 def test_the_marks_are_the_names_the_writers_use() -> None:
     from surgery.cli.compress import ONNX_DIR, REPORT_NAME
+    from surgery.compress.compress_report import CompressReport
+    from surgery.deploy.export import ExportReport
     from surgery.deploy.names import INFO_NAME
-    from surgery.deploy.openvino_export import OV_INFO
+    from surgery.deploy.openvino_export import OV_INFO, OpenVinoExportReport
 
     names = {atomic.MANIFEST_NAME, REPORT_NAME, INFO_NAME, f"{ONNX_DIR}/{INFO_NAME}", OV_INFO,
              atomic.OUTPUT_MARK_NAME}
     assert names <= set(atomic.SURGERY_OUTPUT_FILES) and set(MARKS) == set(atomic.SURGERY_OUTPUT_FILES)
+    # The fields the marks are checked for are fields the writers' reports have (required ones).
+    for report, mark in ((CompressReport, REPORT_NAME), (ExportReport, INFO_NAME), (OpenVinoExportReport, OV_INFO)):
+        fields = {name for name, field in report.model_fields.items() if field.is_required() or name == "candidates"}
+        assert set(MARKS[mark]) <= fields, (report, mark)
 
 
 @pytest.mark.parametrize("mark", list(MARKS))
