@@ -126,7 +126,7 @@ def test_an_existing_directory_is_not_replaced_without_overwrite(tmp_path: Path)
     (out / "mine.txt").unlink()
     save_stock(model, out)
     (out / "extra.txt").write_text("x")
-    save_stock(model, out, overwrite=True)  # an earlier stock output (surgery-stock.json) is replaced
+    save_stock(model, out, overwrite=True)  # an earlier stock output (surgery-output.json) is replaced
     assert not (out / "extra.txt").exists() and (out / "config.json").exists()
 
 
