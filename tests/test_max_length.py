@@ -64,7 +64,7 @@ def test_the_model_limit_sources_in_order(tmp_path: Path) -> None:
     # sentence-transformers' max_seq_length is what the model is served at: it comes first.
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
     assert model_text_limit(tok, tmp_path, config=roberta) == (
-        256, "sentence-transformers max_seq_length (sentence_bert_config.json)")
+        256, "sentence-transformers max_seq_length in sentence_bert_config.json")
     # ... but never beyond the positions the model has.
     assert model_text_limit(tok, tmp_path, config=positions) == (72, "config max_position_embeddings")
     # The directory defaults to the tokenizer's own, and its config.json.

@@ -310,7 +310,7 @@ def model_text_limit(tokenizer: Any, model_dir: str | Path | None = None, config
     if sentence is not None and sentence.is_file():
         raw = read_json_file(sentence, what=SENTENCE_CONFIG)
         limit = _positive_int(raw.get("max_seq_length")) if isinstance(raw, dict) else None
-        source = f"sentence-transformers max_seq_length ({SENTENCE_CONFIG})" if limit else None
+        source = f"sentence-transformers max_seq_length in {SENTENCE_CONFIG}" if limit else None
     if limit is None:
         own = _positive_int(getattr(tokenizer, "model_max_length", None))
         if own is not None and own <= SANE_TOKENIZER_LIMIT:
