@@ -126,7 +126,8 @@ def build_command(
     inputs = prepare_inputs(ctx.ensure_object(CliState), source,
                             {name: DataFiles(path, evals.get(name)) for name, path in tasks.items()},
                             DataOptions.from_command(ctx), required_by="--task", data_label="task {name}",
-                            check=lambda model, data: check_tasks(model, data, doe_config))
+                            check=lambda model, data: check_tasks(model, data, doe_config),
+                            labels_from_head=False)  # every task trains its own expert head, on its own labels
     with ProgressDisplay(stderr()) as progress:
         runtime, metrics = build_runtime(inputs.model, inputs.data, doe_config, progress=progress)
     if not is_main_process():  # under torchrun every process built the same runtime; the main one writes it

@@ -112,16 +112,17 @@ def model_head_labels(source: Path, model_config: Any) -> list[str] | None:
     return head_label_names(model_config) if name and name.endswith(SEQUENCE_CLASSIFIER_SUFFIX) else None
 
 
-def load_task(files: DataFiles, tokenizer: Any, options: DataOptions, *, model: tuple[Path, Any] | None = None
-              ) -> TaskData:
+def load_task(files: DataFiles, tokenizer: Any, options: DataOptions, *, model: tuple[Path, Any] | None = None,
+              labels_from_head: bool = True) -> TaskData:
     """Labelled task data from ``files``, read with ``options`` (the CLI's single call of ``load_task_data``).
 
     ``model``: the model directory and its config: labels are read the way its classification head
-    reads them (:func:`model_head_labels`), and a default max length follows its limit.
+    reads them (:func:`model_head_labels`; not with ``labels_from_head=False``), and a default max
+    length follows its limit.
     """
     from surgery.data.task_data import load_task_data
 
-    head = model_head_labels(*model) if model is not None else None
+    head = model_head_labels(*model) if model is not None and labels_from_head else None
     return load_task_data(
         files.train, tokenizer, eval_data=files.eval, text_column=options.text_column,
         text_pair_column=options.text_pair_column, label_column=options.label_column,
@@ -145,7 +146,7 @@ def data_note(label: str, data: Any) -> str:
 def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles], options: DataOptions, *,
                    required_by: str, strategy: type | None = None, requested_objective: str | None = None,
                    data_label: str = "{name}", check: Callable[[nn.Module, dict[str, Any]], None] | None = None,
-                   ) -> Inputs:
+                   labels_from_head: bool = True) -> Inputs:
     """Load a command's model, tokenizer and data in one order, and note each choice.
 
     Args:
@@ -160,6 +161,9 @@ def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles],
         data_label: the note's name of a data set, with ``{name}`` its key (e.g. ``"task {name}"``).
         check: the method's own check that the model and the data fit together (e.g. doe's
             :func:`~surgery.strategies.doe.check_tasks`), run before anything is noted.
+        labels_from_head: read data labels through the model's classification head, if it has one
+            (:func:`model_head_labels`). False where every data set trains its own head (``experts``:
+            tasks with different labels), so each is numbered from its own labels.
     """
     import torch
 
@@ -178,7 +182,8 @@ def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles],
                     files.train, tokenizer, objective, eval_data=files.eval, text_column=options.text_column,
                     max_length=options.max_length, seed=options.seed, max_train=options.max_train,
                     batch_size=options.batch_size,
-                ) if embedding else load_task(files, tokenizer, options, model=(source, model_config))
+                ) if embedding else load_task(files, tokenizer, options, model=(source, model_config),
+                                              labels_from_head=labels_from_head)
     first = next(iter(loaded.values()), None)
     model = load_model(source, model_config, None if embedding else first, allow_pickle=state.allow_pickle)
     if check is not None:

@@ -184,7 +184,9 @@ def _cli_workspace(tmp_path: Path) -> tuple[Path, list[str]]:
     words = [f"w{i}" for i in range(90)]
     (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
     tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
-    model = tiny_model(TinySpec("bert", task="seq-cls", layers=2, ffn=16), vocab_size=95, num_labels=2)
+    # Its head names the labels of the data below: data labels are read through id2label (issue 29).
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=2, ffn=16), vocab_size=95, num_labels=2,
+                       id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
     surgery.save_pretrained(model, tmp_path / "model", tokenizer=tokenizer)
     return tmp_path / "model", words
 
