@@ -80,8 +80,10 @@ def _tiny_model_dir(root: Path) -> Path:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
     (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
     tokenizer = BertTokenizerFast(vocab_file=str(root / "vocab.txt"))
+    # The head names the data's labels (pos/neg): data labels are read through id2label (issue 29).
     config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=24, max_position_embeddings=32)
+                        intermediate_size=24, max_position_embeddings=32, id2label={0: "neg", 1: "pos"},
+                        label2id={"neg": 0, "pos": 1})
     model_dir = root / "tiny"
     BertForSequenceClassification(config).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
