@@ -66,9 +66,9 @@ def runtime_variants(name: str, model: nn.Module, work_dir: Path, runtimes: Mapp
         >>> import tempfile
         >>> from surgery.testing import TinySpec, tiny_model
         >>> variants = runtime_variants("tiny", tiny_model(TinySpec("bert")), Path(tempfile.mkdtemp()),
-        ...                             resolve_runtimes(["torch", "openvino"]), threads=1)
+        ...                             resolve_runtimes(["torch", "onnxruntime"]), threads=1)
         >>> {label: getattr(m, "runtime", "torch") for label, m in variants.items()}
-        {'tiny [torch]': 'torch', 'tiny [openvino]': 'openvino'}
+        {'tiny [torch]': 'torch', 'tiny [onnxruntime]': 'onnxruntime'}
     """
     variants: dict[str, nn.Module] = {}
     for runtime_name, runtime in runtimes.items():

@@ -131,10 +131,10 @@ def export(model: nn.Module, out_dir: str | os.PathLike[str], config: ExportConf
     Example:
         >>> import tempfile
         >>> from surgery.testing import TinySpec, tiny_model
-        >>> out = Path(tempfile.mkdtemp()) / "ir"
-        >>> report = export(tiny_model(TinySpec("bert")), out, ExportConfig(runtime="openvino", seq=8))
-        >>> report.precision, report.parity.max_abs_diff < 1e-4, (out / "openvino_model.xml").is_file()
-        ('f32', True, True)
+        >>> out = Path(tempfile.mkdtemp()) / "graph"
+        >>> report = export(tiny_model(TinySpec("bert")), out, ExportConfig(runtime="onnxruntime", seq=8))
+        >>> report.int8, report.parity.max_abs_diff < 1e-4, (out / "model.onnx").is_file()
+        (False, True, True)
     """
     from surgery.runtimes.registry import get_runtime
 
