@@ -26,14 +26,14 @@ import sys
 import surgery
 import surgery.cli
 import surgery.strategies
-from surgery.core.registry import strategies
+from surgery.core.registry import methods
 
 label = sys.argv[1]
 for name in ("strategies", "cli"):
     spec = importlib.util.find_spec(name)
     if spec is not None:
         sys.exit(f"{label}: a top-level package {name!r} is importable from {spec.origin}")
-builtins = {"head-prune", "ffn-prune"} - set(strategies())
+builtins = {"head-prune", "ffn-prune"} - set(methods())
 if builtins:
     sys.exit(f"{label}: built-in strategies {sorted(builtins)} are not registered through entry points")
 print(f"{label}: surgery from {surgery.__file__}")
