@@ -32,6 +32,7 @@ from surgery.cli.options import (
 from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
 from surgery.persist.assets import resolve_model_path
+from surgery.persist.config_values import check_batch_memory, check_max_drop, check_speedup, threads_warning
 
 EXIT_STRICT = 3
 RUNTIME_CHOICES = ("torch", "onnxruntime", "onnxruntime-int8")
@@ -56,16 +57,28 @@ def check_target(speedup: float | None, max_drop: float | None) -> Any:
         >>> check_target(3.0, 0.5).describe()
         '--speedup 3 --max-drop 0.5'
     """
-    from surgery.compress.compress_report import DropTarget, SpeedupTarget
+    check_target_values(speedup, max_drop)
+    from surgery.compress.compress_report import DropTarget, SpeedupTarget  # imports torch: after the checks
 
-    if speedup is None and max_drop is None:
-        raise ConfigError("give a target: --speedup X (times faster than the original) or --max-drop P (points of "
-                          "accuracy or fidelity it may lose)")
-    if speedup is not None and not speedup > 1.0:
-        raise ConfigError(f"--speedup must be more than 1 (times faster than the original), got {speedup:g}")
     if speedup is not None:
         return SpeedupTarget(speedup=speedup, max_drop=max_drop)
     return DropTarget(max_drop=max_drop)
+
+
+def check_target_values(speedup: float | None, max_drop: float | None) -> None:
+    """Refuse a missing or impossible target in one line, importing nothing heavy.
+
+    Example:
+        >>> check_target_values(float("inf"), None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --speedup must be more than 1 and finite (...), got inf
+    """
+    if speedup is None and max_drop is None:
+        raise ConfigError("give a target: --speedup X (times faster than the original) or --max-drop P (points of "
+                          "accuracy or fidelity it may lose)")
+    check_speedup(speedup)
+    check_max_drop(max_drop)
 
 
 def check_runtime(name: str, flag: str) -> str:
@@ -150,7 +163,7 @@ def compress_command(
                                              "or empty). Required unless --dry-run.")] = None,
     speedup: Annotated[float | None, typer.Option("--speedup", help="Times faster than the original (measured on "
                                                   "this machine); the most accurate candidate that is wins.")] = None,
-    max_drop: Annotated[float | None, typer.Option("--max-drop", min=0.0, help="Points of dev accuracy (or of "
+    max_drop: Annotated[float | None, typer.Option("--max-drop", help="Points of dev accuracy (or of "
                                                    "100 x mean cosine) it may lose; alone: the fastest within "
                                                    "them wins; with --speedup: the guard.")] = None,
     runtime: Annotated[str, typer.Option("--runtime", help="Where the model will run: torch, onnxruntime or "
@@ -187,7 +200,11 @@ def compress_command(
 ) -> None:
     """Make a model N times faster on this machine and runtime (--speedup) or as fast as a loss allows (--max-drop)."""
     # Cheap checks first: a typo fails in a second, before anything is loaded, and nothing is written.
-    target = check_target(speedup, max_drop)
+    check_target_values(speedup, max_drop)
+    source = resolve_model_path(model_dir)
+    check_batch_memory(source, batch or batch_size, seq_len or max_length or 1)  # unknown length: a lower bound
+    if (too_many := threads_warning(threads)) is not None:
+        note(too_many)
     check_runtime(runtime, "--runtime")
     check_runtime(against_runtime, "--against-runtime")
     if budget is not None and not budget > 0:
@@ -196,7 +213,6 @@ def compress_command(
         raise ConfigError(f"--objective {objective!r}: choose task or embedding")
     if out is None and not dry_run:
         raise ConfigError("--out is required: the directory to save the compressed model to (or pass --dry-run)")
-    source = resolve_model_path(model_dir)
     # One place decides every output path: never inside an input (model, data), never over a user's file.
     out_dir = decide_outputs([source, data, eval_data], out=("--out", None if dry_run else out),
                              overwrite=overwrite).directory
@@ -204,6 +220,7 @@ def compress_command(
         from surgery.deploy.runtime import require_onnx
 
         require_onnx(f"--runtime {runtime}")
+    target = check_target(speedup, max_drop)
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
 
     options = DataOptions(text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
@@ -220,7 +237,7 @@ def compress_command(
                                     seq_len=seq_len, stock=stock, threads=threads)
     with render.ProgressDisplay(stderr()) as progress:
         if out_dir is None:  # --dry-run
-            plan = plan_compress(inputs.model, task_data, progress=progress, **settings)
+            plan = plan_compress(inputs.model, task_data, progress=progress, write_cache=False, **settings)
             typer.echo(json.dumps(plan.preview(target), indent=2))
             return
         result = compress(inputs.model, task_data, budget_minutes=budget, progress=progress, seed=seed,

@@ -27,7 +27,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from surgery.cli.console import CliState, quiet_datasets, stderr, stdout
+from surgery.cli.console import CliState, note, quiet_datasets, stderr, stdout
 from surgery.cli.inputs import has_tokenizer, load_tokenizer, read_model_config
 from surgery.cli.options import (
     MAX_BATCH,
@@ -45,7 +45,7 @@ from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.persist.assets import resolve_model_path
-from surgery.persist.config_values import check_length
+from surgery.persist.config_values import check_length, check_opset, threads_warning
 
 FORMATS = ("graph", "onnx", "sentence-transformers", "stock")
 
@@ -174,6 +174,9 @@ def export_command(
         return
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
+    check_opset(opset)
+    if (too_many := threads_warning(threads)) is not None:
+        note(too_many)
     if format == "stock":
         export_stock(model_dir, out, overwrite=overwrite,
                      onnx_flags=[flag for flag, given in (("--runtime", runtime != "onnxruntime"),

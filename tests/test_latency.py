@@ -228,6 +228,9 @@ def count_timing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_a_cache_hit_times_nothing_and_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch) -> None:
     calls = count_timing(monkeypatch)
+    # A hit is checked against the model's own time (tests/test_flags_and_cache.py); at 3 rounds on a
+    # loaded machine that check may rightly refuse the table, which is not what this test is about.
+    monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
     model = tiny_model(TinySpec("bert"))
     settings = {**FAST, "cache": True, "cache_dir": tmp_path}
     first = measure_latency_table(model, runtime="torch", **settings)
@@ -299,6 +302,9 @@ def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tm
     import surgery.compress.latency_measure as latency_measure
 
     calls = count_timing(monkeypatch)
+    # A hit is checked against the model's own time (tests/test_flags_and_cache.py); at 3 rounds on a
+    # loaded machine that check may rightly refuse the table, which is not what this test is about.
+    monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
     model = tiny_model(TinySpec("bert"))
     settings = {**FAST, "cache": True, "cache_dir": tmp_path}
     first = measure_latency_table(model, runtime="onnxruntime", **settings)

@@ -290,6 +290,8 @@ class CandidateRun:
                 warnings.append(f"the chosen model loses {final.drop:.2f} points against the original, more than "
                                 f"--max-drop {limit:g}")
         notes = list(self.notes)
+        if isinstance(cache_note := self.plan.table.measured.get("cache_note"), str):  # the cache was unusable
+            notes.append(cache_note)
         notes += [f"{r.name}: {n}" for r in self.results for n in r.notes if "measured" in n and "predicted" in n]
         path = self.plan.path
         reference = f"the original model in {self.against}" + (" (fp32), unchanged" if self.against == "torch"

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,11 +28,28 @@ from torch import nn
 from surgery.anatomy import adapter_for
 from surgery.compress.latency_table import LatencyTable
 from surgery.compress.structure import Structure
+from surgery.core.errors import ModelLoadError, SurgeryError
 from surgery.persist.atomic import atomic_write
+from surgery.persist.untrusted import read_regular, text_depth
 
 #: Bump when the meaning of a cached table changes (how it is measured or solved).
 CACHE_FORMAT = 1
 CACHE_ENV = "SURGERY_CACHE"
+#: Largest cache file read: a table is a few kilobytes.
+MAX_CACHE_BYTES = 2**20
+#: Deepest nesting read: a table file nests 5 levels.
+MAX_CACHE_DEPTH = 16
+#: How far a cached table's prediction may be from the model's own time (either way, as a ratio) before it is
+#: measured again. Not 25%: two timings of one model minutes apart on a busy machine differ by that much
+#: (experiments/latency_prediction; 27% here on a shared 2-core machine), and re-measuring on noise would
+#: make the cache useless; a tampered or foreign table (100x off, Infinity) is far outside it. A uniformly
+#: scaled table would not change a speedup anyway: speedups are ratios of one table's predictions.
+CHECK_TOLERANCE = 0.5
+#: Timed rounds of that check (after one warm-up).
+CHECK_REPEATS = 5
+#: The entries of a table's ``measured`` kept from a file: numbers only (a file's text never reaches a report).
+_MEASURED_NUMBERS = ("repeats", "probe_layers", "seconds", "scale", "load_before", "load_after", "spread",
+                     "ffn_step", "threads")
 
 
 def default_cache_dir() -> Path:
@@ -105,8 +124,65 @@ def cache_path(cache_dir: str | os.PathLike[str], key: Mapping[str, Any]) -> Pat
     return Path(cache_dir) / f"{prefix}-{digest}.json"
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a time")
+
+
+def _numbers(value: Any) -> list[float]:
+    """Every number in a parsed JSON value (its depth is already capped, so recursion is bounded)."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return []
+
+
+def table_problem(table: LatencyTable) -> str | None:
+    """Why a table's numbers cannot be times, or None: every time finite and >= 0, and some time positive.
+
+    A measured table may hold zeros (attention at the head count whose whole cost is the layer's
+    overhead, an FFN of width 0), so zero is a time; infinite, NaN or negative numbers are not, and a
+    table of zeros predicts nothing.
+
+    Example:
+        >>> t = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="demo", base_ms=1.0,
+        ...                  overhead_ms=0.0, attention_ms={4: 1.0}, ffn_ms={8: 1.0})
+        >>> table_problem(t) is None, table_problem(t.model_copy(update={"ffn_ms": {8: float("inf")}}))
+        (True, 'ffn_ms holds a time that is not a finite number >= 0')
+    """
+    for name in ("attention_ms", "ffn_ms"):
+        values = list(getattr(table, name).values())
+        if not values or not all(math.isfinite(v) and v >= 0 for v in values):
+            return f"{name} holds a time that is not a finite number >= 0"
+    for name in ("base_ms", "overhead_ms", "reference_ms"):
+        value = getattr(table, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return f"{name} is not a finite number >= 0"
+    if not max(table.attention_ms.values()) + max(table.ffn_ms.values()) + table.overhead_ms > 0:
+        return "its layers cost nothing"
+    return None
+
+
+def _clean(table: LatencyTable, key: Mapping[str, Any]) -> LatencyTable:
+    """The table with its free-form text replaced by what the key says: a file's text never reaches a report."""
+    shape = key.get("shape")
+    measured = {k: v for k, v in table.measured.items() if k in _MEASURED_NUMBERS and isinstance(v, int | float)
+                and not isinstance(v, bool) and math.isfinite(v)}
+    return table.model_copy(update={"model_key": model_key(shape) if isinstance(shape, Mapping) else "cached table",
+                                    "machine": {}, "measured": measured})
+
+
 def read_cached(path: Path, key: Mapping[str, Any]) -> tuple[LatencyTable | None, str | None]:
     """The table stored at ``path`` for exactly ``key``, or ``(None, why not)``; never raises on content.
+
+    A cache file is untrusted input: a regular file of at most :data:`MAX_CACHE_BYTES`, nested at most
+    :data:`MAX_CACHE_DEPTH` deep (checked before parsing), holding only finite positive times. Its
+    free-form text (model key, machine, notes) is dropped: the caller fills in its own, so nothing
+    written in the file is copied into a report. The reasons returned name the file, never its text.
 
     Example:
         >>> import tempfile
@@ -114,29 +190,111 @@ def read_cached(path: Path, key: Mapping[str, Any]) -> tuple[LatencyTable | None
         >>> table = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="demo", base_ms=1.0,
         ...                      overhead_ms=0.0, attention_ms={4: 1.0}, ffn_ms={8: 1.0})
         >>> _ = write_cached(path, {"runtime": "torch"}, table)
-        >>> read_cached(path, {"runtime": "torch"})[0] == table, read_cached(path, {"runtime": "onnxruntime"})[1]
-        (True, '... holds another key')
+        >>> read_cached(path, {"runtime": "torch"})[0].ffn_ms, read_cached(path, {"runtime": "onnxruntime"})[1]
+        ({8: 1.0}, '... holds another key')
         >>> _ = path.write_text("{broken")
         >>> read_cached(path, {"runtime": "torch"})[1].endswith("is not readable JSON (JSONDecodeError)")
         True
     """
-    if not path.is_file():
-        return None, None
     try:
-        stored = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        if not path.is_file():
+            return None, None
+        data = read_regular(path, MAX_CACHE_BYTES)
+    except (OSError, ModelLoadError):
+        return None, f"{path} is not a regular file of at most {MAX_CACHE_BYTES} bytes"
+    if text_depth(data, MAX_CACHE_DEPTH) > MAX_CACHE_DEPTH:
+        return None, f"{path} nests deeper than {MAX_CACHE_DEPTH} levels"
+    try:
+        stored = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return None, f"{path} is not readable JSON ({type(exc).__name__})"
     if not isinstance(stored, dict) or stored.get("format") != CACHE_FORMAT:
         return None, f"{path} is not a latency table of format {CACHE_FORMAT}"
     if stored.get("key") != json.loads(json.dumps(key)):
         return None, f"{path} holds another key"
+    if not all(math.isfinite(n) for n in _numbers(stored.get("table"))):
+        return None, f"{path} holds a number that is not finite"
     try:
-        return LatencyTable.model_validate(stored.get("table")), None
+        table = LatencyTable.model_validate(stored.get("table"))
     except (ValidationError, ValueError, TypeError) as exc:
-        return None, f"{path} holds no valid table ({' '.join(str(exc).split())[:120]})"
+        fields = exc.errors() if isinstance(exc, ValidationError) else []
+        where = ", ".join(sorted({".".join(str(p) for p in e["loc"][:1]) for e in fields})) or type(exc).__name__
+        return None, f"{path} holds no valid table ({where})"
+    problem = table_problem(table)
+    if problem is not None:
+        return None, f"{path}: {problem}"
+    return _clean(table, key), None
 
 
 def write_cached(path: Path, key: Mapping[str, Any], table: LatencyTable) -> Path:
     """Store ``table`` for ``key`` at ``path`` (JSON, written atomically); :func:`read_cached` shows it."""
     payload = {"format": CACHE_FORMAT, "key": key, "table": table.model_dump(mode="json")}
     return atomic_write(path, json.dumps(payload, indent=1, sort_keys=True) + "\n", overwrite=True)
+
+
+def try_write_cached(path: Path, key: Mapping[str, Any], table: LatencyTable) -> str | None:
+    """:func:`write_cached`, or a one-line note naming ``SURGERY_CACHE`` when the location cannot hold files.
+
+    A cache is an optimisation: a location that is not a directory (``SURGERY_CACHE=/dev/null``), is
+    read-only or is full costs the next run a measurement, not this run its result.
+
+    Example:
+        >>> t = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="demo", base_ms=1.0,
+        ...                  overhead_ms=0.0, attention_ms={4: 1.0}, ffn_ms={8: 1.0})
+        >>> try_write_cached(Path("/dev/null/latency/t.json"), {}, t)  # doctest: +ELLIPSIS
+        'latency cache: cannot write /dev/null/latency/t.json (...); measured without a cache: set SURGERY_CACHE ...'
+    """
+    try:
+        write_cached(path, key, table)
+    except (OSError, SurgeryError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        return (f"latency cache: cannot write {path} ({reason}); measured without a cache: set {CACHE_ENV} to a "
+                "writable directory to keep latency tables between runs")
+    return None
+
+
+def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, batch_size: int, seq_len: int,
+                       threads: int | None, repeats: int = CHECK_REPEATS) -> str | None:
+    """Why a cached table may not be used for ``model`` here: its prediction is off the model's own time.
+
+    The model is timed in ``runtime`` at the table's batch shape (a few rounds, one export for an ONNX
+    runtime: far less than measuring a table) and compared with what the table predicts for it; more
+    than ``1 + CHECK_TOLERANCE`` times apart (a tampered or foreign file, a changed library) and the table
+    is measured again. None when they agree.
+
+    Example:
+        >>> from surgery.compress.shape_table import shape_latency_table
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert", layers=2))
+        >>> table = shape_latency_table(model).model_copy(update={"batch_size": 2, "seq_len": 8})
+        >>> off = table.model_copy(update={"base_ms": 1e6})
+        >>> cache_disagreement(off, model, runtime="torch", batch_size=2, seq_len=8, threads=1)  # doctest: +ELLIPSIS
+        'the cached table predicts ... ms for this model, measured ... ms now (more than 1.5x apart)'
+    """
+    import tempfile
+
+    # Timed as the table's own "model" probe was (latency_measure: back-to-back calls of at least
+    # MIN_TIMED_SECONDS per unit, the same threads and inputs), so that the two numbers compare.
+    from surgery.compress.latency_measure import MIN_TIMED_SECONDS, Repeated, runtime_model  # (imports this module)
+    from surgery.measure.bench import make_inputs, time_rounds, torch_threads
+
+    predicted = table.predict_ms(Structure.from_model(model))
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with tempfile.TemporaryDirectory(prefix="surgery-cache-check-") as tmp, torch_threads(threads):
+            served = {"model": runtime_model(model, runtime, Path(tmp), threads=threads)}
+            inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
+            once = time_rounds(served, inputs, repeats=1, warmup=1, device=device)["model"][0]
+            calls = max(1, min(1000, math.ceil(MIN_TIMED_SECONDS / max(once, 1e-6))))
+            unit = {"model": Repeated(served["model"], calls)}
+            times = time_rounds(unit, inputs, repeats=repeats, warmup=1, device=device)["model"]
+            del served, unit  # an ONNX Runtime session holds its file open until released
+    finally:
+        model.train(was_training)
+    measured = statistics.median(times) * 1000.0 / calls
+    if measured > 0 and predicted > 0 and max(predicted / measured, measured / predicted) <= 1 + CHECK_TOLERANCE:
+        return None
+    return (f"the cached table predicts {predicted:.3g} ms for this model, measured {measured:.3g} ms now (more "
+            f"than {1 + CHECK_TOLERANCE:g}x apart)")

@@ -65,12 +65,13 @@ from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.compress.latency_cache import (
+    cache_disagreement,
     cache_path,
     default_cache_dir,
     model_key,
     model_shape,
     read_cached,
-    write_cached,
+    try_write_cached,
 )
 from surgery.compress.latency_table import RUNTIMES, LatencyTable, round_up
 from surgery.compress.structure import Structure
@@ -422,6 +423,7 @@ def measure_latency_table(
     threads: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache: bool = True,
+    write_cache: bool = True,
     repeats: int = REPEATS,
     probe_layers: int = PROBE_LAYERS,
     reference_runtime: str | None = None,
@@ -438,6 +440,7 @@ def measure_latency_table(
         threads: intra-op threads for torch and ONNX Runtime (default: torch's current count).
         cache_dir: where tables are kept (default :func:`~surgery.compress.latency_cache.default_cache_dir`).
         cache: read and write the cache (False: always measure, keep nothing).
+        write_cache: with ``cache``, keep what is measured (False: read only, as ``--dry-run`` writes nothing).
         repeats: timed interleaved rounds (each runs every probe once), after one warm-up round.
         probe_layers: identical layers per probe (more: a stronger per-layer signal, longer rounds).
         reference_runtime: also time the model in this runtime in the same rounds (``reference_ms``),
@@ -479,17 +482,22 @@ def measure_latency_table(
     stale = None
     if cache:
         found, stale = read_cached(path, key)
-        if found is not None:
-            return found.model_copy(update={"measured": {**found.measured, "cached": True,
-                                                          "cache_file": str(path)}})
+        if found is not None:  # a file is untrusted: used only if it predicts this model's own time here
+            disagreement = cache_disagreement(found, model, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
+                                              threads=threads)
+            if disagreement is None:
+                return found.model_copy(update={"machine": machine.model_dump(mode="json"),
+                                                "measured": {**found.measured, "cached": True,
+                                                             "cache_file": str(path)}})
+            stale = f"{path}: {disagreement}"
     table = _measure(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
                      repeats=repeats, probe_layers=probe_layers, device=device, progress=progress or no_progress,
                      reference_runtime=reference_runtime,
                      model_key=model_key(shape), machine=machine.model_dump(mode="json"))
-    if cache:
-        write_cached(path, key, table)
+    cache_note = try_write_cached(path, key, table) if cache and write_cache else None
     return table.model_copy(update={"measured": {**table.measured, "cached": False,
-                                                  "cache_file": str(path) if cache else None,
+                                                  "cache_file": str(path) if cache and not cache_note else None,
+                                                  **({"cache_note": cache_note} if cache_note else {}),
                                                   **({"replaced_cache": stale} if stale else {})}})
 
 

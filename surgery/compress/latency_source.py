@@ -43,12 +43,13 @@ class MeasuredLatency:
     threads: int | None = None
     cache_dir: Path | None = None
     repeats: int = 20
+    write_cache: bool = True  # False: a cached table is still read, nothing is written (--dry-run)
 
     def table(self, model: nn.Module, runtime: str) -> LatencyTable:
         from surgery.compress.latency_measure import measure_latency_table
 
         return measure_latency_table(model, runtime=runtime, batch_size=self.batch_size, seq_len=self.seq_len,
-                                     threads=self.threads, cache_dir=self.cache_dir)
+                                     threads=self.threads, cache_dir=self.cache_dir, write_cache=self.write_cache)
 
     def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str,
                 reference_runtime: str) -> tuple[float, list[float] | None]:

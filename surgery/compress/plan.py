@@ -165,7 +165,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
                   against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
                   threads: int | None = None, progress: ProgressCallback | None = None,
-                  clock: Clock | None = None) -> CompressPlan:
+                  clock: Clock | None = None, write_cache: bool = True) -> CompressPlan:
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
 
     Example:
@@ -191,7 +191,9 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     emit(ProgressEvent("compress: batch shape", 1, 1, {"batch": batch_size, "seq_len": seq_len,
                                                        "objective": chosen}))
     since = time.perf_counter()
-    source = latency or MeasuredLatency(batch_size=batch_size, seq_len=seq_len, threads=threads)
+    # write_cache=False: --dry-run reads a cached latency table but writes nothing, the cache included.
+    source = latency or MeasuredLatency(batch_size=batch_size, seq_len=seq_len, threads=threads,
+                                        write_cache=write_cache)
     table = source.table(model, runtime)
     unchanged = 1.0
     if runtime != against_runtime:  # the runtime alone is worth something (int8): the path starts from it

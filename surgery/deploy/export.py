@@ -48,6 +48,7 @@ from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
 from surgery.deploy.static_int8 import check_int8_mode, quantize_static_int8
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
+from surgery.persist.config_values import check_opset
 from surgery.persist.model_io import atomic_directory
 
 Task = Literal["auto", "base", "seq-cls", "mlm"]
@@ -430,6 +431,7 @@ def export_onnx(
     """
     require_onnx()
     check_export_settings(batch, seq, tolerance)
+    check_opset(opset, "export: opset")
     check_int8_fp32(int8_fp32, int8, "export")
     if calibration is not None and not int8:
         raise ConfigError("export: calibration batches smooth the activations for int8; they need --int8")
@@ -459,6 +461,10 @@ def export_onnx(
             start = time.perf_counter()
             with fused_attention(module) if fuse_attention else contextlib.nullcontext() as recorder:
                 _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
+            if opset is not None and _opset_of(path) != opset:  # the exporter keeps its own when conversion fails
+                raise ExportParityError(f"export: the exporter wrote opset {_opset_of(path)}, not the {opset} "
+                                        "asked for (it could not convert this graph); leave --opset out or pick "
+                                        "another")
             fusion = fusion_info(module, recorder) if fuse_attention else None
             seconds = time.perf_counter() - start
 

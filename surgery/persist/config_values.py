@@ -20,6 +20,7 @@ then checks the values it will build from, read through that class as transforme
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,166 @@ def load_config(where: Path, **kwargs: Any) -> Any:
         raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
     check_config_values(config, file)
     return config
+
+
+# -- command-line values ---------------------------------------------------------------------
+# Checked before anything heavy is imported: these functions need only the standard library and a
+# model directory's config.json, so a typo in a flag fails in a fraction of a second.
+
+#: The ONNX opsets an export can be asked for: the dynamo exporter writes LayerNormalization, an opset-17
+#: operator, so below 17 its down-conversion fails (and it used to write opset 18 silently); ONNX Runtime
+#: 1.32 loads graphs up to opset 25 (26 is refused at load: "No Op registered for Gelu").
+OPSET_RANGE = (17, 25)
+#: Bytes per fp32 activation value, and how many FFN-wide tensors a forward pass holds at once (the
+#: up-projection's output and its activation).
+_FLOAT_BYTES = 4
+_FFN_COPIES = 2
+
+
+def check_opset(opset: int | None, flag: str = "--opset") -> int | None:
+    """``opset`` if an export can write a graph of that opset, else a one-line ConfigError with the range.
+
+    Example:
+        >>> check_opset(17), check_opset(None)
+        (17, None)
+        >>> check_opset(14)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --opset 14 is not supported: choose 17 to 25 (or leave --opset out ...)
+    """
+    low, high = OPSET_RANGE
+    if opset is not None and not low <= opset <= high:
+        raise ConfigError(f"{flag} {opset} is not supported: choose {low} to {high} (or leave {flag} out for the "
+                          "exporter's default, 18)")
+    return opset
+
+
+def check_speedup(speedup: float | None) -> float | None:
+    """A ``--speedup`` that can be met: finite and more than 1.
+
+    Example:
+        >>> check_speedup(float("inf"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --speedup must be more than 1 and finite (...), got inf
+    """
+    if speedup is not None and not (math.isfinite(speedup) and speedup > 1.0):
+        raise ConfigError("--speedup must be more than 1 and finite (times faster than the original), got "
+                          f"{speedup:g}")
+    return speedup
+
+
+def check_max_drop(max_drop: float | None) -> float | None:
+    """A ``--max-drop`` in points of accuracy or fidelity: 0 to 100.
+
+    Example:
+        >>> check_max_drop(200)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --max-drop must be between 0 and 100 (...), got 200
+    """
+    if max_drop is not None and not 0.0 <= max_drop <= 100.0:  # also refuses NaN
+        raise ConfigError("--max-drop must be between 0 and 100 (points of accuracy or of 100 x mean cosine), got "
+                          f"{max_drop:g}")
+    return max_drop
+
+
+def machine_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the platform has one).
+
+    Example:
+        >>> machine_cores() >= 1
+        True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_warning(threads: int | None, flag: str = "--threads") -> str | None:
+    """A warning when ``threads`` exceeds the cores: the threads then wait on each other and every time is off.
+
+    Example:
+        >>> threads_warning(machine_cores() + 1).startswith("--threads")
+        True
+        >>> threads_warning(1) is None
+        True
+    """
+    if threads is not None and threads < 1:
+        raise ConfigError(f"{flag} must be at least 1, got {threads}")
+    cores = machine_cores()
+    if threads is None or threads <= cores:
+        return None
+    return (f"{flag} {threads} is more than the {cores} cores this process may use; the threads would wait on "
+            f"each other and the times would not be this machine's best (use {flag} {cores} or less)")
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the platform does not say.
+
+    Example:
+        >>> (physical_memory() or 1) > 0
+        True
+    """
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def activation_bytes(raw: dict[str, Any], batch: int, seq_len: int) -> int:
+    """A lower bound of the bytes one forward pass holds at once for a batch shape, from a raw config.json.
+
+    The largest single layer's live tensors: the FFN's up-projection and its activation
+    (``batch x seq x width``, twice) and the attention scores (``batch x heads x seq x seq``), in fp32.
+
+    Example:
+        >>> activation_bytes({"hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536},
+        ...                  200_000, 128) // 2**30
+        292
+    """
+    def size(*names: str, default: int) -> int:
+        for name in names:
+            value = raw.get(name)
+            if _is_int(value) and value > 0:
+                return value
+        return default
+
+    hidden = size("hidden_size", "dim", "d_model", default=1)
+    width = size("intermediate_size", "hidden_dim", default=4 * hidden)
+    heads = size("num_attention_heads", "n_heads", default=1)
+    ffn = _FFN_COPIES * batch * seq_len * width
+    scores = batch * heads * seq_len * seq_len
+    return _FLOAT_BYTES * max(ffn, scores)
+
+
+def check_batch_memory(model_dir: Path, batch: int, seq_len: int) -> None:
+    """Refuse a timing shape whose activations alone exceed this machine's memory (before anything is loaded).
+
+    Reads only ``model_dir/config.json`` (as untrusted JSON); an unreadable one is left to the loader,
+    which reports it properly.
+
+    Example:
+        >>> import json, tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "config.json").write_text(json.dumps({"hidden_size": 384, "num_attention_heads": 12,
+        ...                                                 "intermediate_size": 1536}))
+        >>> check_batch_memory(d, 8, 128)
+        >>> check_batch_memory(d, 10**9, 128)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --batch 1000000000 --seq-len 128: one forward pass needs about ... GiB ...
+    """
+    memory = physical_memory()
+    try:
+        raw = read_json_file(model_dir / "config.json", what="config.json")
+    except ModelLoadError:
+        return
+    if memory is None or not isinstance(raw, dict):
+        return
+    need = activation_bytes(raw, batch, seq_len)
+    if need > memory:
+        raise ConfigError(f"--batch {batch} --seq-len {seq_len}: one forward pass needs about {need / 2**30:,.0f} "
+                          f"GiB of activations, more than this machine's {memory / 2**30:,.0f} GiB; choose a smaller "
+                          "--batch or --seq-len")

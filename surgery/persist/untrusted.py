@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import struct
 from pathlib import Path
@@ -90,6 +91,32 @@ def json_depth(value: Any) -> int:
         if isinstance(item, dict | list):
             deepest = max(deepest, depth + 1)
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]")
+
+
+def text_depth(data: bytes, limit: int) -> int:
+    """How deeply JSON text nests its brackets (strings skipped), found without parsing and without recursion.
+
+    Stops counting once past ``limit``, so a file nested 200,000 deep costs what a flat one does; a
+    parser given such a file recurses once per level (``RecursionError``). JSON Lines text counts
+    per line, as brackets balance on each.
+
+    Example:
+        >>> text_depth(b'{"a": [1, {"b": "[[["}]}', 32), text_depth(b"[" * 200_000, 32)
+        (3, 33)
+    """
+    brackets = _NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", data))
+    depth = deepest = 0
+    for byte in brackets:
+        depth += 1 if byte in b"[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
     return deepest
 
 

@@ -1,0 +1,232 @@
+"""Flags that mean what they say, and the latency cache read as untrusted input (issue 29).
+
+* ``export --opset N`` writes a graph of opset N, or is refused in one line with the supported range;
+* bounds of ``--speedup``, ``--max-drop``, ``--threads``, ``--batch x --seq-len`` and ``--opset`` fail
+  in one line with exit 2 before torch or transformers is imported (checked in a fresh process);
+* a cache file nested 200,000 deep, very large, holding ``Infinity`` or text is never used and never
+  raises; a table far off the model's own time is measured again; an unusable cache location is
+  measured without a cache and says so naming ``SURGERY_CACHE``; ``--dry-run`` writes no cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from surgery.cli.app import app
+from surgery.compress import latency_cache
+from surgery.compress.latency_cache import MAX_CACHE_BYTES, read_cached, try_write_cached
+from surgery.compress.latency_measure import measure_latency_table
+from surgery.compress.latency_table import LatencyTable
+from surgery.core.errors import ConfigError
+from surgery.persist.config_values import OPSET_RANGE, check_opset, machine_cores, threads_warning
+from surgery.testing import TinySpec, tiny_model
+from tests.helpers import labelled_rows, tiny_tokenizer, write_rows
+
+runner = CliRunner(env={"COLUMNS": "200"})
+FAST = dict(batch_size=2, seq_len=8, threads=1, repeats=3)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("flags")
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=2), num_labels=2, id2label={0: "neg", 1: "pos"},
+                       label2id={"neg": 0, "pos": 1})
+    model.save_pretrained(root / "classifier")
+    tiny_tokenizer().save_pretrained(root / "classifier")
+    return {"model": root / "classifier", "data": write_rows(root / "train.csv", labelled_rows(48))}
+
+
+# -- flags, in a fresh process: exit 2, one line, nothing heavy imported --------------------------
+def run_cli(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
+    """Run the CLI in a new interpreter; its exit code, stderr and which heavy modules it had imported."""
+    probe = ("import sys\nfrom surgery.cli import main\nsys.argv = ['surgery'] + sys.argv[1:]\ntry:\n    main()\n"
+             "except SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
+             "print('IMPORTED', [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules])\n"
+             "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    imported = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("IMPORTED ").replace("'", '"'))
+    return done.returncode, done.stderr, imported
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--speedup", "inf"], "--speedup must be more than 1 and finite"),
+    (["--speedup", "nan"], "--speedup must be more than 1 and finite"),
+    (["--max-drop", "200"], "--max-drop must be between 0 and 100"),
+    (["--max-drop", "-1"], "--max-drop must be between 0 and 100"),
+    # 20 million x 128 tokens: terabytes of attention scores even for a tiny model, on any machine
+    (["--speedup", "2", "--batch", "20000000", "--seq-len", "128"], "GiB of activations, more than this machine's"),
+])
+def test_compress_refuses_an_impossible_flag_before_importing_torch(classifier: dict[str, Path], tmp_path: Path,
+                                                                     flags: list[str], message: str) -> None:
+    code, err, imported = run_cli(["compress", str(classifier["model"]), "--data", str(classifier["data"]),
+                                   "--out", str(tmp_path / "out"), *flags], tmp_path)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert imported == [], f"imported {imported} before refusing {flags}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("opset", ["1", "14", "99"])
+def test_export_refuses_an_opset_it_cannot_write_before_importing_torch(classifier: dict[str, Path], tmp_path: Path,
+                                                                        opset: str) -> None:
+    code, err, imported = run_cli(["export", str(classifier["model"]), "--out", str(tmp_path / "o"), "--opset",
+                                   opset], tmp_path)
+    low, high = OPSET_RANGE
+    assert code == 2 and err.strip() == (f"error: --opset {opset} is not supported: choose {low} to {high} (or leave "
+                                         "--opset out for the exporter's default, 18)"), err
+    assert imported == [] and not (tmp_path / "o").exists()
+
+
+def test_threads_above_the_cores_warn_and_bad_opsets_are_config_errors() -> None:
+    assert threads_warning(machine_cores()) is None
+    assert f"more than the {machine_cores()} cores" in threads_warning(machine_cores() * 50)
+    for bad in (OPSET_RANGE[0] - 1, OPSET_RANGE[1] + 1):
+        with pytest.raises(ConfigError):
+            check_opset(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_export_writes_the_opset_asked_for(classifier: dict[str, Path], tmp_path: Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    result = runner.invoke(app, ["export", str(classifier["model"]), "--out", str(tmp_path / "o"), "--opset", "17"])
+    assert result.exit_code == 0, result.output
+    graph = onnx.load(str(tmp_path / "o" / "model.onnx"), load_external_data=False)
+    assert [o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")] == [17]
+    assert json.loads((tmp_path / "o" / "surgery-onnx.json").read_text())["opset"] == 17
+
+
+# -- the latency cache as untrusted input ---------------------------------------------------------
+def table(**changes: object) -> LatencyTable:
+    values = dict(runtime="torch", batch_size=2, seq_len=8, model_key="demo", base_ms=1.0, overhead_ms=0.1,
+                  attention_ms={4: 1.0}, ffn_ms={37: 1.0})
+    return LatencyTable(**{**values, **changes})
+
+
+def write_file(path: Path, key: dict, stored_table: object) -> None:
+    path.write_text(json.dumps({"format": latency_cache.CACHE_FORMAT, "key": key, "table": stored_table}))
+
+
+@pytest.mark.parametrize("content", [
+    b"[" * 200_000 + b"]" * 200_000,
+    b'{"format": 1, "key": ' + b"{\"a\": " * 100_000 + b"1" + b"}" * 100_000 + b"}",
+    b"\x80\x04K.",
+    b"",
+])
+def test_a_hostile_cache_file_is_refused_without_raising(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    found, why = read_cached(path, {"runtime": "torch"})
+    assert found is None and why is not None and why.startswith(str(path))
+
+
+def test_a_very_large_cache_file_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    with path.open("wb") as handle:  # sparse: 8 GiB on paper, nothing on disk
+        handle.truncate(8 * 2**30)
+    found, why = read_cached(path, {"runtime": "torch"})
+    assert found is None and f"at most {MAX_CACHE_BYTES} bytes" in why
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("ffn_ms", "Infinity"), ("ffn_ms", "NaN"), ("ffn_ms", "1e999"), ("ffn_ms", "-0.5"), ("attention_ms", "-1.0"),
+    ("base_ms", "-3.0"), ("overhead_ms", "-Infinity"),
+])
+def test_a_cached_table_holds_only_finite_positive_times(tmp_path: Path, field: str, value: str) -> None:
+    path = tmp_path / "t.json"
+    marked = table(**({field: {4: 12345.0} if field == "attention_ms" else {37: 12345.0}} if field.endswith("ms")
+                      and field in ("attention_ms", "ffn_ms") else {field: 12345.0}))
+    write_file(path, {"runtime": "torch"}, marked.model_dump(mode="json"))
+    assert read_cached(path, {"runtime": "torch"})[0] is not None  # the marked file itself is valid
+    path.write_text(path.read_text().replace("12345.0", value))
+    found, why = read_cached(path, {"runtime": "torch"})
+    assert found is None and why.startswith(str(path)), why
+    assert value not in why.removeprefix(str(path))
+
+
+def test_a_table_whose_layers_cost_nothing_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    write_file(path, {"runtime": "torch"}, table(attention_ms={4: 0.0}, ffn_ms={37: 0.0}, overhead_ms=0.0)
+               .model_dump(mode="json"))
+    assert read_cached(path, {"runtime": "torch"}) == (None, f"{path}: its layers cost nothing")
+
+
+def test_a_cache_file_s_text_never_reaches_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    key = {"runtime": "torch", "shape": {"model_type": "bert", "model_class": "BertModel", "hidden": 32,
+                                         "head_dim": 8, "layers": [{"heads": 4, "ffn_width": 37}]}}
+    stored = table(model_key="<script>EVIL", machine={"cpu": "EVIL machine"},
+                   measured={"method": "EVIL method", "scale": 1.0, "note": "EVIL"}).model_dump(mode="json")
+    write_file(path, key, stored)
+    found, why = read_cached(path, key)
+    assert why is None and found is not None and found.ffn_ms == {37: 1.0}
+    assert "EVIL" not in json.dumps(found.model_dump(mode="json"))
+    assert found.measured == {"scale": 1.0} and found.model_key.startswith("bert BertModel hidden 32")
+
+
+def cached_file(cache_dir: Path) -> Path:
+    files = list(cache_dir.iterdir())
+    assert len(files) == 1, files
+    return files[0]
+
+
+def test_a_cached_table_far_off_the_model_s_own_time_is_measured_again(tmp_path: Path) -> None:
+    model = tiny_model(TinySpec("bert", layers=2))
+    first = measure_latency_table(model, runtime="torch", cache_dir=tmp_path, **FAST)
+    path = cached_file(tmp_path)
+    payload = json.loads(path.read_text())
+    for name in ("attention_ms", "ffn_ms"):  # 100x off, and with tampered text
+        payload["table"][name] = {k: v * 100 for k, v in payload["table"][name].items()}
+    payload["table"]["model_key"] = "EVIL key"
+    path.write_text(json.dumps(payload))
+    again = measure_latency_table(model, runtime="torch", cache_dir=tmp_path, **FAST)
+    assert not again.measured["cached"] and "predicts" in again.measured["replaced_cache"]
+    assert again.model_key == first.model_key
+    stored = json.loads(path.read_text())["table"]  # the measured table replaced the tampered one
+    assert max(stored["ffn_ms"].values()) < max(payload["table"]["ffn_ms"].values()) / 10
+
+
+def test_an_unusable_cache_location_measures_without_a_cache_and_says_so(tmp_path: Path) -> None:
+    model = tiny_model(TinySpec("bert", layers=2))
+    found = measure_latency_table(model, runtime="torch", cache_dir=Path("/dev/null") / "latency", **FAST)
+    assert not found.measured["cached"] and found.measured["cache_file"] is None
+    assert "SURGERY_CACHE" in found.measured["cache_note"] and "/dev/null" in found.measured["cache_note"]
+    if os.geteuid() != 0:  # root writes into a read-only directory
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        note = try_write_cached(locked / "latency" / "t.json", {}, table())
+        assert note is not None and "SURGERY_CACHE" in note
+
+
+@pytest.mark.slow
+def test_compress_with_an_unusable_cache_completes_with_one_note(classifier: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compress", str(classifier["model"]), "--data", str(classifier["data"]),
+                                 "--speedup", "1.3", "--out", str(out), "--batch", "2", "--seq-len", "8",
+                                 "--threads", "1"], env={"SURGERY_CACHE": "/dev/null", "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert sum("SURGERY_CACHE" in line for line in result.stderr.splitlines()) == 1, result.stderr
+    report = json.loads((out / "compress.json").read_text())
+    assert any("SURGERY_CACHE" in n for n in report["notes"])
+
+
+@pytest.mark.slow
+def test_dry_run_writes_no_latency_cache(classifier: dict[str, Path], tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    result = runner.invoke(app, ["compress", str(classifier["model"]), "--data", str(classifier["data"]),
+                                 "--speedup", "1.5", "--dry-run", "--batch", "2", "--seq-len", "8", "--threads", "1"],
+                           env={"SURGERY_CACHE": str(cache), "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["would_cut"]
+    assert not cache.exists(), sorted(str(p) for p in cache.rglob("*"))
