@@ -195,6 +195,19 @@ def test_only_surgerys_own_temporaries_of_dead_writers_are_removed(tmp_path: Pat
     assert {path: listing(path) for path in [*kept, theirs]} == before
 
 
+def test_a_file_write_removes_only_its_own_temporary_of_a_dead_writer(tmp_path: Path) -> None:
+    dead = dead_pid()
+    leftover = tmp_path / f".r.json.tmp-{dead}-{HEX}"
+    kept = [tmp_path / ".r.json.tmp-notes", tmp_path / f".r.json.tmp-{os.getpid()}-{HEX}",
+            tmp_path / f".r.json.old-{dead}-{HEX}", tmp_path / f".r.jsonl.tmp-{dead}-{HEX}"]
+    for path in [leftover, *kept]:
+        path.write_text("x")
+    user_files(tmp_path / f".r.json.tmp-{dead}-{HEX[::-1]}")  # a directory: not a file write's temporary
+    atomic.atomic_write(tmp_path / "r.json", "{}")
+    assert not leftover.exists() and all(path.read_text() == "x" for path in kept)
+    assert (tmp_path / f".r.json.tmp-{dead}-{HEX[::-1]}" / "notes.txt").is_file()
+
+
 def test_a_previous_output_stranded_by_a_killed_swap_is_restored_never_deleted(tmp_path: Path) -> None:
     out = tmp_path / "m"
     stranded = earlier_output(tmp_path / f".m.old-{dead_pid()}-{HEX}")

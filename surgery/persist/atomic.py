@@ -279,8 +279,11 @@ def _temporary_name(out: Path, kind: str) -> Path:
     return out.parent / f".{out.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _leftovers(out: Path, kind: str) -> list[Path]:
-    """Surgery's own temporary directories of ``kind`` beside ``out`` whose writer process is dead, newest first."""
+def _leftovers(out: Path, kind: str, *, directories: bool = True) -> list[Path]:
+    """Surgery's own temporaries of ``kind`` beside ``out`` whose writer process is dead, newest first.
+
+    Directories (of :func:`atomic_directory`), or with ``directories=False`` files (of :func:`atomic_write`).
+    """
     found: list[tuple[float, Path]] = []
     try:
         entries = list(out.parent.iterdir())
@@ -289,7 +292,8 @@ def _leftovers(out: Path, kind: str) -> list[Path]:
     for entry in entries:
         match = _TEMP.fullmatch(entry.name)
         if (match is None or match["name"] != out.name or match["kind"] != kind or entry.is_symlink()
-                or not entry.is_dir() or _pid_alive(int(match["pid"]))):
+                or entry.is_dir() is not directories or not (entry.is_dir() or entry.is_file())
+                or _pid_alive(int(match["pid"]))):
             continue
         with suppress(OSError):  # gone meanwhile
             found.append((entry.stat().st_mtime, entry))
@@ -514,7 +518,8 @@ def _place(tmp: Path, out: Path, overwrite: bool) -> None:
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, overwrite: bool = False) -> Path:
     """Write ``data`` to the file ``path`` so that a reader sees the old file or the whole new one, never a part.
 
-    The bytes go to a temporary sibling first (``.NAME.tmp-*``, flushed to disk), which then takes
+    The bytes go to a temporary sibling first (``.NAME.tmp-<pid>-<8 hex>``, flushed to disk; one a
+    killed writer left is removed, nothing else), which then takes
     the name: with ``overwrite`` by ``rename(2)``, which replaces atomically; without it by
     ``link(2)``, which fails if the name exists, so a file that appeared meanwhile is never replaced.
 
@@ -532,6 +537,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, overwrite: 
     """
     out = Path(path).expanduser().absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in _leftovers(out, "tmp", directories=False):  # of a killed writer of this file: its own name form
+        stale.unlink(missing_ok=True)
     tmp = _temporary_name(out, "tmp")
     payload = data.encode() if isinstance(data, str) else data
     try:
