@@ -336,7 +336,8 @@ def prepare_output(out: str | os.PathLike[str], *, overwrite: bool, flag: str = 
     target = Path(out).expanduser().resolve()
     restored = None
     if target.parent.is_dir() and not target.exists() and _leftovers(target, "old"):
-        with output_lock(target):
+        # A live writer holding the lock (another rank of the same job) restores it itself, under the lock.
+        with suppress(OutputPathError), output_lock(target):
             restored = restore_stranded(target)
     problem = output_problem(target, overwrite=overwrite, flag=flag)
     if problem is not None:
