@@ -20,7 +20,7 @@ from surgery.compress.latency_table import RUNTIMES, LatencyTable
 from surgery.compress.mask_fisher import ObjectiveName, UnitCosts, unit_costs
 from surgery.compress.removal_path import RemovalPath, describe_cut, search_path
 from surgery.compress.structure import Structure
-from surgery.core.errors import ConfigError, DataError
+from surgery.core.errors import ConfigError, DataError, StockFormatError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.training.refit import task_calibration_batches
 
@@ -161,6 +161,23 @@ class Clock:
         self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - since, 3)
 
 
+def stock_search_limits(model: nn.Module) -> list[int]:
+    """With ``--stock``: refuse, before any work, a model no stock config can state; else the layers it must keep.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> stock_search_limits(tiny_model(TinySpec("modernbert", layers=3)))
+        [0]
+    """
+    from surgery.compress.stock_export import stock_fixed_layers, stock_structure_problem
+
+    problem = stock_structure_problem(model)
+    if problem is not None:  # found now, not at the save after the whole job
+        raise StockFormatError(f"compress --stock: the model cannot be written as a stock Hugging Face directory: "
+                               f"{problem}; drop --stock to save it in surgery's format")
+    return stock_fixed_layers(model)
+
+
 def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "torch",
                   against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
@@ -179,6 +196,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
         True
     """
     check_arguments(target, runtime, against_runtime, None, batch_size, seq_len, objective)
+    fixed_layers = stock_search_limits(model) if stock else []
     clock = clock or Clock(None)
     emit = progress or no_progress
     chosen = data_objective(data, objective)
@@ -225,7 +243,8 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     since = time.perf_counter()
     reference_ms = table.predict_ms(start) * unchanged
     stop = target.speedup * max(AROUND_TARGET) if isinstance(target, SpeedupTarget) else None
-    path = search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop, stock=stock)
+    path = search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop, stock=stock,
+                       fixed_layers=fixed_layers)
     units_path = None if stock else search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop,
                                                 layers=False)
     uniform = len({s.ffn_width for s in start.kept}) == 1 and len({s.heads for s in start.kept}) == 1

@@ -21,6 +21,7 @@ width and whole layers; no head is removed.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -153,11 +154,13 @@ class _Layer:
         width = self.shape.ffn_width - sum(len(g) for g in self.groups[: self.groups_gone])
         return LayerShape(self.shape.heads - self.heads_gone, width)
 
-    def can_cut(self, unit: str) -> bool:
-        """Whether a next head (one always stays) or neuron group is left to remove."""
+    def can_cut(self, unit: str, *, keep_neurons: bool = False) -> bool:
+        """Whether a next head (one always stays) or neuron group (with ``keep_neurons``, one stays) is left."""
         if self.removed:
             return False
-        return self.heads_gone < len(self.head_order) - 1 if unit == "head" else self.groups_gone < len(self.groups)
+        if unit == "head":
+            return self.heads_gone < len(self.head_order) - 1
+        return self.groups_gone < len(self.groups) - (1 if keep_neurons else 0)
 
     def next_cut(self, unit: str) -> tuple[float, LayerShape, LayerShape]:
         """The cost of the next head or neuron group, the layer's shape now and without it."""
@@ -198,7 +201,7 @@ def neuron_groups(costs: torch.Tensor, groups: int) -> list[list[int]]:
 
 def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, reference_ms: float | None = None,
                 stop_speedup: float | None = None, stock: bool = False, groups: int = 16,
-                layers: bool = True, uniform: bool = False) -> RemovalPath:
+                layers: bool = True, uniform: bool = False, fixed_layers: Sequence[int] = ()) -> RemovalPath:
     """Greedy removal under the latency table, from ``start`` until ``stop_speedup`` or nothing is left.
 
     ``reference_ms`` (default: the table's time of ``start``) is the time speedups are against.
@@ -206,6 +209,9 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
     ``layers=False`` removes heads and neurons only (Kwon et al.'s search space): the layer costs are
     measured one layer at a time, and a path that removes several may rely on them more than they
     deserve, so compression tries both. ``uniform=True`` cuts every kept layer alike (implied by ``stock``).
+    ``stock`` also keeps an FFN width of at least one neuron group (a stock config cannot say
+    ``intermediate_size: 0``, and surgery refuses such a config) and never removes ``fixed_layers``
+    (:func:`surgery.compress.stock_export.stock_fixed_layers`: layers a stock config cannot drop).
 
     Example:
         >>> from surgery.compress.mask_fisher import UnitCosts
@@ -261,14 +267,15 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
         kept = [i for i, s in enumerate(state) if s is not None and not s.removed]
         layer_states = [s for s in state if s is not None and not s.removed]
         for i, s in zip(kept, layer_states, strict=True):
-            if s.removable_cost is not None and len(kept) > 1:
+            if s.removable_cost is not None and len(kept) > 1 and i not in fixed_layers:
                 offer("layer", [i], s.removable_cost - s.spent, table.saving_ms(s.now(), None))
             for unit, kind in (("head", "head"), ("neurons", "neurons")):
                 if not uniform and s.can_cut(unit):
                     loss, shape, after = s.next_cut(unit)
                     offer(kind, [i], loss, table.saving_ms(shape, after))
         for unit, kind in (("neurons", "uniform-neurons"), ("head", "uniform-heads")):
-            if uniform and (unit == "neurons" or not stock) and kept and all(s.can_cut(unit) for s in layer_states):
+            if uniform and (unit == "neurons" or not stock) and kept and all(s.can_cut(unit, keep_neurons=stock)
+                                                                             for s in layer_states):
                 cuts = [s.next_cut(unit) for s in layer_states]
                 offer(kind, kept, sum(c[0] for c in cuts), sum(table.saving_ms(c[1], c[2]) for c in cuts))
         if best is None:

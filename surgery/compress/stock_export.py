@@ -41,7 +41,7 @@ from surgery.core.manifest import source_dir_of, steps_of
 from surgery.persist.atomic import atomic_directory, write_output_mark
 from surgery.persist.model_io import WEIGHTS_NAME, output_directory, weights_dtype
 
-__all__ = ["save_stock", "stock_config", "stock_structure_problem"]
+__all__ = ["save_stock", "stock_config", "stock_fixed_layers", "stock_structure_problem"]
 
 #: The transformers-wide config attribute that lists one entry per layer (ModernBERT's attention pattern).
 LAYER_TYPES = "layer_types"
@@ -167,6 +167,33 @@ def stock_structure_problem(model: nn.Module) -> str | None:
         return (f"the model has {kept} layers but its config {model.config.num_hidden_layers}, and its recorded steps "
                 "do not say which layers were removed")
     return _key_problem(model, _stock_skeleton(model, stock_config(model)))
+
+
+def _layer_signature(layer: nn.Module) -> tuple[tuple[str, str], ...]:
+    """What a stock model builds at a layer's position: its submodules' names and types."""
+    return tuple((name, type(module).__name__) for name, module in layer.named_modules())
+
+
+def stock_fixed_layers(model: nn.Module) -> list[int]:
+    """The layers a stock search may not remove: removing them would leave a layer where a stock model builds
+    another kind.
+
+    Removing layer ``i`` moves every later layer one place down, and a stock config rebuilds each
+    place the way the family builds it there. Where every layer is built alike that is any layer;
+    ModernBERT builds its first layer without an attention norm (``Identity``), so its layer 0 cannot
+    go: layer 1 would land where a stock model has no norm, and the save would fail after the whole job.
+    A layer may go only if every layer from it on is built like it.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> stock_fixed_layers(tiny_model(TinySpec("modernbert", layers=3)))
+        [0]
+        >>> stock_fixed_layers(tiny_model(TinySpec("bert", layers=3)))
+        []
+    """
+    layers = adapter_for(model).layers()
+    signatures = [_layer_signature(layer) for layer in layers]
+    return [i for i in range(len(signatures)) if any(later != signatures[i] for later in signatures[i + 1:])]
 
 
 def _sentence_files(model: nn.Module, sentence_config: Any) -> Any:
