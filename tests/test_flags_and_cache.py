@@ -230,3 +230,21 @@ def test_dry_run_writes_no_latency_cache(classifier: dict[str, Path], tmp_path: 
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["would_cut"]
     assert not cache.exists(), sorted(str(p) for p in cache.rglob("*"))
+
+
+# -- output config.json never names remote code --------------------------------------------------
+def test_saved_configs_drop_the_input_s_auto_map(tmp_path: Path) -> None:
+    import surgery
+    from surgery.compress.stock_export import save_stock
+
+    source = tmp_path / "source"
+    tiny_model(TinySpec("bert", layers=2)).save_pretrained(source)
+    config = json.loads((source / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel", "AutoConfig": "configuration_evil.EvilConfig"}
+    (source / "config.json").write_text(json.dumps(config))
+    model = surgery.from_pretrained(source)  # a type transformers knows: auto_map is ignored, never run
+    written = [surgery.save_pretrained(model, tmp_path / "surgery-format"), save_stock(model, tmp_path / "stock")]
+    for out in written:
+        saved = json.loads((out / "config.json").read_text())
+        assert "auto_map" not in saved and saved["model_type"] == "bert", out
+        assert not list(out.glob("*.py"))

@@ -178,6 +178,23 @@ def stock_search_limits(model: nn.Module) -> list[int]:
     return stock_fixed_layers(model)
 
 
+def stock_search_limits(model: nn.Module) -> list[int]:
+    """With ``--stock``: refuse, before any work, a model no stock config can state; else the layers it must keep.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> stock_search_limits(tiny_model(TinySpec("modernbert", layers=3)))
+        [0]
+    """
+    from surgery.compress.stock_export import stock_fixed_layers, stock_structure_problem
+
+    problem = stock_structure_problem(model)
+    if problem is not None:  # found now, not at the save after the whole job
+        raise StockFormatError(f"compress --stock: the model cannot be written as a stock Hugging Face directory: "
+                               f"{problem}; drop --stock to save it in surgery's format")
+    return stock_fixed_layers(model)
+
+
 def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "torch",
                   against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,

@@ -39,6 +39,7 @@ from surgery.anatomy import adapter_for
 from surgery.core.errors import ConfigError, StockFormatError
 from surgery.core.manifest import source_dir_of, steps_of
 from surgery.persist.atomic import atomic_directory, write_output_mark
+from surgery.persist.config_values import without_remote_code
 from surgery.persist.model_io import WEIGHTS_NAME, output_directory, weights_dtype
 
 __all__ = ["save_stock", "stock_config", "stock_fixed_layers", "stock_structure_problem"]
@@ -73,7 +74,7 @@ def stock_config(model: nn.Module) -> PretrainedConfig:
         (2, 10, 3)
     """
     adapter = adapter_for(model)
-    config = copy.deepcopy(model.config)
+    config = without_remote_code(copy.deepcopy(model.config))  # auto_map names files that are not copied
     kept = adapter.num_layers
     origin = _kept_origin(model, kept)
     per_layer = getattr(config, LAYER_TYPES, None)

@@ -178,6 +178,26 @@ def check_length(config: Any, length: int, flag: str, name: str | Path) -> None:
         raise ConfigError(f"{flag} {length} exceeds the {limit} positions {name} supports; use {flag} {limit} or less")
 
 
+#: Config keys that point at Python files of the source directory: surgery never runs them and never copies them,
+#: so a saved config.json must not name them (transformers would look for files that are not there).
+REMOTE_CODE_KEYS = ("auto_map",)
+
+
+def without_remote_code(config: Any) -> Any:
+    """``config`` without the entries that point at remote code files (``auto_map``); changed in place, returned.
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> config = BertConfig(auto_map={"AutoModel": "modeling_evil.EvilModel"})
+        >>> "auto_map" in without_remote_code(config).to_dict()
+        False
+    """
+    for key in REMOTE_CODE_KEYS:
+        if key in vars(config):
+            delattr(config, key)
+    return config
+
+
 def load_config(where: Path, **kwargs: Any) -> Any:
     """The checked HF config of a model directory (``kwargs`` such as ``num_labels`` go to transformers).
 
@@ -209,7 +229,7 @@ def load_config(where: Path, **kwargs: Any) -> Any:
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ModelLoadError(f"cannot read a model config from {where}: {' '.join(str(exc).split())[:200]}") from None
     check_config_values(config, file)
-    return config
+    return without_remote_code(config)  # transformers ignored it (trust_remote_code=False); no output names it
 
 
 # -- command-line values ---------------------------------------------------------------------

@@ -43,7 +43,7 @@ from surgery.core.manifest import (
 from surgery.core.registry import get_method
 from surgery.core.strategy import Strategy
 from surgery.persist.atomic import atomic_directory, check_separate
-from surgery.persist.config_values import load_config
+from surgery.persist.config_values import load_config, without_remote_code
 from surgery.persist.task_heads import HeadWarning, choose_class, record_new_head, warn_choice
 from surgery.persist.untrusted import (
     check_safetensors_dir,
@@ -158,7 +158,7 @@ def save_pretrained(
     out = output_directory(model, out_dir)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         # Like transformers, record the class that was saved, on a copy so the caller's model is untouched.
-        config = copy.deepcopy(model.config)
+        config = without_remote_code(copy.deepcopy(model.config))  # auto_map names files that are not copied
         config.architectures = [type(model).__name__]
         config.save_pretrained(tmp)
         save_model(model, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
