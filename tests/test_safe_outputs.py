@@ -366,6 +366,7 @@ def test_overwrite_of_the_project_home_or_a_users_directory_is_refused_in_real_p
     assert (listing(home), listing(mine)) == before
 
 
+@pytest.mark.slow
 def test_a_new_out_keeps_the_users_dot_directories_and_a_stranded_output_comes_back(tiny: dict[str, Path],
                                                                                    tmp_path: Path) -> None:
     apply = ["apply", str(tiny["model"]), "-s", "head-prune", "--set", "ratio=0.5"]
