@@ -3,7 +3,8 @@
 The command checks its cheap inputs (paths, target, runtime, budget) first, loads the model and
 data the way ``apply`` does (:func:`surgery.cli.prepare.prepare_inputs`, objective detected the same
 way), runs :func:`surgery.compress` and saves into OUT, in one atomic save: the model as every
-surgery model (plus its ONNX graph under ``OUT/onnx`` for an ONNX Runtime target), ``compress.json``
+surgery model (plus the winner's runtime artefact, the very files it was judged and timed on, under
+``OUT/onnx``, ``OUT/openvino`` or ``OUT/<runtime>``), ``compress.json``
 (the report) and ``pareto.png`` (when matplotlib is installed). ``--dry-run`` prints the latency
 prediction and the structure it would cut, and writes nothing. With ``--strict`` a missed target or
 a drop beyond ``--max-drop`` exits 3.
@@ -30,15 +31,17 @@ from surgery.cli.options import (
     TextPairColumn,
 )
 from surgery.cli.outputs import decide_outputs
-from surgery.core.errors import ConfigError
+from surgery.core.errors import ConfigError, SurgeryError
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_batch_memory, check_max_drop, check_speedup, threads_warning
 
 EXIT_STRICT = 3
-RUNTIME_CHOICES = ("torch", "onnxruntime", "onnxruntime-int8")
 REPORT_NAME = "compress.json"
 PARETO_NAME = "pareto.png"
 ONNX_DIR = "onnx"
+#: Where in OUT a runtime's artefact lands (its judged files, moved there unchanged); other runtimes: their name.
+ARTEFACT_DIRS = {"onnxruntime": ONNX_DIR, "onnxruntime-int8": ONNX_DIR, "openvino": "openvino",
+                 "openvino-int8": "openvino"}
 
 
 class CompressObjectives:
@@ -46,6 +49,7 @@ class CompressObjectives:
 
     name = "compress"
     objectives = ("task", "embedding")
+    objective_flag = "--objective "  # what the objective note tells the user to pass (not apply's --set)
 
 
 def check_target(speedup: float | None, max_drop: float | None) -> Any:
@@ -81,10 +85,28 @@ def check_target_values(speedup: float | None, max_drop: float | None) -> None:
     check_max_drop(max_drop)
 
 
-def check_runtime(name: str, flag: str) -> str:
-    """``name`` if it is a runtime compress knows, else a one-line ConfigError naming ``flag``."""
-    if name not in RUNTIME_CHOICES:
-        raise ConfigError(f"{flag} {name!r}: choose one of {', '.join(RUNTIME_CHOICES)}")
+def check_runtime(name: str, flag: str, *, auto: bool = False) -> str:
+    """``name`` if it is a registered runtime (``auto`` where allowed) that runs here, else one line naming ``flag``.
+
+    Example:
+        >>> check_runtime("torch", "--runtime"), check_runtime("auto", "--runtime", auto=True)
+        ('torch', 'auto')
+        >>> check_runtime("tensorrt-doc", "--runtime")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --runtime 'tensorrt-doc': choose one of torch, torch-bf16, ...
+    """
+    from surgery.runtimes import get_runtime, runtime_names
+
+    if auto and name == "auto":
+        return name
+    if name not in runtime_names():
+        choices = [*runtime_names(), *(["auto"] if auto else [])]
+        raise ConfigError(f"{flag} {name!r}: choose one of {', '.join(choices)}")
+    try:
+        get_runtime(name)  # not available here: its one line (the missing package's extra, the CPU flag)
+    except SurgeryError as exc:  # ConfigError or MissingDependencyError
+        raise type(exc)(f"{flag} {exc}") from None
     return name
 
 
@@ -115,19 +137,29 @@ def candidate_points(report: Any) -> list[dict[str, Any]]:
     return points
 
 
-def write_outputs(directory: Path, result: Any, *, tokenizer: Any, runtime: str, calibration: Any,
-                  objective: str) -> list[str]:
-    """Write the report, the Pareto plot and (ONNX runtimes) the graph into ``directory``; notes of what was skipped."""
+def write_outputs(directory: Path, result: Any, *, tokenizer: Any, objective: str, sentence: Any = None) -> list[str]:
+    """Write the report, the Pareto plot and the winner's runtime artefact into ``directory``; notes of what was
+    skipped.
+
+    The artefact is the one the winner was judged and timed on (``result.artefact``), copied byte for
+    byte into ``directory/<ARTEFACT_DIRS[runtime]>`` (never exported again), with the tokenizer and,
+    for an embedding model, the pooling beside it.
+    """
+    import shutil
+
     from surgery.cli.plot import write_pareto
 
     skipped = []
     report = result.report
-    if runtime != "torch":
-        from surgery.deploy.export import export_onnx
+    if result.artefact is not None:
+        target = directory / ARTEFACT_DIRS.get(report.runtime, report.runtime)
+        shutil.copytree(result.artefact, target)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(target))
+        if sentence is not None:
+            from surgery.embedding.pooling import write_sentence_config
 
-        int8 = runtime == "onnxruntime-int8"
-        export_onnx(result.model, directory / ONNX_DIR, tokenizer=tokenizer, int8=int8,
-                    task="base" if objective == "embedding" else "auto", calibration=calibration if int8 else None)
+            write_sentence_config(sentence, target)
     points = candidate_points(report)
     if importlib.util.find_spec("matplotlib") is None:
         skipped.append(f"{PARETO_NAME} not written: matplotlib is not installed (pip install "
@@ -139,6 +171,22 @@ def write_outputs(directory: Path, result: Any, *, tokenizer: Any, runtime: str,
     report.notes.extend(skipped)
     (directory / REPORT_NAME).write_text(report.model_dump_json(indent=2) + "\n")
     return skipped
+
+
+def auto_preview(model: Any, data: Any, config: Any) -> dict[str, Any]:
+    """``--runtime auto --dry-run``: the unchanged model timed on every runtime here and which would be searched."""
+    from surgery.compress.auto_runtime import plan_runtimes, runtime_ratios
+    from surgery.compress.latency_source import MeasuredLatency
+    from surgery.compress.plan import CALIBRATION_BATCH, batch_seq_len
+    from surgery.runtimes import available_runtimes
+
+    found = available_runtimes()
+    batch = config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
+    source = MeasuredLatency(batch_size=batch, seq_len=config.seq_len or batch_seq_len(data, batch),
+                             threads=config.threads)
+    ratios = runtime_ratios(source, model, [n for n, why in found.items() if why is None], config.against_runtime)
+    return {"target": config.target.describe(), "runtime": "auto", "against_runtime": config.against_runtime,
+            "runtimes": plan_runtimes(ratios, {n: why for n, why in found.items() if why is not None}, config)}
 
 
 def summary_lines(report: Any) -> list[str]:
@@ -166,8 +214,10 @@ def compress_command(
     max_drop: Annotated[float | None, typer.Option("--max-drop", help="Points of dev accuracy (or of "
                                                    "100 x mean cosine) it may lose; alone: the fastest within "
                                                    "them wins; with --speedup: the guard.")] = None,
-    runtime: Annotated[str, typer.Option("--runtime", help="Where the model will run: torch, onnxruntime or "
-                                         "onnxruntime-int8.")] = "torch",
+    runtime: Annotated[str, typer.Option("--runtime", help="Where the model will run: a runtime name (torch, "
+                                         "torch-bf16, onnxruntime, onnxruntime-int8, openvino, openvino-int8, or "
+                                         "one a package registered), or auto: the fastest runtime here that meets "
+                                         "the target.")] = "torch",
     against_runtime: Annotated[str, typer.Option("--against-runtime", help="What speedups are against: the original "
                                                  "on this runtime.")] = "torch",
     budget: Annotated[float | None, typer.Option("--budget", help="Wall-clock minutes for the whole job; "
@@ -205,7 +255,7 @@ def compress_command(
     check_batch_memory(source, batch or batch_size, seq_len or max_length or 1)  # unknown length: a lower bound
     if (too_many := threads_warning(threads)) is not None:
         note(too_many)
-    check_runtime(runtime, "--runtime")
+    check_runtime(runtime, "--runtime", auto=True)  # imports the runtime registry (torch): after the bounds
     check_runtime(against_runtime, "--against-runtime")
     if budget is not None and not budget > 0:
         raise ConfigError(f"--budget must be a positive number of minutes, got {budget:g}")
@@ -216,10 +266,6 @@ def compress_command(
     # One place decides every output path: never inside an input (model, data), never over a user's file.
     out_dir = decide_outputs([source, data, eval_data], out=("--out", None if dry_run else out),
                              overwrite=overwrite).directory
-    if "onnxruntime" in (runtime, against_runtime):
-        from surgery.deploy.runtime import require_onnx
-
-        require_onnx(f"--runtime {runtime}")
     target = check_target(speedup, max_drop)
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
 
@@ -230,20 +276,27 @@ def compress_command(
     task_data = inputs.data["data"]
     from surgery.cli import render
     from surgery.compress.compress_run import compress
+    from surgery.compress.config import CompressConfig
     from surgery.compress.plan import plan_compress
 
-    settings: dict[str, Any] = dict(target=target, runtime=runtime, against_runtime=against_runtime,
-                                    objective=inputs.objective.name if inputs.objective else None, batch_size=batch,
-                                    seq_len=seq_len, stock=stock, threads=threads)
+    # One config, validated once: the Python API takes the same object and the report carries its fields.
+    config = CompressConfig.build(target=target, runtime=runtime, against_runtime=against_runtime,
+                                  objective=inputs.objective.name if inputs.objective else None, batch_size=batch,
+                                  seq_len=seq_len, stock=stock, threads=threads, budget_minutes=budget, seed=seed,
+                                  train=not no_train)
     with render.ProgressDisplay(stderr()) as progress:
         if out_dir is None:  # --dry-run
-            plan = plan_compress(inputs.model, task_data, progress=progress, write_cache=False, **settings)
+            if config.auto:
+                typer.echo(json.dumps(auto_preview(inputs.model, task_data, config), indent=2))
+                return
+            plan = plan_compress(inputs.model, task_data, progress=progress, write_cache=False, target=config.target,
+                                 runtime=config.runtime, against_runtime=config.against_runtime,
+                                 objective=config.objective, batch_size=config.batch_size, seq_len=config.seq_len,
+                                 stock=config.stock, threads=config.threads)
             typer.echo(json.dumps(plan.preview(target), indent=2))
             return
-        result = compress(inputs.model, task_data, budget_minutes=budget, progress=progress, seed=seed,
-                          train=not no_train, **settings)
+        result = compress(inputs.model, task_data, config, progress=progress)
     report = result.report
-    calibration = result.calibration
     sentence = inputs.objective.sentence if inputs.objective is not None else None
 
     def extra(directory: Path) -> None:
@@ -251,8 +304,8 @@ def compress_command(
 
         if sentence is not None:
             write_sentence_config(sentence, directory)
-        write_outputs(directory, result, tokenizer=inputs.tokenizer, runtime=runtime, calibration=calibration,
-                      objective=report.objective)  # what it skips joins the report's notes, printed below
+        write_outputs(directory, result, tokenizer=inputs.tokenizer, objective=report.objective,
+                      sentence=sentence)  # what it skips joins the report's notes, printed below
 
     if stock:
         from surgery.compress.stock_export import save_stock

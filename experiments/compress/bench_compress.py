@@ -110,17 +110,15 @@ def run_one(args: argparse.Namespace, task_name: str, seed: int, target_name: st
             "test": test_acc, "retained": 100.0 * test_acc / base_test}
 
 
-def run_embedding(args: argparse.Namespace, seed: int, target_name: str) -> dict[str, Any]:
-    """One compress run on all-MiniLM-L6-v2 with unlabelled texts; fidelity on test texts that chose nothing."""
+def embedding_split(model: str, seed: int) -> dict[str, Any]:
+    """The embedding study's seeded split of the corpus: train texts (data), dev texts (judging), test texts that
+    chose nothing, the tokenizer, the pooling and the original (all-MiniLM-L6-v2 by default)."""
     import random
-    import tempfile
 
     from experiments.embedding_suite import corpus_texts
-    from surgery.compress.candidates import Judge
     from surgery.embedding import load_text_data, read_sentence_config
 
-    spec = TARGETS[target_name]
-    path = resolve_model_path(args.model)
+    path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     sentence = read_sentence_config(path)
     pool = corpus_texts()
@@ -130,7 +128,20 @@ def run_embedding(args: argparse.Namespace, seed: int, target_name: str) -> dict
     train_texts = pool[EMBED_TEST + EMBED_DEV:EMBED_TEST + EMBED_DEV + EMBED_TRAIN]
     data = load_text_data(train_texts, tokenizer, eval_data=dev_texts, max_length=64, seed=seed, batch_size=32)
     data.sentence_config = sentence
-    original = surgery.from_pretrained(path).eval()
+    return {"tokenizer": tokenizer, "sentence": sentence, "test_texts": test_texts, "dev_texts": dev_texts,
+            "train_texts": train_texts, "data": data, "original": surgery.from_pretrained(path).eval()}
+
+
+def run_embedding(args: argparse.Namespace, seed: int, target_name: str) -> dict[str, Any]:
+    """One compress run on all-MiniLM-L6-v2 with unlabelled texts; fidelity on test texts that chose nothing."""
+    import tempfile
+
+    from surgery.compress.candidates import Judge
+
+    spec = TARGETS[target_name]
+    split = embedding_split(args.model, seed)
+    tokenizer, sentence, data, original = split["tokenizer"], split["sentence"], split["data"], split["original"]
+    test_texts, dev_texts, train_texts = split["test_texts"], split["dev_texts"], split["train_texts"]
     torch.manual_seed(seed)
     start = time.perf_counter()
     result = surgery.compress(original, data, target=SpeedupTarget(speedup=spec.speedup), runtime=spec.runtime,
@@ -281,19 +292,25 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def suite_arguments(description: str, targets: list[str], out: Path) -> argparse.ArgumentParser:
+    """The arguments every compress study takes: where the fine-tuned models are, tasks, seeds, targets, sizes."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--work", type=Path, default=ROOT / "logs" / "suite_work")
     parser.add_argument("--tasks", nargs="+", default=["rt-sentiment", "rt-fresh-rotten-plot", "text-source"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+    parser.add_argument("--targets", nargs="+", default=targets, choices=targets)
     parser.add_argument("--max-train", type=int, default=2000)
     parser.add_argument("--max-dev", type=int, default=400)
     parser.add_argument("--max-test", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", default="minilm-l6")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=out)
     parser.add_argument("--render-only", action="store_true")
+    return parser
+
+
+def main() -> None:
+    parser = suite_arguments(__doc__.splitlines()[0], list(TARGETS), RESULTS)
     parser.add_argument("--compare", action="store_true", help="only add the uniform head+FFN recipe, distilled "
                         "alike, to the distilled task runs that lack it (no benchmark run)")
     args = parser.parse_args()

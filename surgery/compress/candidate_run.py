@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from surgery.compress.candidates import CandidateResult, Judge, layer_drop_removal, result_of
+from surgery.compress.candidates import CandidateResult, Judge, Served, layer_drop_removal, result_of
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
 from surgery.compress.latency_source import LatencySource
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
@@ -56,6 +57,8 @@ class CandidateRun:
         self.target, self.runtime, self.against = target, runtime, against
         self.results: list[CandidateResult] = []
         self.models: dict[str, Any] = {}
+        #: candidate name -> the directory of the runtime artefact it was judged and timed on (None: torch)
+        self.artefacts: dict[str, Path | None] = {}
         self.notes: list[str] = []
         self.last_cost = 0.0
         self.reference = judge.reference()
@@ -75,6 +78,7 @@ class CandidateRun:
                                            "notes": [f"the same cut as {same.name}: built, judged and timed once"]})
             self.results.append(twin)
             self.models[name] = self.models[same.name]
+            self.artefacts[name] = self.artefacts.get(same.name)
             return twin
         if self.results and not self.clock.fits(self.last_cost):  # the first (the unchanged model) always runs
             self.notes.append(f"skipped candidate {name}: the budget has {max(self.clock.left(), 0):.0f} s left and "
@@ -82,22 +86,25 @@ class CandidateRun:
             return None
         started = time.perf_counter()
         model, refitted, build_notes = self.judge.build(removal, refit=refit)
+        served = self.judge.serve(model)  # the runtime's artefact, written and loaded: judged and timed as is
         if removal.units() == 0 and self.runtime == "torch":  # the original itself: the reference's own figures
             figures = {**self.reference, "drop": 0.0}
         else:
-            figures = self.judge.judge(self.judge.on_runtime(model))
+            figures = self.judge.judge(served.model)
         structure = removal.structure(self.plan.start)
         predicted = self.plan.path.reference_ms / self.plan.table.predict_ms(structure)
         estimated = (path or self.plan.path).steps[path_step - 1].cumulative_loss if path_step else None
         result = result_of(name, origin, self.runtime, removal, self.plan.start, predicted=predicted,  # type: ignore[arg-type]
                            figures=figures, started=started, path_step=path_step, estimated_loss=estimated,
                            tier="refit" if refitted is not None else "none", notes=build_notes)
+        result.artefact = served.digests
         if timed:
-            self.time(result, model)
+            self.time(result, model, served)
         result.seconds = round(time.perf_counter() - started, 3)
         self.last_cost = max(self.last_cost, result.seconds)
         self.results.append(result)
         self.models[name] = model
+        self.artefacts[name] = served.directory
         self.emit(ProgressEvent("compress: candidates", len(self.results), None,
                                 {"name": name, "predicted": f"{result.predicted_speedup:.2f}x",
                                  "measured": "-" if result.measured_speedup is None
@@ -105,13 +112,15 @@ class CandidateRun:
                                  "drop": f"{result.drop:.2f}"}))
         return result
 
-    def time(self, result: CandidateResult, model: nn.Module) -> None:
-        """Measure ``result``'s speedup side by side with the original on the reference runtime."""
+    def time(self, result: CandidateResult, model: nn.Module, served: Served) -> None:
+        """Measure ``result``'s speedup side by side with the original on the reference runtime: the
+        artefact it was judged on is the one timed (``torch``: the model itself)."""
         if result.removal.units() == 0 and self.runtime == self.against:
             result.measured_speedup = 1.0  # the original itself
             return
         value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime,
-                                              reference_runtime=self.against)
+                                              reference_runtime=self.against,
+                                              served=served.model if served.directory is not None else None)
         result.measured_speedup = round(value, 4)
         result.speedup_interval = interval
         if abs(value - result.predicted_speedup) > PREDICTION_TOLERANCE * value:
@@ -268,14 +277,17 @@ class CandidateRun:
         result = distil(model, self.judge.original, data, epochs=epochs, batch_size=batch, seed=seed,
                         progress=self.emit)
         training.update(steps=result.steps, seconds=round(result.seconds, 2))
-        figures = self.judge.judge(self.judge.on_runtime(model))
+        served = self.judge.serve(model)
+        figures = self.judge.judge(served.model)
         trained_result = winner.model_copy(update={
             "name": f"{winner.name}+distil", "tier": "distil", "accuracy": figures.get("accuracy"),
             "mean_cosine": figures.get("mean_cosine"), "recall_at_10": figures.get("recall_at_10"),
             "drop": float(figures["drop"]), "seconds": round(time.perf_counter() - since, 3),
+            "artefact": served.digests,
             "notes": [*winner.notes, f"distilled from the original for {epochs} epoch(s); same structure, so the "
                       "same measured speed"]})
         self.results.append(trained_result)
+        self.artefacts[trained_result.name] = served.directory
         self.clock.phase("training", since)
         return model, trained_result.name, training
 

@@ -4,16 +4,17 @@ A cut (:class:`~surgery.compress.removal_path.Removal`) becomes a model through 
 only, heads and neurons first and whole layers last, so ``surgery.json`` records plans that
 ``surgery.from_pretrained`` replays. The no-training tier then re-solves the output projections
 whose inputs were cut by least squares against the original
-(:func:`surgery.training.refit.refit_projections`), layers mapped through any dropped ones. On an
-ONNX Runtime target the candidate is exported as ``surgery export`` does (``onnxruntime-int8``:
-activations smoothed on the user's training batches, then dynamic int8), and it is judged on that
-graph: dev accuracy for the task objective, mean cosine and recall@10 of its sentence embeddings
+(:func:`surgery.training.refit.refit_projections`), layers mapped through any dropped ones. On any
+runtime but ``torch`` the candidate's artefact is written by the runtime as ``surgery export
+--runtime`` writes it (int8 runtimes calibrated on the user's training batches) and loaded, and it
+is judged on that artefact: dev accuracy for the task objective, mean cosine and recall@10 of its sentence embeddings
 for the embedding objective, always against the original in PyTorch fp32.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,6 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-import surgery
 from surgery.compress.removal_path import Removal
 from surgery.compress.structure import Structure
 from surgery.training.refit import RefitResult, refit_projections
@@ -57,6 +57,8 @@ class CandidateResult(BaseModel):
     recall_at_10: float | None = None
     drop: float = Field(description="points lost against the original: accuracy, or 100 x (1 - mean cosine)")
     seconds: float = 0.0
+    artefact: dict[str, str] = Field(default_factory=dict, description="SHA-256 of each file of the runtime "
+                                     "artefact it was judged and timed on (empty for torch)")
     notes: list[str] = Field(default_factory=list)
 
 
@@ -64,6 +66,7 @@ def apply_removal(model: nn.Module, removal: Removal) -> None:
     """Cut ``model`` in place through registered strategies: heads, then FFN neurons, then whole layers.
 
     Example:
+        >>> import surgery
         >>> from surgery.testing import TinySpec, tiny_model
         >>> model = tiny_model(TinySpec("bert", layers=3))
         >>> apply_removal(model, Removal(heads={0: [1]}, neurons={2: [0, 1]}, layers=[1]))
@@ -72,15 +75,39 @@ def apply_removal(model: nn.Module, removal: Removal) -> None:
         >>> [s["strategy"] for s in surgery.core.manifest.steps_of(model)]
         ['head-prune', 'ffn-prune', 'layer-drop']
     """
+    from surgery.orchestration.api import convert
     from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, LayerDropStrategy
 
     cut = removal.effective()
     if cut.heads:
-        surgery.convert(model, HeadPruningStrategy(heads=cut.heads))
+        convert(model, HeadPruningStrategy(heads=cut.heads))
     if cut.neurons:
-        surgery.convert(model, FFNPruningStrategy(neurons=cut.neurons))
+        convert(model, FFNPruningStrategy(neurons=cut.neurons))
     if cut.layers:  # last: the unit plans above name layers of the model before any is dropped
-        surgery.convert(model, LayerDropStrategy(layers=cut.layers))
+        convert(model, LayerDropStrategy(layers=cut.layers))
+
+
+def file_digests(directory: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``directory`` by relative path (proof that a saved artefact is the judged one).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "a.txt").write_text("x")
+        >>> file_digests(d)["a.txt"][:12]
+        '2d711642b726'
+    """
+    return {path.relative_to(directory).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+@dataclass
+class Served:
+    """A candidate as it runs: the loaded artefact, its directory (None for ``torch``) and its files' digests."""
+
+    model: nn.Module
+    directory: Path | None
+    digests: dict[str, str]
 
 
 @dataclass
@@ -157,21 +184,31 @@ class Judge:
         value, _ = objective_value(model, self.calibration, self.objective, pooled, self._calibration_reference)
         return value
 
-    def on_runtime(self, model: nn.Module) -> nn.Module:
-        """``model`` as it will run: itself in torch, its exported (smoothed int8) graph in ONNX Runtime."""
-        if self.runtime == "torch":
-            return model
-        from surgery.deploy.export import export_onnx
-        from surgery.deploy.runtime import OnnxRuntimeModel
+    def serve(self, model: nn.Module) -> Served:
+        """``model`` as it will run: itself for ``torch``, else the runtime's artefact written and loaded.
 
+        The artefact (ONNX graph, OpenVINO IR, bf16 weights ...) is written by the runtime
+        (:meth:`surgery.runtimes.Runtime.write_artefact`, int8 ones calibrated on ``smoothing``, the
+        user's training batches) into its own directory under ``workdir`` and loaded from there, so the
+        candidate is judged and timed on exactly the files a user would deploy; their SHA-256 digests
+        are kept, and the winner's directory is the one ``compress`` hands back.
+        """
+        if self.runtime == "torch":
+            return Served(model, None, {})
+        from surgery.runtimes import get_runtime
+
+        runtime = get_runtime(self.runtime)
         self._exports += 1
         out = self.workdir / f"candidate-{self._exports}"
-        int8 = self.runtime == "onnxruntime-int8"
-        smoothing = (self.smoothing or self.calibration) if int8 else None
-        report = export_onnx(model, out, task="base" if self.objective == "embedding" else "auto", int8=int8,
-                             calibration=smoothing, save_tokenizer=False, batch=2, seq=8, threads=self.threads)
-        return OnnxRuntimeModel(out / "model.onnx", config=model.config, output=report.output,
-                                threads=self.threads, task=report.task)
+        calibration = (self.smoothing or self.calibration) if runtime.needs_calibration else None
+        artefact = runtime.write_artefact(model, out, task="base" if self.objective == "embedding" else "auto",
+                                          calibration=calibration, threads=self.threads)
+        loaded = runtime.load(artefact.directory, config=model.config, threads=self.threads)
+        return Served(loaded, artefact.directory, file_digests(artefact.directory))
+
+    def on_runtime(self, model: nn.Module) -> nn.Module:
+        """``model`` as it will run (:meth:`serve`), without the artefact's whereabouts."""
+        return self.serve(model).model
 
     def judge(self, model: nn.Module) -> dict[str, float]:
         """Dev figures of ``model`` (already on its runtime) against the original, and the drop in points."""

@@ -8,6 +8,7 @@ carries the machine, the latency table and the search path, so a run can be chec
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -89,6 +90,13 @@ class CompressReport(BaseModel):
     seconds: float = 0.0
     warnings: list[str] = Field(default_factory=list, description="the target or the guard missed")
     notes: list[str] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict, description="the CompressConfig it ran with, by the same "
+                                   "field names (surgery.compress.config)")
+    runtimes: list[dict[str, Any]] = Field(default_factory=list, description="--runtime auto: every runtime timed "
+                                           "with the unchanged model's ratio, whether it could reach the target, "
+                                           "whether it was searched and what its search found")
+    artefact: dict[str, str] = Field(default_factory=dict, description="SHA-256 of each file of the winner's runtime "
+                                     "artefact, the one judged and timed and the one saved (empty for torch)")
 
     def winner_result(self) -> CandidateResult | None:
         return next((c for c in self.candidates if c.name == self.winner), None)
@@ -97,14 +105,18 @@ class CompressReport(BaseModel):
 class CompressResult:
     """What :func:`surgery.compress` returns: the chosen model (PyTorch), the report, every candidate.
 
-    ``calibration`` holds the training batches the run smoothed int8 activations on, so an int8
-    export of the model is smoothed as the run judged it.
+    ``calibration`` holds the training batches the run calibrated int8 activations on. ``artefact``
+    is the directory of the winner's runtime artefact (ONNX graph, OpenVINO IR, bf16 weights), the
+    very files it was judged and timed on, kept until the result is garbage collected (None for
+    ``torch``): ``surgery compress`` moves it into OUT rather than exporting the model again.
     """
 
-    def __init__(self, model: nn.Module, report: CompressReport, calibration: list[Any] | None = None) -> None:
+    def __init__(self, model: nn.Module, report: CompressReport, calibration: list[Any] | None = None,
+                 artefact: Path | None = None) -> None:
         self.model = model
         self.report = report
         self.calibration = calibration or []
+        self.artefact = artefact
 
     @property
     def candidates(self) -> list[CandidateResult]:

@@ -21,9 +21,8 @@ Method (what :func:`measure_latency_table` does):
    way, attention and FFN costs include what they cost beside each other (cache traffic, the
    attention kernel's fixed work), which probes of attention alone got wrong by 5-8% on MiniLM.
    Several identical layers per probe raise the per-layer signal over the fixed cost. For an ONNX
-   runtime every probe is exported as :func:`surgery.deploy.runtime_bench.runtime_variants` exports for
-   ``surgery bench`` (fp32; or int8 smoothed on random-token calibration, as ``surgery export --int8
-   --calibration`` does) and timed in an ONNX Runtime session with the same threads.
+   runtime every probe is written and loaded by the runtime (int8 calibrated on random tokens) and
+   timed with the same threads.
 2. **Timing, interleaved.** :func:`surgery.measure.bench.time_rounds` runs every probe once per round, in an
    order that rotates round by round. A probe shorter than :data:`MIN_TIMED_SECONDS` runs several
    times in a row per round: on a busy machine a short run either escapes other processes or waits a
@@ -58,7 +57,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -73,22 +72,24 @@ from surgery.compress.latency_cache import (
     read_cached,
     try_write_cached,
 )
-from surgery.compress.latency_table import RUNTIMES, LatencyTable, round_up
+from surgery.compress.latency_table import LatencyTable, round_up
 from surgery.compress.structure import Structure
-from surgery.core.errors import ConfigError
+from surgery.core.errors import ConfigError, SurgeryError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.deploy.names import GRAPH_FORMAT
 from surgery.measure.bench import (
-    BenchReport,
-    bench_models,
+    SideBySide,
     check_seq_len,
     make_inputs,
-    paired_interval,
     time_rounds,
+    time_side_by_side,
     torch_threads,
 )
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import Interval
+
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
 
 #: Fractions of the template layer's heads (0 stands for one head, the fewest a kept layer has; the
 #: solver needs it and the full count).
@@ -345,22 +346,28 @@ def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], struc
     })
 
 
-def check_runtime(runtime: str, what: str = "latency") -> None:
-    """Refuse a runtime name that is not one of :data:`surgery.compress.latency_table.RUNTIMES`, in one line.
+def resolve_runtime(name: str, what: str = "latency") -> Runtime:
+    """The registered runtime called ``name`` (:mod:`surgery.runtimes`), refused in one line when unknown or
+    unavailable on this machine.
 
     Example:
-        >>> check_runtime("onnxruntime-int8")
-        >>> check_runtime("openvino")
+        >>> resolve_runtime("torch").name
+        'torch'
+        >>> resolve_runtime("tensorrt-doc")
         Traceback (most recent call last):
         ...
-        surgery.core.errors.ConfigError: latency: runtime 'openvino' is not one of torch, onnxruntime, onnxruntime-int8
+        surgery.core.errors.ConfigError: latency: runtime 'tensorrt-doc' is not one of torch, torch-bf16, ...
     """
-    if runtime not in RUNTIMES:
-        raise ConfigError(f"{what}: runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    from surgery.runtimes import get_runtime
+
+    try:
+        return get_runtime(name)
+    except SurgeryError as exc:  # ConfigError or MissingDependencyError: keep its class, say who asked
+        raise type(exc)(f"{what}: {exc}") from None
 
 
 def calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, torch.Tensor]]:
-    """Random-token batches for smoothing int8 graphs whose speed, not accuracy, is wanted.
+    """Random-token batches for calibrating int8 graphs whose speed, not accuracy, is wanted.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -371,34 +378,58 @@ def calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, torch.
 
 
 def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: int | None,
-                  calibration: Sequence[Mapping[str, torch.Tensor]] | None = None) -> nn.Module:
-    """``model`` as it runs in ``runtime``: itself for torch, else its ONNX graph in an ONNX Runtime session.
+                  calibration: Sequence[Mapping[str, torch.Tensor]] | None = None, task: str = "auto") -> nn.Module:
+    """``model`` as it runs in ``runtime``: :meth:`surgery.runtimes.Runtime.prepare` (its artefact, loaded).
 
-    The export is :func:`surgery.deploy.runtime_bench.runtime_variants`' (the one ``surgery bench`` uses);
-    ``onnxruntime-int8`` smooths on ``calibration`` first (random tokens when not given).
+    An int8 runtime calibrates on ``calibration`` (random tokens when not given: a probe's speed does
+    not depend on its scales); ``torch-bf16`` gives a bf16 copy; ``torch`` the fp32 model.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
         >>> model = tiny_model(TinySpec("bert"))
-        >>> runtime_model(model, "torch", Path("unused"), threads=1) is model
+        >>> runtime_model(model, "torch", Path("unused"), threads=1).config is model.config
         True
     """
-    check_runtime(runtime)
-    if runtime == "torch":
-        return model
-    from surgery.deploy.runtime_bench import runtime_label, runtime_variants
-
-    int8 = runtime == "onnxruntime-int8"
-    if int8 and calibration is None:
+    served = resolve_runtime(runtime)
+    if served.needs_calibration and not calibration:
         calibration = calibration_batches(model, 16)
-    variants = runtime_variants("m", model, work_dir, runtimes=("torch",) if int8 else ("onnxruntime",), int8=int8,
-                                calibration=calibration if int8 else None, threads=threads)
-    return variants[runtime_label("m", "onnxruntime", int8=int8)]
+    return served.prepare(model, work_dir, task=task, calibration=calibration if served.needs_calibration else None,
+                          threads=threads)
+
+
+def runtime_cache_key(runtime: str) -> dict[str, Any]:
+    """What a table measured in ``runtime`` depends on beyond the machine: the runtime's class and graph format.
+
+    Example:
+        >>> runtime_cache_key("torch")["name"], runtime_cache_key("onnxruntime")["graph_format"] == GRAPH_FORMAT
+        ('torch', True)
+    """
+    from surgery.runtimes import runtime_class
+
+    cls = runtime_class(runtime)
+    onnx = runtime.startswith("onnxruntime")
+    return {"name": runtime, "class": f"{cls.__module__}:{cls.__qualname__}",
+            "graph_format": getattr(cls, "graph_format", GRAPH_FORMAT if onnx else None),
+            "versions": {dist: _version(dist) for dist in _RUNTIME_PACKAGES.get(runtime.split("-")[0], ())}}
+
+
+#: The packages whose version changes a runtime's kernels (torch, onnxruntime and transformers are in the
+#: machine's versions already).
+_RUNTIME_PACKAGES: dict[str, tuple[str, ...]] = {"openvino": ("openvino", "nncf"), "onnxruntime": ("onnx",)}
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _check_settings(model: nn.Module, runtime: str, *, batch_size: int, seq_len: int, threads: int | None,
                     repeats: int, what: str) -> None:
-    check_runtime(runtime, what)
+    resolve_runtime(runtime, what)
     for field, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("repeats", repeats, 3)):
         if value < least:
             raise ConfigError(f"{what}: {field} must be at least {least}, got {value}")
@@ -409,7 +440,7 @@ def _check_settings(model: nn.Module, runtime: str, *, batch_size: int, seq_len:
 
 def _device(model: nn.Module, runtime: str) -> torch.device:
     device = next(model.parameters()).device
-    if runtime != "torch" and device.type != "cpu":
+    if not runtime.startswith("torch") and device.type != "cpu":
         raise ConfigError(f"latency: {runtime} runs on the CPU; move the model there first (model.cpu())")
     return device
 
@@ -465,7 +496,7 @@ def measure_latency_table(
     _check_settings(model, runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
                     what="latency")
     if reference_runtime is not None:
-        check_runtime(reference_runtime)
+        resolve_runtime(reference_runtime)
         reference_runtime = None if reference_runtime == runtime else reference_runtime
     if probe_layers < 2:  # the base probe has one layer; the others must have more to tell base from a layer
         raise ConfigError(f"latency: probe_layers must be at least 2, got {probe_layers}")
@@ -477,7 +508,7 @@ def measure_latency_table(
            "repeats": repeats, "probe_layers": probe_layers, "heads_grid": list(HEAD_FRACTIONS),
            "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
            "machine": machine.fingerprint, "versions": machine.versions,
-           "graph_format": None if runtime == "torch" else GRAPH_FORMAT}
+           "graph_format": runtime_cache_key(runtime)["graph_format"], "runtime_key": runtime_cache_key(runtime)}
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
     stale = None
     if cache:
@@ -510,7 +541,8 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
     shape = structure.layers[template]
     assert shape is not None  # Structure.from_model keeps every layer
     plan = probes(shape.heads, shape.ffn_width, probe_layers)
-    calibration = calibration_batches(model, seq_len) if runtime == "onnxruntime-int8" else None
+    # Probes are prepared as the artefact will be: int8 ones quantized (random-token calibration), bf16 in bf16.
+    calibration = calibration_batches(model, seq_len)
     was_training = model.training
     model.eval()
     load_before = _load()
@@ -555,30 +587,6 @@ def _load() -> float | None:
         return None
 
 
-def side_by_side(models: Mapping[str, tuple[nn.Module, str]], *, batch_size: int, seq_len: int,
-                 threads: int | None = None, repeats: int = 15, warmup: int = 2,
-                 calibration: Sequence[Mapping[str, torch.Tensor]] | None = None) -> BenchReport:
-    """Bench ``name -> (model, runtime)`` side by side (the first is the reference), each in its runtime.
-
-    Exports happen first (:func:`runtime_model`); the timing is :func:`surgery.measure.bench.bench_models`:
-    the same inputs, interleaved rounds, paired speedups with their 95% intervals, the machine.
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> report = side_by_side({"a": (tiny_model(TinySpec("bert")), "torch")}, batch_size=2, seq_len=8,
-        ...                       repeats=3, warmup=0)
-        >>> report.models[0].name, report.machine is not None
-        ('a', True)
-    """
-    with tempfile.TemporaryDirectory(prefix="surgery-side-by-side-") as tmp:
-        variants = {name: runtime_model(model, runtime, Path(tmp) / str(i), threads=threads,
-                                        calibration=calibration)
-                    for i, (name, (model, runtime)) in enumerate(models.items())}
-        return bench_models(variants, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
-                            threads=threads or torch.get_num_threads(),
-                            device=str(next(models[next(iter(models))][0].parameters()).device))
-
-
 def measured_speedup(
     original: nn.Module,
     candidate: nn.Module,
@@ -590,13 +598,16 @@ def measured_speedup(
     threads: int | None = None,
     repeats: int = 15,
     calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
-    report: Callable[[BenchReport], None] | None = None,
+    report: Callable[[SideBySide], None] | None = None,
+    candidate_prepared: bool = False,
 ) -> tuple[float, Interval]:
     """The paired speedup of ``candidate`` in ``runtime`` over ``original`` in ``reference_runtime``.
 
-    Timed side by side in this process (:func:`side_by_side`); the interval is the paired speedup's
-    95% bootstrap interval over rounds. ``report`` receives the whole :class:`BenchReport` (machine,
-    warnings) for a caller that keeps it.
+    Both are prepared in their runtimes (:func:`runtime_model`; ``candidate_prepared``: ``candidate`` is
+    already the artefact as it runs, the one a candidate was judged on, and is timed as it is), then timed
+    side by side in this process (:func:`surgery.measure.bench.time_side_by_side`); the interval
+    is the paired speedup's 95% bootstrap interval over rounds. ``report`` receives the whole
+    :class:`~surgery.measure.bench.SideBySide` (rounds, machine) for a caller that keeps it.
 
     Example:
         >>> import surgery
@@ -611,11 +622,52 @@ def measured_speedup(
     """
     _check_settings(original, runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
                     what="measured speedup")
-    check_runtime(reference_runtime, "measured speedup")
-    bench = side_by_side({f"original [{reference_runtime}]": (original, reference_runtime),
-                          f"candidate [{runtime}]": (candidate, runtime)}, batch_size=batch_size, seq_len=seq_len,
-                         threads=threads, repeats=repeats, calibration=calibration)
+    resolve_runtime(reference_runtime, "measured speedup")
+    names = (f"original [{reference_runtime}]", f"candidate [{runtime}]")
+    with tempfile.TemporaryDirectory(prefix="surgery-side-by-side-") as tmp:
+        served = {name: model if prepared else runtime_model(model, where, Path(tmp) / str(i), threads=threads,
+                                                              calibration=calibration)
+                  for i, (name, model, where, prepared) in enumerate(((names[0], original, reference_runtime, False),
+                                                                      (names[1], candidate, runtime,
+                                                                       candidate_prepared)))}
+        timing = time_side_by_side(served, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=2,
+                                   threads=threads or torch.get_num_threads(),
+                                   device=str(next(original.parameters()).device))
+        del served  # artefact sessions hold their files open until released
     if report is not None:
-        report(bench)
-    comparison = bench.comparisons[0]
-    return comparison.paired_speedup, paired_interval(comparison, repeats)
+        report(timing)
+    return timing.speedup(names[1])
+
+
+def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runtime: str = "torch", batch_size: int,
+                   seq_len: int, threads: int | None = None, repeats: int = 15,
+                   calibration: Sequence[Mapping[str, torch.Tensor]] | None = None) -> dict[str, list[float]]:
+    """The unchanged ``model`` in each of ``runtimes`` against it in ``reference_runtime``, side by side.
+
+    Every runtime's form of the model is prepared first (:func:`runtime_model`), then all are timed in
+    the same interleaved rounds (:func:`~surgery.measure.bench.time_side_by_side`), so the load of the
+    moment hits them alike. Returns runtime -> ``[paired speedup, 95% low, 95% high]`` (the reference
+    itself included, at 1).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> ratios = runtime_ratios(tiny_model(TinySpec("bert")), ["torch"], batch_size=2, seq_len=8, threads=1,
+        ...                         repeats=3)
+        >>> ratios["torch"]
+        [1.0, 1.0, 1.0]
+    """
+    _check_settings(model, reference_runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
+                    repeats=repeats, what="runtime ratios")
+    others = [r for r in dict.fromkeys(runtimes) if r != reference_runtime]
+    with tempfile.TemporaryDirectory(prefix="surgery-runtimes-") as tmp:
+        served = {name: runtime_model(model, name, Path(tmp) / str(i), threads=threads, calibration=calibration)
+                  for i, name in enumerate([reference_runtime, *others])}
+        timing = time_side_by_side(served, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=2,
+                                   threads=threads or torch.get_num_threads(),
+                                   device=str(next(model.parameters()).device))
+        del served  # artefact sessions hold their files open until released
+    out = {reference_runtime: [1.0, 1.0, 1.0]}
+    for name in others:
+        value, interval = timing.speedup(name)
+        out[name] = [value, interval.low, interval.high]
+    return {name: out[name] for name in runtimes if name in out}

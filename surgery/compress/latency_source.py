@@ -25,8 +25,8 @@ class LatencySource(Protocol):
 
     def table(self, model: nn.Module, runtime: str) -> LatencyTable: ...
 
-    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str,
-                reference_runtime: str) -> tuple[float, list[float] | None]: ...
+    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
+                served: nn.Module | None = None) -> tuple[float, list[float] | None]: ...
 
 
 @dataclass
@@ -51,14 +51,24 @@ class MeasuredLatency:
         return measure_latency_table(model, runtime=runtime, batch_size=self.batch_size, seq_len=self.seq_len,
                                      threads=self.threads, cache_dir=self.cache_dir, write_cache=self.write_cache)
 
-    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str,
-                reference_runtime: str) -> tuple[float, list[float] | None]:
+    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
+                served: nn.Module | None = None) -> tuple[float, list[float] | None]:
+        """``served``: the candidate already as it runs in ``runtime`` (the artefact it was judged on), timed as is."""
         from surgery.compress.latency_measure import measured_speedup
 
-        value, interval = measured_speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime,
-                                           batch_size=self.batch_size, seq_len=self.seq_len, threads=self.threads,
-                                           repeats=self.repeats)
+        value, interval = measured_speedup(original, candidate if served is None else served, runtime=runtime,
+                                           reference_runtime=reference_runtime, batch_size=self.batch_size,
+                                           seq_len=self.seq_len, threads=self.threads, repeats=self.repeats,
+                                           candidate_prepared=served is not None)
         return float(value), _bounds(interval)
+
+    def ratios(self, model: nn.Module, runtimes: list[str], *, reference_runtime: str) -> dict[str, list[float]]:
+        """The unchanged ``model`` in every runtime against it in ``reference_runtime``, side by side in one
+        process: runtime -> ``[paired speedup, interval low, interval high]``."""
+        from surgery.compress.latency_measure import runtime_ratios
+
+        return runtime_ratios(model, runtimes, reference_runtime=reference_runtime, batch_size=self.batch_size,
+                              seq_len=self.seq_len, threads=self.threads, repeats=self.repeats)
 
 
 def _bounds(interval: Any) -> list[float] | None:
@@ -93,7 +103,7 @@ class TableLatency:
             raise ConfigError(f"compress: no latency table for runtime {runtime!r}; have {sorted(self.tables)}")
         return self.tables[runtime]
 
-    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str,
-                reference_runtime: str) -> tuple[float, list[float] | None]:
+    def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
+                served: nn.Module | None = None) -> tuple[float, list[float] | None]:
         reference = self.table(original, reference_runtime).predict_ms(Structure.from_model(original))
         return reference / self.table(candidate, runtime).predict_ms(Structure.from_model(candidate)), None

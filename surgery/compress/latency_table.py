@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from surgery.compress.structure import LayerShape, Structure
-
-Runtime = Literal["torch", "onnxruntime", "onnxruntime-int8"]
-RUNTIMES: tuple[str, ...] = ("torch", "onnxruntime", "onnxruntime-int8")
 
 
 def _monotone(points: Mapping[int, float], what: str) -> dict[int, float]:
@@ -80,7 +77,7 @@ class LatencyTable(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    runtime: Runtime
+    runtime: str = Field(description="the registered runtime it was measured in (surgery.runtimes)")
     batch_size: int = Field(ge=1)
     seq_len: int = Field(ge=1)
     threads: int | None = Field(default=None, ge=1)
@@ -92,7 +89,7 @@ class LatencyTable(BaseModel):
     ffn_ms: dict[int, float] = Field(description="FFN width -> ms of the FFN block")
     ffn_step: int = Field(default=1, ge=1, description="an FFN width costs as much as the next multiple of this "
                           "(the runtime's matrix kernels work in blocks); measured with the table")
-    reference_runtime: Runtime | None = Field(default=None, description="the runtime the original was also timed "
+    reference_runtime: str | None = Field(default=None, description="the runtime the original was also timed "
                                               "in, in the same rounds (for speedups across runtimes)")
     reference_ms: float | None = Field(default=None, ge=0.0, description="the original model in reference_runtime")
     measured: dict[str, Any] = Field(default_factory=dict, description="how it was measured (repeats, spread)")

@@ -16,7 +16,7 @@ from torch import nn
 
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
-from surgery.compress.latency_table import RUNTIMES, LatencyTable
+from surgery.compress.latency_table import LatencyTable
 from surgery.compress.mask_fisher import ObjectiveName, UnitCosts, unit_costs
 from surgery.compress.removal_path import RemovalPath, describe_cut, search_path
 from surgery.compress.structure import Structure
@@ -44,14 +44,16 @@ def check_arguments(target: Any, runtime: str, against_runtime: str, budget_minu
         >>> try:
         ...     check_arguments(SpeedupTarget(speedup=2), "tensorrt", "torch", None, None, None, None)
         ... except ConfigError as err:
-        ...     print(err)
-        compress: runtime 'tensorrt' is not one of torch, onnxruntime, onnxruntime-int8
+        ...     print(err)  # doctest: +ELLIPSIS
+        compress: runtime 'tensorrt' is not one of torch, torch-bf16, ...
     """
+    from surgery.compress.latency_measure import resolve_runtime
+
     if not isinstance(target, SpeedupTarget | DropTarget):
         raise ConfigError("compress: target must be SpeedupTarget(speedup=X) or DropTarget(max_drop=P)")
     for name, value in (("runtime", runtime), ("against_runtime", against_runtime)):
-        if value not in RUNTIMES:
-            raise ConfigError(f"compress: {name} {value!r} is not one of {', '.join(RUNTIMES)}")
+        # Registered (surgery.runtimes) and available on this machine, or one line saying why not and the fix.
+        resolve_runtime(value, "compress" if name == "runtime" else "compress: against_runtime")
     if budget_minutes is not None and not budget_minutes > 0:
         raise ConfigError(f"compress: budget_minutes must be positive (minutes for the whole job), "
                           f"got {budget_minutes}")
@@ -178,29 +180,15 @@ def stock_search_limits(model: nn.Module) -> list[int]:
     return stock_fixed_layers(model)
 
 
-def stock_search_limits(model: nn.Module) -> list[int]:
-    """With ``--stock``: refuse, before any work, a model no stock config can state; else the layers it must keep.
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> stock_search_limits(tiny_model(TinySpec("modernbert", layers=3)))
-        [0]
-    """
-    from surgery.compress.stock_export import stock_fixed_layers, stock_structure_problem
-
-    problem = stock_structure_problem(model)
-    if problem is not None:  # found now, not at the save after the whole job
-        raise StockFormatError(f"compress --stock: the model cannot be written as a stock Hugging Face directory: "
-                               f"{problem}; drop --stock to save it in surgery's format")
-    return stock_fixed_layers(model)
-
-
 def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "torch",
                   against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
                   threads: int | None = None, progress: ProgressCallback | None = None,
-                  clock: Clock | None = None, write_cache: bool = True) -> CompressPlan:
+                  clock: Clock | None = None, write_cache: bool = True, costs: UnitCosts | None = None) -> CompressPlan:
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
+
+    ``costs``: what every unit carries, when already measured (``--runtime auto`` plans several
+    runtimes on one model: the mask Fisher does not depend on the runtime).
 
     Example:
         >>> from surgery.compress.latency_source import TableLatency
@@ -252,8 +240,9 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
 
     # With a budget, the Fisher gets a share of it (the rest goes to candidates and training).
     share = None if clock.deadline is None else IMPORTANCE_SHARE * max(clock.left(), 0.0)
-    costs = unit_costs(model, calibration, objective=chosen, importance_objective=importance_objective,
-                       pooled=pooled, max_seconds=share)
+    if costs is None:
+        costs = unit_costs(model, calibration, objective=chosen, importance_objective=importance_objective,
+                           pooled=pooled, max_seconds=share)
     clock.phase("importance", since)
     emit(ProgressEvent("compress: importance", 1, 1, {"examples": costs.examples,
                                                       "seconds": round(costs.seconds, 1)}))

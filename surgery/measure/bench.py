@@ -34,6 +34,10 @@ Method (what :func:`bench_models` does, in this order):
 6. **Warnings as data**: a model that is smaller (parameters or FLOPs) but not faster, timings that
    vary a lot between rounds, a machine whose load exceeds its CPU count, and a paired speedup whose
    interval is wider than +-5% (with the rounds likely to narrow it).
+
+Steps 1, 4 and the paired ratios of 5 are :func:`time_side_by_side`, the one routine that times models
+side by side: ``bench_models`` adds the counts of steps 2-3 around it, and ``surgery compress`` calls it
+alone (it reads no FLOPs or memory), so both time the same way.
 """
 
 from __future__ import annotations
@@ -358,9 +362,7 @@ def _compare(model: ModelBench, ref: ModelBench) -> Comparison:
     flops_ratio = ratio(model.flops_per_batch, ref.flops_per_batch)
     bound = ratio(ref.flops_per_batch, model.flops_per_batch)
     speedup = ratio(model.throughput, ref.throughput)
-    # Both models ran within the same round, moments apart, so a burst of load from other processes
-    # hits both; the per-round ratio is therefore far steadier than either throughput on a busy machine.
-    paired = [ratio(a, b) for a, b in zip(model.throughput_rounds, ref.throughput_rounds, strict=True)]
+    paired = paired_ratios(ref.throughput_rounds, model.throughput_rounds, per_second=True)
     q1, _, q3 = statistics.quantiles(paired, n=4, method="inclusive") if len(paired) > 1 else (paired[0],) * 3
     interval = bootstrap_median(paired)
     memory = (ratio(model.peak_memory_bytes, ref.peak_memory_bytes)
@@ -420,12 +422,7 @@ def bench_models(
         >>> report.comparisons[0].flops_ratio < 1
         True
     """
-    if not models:
-        raise ConfigError("bench: pass at least one model")
-    for field, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("repeats", repeats, 1),
-                                ("warmup", warmup, 0)):
-        if value < least:
-            raise ConfigError(f"bench: {field} must be at least {least}, got {value}")
+    check_rounds(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, what="bench")
     if threads is not None and threads < 1:
         raise ConfigError(f"bench: threads must be at least 1, got {threads}")
     dev = check_device(device)
@@ -433,16 +430,18 @@ def bench_models(
     modes = {name: m.training for name, m in models.items()}
     load_before = _load()
     try:
-        with torch_threads(threads) as used_threads:
+        with torch_threads(threads):
             for model in models.values():
                 model.to(dev).eval()
             inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
                                  device=dev)
             counted = {name: _counts(m, inputs, dev) for name, m in models.items()}
-            times = time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
     finally:
         for name, model in models.items():
             model.train(modes[name])
+    timing = time_side_by_side(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
+                               device=device, threads=threads, seed=seed)
+    times, used_threads = timing.seconds, timing.threads
     settings = BenchSettings(
         batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, device=str(dev),
         threads=used_threads, seed=seed, torch_version=torch.__version__, cpu_count=os.cpu_count(),
@@ -467,7 +466,105 @@ def bench_models(
                             *(interval_warning(c.name, paired_interval(c, settings.repeats)) for c in comparisons)]
                 if w]
     return BenchReport(settings=settings, models=benches, comparisons=comparisons, warnings=warnings,
-                       machine=machine_info().model_copy(update={"torch_threads": used_threads}))
+                       machine=timing.machine)
+
+
+def check_rounds(models: Mapping[str, Any], *, batch_size: int, seq_len: int, repeats: int, warmup: int,
+                 what: str) -> None:
+    """Refuse, in one line beginning with ``what``, no models or a batch shape or round count below its least.
+
+    Example:
+        >>> check_rounds({"a": None}, batch_size=2, seq_len=8, repeats=0, warmup=0, what="timing")
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: timing: repeats must be at least 1, got 0
+    """
+    if not models:
+        raise ConfigError(f"{what}: pass at least one model")
+    for field, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("repeats", repeats, 1),
+                                ("warmup", warmup, 0)):
+        if value < least:
+            raise ConfigError(f"{what}: {field} must be at least {least}, got {value}")
+
+
+def paired_ratios(reference: Sequence[float], model: Sequence[float], *, per_second: bool = False) -> list[float]:
+    """Same-round speedups of ``model`` over ``reference``: seconds per batch (``per_second``: throughputs).
+
+    Both ran within the same round, moments apart, so a burst of load from other processes hits both;
+    the per-round ratio is therefore far steadier than either time on a busy machine.
+
+    Example:
+        >>> paired_ratios([2.0, 4.0], [1.0, 1.0]), paired_ratios([10.0], [30.0], per_second=True)
+        ([2.0, 4.0], [3.0])
+    """
+    pairs = zip(reference, model, strict=True)
+    if per_second:
+        return [m / r if r else float("nan") for r, m in pairs]
+    return [r / m if m else float("nan") for r, m in pairs]
+
+
+class SideBySide(BaseModel):
+    """What :func:`time_side_by_side` measured: seconds per batch of every round, paired ratios, the machine."""
+
+    reference: str = Field(description="the first model: every ratio is against it")
+    batch_size: int
+    seq_len: int
+    repeats: int
+    warmup: int
+    threads: int
+    device: str
+    seconds: dict[str, list[float]] = Field(description="name -> seconds per batch of each timed round")
+    paired_speedup: dict[str, float] = Field(description="name -> median same-round speedup over the reference")
+    interval: dict[str, Interval] = Field(description="name -> 95% bootstrap interval of the paired speedup")
+    load_average: list[float | None] = Field(default_factory=list, description="1-minute load before and after")
+    machine: MachineInfo
+
+    def speedup(self, name: str) -> tuple[float, Interval]:
+        """The paired speedup of ``name`` over the reference and its interval."""
+        return self.paired_speedup[name], self.interval[name]
+
+
+def time_side_by_side(models: Mapping[str, nn.Module], *, batch_size: int, seq_len: int, repeats: int = 15,
+                      warmup: int = 2, threads: int | None = None, device: str = "cpu", seed: int = 0
+                      ) -> SideBySide:
+    """Time ``models`` side by side in this process (the first is the reference): one routine for every caller.
+
+    The same full-length random batch for all (:func:`make_inputs`, the vocabulary they share),
+    ``warmup`` untimed then ``repeats`` interleaved rounds in a rotating order (:func:`time_rounds`),
+    with ``threads`` torch intra-op threads; a model that runs outside torch (an ONNX Runtime or
+    OpenVINO artefact) holds itself to the threads it was loaded with. Nothing else is computed: no
+    FLOPs, no memory. Models run in eval mode; their mode is restored.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> timing = time_side_by_side({"a": tiny_model(TinySpec("bert")), "b": tiny_model(TinySpec("bert"))},
+        ...                            batch_size=2, seq_len=8, repeats=3, warmup=0, threads=1)
+        >>> sorted(timing.paired_speedup), len(timing.seconds["a"]), timing.threads, timing.machine.logical_cpus > 0
+        (['b'], 3, 1, True)
+    """
+    check_rounds(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, what="timing")
+    dev = check_device(device)
+    check_seq_len(models, seq_len, "timing")
+    modes = {name: getattr(m, "training", False) for name, m in models.items()}
+    load_before = _load()
+    try:
+        with torch_threads(threads) as used:
+            for model in models.values():
+                model.to(dev).eval()
+            inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
+                                 device=dev)
+            seconds = time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
+    finally:
+        for name, model in models.items():
+            model.train(modes[name])
+    reference = next(iter(models))
+    ratios = {name: paired_ratios(seconds[reference], seconds[name]) for name in list(models)[1:]}
+    return SideBySide(reference=reference, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
+                      threads=used, device=str(dev), seconds=seconds,
+                      paired_speedup={n: statistics.median(r) for n, r in ratios.items()},
+                      interval={n: bootstrap_median(r) for n, r in ratios.items()},
+                      load_average=[load_before, _load()],
+                      machine=machine_info().model_copy(update={"torch_threads": used}))
 
 
 def model_names(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None) -> list[str]:

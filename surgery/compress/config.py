@@ -1,0 +1,144 @@
+"""``CompressConfig``: every setting of ``surgery compress``, validated once, in one place.
+
+The CLI builds it from its flags, the Python API takes it (``surgery.compress(model, data,
+CompressConfig(speedup=2, runtime="openvino-int8"))``), and the report carries it under the same
+field names (``CompressReport.config``), so a run says exactly what it was asked. Unknown fields are
+refused; a bad value is one line naming the field (:meth:`CompressConfig.build`).
+
+Example:
+    >>> config = CompressConfig(speedup=2, runtime="torch")
+    >>> config.target.describe(), config.runtime, config.against_runtime
+    ('--speedup 2', 'torch', 'torch')
+    >>> CompressConfig.build(speedup=2, runtimes="torch")
+    Traceback (most recent call last):
+    ...
+    surgery.core.errors.ConfigError: compress: runtimes: unknown field (got 'torch')
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
+from surgery.core.errors import ConfigError
+from surgery.core.strategy import validation_message
+
+#: ``--runtime auto``: time the unchanged model on every runtime available here and search on those that can reach
+#: the target.
+AUTO = "auto"
+
+
+def check_runtime_name(name: str, field: str = "runtime", *, auto: bool = False) -> str:
+    """``name`` if it is a registered runtime (or ``auto`` where allowed), else a one-line ConfigError.
+
+    Only the name is checked here; whether the runtime runs on this machine is checked when it is used.
+
+    Example:
+        >>> check_runtime_name("openvino-int8"), check_runtime_name("auto", auto=True)
+        ('openvino-int8', 'auto')
+        >>> check_runtime_name("tensorrt-doc")
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: runtime 'tensorrt-doc' is not one of torch, torch-bf16, ...
+    """
+    from surgery.runtimes import runtime_names
+
+    known = runtime_names()
+    if name in known or (auto and name == AUTO):
+        return name
+    raise ConfigError(f"{field} {name!r} is not one of {', '.join([*known, *([AUTO] if auto else [])])}")
+
+
+class CompressConfig(BaseModel):
+    """The settings of one ``compress`` run (the data and the model are the call's arguments).
+
+    Example:
+        >>> CompressConfig(max_drop=1.0, runtime="auto", budget_minutes=20).target.describe()
+        '--max-drop 1'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    speedup: float | None = Field(default=None, description="measured times faster than the reference to reach "
+                                  "(the most accurate candidate that is wins)")
+    max_drop: float | None = Field(default=None, ge=0.0, description="points of accuracy (or 100 x mean cosine) "
+                                   "it may lose: the target alone, or the guard of a speedup")
+    runtime: str = Field(default="torch", description="where the model will run: a registered runtime name, or "
+                         "'auto' (the fastest runtime available here that meets the target)")
+    against_runtime: str = Field(default="torch", description="what speedups are against: the original on this "
+                                 "runtime (default PyTorch fp32)")
+    budget_minutes: float | None = Field(default=None, gt=0.0, description="wall-clock minutes for the whole job; "
+                                         "distillation runs in whole epochs that fit. None: the refit tier only")
+    train: bool = Field(default=True, description="False keeps to the refit tier whatever the budget")
+    objective: Literal["task", "embedding"] | None = Field(default=None, description="default: from the data")
+    batch_size: int | None = Field(default=None, ge=1, description="batch size to time (default: the data's)")
+    seq_len: int | None = Field(default=None, ge=1, description="tokens per sequence to time (default: the data's)")
+    threads: int | None = Field(default=None, ge=1, description="CPU threads every runtime is held to")
+    stock: bool = Field(default=False, description="keep to what a stock transformers config can say")
+    seed: int = Field(default=0, description="seed of the training tier")
+    max_cut: float = Field(default=4.0, gt=1.0, description="--runtime auto: the largest structural cut (its "
+                           "speedup in one runtime) searched for; a runtime whose unchanged ratio times this cannot "
+                           "reach --speedup is not searched")
+
+    @field_validator("speedup")
+    @classmethod
+    def _speedup(cls, value: float | None) -> float | None:
+        if value is not None and not (value > 1.0 and math.isfinite(value)):
+            raise ValueError("must be more than 1 and finite (times faster than the original)")
+        return value
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, value: str) -> str:
+        try:
+            return check_runtime_name(value, auto=True)
+        except ConfigError as exc:  # pydantic names the field; the message says the choices
+            raise ValueError(str(exc).removeprefix("runtime ")) from None
+
+    @field_validator("against_runtime")
+    @classmethod
+    def _against(cls, value: str) -> str:
+        try:
+            return check_runtime_name(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("runtime ")) from None
+
+    @model_validator(mode="after")
+    def _target(self) -> CompressConfig:
+        if self.speedup is None and self.max_drop is None:
+            raise ValueError("give a target: speedup (times faster than the original) or max_drop (points of "
+                             "accuracy or fidelity it may lose)")
+        return self
+
+    @classmethod
+    def build(cls, **settings: Any) -> CompressConfig:
+        """The config of ``settings``, or a one-line :class:`ConfigError` naming the field and what is wrong.
+
+        ``target`` (a :class:`SpeedupTarget` or :class:`DropTarget`) is accepted in place of ``speedup``
+        and ``max_drop``.
+        """
+        target = settings.pop("target", None)
+        if target is not None:
+            if not isinstance(target, SpeedupTarget | DropTarget):
+                raise ConfigError("compress: target must be SpeedupTarget(speedup=X) or DropTarget(max_drop=P)")
+            settings = {**target.model_dump(), **settings}
+        try:
+            return cls(**settings)
+        except ValidationError as exc:
+            raise ConfigError(validation_message("compress", exc).replace("Value error, ", "")) from None
+
+    @property
+    def target(self) -> Target:
+        """The target as the search reads it."""
+        if self.speedup is not None:
+            return SpeedupTarget(speedup=self.speedup, max_drop=self.max_drop)
+        assert self.max_drop is not None  # the validator requires one of the two
+        return DropTarget(max_drop=self.max_drop)
+
+    @property
+    def auto(self) -> bool:
+        """Whether the runtime is chosen by measurement (``runtime='auto'``)."""
+        return self.runtime == AUTO

@@ -1,0 +1,260 @@
+"""``surgery compress`` on every runtime: the registry's names, each runtime's artefact judged and handed back
+byte for byte, ``--runtime auto``, the one config object and the one timing routine (issue 30).
+
+Times come from latency tables (``TableLatency``) where a test is about decisions, so that the
+machine's load cannot flip them; the artefacts are real (written, loaded and judged by each runtime).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import surgery
+from surgery.cli.app import app
+from surgery.compress import latency_measure
+from surgery.compress.auto_runtime import plan_runtimes
+from surgery.compress.candidates import file_digests
+from surgery.compress.compress_report import CompressResult
+from surgery.compress.compress_run import compress
+from surgery.compress.config import CompressConfig
+from surgery.compress.latency_source import MeasuredLatency, TableLatency
+from surgery.compress.shape_table import shape_latency_table
+from surgery.core.errors import ConfigError, SurgeryError
+from surgery.measure.bench import bench_models, time_side_by_side
+from surgery.runtimes import get_runtime, register_runtime, runtime_names
+from surgery.runtimes.torch_runtime import TorchRuntime
+from surgery.testing import TinySpec, tiny_inputs, tiny_model, tiny_task_data
+from tests.helpers import labelled_rows, tiny_tokenizer, write_rows
+
+runner = CliRunner(env={"COLUMNS": "200"})
+
+
+def needs(runtime: str) -> None:
+    """Skip, in one line, a test of a runtime this machine cannot run (its package missing, a CPU flag)."""
+    reason = get_runtime(runtime, require_available=False).unavailable()
+    if reason is not None:
+        pytest.skip(f"{runtime}: {reason}")
+
+
+@register_runtime
+class MissingFastRuntime(TorchRuntime):
+    """A runtime that would be the fastest but is not installed here (auto must never pick it)."""
+
+    name: ClassVar[str] = "missing-fast-test"
+
+    def unavailable(self) -> str | None:
+        return "its package is not installed: pip install missing-fast (test)"
+
+
+def tables(model: torch.nn.Module, speed: dict[str, float]) -> TableLatency:
+    """Shape tables per runtime, each at ``1 / speed`` of PyTorch fp32's time."""
+    return TableLatency({name: shape_latency_table(model, name, scale=1.0 / factor) for name, factor in speed.items()})
+
+
+# -- the config ------------------------------------------------------------------------------------
+def test_the_config_takes_every_registered_runtime_and_refuses_the_rest_in_one_line() -> None:
+    for name in [*runtime_names(), "auto"]:
+        assert CompressConfig(speedup=2, runtime=name).runtime == name
+    with pytest.raises(ConfigError) as err:
+        CompressConfig.build(speedup=2, runtime="tensorrt")
+    assert "\n" not in str(err.value) and "runtime" in str(err.value) and "openvino-int8" in str(err.value)
+    with pytest.raises(ConfigError, match="budget: unknown field"):
+        CompressConfig.build(speedup=2, budget=5)  # the field is budget_minutes
+    with pytest.raises(ConfigError, match="give a target"):
+        CompressConfig.build(runtime="torch")
+
+
+def test_compress_takes_one_config_and_reports_its_fields_by_name() -> None:
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    config = CompressConfig(max_drop=5.0, threads=1, seed=3)
+    result = surgery.compress(model, tiny_task_data(), config, latency=tables(model, {"torch": 1.0}))
+    assert isinstance(result, CompressResult) and result.artefact is None  # torch: the model is the artefact
+    assert result.report.config == config.model_dump(mode="json")
+    with pytest.raises(ConfigError, match="not both"):
+        compress(model, tiny_task_data(), config, runtime="torch")
+
+
+def test_an_unavailable_runtime_is_refused_in_one_line_before_any_work() -> None:
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    with pytest.raises(SurgeryError) as err:
+        compress(model, tiny_task_data(), CompressConfig(speedup=2, runtime="missing-fast-test"),
+                 latency=tables(model, {"torch": 1.0, "missing-fast-test": 9.0}))
+    assert "pip install missing-fast" in str(err.value) and "\n" not in str(err.value)
+    result = runner.invoke(app, ["compress", "minilm-l6", "--data", "nowhere.csv", "--speedup", "2", "--runtime",
+                                 "missing-fast-test", "--out", "x"])
+    assert result.exit_code == 2 and "pip install missing-fast" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- each runtime's artefact, judged and handed back -----------------------------------------------
+RUNTIME_PATHS = [
+    pytest.param("torch-bf16", marks=pytest.mark.slow),
+    pytest.param("onnxruntime", marks=[pytest.mark.onnx, pytest.mark.slow]),
+    pytest.param("onnxruntime-int8", marks=[pytest.mark.onnx, pytest.mark.slow]),
+    pytest.param("openvino", marks=[pytest.mark.openvino, pytest.mark.slow]),
+    pytest.param("openvino-int8", marks=[pytest.mark.openvino, pytest.mark.slow]),
+]
+
+
+@pytest.mark.parametrize("runtime", RUNTIME_PATHS)
+def test_compress_judges_the_runtime_artefact_and_hands_it_back(runtime: str) -> None:
+    needs(runtime)
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    result = compress(model, tiny_task_data(), CompressConfig(max_drop=50.0, runtime=runtime, threads=1),
+                      latency=tables(model, {"torch": 1.0, runtime: 1.5}))
+    winner = result.report.winner_result()
+    assert winner is not None and winner.runtime == runtime and result.report.runtime == runtime
+    # The handed-back directory holds exactly the files the winner was judged on.
+    assert result.artefact is not None and file_digests(result.artefact) == winner.artefact == result.report.artefact
+    served = get_runtime(runtime).load(result.artefact, config=result.model.config, threads=1)
+    with torch.inference_mode():
+        got = served(**tiny_inputs(TinySpec("bert", task="seq-cls"))).logits
+        want = result.model.eval()(**tiny_inputs(TinySpec("bert", task="seq-cls"))).logits
+    tolerance = 1e-3 if runtime in ("onnxruntime", "openvino") else 0.25  # fp32 parity; int8/bf16 drift
+    assert torch.allclose(got, want, atol=tolerance), (got - want).abs().max()
+
+
+# -- --runtime auto ------------------------------------------------------------------------------
+def test_auto_plans_the_runtimes_that_can_reach_the_target() -> None:
+    config = CompressConfig(speedup=4, runtime="auto", max_cut=3)
+    rows = {r["runtime"]: r for r in plan_runtimes({"torch": 1.0, "onnxruntime": 1.4, "openvino": 1.5,
+                                                    "torch-bf16": 2.0, "openvino-int8": 5.0}, {}, config)}
+    assert not rows["torch"]["searched"] and "cannot reach 4x" in rows["torch"]["why"]
+    assert not rows["onnxruntime"]["searched"] and "openvino" in rows["onnxruntime"]["why"]  # fp32, slower
+    assert rows["openvino"]["searched"] and not rows["openvino"]["unchanged_only"]
+    assert rows["torch-bf16"]["searched"] and not rows["torch-bf16"]["unchanged_only"]
+    assert rows["openvino-int8"]["searched"] and rows["openvino-int8"]["unchanged_only"]
+    drop_rows = plan_runtimes({"torch": 1.0, "openvino": 1.3}, {}, CompressConfig(max_drop=1, runtime="auto"))
+    assert [r["searched"] for r in drop_rows] == [False, True]  # fp32 twins: the faster one only
+
+
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_auto_never_picks_an_unavailable_runtime_and_names_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
+    needs("onnxruntime")
+    import surgery.runtimes as runtimes
+
+    # Only these runtimes here; the missing one would be the fastest by far.
+    monkeypatch.setattr(runtimes, "available_runtimes", lambda: {
+        "torch": None, "onnxruntime": None, "missing-fast-test": "pip install missing-fast (test)"})
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    latency = tables(model, {"torch": 1.0, "onnxruntime": 2.0, "missing-fast-test": 50.0})
+    result = compress(model, tiny_task_data(), CompressConfig(speedup=1.5, runtime="auto", threads=1),
+                      latency=latency)
+    report = result.report
+    rows = {r["runtime"]: r for r in report.runtimes}
+    assert set(rows) == {"torch", "onnxruntime", "missing-fast-test"}
+    assert rows["missing-fast-test"] == {"runtime": "missing-fast-test", "available": False, "searched": False,
+                                         "why": "pip install missing-fast (test)"}
+    assert rows["onnxruntime"]["chosen"] and rows["onnxruntime"]["unchanged_ratio"] == pytest.approx(2.0)
+    assert report.runtime == "onnxruntime" and report.winner.startswith("onnxruntime/")
+    assert "--runtime auto chose onnxruntime" in report.why
+    assert all(c.runtime != "missing-fast-test" for c in report.candidates)
+    assert (result.artefact / "model.onnx").is_file()
+
+
+# -- the command line: the saved artefact is the judged one ------------------------------------------
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_cli_saves_the_judged_artefact_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs("onnxruntime-int8")
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=3), num_labels=2)
+    model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}  # the rows' labels
+    model.save_pretrained(tmp_path / "classifier")
+    tiny_tokenizer().save_pretrained(tmp_path / "classifier")
+    data = write_rows(tmp_path / "train.csv", labelled_rows(64))
+    exports: list[str] = []
+    from surgery.deploy import export as export_module
+
+    real = export_module.export_onnx
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        exports.append(str(args[1] if len(args) > 1 else kwargs.get("out_dir")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export_module, "export_onnx", counted)
+    monkeypatch.setattr(MeasuredLatency, "table", lambda self, m, runtime: tables(m, {"torch": 1.0,
+                                                                                       runtime: 2.5}).table(m, runtime))
+    monkeypatch.setattr(MeasuredLatency, "speedup", lambda self, original, candidate, *, runtime, reference_runtime,
+                        served=None: tables(original, {"torch": 1.0, runtime: 2.5}).speedup(
+                            original, candidate, runtime=runtime, reference_runtime=reference_runtime))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compress", str(tmp_path / "classifier"), "--data", str(data), "--speedup", "3",
+                                 "--runtime", "onnxruntime-int8", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "compress.json").read_text())
+    winner = next(c for c in report["candidates"] if c["name"] == report["winner"])
+    saved = {p.relative_to(out / "onnx").as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted((out / "onnx").rglob("*")) if p.is_file()}
+    assert winner["artefact"] and report["artefact"] == winner["artefact"]
+    assert {name: saved[name] for name in winner["artefact"]} == winner["artefact"]  # the judged bytes
+    assert (out / "onnx" / "tokenizer_config.json").is_file()
+    # Every export was a candidate's, into compress's work directory; none after the pick.
+    judged = [c for c in report["candidates"] if c["seconds"] > 0 and c["artefact"]]
+    assert len(exports) == len(judged) and all("surgery-compress-" in e for e in exports)
+
+
+# -- timing once ---------------------------------------------------------------------------------
+def test_one_routine_times_side_by_side_and_compress_has_no_copy_of_it() -> None:
+    assert not hasattr(latency_measure, "side_by_side")  # the duplicate is gone
+    model = tiny_model(TinySpec("bert"))
+    half = tiny_model(TinySpec("bert", layers=1))
+    timing = time_side_by_side({"full": model, "half": half}, batch_size=2, seq_len=8, repeats=5, warmup=1,
+                               threads=1)
+    ratios = [a / b for a, b in zip(timing.seconds["full"], timing.seconds["half"], strict=True)]
+    assert timing.paired_speedup["half"] == pytest.approx(statistics.median(ratios))
+    assert timing.interval["half"].low <= timing.paired_speedup["half"] <= timing.interval["half"].high
+    assert timing.machine.cpu_model and timing.threads == 1 and timing.reference == "full"
+    bench = bench_models({"full": model, "half": half}, batch_size=2, seq_len=8, repeats=3, warmup=0, threads=1)
+    assert bench.comparisons[0].paired_speedup > 0 and bench.machine is not None
+
+
+def test_measured_speedup_times_the_served_artefact_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared: list[str] = []
+    real = latency_measure.runtime_model
+
+    def spy(model: Any, runtime: str, *args: Any, **kwargs: Any) -> Any:
+        prepared.append(runtime)
+        return real(model, runtime, *args, **kwargs)
+
+    monkeypatch.setattr(latency_measure, "runtime_model", spy)
+    model = tiny_model(TinySpec("bert"))
+    served = get_runtime("torch-bf16", require_available=False).convert(model)
+    value, _ = latency_measure.measured_speedup(model, served, runtime="torch", batch_size=2, seq_len=8, threads=1,
+                                                repeats=3, candidate_prepared=True)
+    assert value > 0 and prepared == ["torch"]  # only the reference was prepared; the candidate timed as given
+
+
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_an_openvino_int8_table_is_measured_on_quantized_probes_and_cached_per_runtime(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs("openvino-int8")
+    monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
+    monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
+    monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
+    seen: list[tuple[str, bool]] = []
+    real = latency_measure.runtime_model
+
+    def spy(model: Any, runtime: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append((runtime, bool(kwargs.get("calibration"))))
+        return real(model, runtime, *args, **kwargs)
+
+    monkeypatch.setattr(latency_measure, "runtime_model", spy)
+    model = tiny_model(TinySpec("bert", layers=2))
+    table = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=2, seq_len=8, threads=1,
+                                                  cache_dir=tmp_path, repeats=3)
+    assert table.runtime == "openvino-int8" and seen and all(r == ("openvino-int8", True) for r in seen)
+    stored = json.loads(Path(table.measured["cache_file"]).read_text())["key"]
+    assert stored["runtime"] == "openvino-int8" and stored["runtime_key"]["versions"]["nncf"]
+    again = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=2, seq_len=8,
+                                                  threads=1, cache_dir=tmp_path, repeats=3)
+    assert again.measured["cached"] is True
