@@ -98,6 +98,7 @@ MARKS = {"surgery.json": {"format": "surgery", "steps": []},
          "surgery-output.json": {"format": "surgery-output", "kind": "stock"}}
 
 
+@pytest.mark.slow  # imports the writers: torch, onnx, openvino
 def test_the_marks_are_the_names_the_writers_use() -> None:
     from surgery.cli.compress import ONNX_DIR, REPORT_NAME
     from surgery.compress.compress_report import CompressReport
@@ -337,6 +338,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"model": model, "data": data, "root": root}
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_overwrite_of_the_project_home_or_a_users_directory_is_refused_in_real_processes(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     """The issue's data-loss case: ``cd ~/proj && surgery compress ... --out . --overwrite`` replaced the project."""
@@ -367,6 +370,7 @@ def test_overwrite_of_the_project_home_or_a_users_directory_is_refused_in_real_p
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_new_out_keeps_the_users_dot_directories_and_a_stranded_output_comes_back(tiny: dict[str, Path],
                                                                                    tmp_path: Path) -> None:
     apply = ["apply", str(tiny["model"]), "-s", "head-prune", "--set", "ratio=0.5"]
@@ -404,6 +408,7 @@ main()
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sigterm_during_an_overwrite_swap_in_real_processes(tiny: dict[str, Path], tmp_path: Path) -> None:
     """The swap finishes, the message says the output was saved (it used to say nothing was), nothing is left."""
     outs = {kind: earlier_output(tmp_path / kind / "out", "previous") for kind in ("exchange", "renames")}
@@ -421,6 +426,8 @@ def test_sigterm_during_an_overwrite_swap_in_real_processes(tiny: dict[str, Path
         assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no temporary, no old, no lock
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_every_out_is_checked_before_torch_is_imported(tiny: dict[str, Path], tmp_path: Path) -> None:
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
