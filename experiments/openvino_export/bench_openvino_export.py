@@ -116,8 +116,10 @@ def timing(work: Path, threads: int, rounds: int, warmup: int = 3, batch_size: i
     models = load(work, threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir(work))
     held_out = texts(work)["eval"]
+    # Consecutive batches of the held-out texts, from the start again when more rounds than texts are asked.
+    starts = [(k * batch_size) % (len(held_out) - batch_size + 1) for k in range(rounds + warmup)]
     batches = [dict(tokenizer(held_out[i:i + batch_size], padding=True, truncation=True, max_length=256,
-                              return_tensors="pt")) for i in range(0, batch_size * (rounds + warmup), batch_size)]
+                              return_tensors="pt")) for i in starts]
     names = list(models)
     seconds: dict[str, list[float]] = {n: [] for n in names}
     with torch.inference_mode():
