@@ -63,6 +63,7 @@ from surgery.cli.teacher import teacher_path
 from surgery.core import registry
 from surgery.core.distributed import end_process, is_main_process, leave_process_group
 from surgery.core.errors import ConfigError, SurgeryError
+from surgery.data.data_diagnosis import CALIBRATION_FORMATS, check_input_file
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.atomic import atomic_write, saved_outputs
@@ -460,6 +461,7 @@ def bench_command(
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
         resolve_model_path(path)
+    check_input_file(calibration, "--calibration", CALIBRATION_FORMATS)
     json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],
                                files=[("--json", json_file)], overwrite=overwrite).file("--json")
     from surgery.measure.bench import bench_models, check_device, check_seq_len, load_dirs, model_names

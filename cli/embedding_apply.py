@@ -72,28 +72,34 @@ def choose_objective(source: Path, config: PretrainedConfig, requested: str | No
         >>> from transformers import BertConfig
         >>> choose_objective(Path("/nonexistent"), BertConfig(), None).note()
         'objective: task (not a sentence-transformers directory; --set objective=embedding to distil embeddings)'
+        >>> class Compress:
+        ...     objective_flag = "--objective "
+        >>> choose_objective(Path("/nonexistent"), BertConfig(), None, Compress).note()
+        'objective: task (not a sentence-transformers directory; --objective embedding to distil embeddings)'
     """
+    # The flag that picks it, named in the note: apply takes --set objective=..., compress its own --objective.
+    flag = getattr(strategy, "objective_flag", "--set objective=")
     name, _ = recorded_class(source, config)
     head = bool(name) and name.endswith(SEQUENCE_CLASSIFIER_SUFFIX)
     sentence = read_sentence_config(source)
     if requested == "task":
-        return Objective("task", "--set objective=task")
+        return Objective("task", f"{flag}task")
     if requested == "embedding":
         if sentence is None:
-            return Objective("embedding", "--set objective=embedding; no pooling config found, so masked-mean "
+            return Objective("embedding", f"{flag}embedding; no pooling config found, so masked-mean "
                              "pooling without normalisation", SentenceConfig(modes=("mean",)))
-        return Objective("embedding", f"--set objective=embedding; {sentence.describe()}", sentence)
+        return Objective("embedding", f"{flag}embedding; {sentence.describe()}", sentence)
     if sentence is None:
-        return Objective("task", "not a sentence-transformers directory; --set objective=embedding to distil "
+        return Objective("task", f"not a sentence-transformers directory; {flag}embedding to distil "
                          "embeddings")
     if head:
-        return Objective("task", f"the model has a task head ({name}); --set objective=embedding to distil its "
+        return Objective("task", f"the model has a task head ({name}); {flag}embedding to distil its "
                          "embeddings instead")
     if strategy is not None and not supports_embedding(strategy):
         return Objective("task", f"a sentence-transformers model, but {getattr(strategy, 'name', strategy)} "
                          "trains a classifier only")
     return Objective("embedding", f"a sentence-transformers model without a task head: distil its "
-                     f"{sentence.describe()} embeddings; --set objective=task to train a classifier", sentence)
+                     f"{sentence.describe()} embeddings; {flag}task to train a classifier", sentence)
 
 
 def load_embedding_data(data: str, tokenizer: Any, objective: Objective, *, eval_data: str | None,

@@ -43,6 +43,7 @@ from surgery.cli.options import (
 )
 from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
+from surgery.data.data_diagnosis import CALIBRATION_FORMATS, check_input_file
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_length, check_opset, threads_warning
@@ -175,6 +176,7 @@ def export_command(
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
     check_opset(opset)
+    check_input_file(calibration, "--calibration", CALIBRATION_FORMATS)
     if (too_many := threads_warning(threads)) is not None:
         note(too_many)
     if format == "stock":

@@ -248,3 +248,57 @@ def test_saved_configs_drop_the_input_s_auto_map(tmp_path: Path) -> None:
         saved = json.loads((out / "config.json").read_text())
         assert "auto_map" not in saved and saved["model_type"] == "bert", out
         assert not list(out.glob("*.py"))
+
+
+# -- messages that say what is wrong and what compress accepts ------------------------------------
+def test_compress_notes_name_its_own_objective_flag(classifier: dict[str, Path]) -> None:
+    from surgery.cli.compress import CompressObjectives
+    from surgery.cli.embedding_apply import choose_objective
+    from surgery.persist.config_values import load_config
+
+    config = load_config(classifier["model"])
+    for requested in (None, "task", "embedding"):
+        note = choose_objective(classifier["model"], config, requested, CompressObjectives).note()
+        assert "--set" not in note and "--objective " in note, note
+    assert "--set objective=embedding" in choose_objective(classifier["model"], config, None).note()  # apply's
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("u16.csv", "text,label\nhello,0\n".encode("utf-16"),
+     "is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8: iconv -f UTF-16 -t UTF-8 u16.csv "
+     "> u16-utf8.csv"),
+    ("u16.jsonl", '{"text": "a", "label": 0}\n'.encode("utf-16-le"), "holds NUL bytes between its characters"),
+    ("junk.parquet", b"text,label\nhello,0\n" + bytes(range(256)),
+     "is named .parquet but is not a Parquet file (no PAR1 header): it holds binary data"),
+    ("csv.parquet", b"text,label\nhello,0\n", "is not a Parquet file (no PAR1 header): it holds text (CSV or JSON?)"),
+    ("gz.parquet", b"\x1f\x8b\x08" + bytes(64), "it holds gzip-compressed data"),
+    ("cut.parquet", b"PAR1" + bytes(64), "is truncated: it starts as Parquet but has no Parquet footer"),
+    ("header.csv", b"text,label\n", "has no rows (a header at most); it needs one row per example under its header"),
+    ("deep.json", b"[" * 100_000 + b"]" * 100_000, "nests deeper than 64 levels"),
+    ("deep-late.jsonl", b'{"text": "a", "label": 0}\n' * 50_000 + b'{"text": ' + b"[" * 100_000 + b"]" * 100_000
+     + b', "label": 1}\n', "nests deeper than 64 levels"),
+])
+def test_unreadable_data_files_are_told_what_they_are(tmp_path: Path, name: str, content: bytes,
+                                                      message: str) -> None:
+    from surgery.core.errors import DataError
+    from surgery.data.task_data import read_table
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataError) as error:
+        read_table(path)
+    text = str(error.value)
+    assert text.startswith(f"data file {path}") and message in text and "\n" not in text, text
+    assert "latin1" not in text and "Instruction" not in text
+
+
+@pytest.mark.parametrize("command", ["export", "bench"])
+def test_a_missing_calibration_file_names_the_flag_and_the_formats(classifier: dict[str, Path], tmp_path: Path,
+                                                                   command: str) -> None:
+    args = [command, str(classifier["model"]), "--runtime", "onnxruntime-int8", "--calibration",
+            str(tmp_path / "nope.txt")] + (["--out", str(tmp_path / "o")] if command == "export" else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert line.startswith(f"error: --calibration {tmp_path / 'nope.txt'} does not exist; pass texts like") and \
+        "a .txt file (one text per line)" in line and ".parquet" in line and "\n" not in line, line

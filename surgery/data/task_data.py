@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
-from surgery.data.data_diagnosis import diagnose
+from surgery.data.data_diagnosis import check_json_data, diagnose
 from surgery.persist.assets import DATASETS, resolve_data_path
 
 _BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -45,6 +45,7 @@ def read_table(name_or_path: str | Path) -> datasets.Dataset:
     """
     path = resolve_data_path(name_or_path)
     kind, extra = _builder(path)
+    check_json_data(path)  # a file nested 100,000 deep would end in RecursionError inside datasets' parser
     # datasets logs its own "Failed to read file" line before raising; the DataError below says it in one line.
     log = logging.getLogger("datasets")
     level = log.level

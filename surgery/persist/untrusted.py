@@ -109,13 +109,45 @@ def text_depth(data: bytes, limit: int) -> int:
         >>> text_depth(b'{"a": [1, {"b": "[[["}]}', 32), text_depth(b"[" * 200_000, 32)
         (3, 33)
     """
-    brackets = _NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", data))
-    depth = deepest = 0
+    return _depth_walk(_NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", data)), 0, 0, limit)[1]
+
+
+def _depth_walk(brackets: bytes, depth: int, deepest: int, limit: int) -> tuple[int, int]:
     for byte in brackets:
         depth += 1 if byte in b"[{" else -1
         if depth > deepest:
             deepest = depth
             if deepest > limit:
+                break
+    return depth, deepest
+
+
+def file_depth(file: Path, limit: int, *, chunk: int = 16 * 2**20) -> int:
+    """:func:`text_depth` of a whole file of any size, read in line-aligned chunks (memory stays ``chunk``-sized).
+
+    A JSON string cannot hold a raw newline, so no string spans two lines and a chunk that ends at a
+    newline can be stripped of its strings on its own; the depth carries over from chunk to chunk.
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "rows.jsonl"
+        >>> _ = f.write_text('{"a": 1}\\n' * 1000 + "[" * 500 + "]" * 500 + "\\n")
+        >>> file_depth(f, 64, chunk=100)
+        65
+    """
+    depth = deepest = 0
+    rest = b""
+    with file.open("rb") as handle:
+        while deepest <= limit:
+            block = handle.read(chunk)
+            data = rest + block
+            cut = data.rfind(b"\n") + 1 if block else len(data)
+            rest = data[cut:]
+            if len(rest) > 4 * chunk:  # one enormous line: counted in pieces; a string split there may be
+                cut, rest = len(data), b""  # miscounted by the brackets it holds, memory stays bounded
+            depth, deepest = _depth_walk(_NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", data[:cut])), depth, deepest,
+                                         limit)
+            if not block:
                 break
     return deepest
 
