@@ -236,6 +236,7 @@ def _refusals(cases: list[tuple[list[str], str]]) -> list[str]:
     return failures
 
 
+@pytest.mark.slow
 def test_bad_input_gives_one_line_and_exit_2(ws: dict[str, Path], tmp_path: Path) -> None:
     # One test over all cases (rather than one per case) keeps the shared fixtures and the time small.
     failures = _refusals(_bad_cases(ws, tmp_path))
@@ -651,6 +652,8 @@ print(json.dumps([[r.exit_code, r.stderr, r.stdout] for r in (runner.invoke(app,
 """
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_unbounded_inputs_are_refused_within_a_time_limit(ws: dict[str, Path], broken: dict[str, Path],
                                                           tmp_path: Path) -> None:
     import subprocess

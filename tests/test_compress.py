@@ -117,6 +117,7 @@ def test_layer_costs_are_measured_with_the_layer_skipped() -> None:
 
 
 # -- the run ----------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compress_reaches_the_speedup_and_the_model_reloads_bit_exact(family: str, tmp_path: Path) -> None:
     model = tiny_model(TinySpec(family, task="seq-cls", layers=3))
@@ -212,6 +213,7 @@ def digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
+@pytest.mark.onnx
 @pytest.mark.parametrize("runtime", ["torch", "onnxruntime-int8"])
 def test_cli_compress_saves_the_model_and_its_report(cli_ws: dict[str, Path], tmp_path: Path, runtime: str,
                                                      timed_by_tables: None) -> None:

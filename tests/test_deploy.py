@@ -45,6 +45,8 @@ def assert_parity_on_new_shape(model, graph, spec: TinySpec, output: str) -> Non
     assert agreement(expected, got).max_abs_diff <= TOLERANCE
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_with_stacked_strategies_exports_at_parity(family: str, tmp_path) -> None:
     task = "seq-cls" if FAMILIES.index(family) % 2 else "base"
@@ -72,6 +74,8 @@ def test_every_family_with_stacked_strategies_exports_at_parity(family: str, tmp
         assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_top1_zero_recovery_and_plugged_doe_expert_export_optimized_and_int8(tmp_path) -> None:
     spec = TinySpec("bert", heads=4, head_dim=8, layers=3, ffn=24, task="seq-cls", seed=3)
     model = tiny_model(spec)
@@ -123,6 +127,7 @@ def test_cli_without_the_extra_says_what_to_install(tmp_path, monkeypatch) -> No
         export_onnx(tiny_model(TinySpec("bert")), tmp_path / "x")
 
 
+@pytest.mark.onnx
 def test_cli_bench_across_runtimes_side_by_side(tmp_path) -> None:
     spec = TinySpec("bert", task="seq-cls")
     original = surgery.save_pretrained(tiny_model(spec), tmp_path / "original")
@@ -150,6 +155,8 @@ def test_bench_rejects_an_unknown_runtime(tmp_path) -> None:
     assert result.exit_code == 2 and result.stderr.startswith("error: runtime 'tensorrt' is not one of torch")
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_path) -> None:
     import onnx
     from onnx import numpy_helper
@@ -176,6 +183,8 @@ def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_
     assert json.loads((tmp_path / "cli" / INFO_NAME).read_text())["int8_per_channel"] is False
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> None:
     import onnx
 
@@ -203,6 +212,7 @@ def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> Non
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+@pytest.mark.onnx
 def test_cli_bench_int8_fp32_benches_the_mixed_precision_graph(tmp_path) -> None:
     saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
     args = ["bench", str(saved), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0"]
@@ -250,6 +260,7 @@ def _served_ids(directory) -> list[list[int]]:
     return [e.ids for e in Tokenizer.from_file(str(directory / "tokenizer.json")).encode_batch(LONG_TEXTS)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "sentence-transformers"])
 def test_exported_tokenizer_json_encodes_long_texts_as_the_source(fmt: str, tmp_path) -> None:
     from transformers import AutoTokenizer

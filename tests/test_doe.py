@@ -64,6 +64,7 @@ def test_keep_all_is_identity(family, data, module_set) -> None:
     assert torch.equal(main_output(model, x), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @given(data=st.data(), module_set=SETS, ratio=st.floats(0.05, 1.0))
 def test_pruning_equals_masking_and_keeps_width(family, data, module_set, ratio) -> None:
@@ -147,6 +148,7 @@ def toy_data(tokenizer=None, n_train: int = 64, n_eval: int = 32) -> TaskData:
                     batch_size=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
     spec = TinySpec(family, task="seq-cls", layers=2, ffn=16)

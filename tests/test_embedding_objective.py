@@ -51,6 +51,7 @@ def test_embedding_loss_is_mse_plus_one_minus_cosine() -> None:
     assert float(embedding_loss(s, t, mse_weight=0.5, cosine_weight=0.0)) == pytest.approx(1.25)
 
 
+@pytest.mark.slow
 def test_embedding_recovery_matches_hidden_states_unless_told_not_to() -> None:
     data = text_data()
     teacher = tiny_model(TinySpec("bert", layers=2))
@@ -92,6 +93,7 @@ def test_neighbour_loss_against_a_hand_computation() -> None:
     assert float(neighbour_loss(student[:1], teacher[:1])) == 0.0
 
 
+@pytest.mark.slow
 def test_the_neighbour_term_trains_and_is_refused_for_a_task_model() -> None:
     data = text_data()
     teacher = tiny_model(TinySpec("bert", layers=2))
@@ -151,6 +153,7 @@ def test_layer_drop_recovery_matches_hidden_states_through_the_drop() -> None:
     assert EmbeddingDistillConfig(hidden_weight=1.0).mse_weight == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "mpnet"])
 def test_shrp_distils_embeddings_and_reloads(tmp_path: Path, family: str) -> None:
     data = text_data(batch_size=16)
@@ -167,6 +170,7 @@ def test_shrp_distils_embeddings_and_reloads(tmp_path: Path, family: str) -> Non
                                            data.sentence_config), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "mpnet", "deberta-v2"])
 def test_embedding_shrp_starts_close_to_its_teacher(family: str) -> None:
     # Regression: the Expander's LayerNorm started at the paper's γ=1, so every converted layer added a
@@ -266,6 +270,7 @@ def test_auto_detection_keeps_the_task_objective_for_classifier_only_strategies(
     assert choose_objective(source, config, "embedding", DoEStrategy).name == "embedding"  # asked for explicitly
 
 
+@pytest.mark.slow
 def test_cli_head_and_ffn_pruning_with_recovery_on_plain_text(tmp_path: Path) -> None:
     """The README's embedding recipe: two pruning commands, each distilling the embeddings back on a .txt file."""
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
@@ -288,6 +293,8 @@ def test_cli_head_and_ffn_pruning_with_recovery_on_plain_text(tmp_path: Path) ->
     assert read_sentence_config(both).normalize  # the pooling files travel with every save
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 @pytest.mark.parametrize("family", ["bert", "deberta-v2"])
 def test_export_sentence_transformers_directory_encodes_like_the_surgered_model(tmp_path: Path, family: str) -> None:
     import numpy as np

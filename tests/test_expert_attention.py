@@ -87,6 +87,7 @@ def test_experts_of_a_head_pruned_mpnet_layer_read_their_own_bias_columns() -> N
     _assert_experts_reproduce_heads(spec, model, spec.heads - 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @given(data=st.data())
 def test_parameter_count_matches_formula(family: str, data: st.DataObject) -> None:
@@ -150,6 +151,7 @@ def test_options_run_and_reload(options: dict[str, object], tmp_path: object) ->
     torch.testing.assert_close(main_output(surgery.from_pretrained(out), inputs), main_output(model, inputs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @given(data=st.data())
 def test_save_reload_same_outputs(family: str, data: st.DataObject) -> None:

@@ -181,6 +181,7 @@ def cached_file(cache_dir: Path) -> Path:
     return files[0]
 
 
+@pytest.mark.slow
 def test_a_cached_table_far_off_the_model_s_own_time_is_measured_again(tmp_path: Path) -> None:
     model = tiny_model(TinySpec("bert", layers=2))
     first = measure_latency_table(model, runtime="torch", cache_dir=tmp_path, **FAST)
@@ -197,6 +198,7 @@ def test_a_cached_table_far_off_the_model_s_own_time_is_measured_again(tmp_path:
     assert max(stored["ffn_ms"].values()) < max(payload["table"]["ffn_ms"].values()) / 10
 
 
+@pytest.mark.slow
 def test_an_unusable_cache_location_measures_without_a_cache_and_says_so(tmp_path: Path) -> None:
     model = tiny_model(TinySpec("bert", layers=2))
     found = measure_latency_table(model, runtime="torch", cache_dir=Path("/dev/null") / "latency", **FAST)

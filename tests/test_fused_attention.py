@@ -40,6 +40,8 @@ def uneven_model(family: str, task: str = "base") -> tuple[torch.nn.Module, Tiny
     return model, spec
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_layer_is_one_fused_operator_with_its_own_heads_at_parity(family: str, tmp_path) -> None:
     model, spec = uneven_model(family, task="seq-cls" if FAMILIES.index(family) % 2 else "base")
@@ -65,6 +67,8 @@ def test_each_layer_is_one_fused_operator_with_its_own_heads_at_parity(family: s
     assert agreement(expected, getattr(runtime(**inputs), report.output)).max_abs_diff <= TOLERANCE
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_opting_out_gives_the_plain_graph(tmp_path) -> None:
     model, _ = uneven_model("bert")
     report = export_onnx(model, tmp_path / "plain", batch=3, seq=8, fuse_attention=False)
@@ -72,6 +76,8 @@ def test_opting_out_gives_the_plain_graph(tmp_path) -> None:
     assert report.operators["Softmax"] == 3 and report.parity.max_abs_diff <= TOLERANCE
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_int8_and_smoothing_keep_the_fused_operator_in_fp32_and_quantize_the_projections(family, tmp_path) -> None:
     model, spec = uneven_model(family)
@@ -88,6 +94,8 @@ def test_int8_and_smoothing_keep_the_fused_operator_in_fp32_and_quantize_the_pro
     assert report.int8_drift.min_cosine > 0.99
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_routed_expert_layers_stay_unfused_and_the_rest_fuse(tmp_path) -> None:
     model, _ = uneven_model("bert")
     surgery.convert(model, ExpertAttentionStrategy(layers=[1]))
@@ -105,6 +113,8 @@ def test_the_interface_is_restored_after_the_block() -> None:
     assert model.config._attn_implementation == before and sorted(recorder.calls.values()) == sorted(KEPT_HEADS)
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_static_int8_calibrates_activation_scales_around_the_fused_operator(tmp_path) -> None:
     model, spec = uneven_model("bert")
     batches = [tiny_inputs(spec, batch=4, seq=10, seed=s) for s in range(2)]
@@ -118,6 +128,7 @@ def test_static_int8_calibrates_activation_scales_around_the_fused_operator(tmp_
     assert report.int8_drift is not None and report.int8_drift.min_cosine > 0.99
 
 
+@pytest.mark.onnx
 def test_static_int8_needs_calibration_texts(tmp_path) -> None:
     model, _ = uneven_model("bert")
     with pytest.raises(ConfigError, match=r"^export: int8_mode 'static' calibrates activation scales on your texts"):

@@ -55,6 +55,7 @@ class Steps(Pipeline):
             session.step(strategy, data=data)
 
 
+@pytest.mark.slow
 def test_a_direct_step_that_loses_more_than_max_drop_is_recovered_and_reported() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     task = self_labelled(model)

@@ -120,6 +120,7 @@ def test_a_save_never_replaces_what_another_writer_finished(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary directory, no lock left
 
 
+@pytest.mark.multiprocess
 def test_stale_leftovers_of_a_killed_save_are_cleaned_and_a_live_lock_is_named(tmp_path: Path) -> None:
     out = tmp_path / "m"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -178,6 +179,8 @@ main()
 """
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_writers_and_signals_in_real_processes(tmp_path: Path) -> None:
     """Two writers to one --out: one success, one clear error. SIGTERM/SIGINT in a save: cleanup, one line.
 
@@ -215,6 +218,7 @@ def test_two_writers_and_signals_in_real_processes(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.parent.iterdir()) == ["m"]
 
 
+@pytest.mark.multiprocess
 def test_no_traceback_for_ctrl_c_while_importing_or_while_exiting(tmp_path: Path) -> None:
     during_import = """
 import importlib.abc, sys
@@ -297,6 +301,7 @@ def _mutate(manifest: dict[str, object], path: tuple[object, ...], action: str, 
     return data
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutation=_mutations())
 def test_fuzzed_manifest_loads_equal_or_fails_in_one_line(pruned: tuple[nn.Module, Path], tmp_path: Path,
@@ -321,6 +326,8 @@ def test_fuzzed_manifest_loads_equal_or_fails_in_one_line(pruned: tuple[nn.Modul
 
 
 # -- what users feel first ---------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_help_strategies_and_input_errors_import_no_heavy_library(tmp_path: Path) -> None:
     probe = """
 import sys

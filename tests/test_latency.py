@@ -169,6 +169,7 @@ def test_probes_of_every_family_run_and_leave_the_model_alone(family: str) -> No
     assert torch.equal(main_output(model, tiny_inputs(spec)), before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tables_of_every_family_have_the_grids_and_monotone_predictions(family: str) -> None:
     model = tiny_model(TinySpec(family, task="seq-cls", layers=2))
@@ -185,6 +186,7 @@ def test_tables_of_every_family_have_the_grids_and_monotone_predictions(family: 
     assert table.predict_ms(Structure((None, None))) == table.base_ms
 
 
+@pytest.mark.slow
 def test_on_a_model_large_enough_to_time_width_and_heads_cost_time() -> None:
     model = tiny_model(TinySpec("bert", heads=8, head_dim=16, layers=2, ffn=1024))
     table = measure_latency_table(model, runtime="torch", batch_size=8, seq_len=64, threads=1, repeats=5,
@@ -195,6 +197,8 @@ def test_on_a_model_large_enough_to_time_width_and_heads_cost_time() -> None:
     assert table.predict_ms(full) > table.predict_ms(half) > table.base_ms
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_an_int8_onnxruntime_table_of_probes_with_ffns_of_width_zero(monkeypatch) -> None:
     pytest.importorskip("onnxruntime")
     # Fewer grid points: every probe is an export of seconds. The FFNs of width 0 (base, fewest, width 0)
@@ -274,6 +278,8 @@ def test_bad_settings_are_one_line_errors(kwargs, message) -> None:
     assert str(error.value) == message
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_measured_speedup_of_an_onnxruntime_graph_against_torch() -> None:
     pytest.importorskip("onnxruntime")
     model = tiny_model(TinySpec("distilbert"))
@@ -297,6 +303,8 @@ def test_measured_speedup_times_the_candidate_against_the_original() -> None:
     assert reports[0].machine is not None
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tmp_path, monkeypatch) -> None:
     pytest.importorskip("onnxruntime")
     import surgery.compress.latency_measure as latency_measure

@@ -47,6 +47,8 @@ def _apply_args(ws: dict[str, Path], out: Path) -> list[str]:
             "--report", str(out.with_suffix(".json"))]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_processes_train_like_one(workspace: dict[str, Path]) -> None:
     single, double = workspace["root"] / "single", workspace["root"] / "double"
     result = CliRunner().invoke(app, _apply_args(workspace, single))

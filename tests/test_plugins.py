@@ -149,6 +149,8 @@ def _surgery_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "surgery.cli"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_cli_subprocess_apply_and_reload(installed: Path, model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "aligned"
     env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"], "OMP_NUM_THREADS": "1"}
@@ -200,6 +202,8 @@ print(result.exit_code, "ffn-align-check" in result.stdout, "experts" in result.
 """
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_plugin_command_is_listed_lazily_and_runs(installed: Path, model_dir: Path) -> None:
     probe = subprocess.run([sys.executable, "-c", HELP_PROBE], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]})

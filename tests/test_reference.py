@@ -28,6 +28,7 @@ def _layer_map(report: surgery.SurgeryReport) -> dict[int, int]:
     return {int(k): v for k, v in recovery["layer_map"].items()}
 
 
+@pytest.mark.slow
 def test_a_second_step_distils_from_and_is_measured_against_the_original() -> None:
     original = tiny_model(TinySpec("bert", layers=3, task="seq-cls"))
     task = self_labelled(original)  # the original labels its own data: accuracy 1.0
@@ -73,6 +74,7 @@ def test_a_reference_of_another_shape_is_refused_in_one_line(other: TinySpec, sa
     assert surgery.inspect(model).layers[0].heads == 4  # refused before anything changed
 
 
+@pytest.mark.slow
 def test_cli_chain_reports_the_embedding_fidelity_against_the_original(tmp_path: Path) -> None:
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
     corpus = tmp_path / "corpus.txt"

@@ -80,6 +80,7 @@ def test_only_cut_projections_change_by_default_and_layer_drop_maps_layers() -> 
     assert not torch.equal(projection(student, 1, "down").weight, projection(kept, 1, "down").weight)
 
 
+@pytest.mark.slow
 def test_recovery_refits_first_when_asked_for_both_objectives() -> None:
     import datasets
     from transformers import BertTokenizer

@@ -19,6 +19,7 @@ def loaded_methods_after(call: str) -> set[str]:
     return set(out.split())
 
 
+@pytest.mark.slow
 def test_looking_one_method_up_imports_only_its_entry_point() -> None:
     shrp = loaded_methods_after("registry.get_method('shrp')")
     assert "surgery.strategies.shrp.shrp" in shrp
@@ -28,6 +29,7 @@ def test_looking_one_method_up_imports_only_its_entry_point() -> None:
     assert not any(m.startswith(("surgery.strategies.doe", "surgery.strategies.shrp")) for m in head), head
 
 
+@pytest.mark.slow
 def test_an_unknown_method_imports_no_method_and_names_the_installed_ones() -> None:
     assert loaded_methods_after(
         "try:\n    registry.get_method('nope')\nexcept Exception as e:\n    print(e, file=sys.stderr)") == set()

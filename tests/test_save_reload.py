@@ -49,6 +49,7 @@ def labelled_batches(spec: TinySpec, count: int = 1) -> list[dict[str, torch.Ten
     return batches
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @given(data=st.data())
 def test_uneven_heads_and_widths_round_trip(family: str, data: st.DataObject) -> None:
@@ -70,6 +71,7 @@ def test_uneven_heads_and_widths_round_trip(family: str, data: st.DataObject) ->
             spec.ffn - len(neurons[i]) for i in range(spec.layers)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @given(data=st.data())
 def test_ratio_plans_from_data_round_trip(family: str, data: st.DataObject) -> None:
@@ -125,6 +127,7 @@ def test_edited_manifest_is_a_one_line_shape_error() -> None:
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @given(data=st.data(), dtype=st.sampled_from(DTYPES))
 def test_dtype_is_kept_on_reload_and_can_be_overridden(family: str, data: st.DataObject, dtype: torch.dtype) -> None:

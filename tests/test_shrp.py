@@ -31,6 +31,7 @@ def _task(n: int = 48, seq: int = 8) -> TaskData:
     return TaskData(rows.select(range(n - 16)), rows.select(range(n - 16, n)), ["neg", "pos"], batch_size=16)
 
 
+@pytest.mark.slow
 def test_pipeline_records_steps_trains_prunes_and_reloads(tmp_path: Path) -> None:
     spec = TinySpec("bert", task="seq-cls", layers=3)
     model = tiny_model(spec, num_labels=2)
@@ -56,6 +57,7 @@ def test_pipeline_records_steps_trains_prunes_and_reloads(tmp_path: Path) -> Non
     torch.testing.assert_close(main_output(surgery.from_pretrained(out), inputs), main_output(model, inputs))
 
 
+@pytest.mark.slow
 def test_finetune_epochs_run_the_original_model_before_the_first_conversion() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=2), num_labels=2)
     strategy = ShrpStrategy(layers=[1], finetune_epochs=1, extra_epochs=1, learning_rate=1e-3, bench=False)
@@ -116,6 +118,8 @@ def test_cli_apply_shrp_end_to_end(tmp_path: Path) -> None:
 
 # About 15 s. It used to hang about one run in fifteen at exit (torch's gloo teardown, see
 # surgery.core.distributed.leave_process_group); the timeout makes a hang a failure, not a blocked suite.
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_ddp_two_process_gloo_smoke() -> None:
     import subprocess
     import sys

@@ -44,6 +44,7 @@ def test_halving_sizes() -> None:
     assert halving_sizes(1) == []
 
 
+@pytest.mark.slow
 def test_progressive_dropping_leaves_one_expert_and_the_cut_changes_nothing(tmp_path: Path) -> None:
     spec = TinySpec("bert", task="seq-cls", layers=2)
     model = tiny_model(spec, num_labels=2)
@@ -128,6 +129,7 @@ def test_training_set_warning_threshold() -> None:
     assert line is not None and f"only {SMALL_TRAINING_SET - 1} training examples" in line and "\n" not in line
 
 
+@pytest.mark.slow
 def test_recovery_after_the_cut_is_reported_and_reloads(tmp_path: Path) -> None:
     spec = TinySpec("bert", task="seq-cls", layers=2)
     model = tiny_model(spec, num_labels=2)
@@ -177,6 +179,7 @@ def test_distillation_teacher_is_the_model_when_conversion_begins() -> None:
     assert losses[0.0] != losses[1.0]  # the teacher's KL replaces the labels' CE at alpha=1
 
 
+@pytest.mark.slow
 def test_deep_conversions_take_the_measured_settings_unless_set() -> None:
     spec = TinySpec("bert", task="seq-cls", layers=2)
     settings = dict(extra_epochs=1, learning_rate=1e-3, bench=False, eval_each_epoch=False)

@@ -98,6 +98,8 @@ def test_smoothing_lowers_the_int8_activation_error_of_outlier_channels() -> Non
     assert smoothed_error < 0.6 * plain_error, (float(smoothed_error), float(plain_error))
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_export_with_calibration_puts_the_smoothing_in_the_graph_and_records_it(tmp_path) -> None:
     import onnx
 
@@ -155,6 +157,7 @@ def saved_with_corpus(tmp_path):
     return saved, corpus
 
 
+@pytest.mark.onnx
 def test_cli_export_int8_with_calibration(tmp_path) -> None:
     saved, corpus = saved_with_corpus(tmp_path)
     args = ["export", str(saved), "--seq", "8", "--batch", "2"]
@@ -174,6 +177,7 @@ def test_cli_export_int8_with_calibration(tmp_path) -> None:
     assert result.exit_code == 2 and "missing.txt" in result.stderr and not (tmp_path / "r").exists()
 
 
+@pytest.mark.onnx
 def test_cli_bench_int8_with_calibration_benches_the_smoothed_graph(tmp_path) -> None:
     saved, corpus = saved_with_corpus(tmp_path)
     args = ["bench", str(saved), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0"]
@@ -186,6 +190,8 @@ def test_cli_bench_int8_with_calibration_benches_the_smoothed_graph(tmp_path) ->
     assert result.exit_code == 2 and "add --runtime onnxruntime-int8" in result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 def test_sentence_transformers_export_smooths_too(tmp_path) -> None:
     from transformers import AutoTokenizer
 

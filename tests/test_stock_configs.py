@@ -42,6 +42,8 @@ def stock_config(family: str) -> transformers.PretrainedConfig:
     return config_class(**kwargs)
 
 
+@pytest.mark.slow
+@pytest.mark.onnx
 @pytest.mark.parametrize("family", FAMILIES)
 def test_stock_config_converts_saves_reloads_and_exports(family: str, tmp_path: Path) -> None:
     config = stock_config(family)

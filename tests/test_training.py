@@ -124,6 +124,7 @@ def test_trainer_loss_is_ce_plus_scaled_kl_plus_hidden_mse() -> None:
     assert loss == pytest.approx(0.7 * ce + 0.3 * kd + 0.5 * mse, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_recover_distils_the_teacher_into_a_layer_dropped_student() -> None:
     spec = TinySpec("bert", task="seq-cls", layers=3)
     teacher = tiny_model(spec)
