@@ -23,7 +23,14 @@ MODULES = sorted({p.__name__ for p in PACKAGES} | {
 NEEDS_EXTRA = {"surgery.deploy.openvino_export": "openvino", "surgery.runtimes.openvino_runtime": "openvino"}
 
 
-@pytest.mark.parametrize("name", MODULES)
+#: Modules whose examples export, train or time models (over ~5 s): they run in the slow lane only.
+SLOW = {"surgery.compress.latency_measure", "surgery.deploy.export", "surgery.deploy.openvino_export",
+        "surgery.deploy.sentence_interop", "surgery.embedding.objective", "surgery.runtimes.export_config",
+        "surgery.runtimes.onnx_runtime", "surgery.runtimes.openvino_runtime", "surgery.strategies.doe.doe",
+        "surgery.strategies.shrp.shrp", "surgery.training.recover", "surgery.training.trainer"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODULES])
 def test_docstring_examples_run(name: str) -> None:
     if name in NEEDS_EXTRA:
         pytest.importorskip(NEEDS_EXTRA[name], reason=f"{name}'s examples need the openvino extra")
