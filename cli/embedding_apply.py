@@ -26,9 +26,9 @@ def supports_embedding(strategy: type) -> bool:
     """Whether ``strategy`` (a strategy class) can work with the embedding objective.
 
     Example:
-        >>> from surgery.strategies.shrp import ShrpStrategy
-        >>> from surgery.strategies.doe import DoEStrategy
-        >>> supports_embedding(ShrpStrategy), supports_embedding(DoEStrategy)
+        >>> from surgery.strategies.shrp import ShrpPipeline
+        >>> from surgery.strategies.doe import DoEPipeline
+        >>> supports_embedding(ShrpPipeline), supports_embedding(DoEPipeline)
         (True, False)
     """
     return "embedding" in getattr(strategy, "objectives", ("task",))

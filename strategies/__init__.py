@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from surgery.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from surgery.strategies.doe.doe import DoEConfig, DoEResult, DoEStrategy, build_runtime, run_doe
+    from surgery.strategies.doe.doe import DoEConfig, DoEPipeline, DoEResult, build_runtime, run_doe
     from surgery.strategies.doe.soft_prompt import SoftPromptConfig, SoftPromptStrategy
     from surgery.strategies.doe.zero_recovery_prune import (
         ZeroRecoveryPruningConfig,
@@ -34,13 +34,13 @@ if TYPE_CHECKING:
         ExpertAttentionConfig,
         ExpertAttentionStrategy,
     )
-    from surgery.strategies.shrp.shrp import ShrpStrategy
+    from surgery.strategies.shrp.shrp import ShrpPipeline
     from surgery.strategies.shrp.top1_prune import Top1PruningConfig, Top1PruningStrategy
 
 _LAZY = {
     "DoEConfig": "surgery.strategies.doe.doe",
     "DoEResult": "surgery.strategies.doe.doe",
-    "DoEStrategy": "surgery.strategies.doe.doe",
+    "DoEPipeline": "surgery.strategies.doe.doe",
     "ExpertAttentionConfig": "surgery.strategies.shrp.expert_attention",
     "ExpertAttentionStrategy": "surgery.strategies.shrp.expert_attention",
     "FFNPruningConfig": "surgery.strategies.pruning.ffn_prune",
@@ -52,7 +52,7 @@ _LAZY = {
     "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
     "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
     "ShrpConfig": "surgery.strategies.shrp.config",
-    "ShrpStrategy": "surgery.strategies.shrp.shrp",
+    "ShrpPipeline": "surgery.strategies.shrp.shrp",
     "SoftPromptConfig": "surgery.strategies.doe.soft_prompt",
     "SoftPromptStrategy": "surgery.strategies.doe.soft_prompt",
     "Top1PruningConfig": "surgery.strategies.shrp.top1_prune",
@@ -64,7 +64,7 @@ _LAZY = {
 __all__ = [
     "DoEConfig",
     "DoEResult",
-    "DoEStrategy",
+    "DoEPipeline",
     "ExpertAttentionConfig",
     "ExpertAttentionStrategy",
     "FFNPruningConfig",
@@ -74,7 +74,7 @@ __all__ = [
     "LayerDropConfig",
     "LayerDropStrategy",
     "ShrpConfig",
-    "ShrpStrategy",
+    "ShrpPipeline",
     "SoftPromptConfig",
     "SoftPromptStrategy",
     "Top1PruningConfig",

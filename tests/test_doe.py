@@ -17,7 +17,7 @@ from surgery.anatomy import adapter_for
 from surgery.anatomy.slicing import ZeroRecoveryLinear
 from surgery.data.task_data import TaskData
 from surgery.scoring.importance import gold_logit_objective
-from surgery.strategies.doe import DoEStrategy, run_doe
+from surgery.strategies.doe import DoEPipeline, run_doe
 from surgery.strategies.doe.prompt_tuning import evaluate
 from surgery.strategies.doe.soft_prompt import SoftPromptStrategy, prompt_of
 from surgery.strategies.doe.zero_recovery_prune import ZeroRecoveryPruningStrategy, module_scores
@@ -153,7 +153,7 @@ def toy_data(tokenizer=None, n_train: int = 64, n_eval: int = 32) -> TaskData:
 def test_doe_end_to_end_replays_on_reload(family, tmp_path) -> None:
     spec = TinySpec(family, task="seq-cls", layers=2, ffn=16)
     model = tiny_model(spec, num_labels=2)
-    strategy = DoEStrategy(epochs=1, condense_epochs=1, batch_size=16, lr=5e-2, head_lr=1e-2, margin=100.0)
+    strategy = DoEPipeline(epochs=1, condense_epochs=1, batch_size=16, lr=5e-2, head_lr=1e-2, margin=100.0)
     events = []
     # run_doe is surgery.convert plus the results that are not figures (the expert, the tuned prompt).
     result = run_doe(model, toy_data(), strategy.config, progress=events.append)

@@ -28,7 +28,7 @@ from surgery.embedding.objective import (
 from surgery.embedding.pooling import SURGERY_FILE, read_sentence_config
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy
-from surgery.strategies.shrp import ShrpStrategy
+from surgery.strategies.shrp import ShrpPipeline
 from surgery.strategies.shrp.embedding_shrp import EMBEDDING_EXPANDER_GAIN
 from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_model
@@ -158,11 +158,11 @@ def test_layer_drop_recovery_matches_hidden_states_through_the_drop() -> None:
 def test_shrp_distils_embeddings_and_reloads(tmp_path: Path, family: str) -> None:
     data = text_data(batch_size=16)
     model = tiny_model(TinySpec(family, layers=2))
-    report = surgery.convert(model, ShrpStrategy(num_layers=1, extra_epochs=1, bench=False), data=data)
+    report = surgery.convert(model, ShrpPipeline(num_layers=1, extra_epochs=1, bench=False), data=data)
     assert report.metrics["objective"] == "embedding" and report.metrics["router_input"] == "mean"
     assert [s["strategy"] for s in report.plan["steps"]] == ["expert-attention", "top1-prune"]
     assert 0.0 <= report.metrics["embedding_pruned"]["recall_at_k"] <= 1.0
-    cls = ShrpStrategy(num_layers=1, extra_epochs=0, bench=False, router_input="cls")
+    cls = ShrpPipeline(num_layers=1, extra_epochs=0, bench=False, router_input="cls")
     assert surgery.convert(tiny_model(TinySpec(family, layers=2)), cls, data=data).metrics["router_input"] == "cls"
     out = surgery.save_pretrained(model, tmp_path / "m")
     expected = embed_texts(model, data.tokenizer, EMBEDDING_TEXTS, data.sentence_config)
@@ -179,7 +179,7 @@ def test_embedding_shrp_starts_close_to_its_teacher(family: str) -> None:
     data = text_data(batch_size=16)
     teacher = tiny_model(TinySpec(family, layers=2))
     model = copy.deepcopy(teacher)
-    report = surgery.convert(model, ShrpStrategy(num_layers=1, extra_epochs=0, bench=False), data=data)
+    report = surgery.convert(model, ShrpPipeline(num_layers=1, extra_epochs=0, bench=False), data=data)
     assert report.metrics["expander_gain"] == EMBEDDING_EXPANDER_GAIN
     assert report.metrics["embedding_converted"]["mean_cosine"] >= 0.9, report.metrics["embedding_converted"]
     config = data.sentence_config
@@ -191,7 +191,7 @@ def test_embedding_shrp_starts_close_to_its_teacher(family: str) -> None:
         return mean_cosine(embed_texts(student, data.tokenizer, EMBEDDING_TEXTS, config), target)
 
     assert converted_cosine(EMBEDDING_EXPANDER_GAIN) >= 0.9 > converted_cosine(1.0) + 0.1
-    explicit = ShrpStrategy(num_layers=1, extra_epochs=0, bench=False, expander_gain=1.0)
+    explicit = ShrpPipeline(num_layers=1, extra_epochs=0, bench=False, expander_gain=1.0)
     assert surgery.convert(copy.deepcopy(teacher), explicit, data=data).metrics["expander_gain"] == 1.0
 
 
@@ -260,14 +260,14 @@ def test_auto_detection_keeps_the_task_objective_for_classifier_only_strategies(
     from transformers import AutoConfig
 
     from surgery.cli.embedding_apply import choose_objective
-    from surgery.strategies.doe import DoEStrategy
+    from surgery.strategies.doe import DoEPipeline
 
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
     config = AutoConfig.from_pretrained(source)
-    assert choose_objective(source, config, None, ShrpStrategy).name == "embedding"
-    doe = choose_objective(source, config, None, DoEStrategy)
+    assert choose_objective(source, config, None, ShrpPipeline).name == "embedding"
+    doe = choose_objective(source, config, None, DoEPipeline)
     assert doe.name == "task" and "doe trains a classifier only" in doe.reason
-    assert choose_objective(source, config, "embedding", DoEStrategy).name == "embedding"  # asked for explicitly
+    assert choose_objective(source, config, "embedding", DoEPipeline).name == "embedding"  # asked for explicitly
 
 
 @pytest.mark.slow

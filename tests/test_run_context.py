@@ -10,7 +10,7 @@ import surgery
 from surgery.core.errors import DataError, ModelLoadError, PlanError
 from surgery.core.strategy import Strategy
 from surgery.orchestration.pipeline import Pipeline, PipelineSession
-from surgery.strategies import HeadPruningStrategy, ShrpStrategy
+from surgery.strategies import HeadPruningStrategy, ShrpPipeline
 from surgery.testing import TinySpec, tiny_model
 
 
@@ -24,7 +24,7 @@ def test_a_context_taking_strategy_reports_through_the_context() -> None:
 
 def test_a_pipeline_is_its_own_kind_with_a_schedule_not_a_plan(tmp_path: Path) -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls"))
-    shrp = ShrpStrategy(num_layers=1)
+    shrp = ShrpPipeline(num_layers=1)
     assert isinstance(shrp, Pipeline) and not isinstance(shrp, Strategy)
     preview = surgery.preview(model, shrp)
     assert preview["steps"] == ["expert-attention", "top1-prune"] and "not a replayable plan" in preview["note"]
@@ -36,7 +36,7 @@ def test_a_pipeline_is_its_own_kind_with_a_schedule_not_a_plan(tmp_path: Path) -
 def test_convert_checks_the_declared_data_need_once_with_one_line() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     with pytest.raises(DataError, match="shrp trains the model and needs labelled task data") as caught:
-        surgery.convert(model, ShrpStrategy(num_layers=1), data=[{"input_ids": None}])
+        surgery.convert(model, ShrpPipeline(num_layers=1), data=[{"input_ids": None}])
     assert "\n" not in str(caught.value)
     with pytest.raises(DataError, match="top1-prune: data must be TaskData or an iterable"):
         surgery.convert(model, surgery.get_method("top1-prune")(), data="texts.txt")

@@ -15,7 +15,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertTokenize
 import surgery
 from surgery.core.errors import DataError
 from surgery.data.task_data import TaskData
-from surgery.strategies import ShrpStrategy
+from surgery.strategies import ShrpPipeline
 from surgery.strategies.shrp.expert_attention import ExpertAttentionLayer
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
@@ -36,7 +36,7 @@ def test_pipeline_records_steps_trains_prunes_and_reloads(tmp_path: Path) -> Non
     spec = TinySpec("bert", task="seq-cls", layers=3)
     model = tiny_model(spec, num_labels=2)
     events = []
-    report = surgery.convert(model, ShrpStrategy(layers=[2, 0], extra_epochs=1, learning_rate=1e-3,
+    report = surgery.convert(model, ShrpPipeline(layers=[2, 0], extra_epochs=1, learning_rate=1e-3,
                                                  bench_repeats=1, bench_seq_len=8, bench_batch_size=4),
                              data=_task(), progress=events.append)
     assert [s["strategy"] for s in report.plan["steps"]] == ["expert-attention", "top1-prune"]
@@ -60,7 +60,7 @@ def test_pipeline_records_steps_trains_prunes_and_reloads(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_finetune_epochs_run_the_original_model_before_the_first_conversion() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=2), num_labels=2)
-    strategy = ShrpStrategy(layers=[1], finetune_epochs=1, extra_epochs=1, learning_rate=1e-3, bench=False)
+    strategy = ShrpPipeline(layers=[1], finetune_epochs=1, extra_epochs=1, learning_rate=1e-3, bench=False)
     assert surgery.plan(model, strategy)["epochs"] == 3
     history = surgery.convert(model, strategy, data=_task()).metrics["history"]
     assert [(h["epoch"], h["stage"], h["converted"]) for h in history] == [(1, 0, 0), (2, 1, 1), (3, 2, 1)]
@@ -72,10 +72,10 @@ def test_wrong_data_is_a_one_line_error() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls"), num_labels=2)
     for bad in (None, [tiny_inputs(TinySpec("bert"))]):
         with pytest.raises(DataError, match="needs labelled task data") as err:
-            surgery.convert(model, ShrpStrategy(num_layers=1), data=bad)
+            surgery.convert(model, ShrpPipeline(num_layers=1), data=bad)
         assert "\n" not in str(err.value)
     with pytest.raises(DataError, match="num_labels=2"):
-        surgery.convert(tiny_model(TinySpec("bert", task="seq-cls")), ShrpStrategy(num_layers=1), data=_task())
+        surgery.convert(tiny_model(TinySpec("bert", task="seq-cls")), ShrpPipeline(num_layers=1), data=_task())
 
 
 def _tiny_model_dir(root: Path) -> Path:

@@ -15,7 +15,7 @@ from surgery.core.errors import ConfigError
 from surgery.core.manifest import steps_of
 from surgery.data.task_data import TaskData
 from surgery.orchestration.pipeline import PipelineSession
-from surgery.strategies import ShrpStrategy
+from surgery.strategies import ShrpPipeline
 from surgery.strategies.shrp import ShrpTrainer, ShrpTrainingState, halving_sizes, shrp_training_arguments
 from surgery.strategies.shrp.config import DEEP_CONVERSION_SETTINGS
 from surgery.strategies.shrp.expert_attention import (
@@ -49,7 +49,7 @@ def test_progressive_dropping_leaves_one_expert_and_the_cut_changes_nothing(tmp_
     spec = TinySpec("bert", task="seq-cls", layers=2)
     model = tiny_model(spec, num_labels=2)
     task = _task()
-    strategy = ShrpStrategy(layers=[1, 0], extra_epochs=2, expert_dropping="halve", learning_rate=1e-3,
+    strategy = ShrpPipeline(layers=[1, 0], extra_epochs=2, expert_dropping="halve", learning_rate=1e-3,
                             bench=False, eval_each_epoch=False)
     session = PipelineSession(model)
     layers = strategy.convert_layers(model, session)
@@ -112,7 +112,7 @@ def test_trainer_adds_the_weighted_concentration_term(tmp_path: Path) -> None:
     surgery.convert(model, ExpertAttentionStrategy(layers=[1]))
     task = _task()
     batch = next(iter(task.loader("train")))
-    args = shrp_training_arguments(ShrpStrategy(num_layers=1).config, 1, str(tmp_path))
+    args = shrp_training_arguments(ShrpPipeline(num_layers=1).config, 1, str(tmp_path))
     losses = {}
     for weight in (0.0, 0.5):
         trainer = ShrpTrainer(model=model, args=args, shrp_state=ShrpTrainingState(concentration_weight=weight))
@@ -135,7 +135,7 @@ def test_recovery_after_the_cut_is_reported_and_reloads(tmp_path: Path) -> None:
     model = tiny_model(spec, num_labels=2)
     # 32 training examples: far below what the suite needed, so the run warns and the report says so.
     with pytest.warns(UserWarning, match="only 32 training examples"):
-        report = surgery.convert(model, ShrpStrategy(layers=[1], extra_epochs=1, concentration_weight=0.5,
+        report = surgery.convert(model, ShrpPipeline(layers=[1], extra_epochs=1, concentration_weight=0.5,
                                                      recover_epochs=1, learning_rate=1e-3, bench=False),
                                  data=_task())
     assert report.metrics["data_warning"] == training_set_warning(32)
@@ -147,17 +147,17 @@ def test_recovery_after_the_cut_is_reported_and_reloads(tmp_path: Path) -> None:
 
 
 def test_stage2_mechanisms_need_stage2_epochs() -> None:
-    assert ShrpStrategy(num_layers=1).config.expert_dropping == "halve"  # the default: an exact cut
-    ShrpStrategy(num_layers=1, extra_epochs=0)  # no stage 2: nothing to drop in, the cut is taken as before
+    assert ShrpPipeline(num_layers=1).config.expert_dropping == "halve"  # the default: an exact cut
+    ShrpPipeline(num_layers=1, extra_epochs=0)  # no stage 2: nothing to drop in, the cut is taken as before
     with pytest.raises(ConfigError, match="extra_epochs"):
-        ShrpStrategy(num_layers=1, extra_epochs=0, concentration_weight=0.1)
+        ShrpPipeline(num_layers=1, extra_epochs=0, concentration_weight=0.1)
 
 
 def test_distillation_teacher_is_the_model_when_conversion_begins() -> None:
     spec = TinySpec("bert", task="seq-cls", layers=2)
     model = tiny_model(spec, num_labels=2)
     task = _task()
-    strategy = ShrpStrategy(layers=[1], finetune_epochs=1, extra_epochs=1, distill_alpha=0.5, learning_rate=1e-3,
+    strategy = ShrpPipeline(layers=[1], finetune_epochs=1, extra_epochs=1, distill_alpha=0.5, learning_rate=1e-3,
                             bench=False, eval_each_epoch=False)
     session = PipelineSession(model)
     layers = strategy.convert_layers(model, session)
@@ -185,9 +185,9 @@ def test_deep_conversions_take_the_measured_settings_unless_set() -> None:
     settings = dict(extra_epochs=1, learning_rate=1e-3, bench=False, eval_each_epoch=False)
     models = [tiny_model(spec, num_labels=2) for _ in range(3)]
     with pytest.warns(UserWarning, match="training examples"):
-        deep = surgery.convert(models[0], ShrpStrategy(num_layers=2, **settings), data=_task())
-        half = surgery.convert(models[1], ShrpStrategy(num_layers=1, **settings), data=_task())
-        mine = surgery.convert(models[2], ShrpStrategy(num_layers=2, expander_gain=1.0, distill_alpha=0.0,
+        deep = surgery.convert(models[0], ShrpPipeline(num_layers=2, **settings), data=_task())
+        half = surgery.convert(models[1], ShrpPipeline(num_layers=1, **settings), data=_task())
+        mine = surgery.convert(models[2], ShrpPipeline(num_layers=2, expander_gain=1.0, distill_alpha=0.0,
                                                        **settings), data=_task())
 
     def gains(model: torch.nn.Module) -> set[float]:  # as recorded for replay in the saved model's manifest

@@ -34,7 +34,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from surgery.data.task_data import load_task_data
 from surgery.measure.bench import bench_models
 from surgery.persist.assets import DATASETS, resolve_model_path
-from surgery.strategies.doe import DoEResult, DoEStrategy, run_doe
+from surgery.strategies.doe import DoEPipeline, DoEResult, run_doe
 from surgery.strategies.doe.prompt_tuning import evaluate, train, trainable
 from surgery.strategies.doe.soft_prompt import SoftPromptStrategy
 from surgery.strategies.doe.unplug import UnplugRuntime
@@ -136,7 +136,7 @@ def figures_only(run: Run) -> None:
         raise SystemExit(f"{args.out}: its split differs from these data flags; pass the --train/--eval it used")
     run.results = previous
     run.results["setup"]["fig_condense_epochs"] = args.fig_condense_epochs
-    strat = DoEStrategy(**run.config)
+    strat = DoEPipeline(**run.config)
     full = run.fresh()
     task = strat.task_for(full, data)
     torch.manual_seed(0)
@@ -161,7 +161,7 @@ def figures_only(run: Run) -> None:
         attribution_instances(run.results, run.config, full, task, data, args, run.log, run.save)
 
 
-def fine_tuning(run: Run, strat: DoEStrategy) -> tuple[torch.nn.Module, Any]:
+def fine_tuning(run: Run, strat: DoEPipeline) -> tuple[torch.nn.Module, Any]:
     """Section 1a: the fine-tuning baseline (all weights); returns the model and the prompt task."""
     args, data = run.args, run.data
     ft = run.fresh()
@@ -289,7 +289,7 @@ def main() -> None:
     if run.args.figures_only:
         figures_only(run)
         return
-    strat = DoEStrategy(**run.config)
+    strat = DoEPipeline(**run.config)
     ft, task = fine_tuning(run, strat)  # 1. fine-tuning baseline
     doe_model, full, sentiment = prompt_tuning_and_doe(run, task)  # 2. prompt tuning + DoE
     speed(run, {"prompt-tuned": full, "doe": doe_model, "fine-tuned": ft})
@@ -301,7 +301,7 @@ def main() -> None:
 
 
 def table4(
-    results: dict[str, Any], strat: DoEStrategy, full: torch.nn.Module, task: Any, data: Any, log: Any, save: Any
+    results: dict[str, Any], strat: DoEPipeline, full: torch.nn.Module, task: Any, data: Any, log: Any, save: Any
 ) -> None:
     """Table 4: the localized model at DoE's pruning rate without condensation (from the prompt-tuned full model)."""
     scores = strat.scores(full, task, data)
@@ -317,7 +317,7 @@ def table4(
 
 
 def cut_and_condense(
-    strategy: DoEStrategy,
+    strategy: DoEPipeline,
     full: torch.nn.Module,
     task: Any,
     data: Any,
@@ -348,7 +348,7 @@ def attribution_instances(
     """Figure 5's attribution at 50% with more instances than the default 20 (is the ranking noise-limited?)."""
     found = results.setdefault("attribution_instances_at_50pct", {})
     for n in args.attribution_instances:
-        st = DoEStrategy(**config, instances=n)
+        st = DoEPipeline(**config, instances=n)
         found[str(n)] = {
             **cut_and_condense(st, full, task, data, "attribution", args.fig_condense_epochs, f"instances {n}"),
             "condense_epochs": args.fig_condense_epochs,
@@ -359,7 +359,7 @@ def attribution_instances(
 
 def figures(
     results: dict[str, Any],
-    strat: DoEStrategy,
+    strat: DoEPipeline,
     config: dict[str, Any],
     full: torch.nn.Module,
     task: Any,
@@ -382,7 +382,7 @@ def figures(
     fig6: dict[str, Any] = {}
     models = {"prompt-tuned": full}
     for module_set in ("ffn", "attention", "dense", "all"):
-        st = DoEStrategy(**config, module_set=module_set)
+        st = DoEPipeline(**config, module_set=module_set)
         s = st.scores(full, task, data)
         cand, _ = st.localized(full, s, 0.3)
         if args.fig_condense_epochs:

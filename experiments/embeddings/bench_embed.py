@@ -54,7 +54,7 @@ from surgery.persist.assets import resolve_model_path
 from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy
-from surgery.strategies.shrp import ShrpStrategy, embedding_shrp
+from surgery.strategies.shrp import ShrpPipeline, embedding_shrp
 from surgery.training import RecoveryConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
@@ -222,7 +222,7 @@ def main() -> None:
         start = time.perf_counter()
         entry: dict[str, Any] = {"spec": spec}
         if spec["kind"] == "shrp":
-            strategy = ShrpStrategy(num_layers=spec["layers"], extra_epochs=args.extra_epochs,
+            strategy = ShrpPipeline(num_layers=spec["layers"], extra_epochs=args.extra_epochs,
                                     router_input=spec["router"], learning_rate=args.lr, bench=False, seed=args.seed)
             report = surgery.convert(model, strategy, data=data)
             entry["epochs"] = spec["layers"] + args.extra_epochs

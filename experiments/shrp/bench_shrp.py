@@ -31,7 +31,7 @@ import surgery
 from surgery.data.task_data import TaskData, load_task_data
 from surgery.measure.bench import bench_models
 from surgery.persist.assets import resolve_model_path
-from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
+from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpPipeline
 from surgery.training import accuracy, fit, scratch_dir, training_arguments
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
@@ -144,7 +144,7 @@ def main() -> None:
         elif kind == "shrp":
             k = int(arg)
             model = load("baseline")
-            strategy = ShrpStrategy(
+            strategy = ShrpPipeline(
                 num_layers=k,
                 order=args.order,
                 expander_init=args.expander_init,

@@ -40,7 +40,7 @@ from surgery.cli.plot import write_pareto, write_usage
 from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
 from surgery.persist.assets import resolve_model_path
-from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpStrategy
+from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, ShrpPipeline
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import finetune
 from surgery.training import RecoveryConfig, accuracy, recover
@@ -122,7 +122,7 @@ def shrp_method(converted: int, overrides: dict[str, Any] | None = None
     def run(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
         model = ctx.load("finetuned")
         settings = {**SHRP_RECIPE, "num_layers": converted, "seed": ctx.seed, **(overrides or {})}
-        strategy = ShrpStrategy(**settings)
+        strategy = ShrpPipeline(**settings)
         report = surgery.convert(model, strategy, data=ctx.task.data)
         keep = ("layers", "accuracy_moe", "accuracy_pruned", "accuracy_recovered", "usage", "coverage",
                 "expert_drops", "history", "train_seconds")

@@ -36,7 +36,7 @@ import surgery
 from surgery.measure.stats import mean_std
 from surgery.orchestration.pipeline import PipelineSession
 from surgery.persist.assets import resolve_model_path
-from surgery.strategies.shrp import ShrpStrategy, finetune_after_cut
+from surgery.strategies.shrp import ShrpPipeline, finetune_after_cut
 from surgery.strategies.shrp.expert_attention import expert_layers
 from surgery.training import accuracy
 
@@ -89,7 +89,7 @@ def run_pair(task_name: str, seed: int, variants: list[str], args: argparse.Name
     model = surgery.from_pretrained(MODEL, model_class="AutoModelForSequenceClassification", allow_new_head=True,
                                     num_labels=task.data.num_labels)
     start = time.perf_counter()
-    base = ShrpStrategy(**RECIPE, seed=seed)
+    base = ShrpPipeline(**RECIPE, seed=seed)
     session = PipelineSession(model)
     layers = base.convert_layers(model, session)
     history = base.train(model, session, task.data, layers, session.metrics["layers"], dev)
@@ -111,7 +111,7 @@ def run_variant(stage1_model: torch.nn.Module, task: Any, dev: Any, test: Any, v
     model = copy.deepcopy(stage1_model)
     start = time.perf_counter()
     # Stage-2 variants skip per-epoch evaluation (CPU time); their dev/test figures are measured below.
-    strategy = ShrpStrategy(**RECIPE, **VARIANTS[variant], seed=seed, eval_each_epoch=False)
+    strategy = ShrpPipeline(**RECIPE, **VARIANTS[variant], seed=seed, eval_each_epoch=False)
     layers = {i: layer for i, layer in expert_layers(model) if layer.routed}
     session = PipelineSession(model)
     history = strategy.train_stage2(model, session, task.data, layers, dev)
@@ -137,7 +137,7 @@ def run_recovery(cut_model: torch.nn.Module, routed: torch.nn.Module, task: Any,
                  results: dict[str, Any]) -> None:
     today = results["runs"][key(task.name, seed, "today")]
     start = time.perf_counter()
-    strategy = ShrpStrategy(**RECIPE, **RECOVER, seed=seed)
+    strategy = ShrpPipeline(**RECIPE, **RECOVER, seed=seed)
     finetune_after_cut(cut_model, routed, task.data, strategy.config)
     row = copy.deepcopy(today)
     row.update(variant="today+recover", config={**RECIPE, **RECOVER}, stage1=stage1,

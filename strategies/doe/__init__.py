@@ -22,8 +22,8 @@ from surgery.core.lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from surgery.strategies.doe.doe import (
         DoEConfig,
+        DoEPipeline,
         DoEResult,
-        DoEStrategy,
         build_runtime,
         check_tasks,
         run_doe,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "DoEConfig": "surgery.strategies.doe.doe",
     "DoEResult": "surgery.strategies.doe.doe",
-    "DoEStrategy": "surgery.strategies.doe.doe",
+    "DoEPipeline": "surgery.strategies.doe.doe",
     "ZeroRecoveryPruningConfig": "surgery.strategies.doe.zero_recovery_prune",
     "ZeroRecoveryPruningStrategy": "surgery.strategies.doe.zero_recovery_prune",
     "SoftPromptConfig": "surgery.strategies.doe.soft_prompt",
@@ -55,7 +55,7 @@ _LAZY = {
 __all__ = [
     "DoEConfig",
     "DoEResult",
-    "DoEStrategy",
+    "DoEPipeline",
     "SoftPromptConfig",
     "SoftPromptStrategy",
     "TaskExpert",

@@ -85,7 +85,7 @@ class DoEConfig(StrategyConfig):
     seed: int = 0
 
 
-class DoEStrategy(Pipeline):
+class DoEPipeline(Pipeline):
     """Decomposition of Experts: prompt tuning, attribution, binary search with condensation.
 
     ``data`` must be a :class:`surgery.data.task_data.TaskData` with an evaluation split (the CLI passes
@@ -93,7 +93,7 @@ class DoEStrategy(Pipeline):
     ``search`` per probe (p, accuracy, accepted).
 
     Example:
-        >>> DoEStrategy(epochs=1).config.module_set
+        >>> DoEPipeline(epochs=1).config.module_set
         'ffn'
     """
 
@@ -256,7 +256,7 @@ def run_doe(model: nn.Module, data: Data, config: DoEConfig | Mapping[str, Any] 
         >>> sorted(result.report.metrics)[:3]
         ['accuracy', 'full_accuracy', 'mode']
     """
-    report = convert(model, DoEStrategy(config), data=data, progress=progress, recovery=recovery)
+    report = convert(model, DoEPipeline(config), data=data, progress=progress, recovery=recovery)
     artefacts = report.artefacts
     expert: TaskExpert = artefacts["expert"]
     if name is not None:
@@ -278,7 +278,7 @@ def runtime_config(config: DoEConfig | Mapping[str, Any] | None = None) -> DoECo
         ...
         surgery.core.errors.ConfigError: task_name: each task is named by its --task NAME=FILE ...
     """
-    parsed = config if isinstance(config, DoEConfig) else DoEStrategy.parse_config(dict(config or {}))
+    parsed = config if isinstance(config, DoEConfig) else DoEPipeline.parse_config(dict(config or {}))
     if parsed.task_name is not None:
         raise ConfigError("task_name: each task is named by its --task NAME=FILE (in Python, its key in "
                           "build_runtime's tasks); remove the setting")
@@ -290,7 +290,7 @@ def check_tasks(model: nn.Module, tasks: Mapping[str, Any], config: DoEConfig) -
     if not tasks:
         return
     first = next(iter(tasks.values()))
-    if DoEStrategy(config).task_for(model, first).mode != "classifier":
+    if DoEPipeline(config).task_for(model, first).mode != "classifier":
         return
     counts = {name: getattr(data, "num_labels", None) for name, data in tasks.items()}
     if len(set(counts.values())) > 1:

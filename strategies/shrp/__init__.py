@@ -9,7 +9,7 @@
 """
 
 from surgery.strategies.shrp.config import ExpertDropping, ShrpConfig
-from surgery.strategies.shrp.shrp import ShrpStrategy, finetune, finetune_after_cut
+from surgery.strategies.shrp.shrp import ShrpPipeline, finetune, finetune_after_cut
 from surgery.strategies.shrp.shrp_training import (
     ProgressiveConversion,
     ProgressiveExpertDropping,
@@ -21,6 +21,6 @@ from surgery.strategies.shrp.shrp_training import (
     shrp_training_arguments,
 )
 
-__all__ = ["ExpertDropping", "ProgressiveConversion", "ProgressiveExpertDropping", "ShrpConfig", "ShrpStrategy",
+__all__ = ["ExpertDropping", "ProgressiveConversion", "ProgressiveExpertDropping", "ShrpConfig", "ShrpPipeline",
            "ShrpTrainer", "ShrpTrainingState", "TeacherSnapshot", "finetune", "finetune_after_cut",
            "halving_sizes", "prepare_progressive", "shrp_training_arguments"]

@@ -1,6 +1,6 @@
 """SHRP with the embedding objective: the same pipeline, distilling sentence embeddings instead of a task.
 
-:class:`~surgery.strategies.shrp.ShrpStrategy` hands unlabelled :class:`~surgery.embedding.TextData`
+:class:`~surgery.strategies.shrp.ShrpPipeline` hands unlabelled :class:`~surgery.embedding.TextData`
 to :func:`run_embedding_shrp`. The steps are SHRP's own: ``expert-attention`` on the target layers,
 progressive training with :class:`~surgery.strategies.shrp.ProgressiveConversion` (balance loss
 while converting), usage analysis, ``top1-prune``. What changes:
@@ -48,7 +48,7 @@ from surgery.strategies.shrp.top1_prune import Top1PruningStrategy
 from surgery.training import scratch_dir
 
 if TYPE_CHECKING:
-    from surgery.strategies.shrp.shrp import ShrpStrategy
+    from surgery.strategies.shrp.shrp import ShrpPipeline
 
 # Router input of the embedding objective unless the config names one (reasoned; see the module docstring).
 EMBEDDING_ROUTER_INPUT: RouterInput = "mean"
@@ -69,19 +69,19 @@ def shrp_embedding_trainer_class() -> type[EmbeddingDistillTrainer]:
     return ShrpEmbeddingTrainer
 
 
-def router_input_for(strategy: ShrpStrategy) -> RouterInput:
+def router_input_for(strategy: ShrpPipeline) -> RouterInput:
     """The config's ``router_input`` if the user set it, else the embedding objective's default."""
     cfg = strategy.config
     return cfg.router_input if "router_input" in cfg.model_fields_set else EMBEDDING_ROUTER_INPUT
 
 
-def expander_gain_for(strategy: ShrpStrategy) -> float:
+def expander_gain_for(strategy: ShrpPipeline) -> float:
     """The config's ``expander_gain`` if the user set it, else the embedding objective's default."""
     cfg = strategy.config
     return cfg.expander_gain if "expander_gain" in cfg.model_fields_set else EMBEDDING_EXPANDER_GAIN
 
 
-def run_embedding_shrp(strategy: ShrpStrategy, model: nn.Module, data: Any, session: PipelineSession) -> None:
+def run_embedding_shrp(strategy: ShrpPipeline, model: nn.Module, data: Any, session: PipelineSession) -> None:
     """Run SHRP on ``model`` with the embedding objective; figures go to ``session.metrics``."""
     text = require_text_data(data, strategy.name)
     cfg = strategy.config

@@ -93,14 +93,14 @@ def training_set_warning(examples: int) -> str | None:
             "recovery, which kept 96-102% with 600")
 
 
-class ShrpStrategy(Pipeline):
+class ShrpPipeline(Pipeline):
     """SHRP end to end: convert, train progressively, analyse usage, prune to the Top-1 expert.
 
     ``data`` must be :class:`~surgery.data.task_data.TaskData` (train and eval splits with labels); the model
     a sequence classifier with as many labels as the data.
 
     Example:
-        >>> ShrpStrategy(num_layers=2, extra_epochs=1).config.order
+        >>> ShrpPipeline(num_layers=2, extra_epochs=1).config.order
         'top-down'
     """
 

@@ -71,11 +71,11 @@ def preview(model: nn.Module, strategy: Method, *, data: Data | None = None) -> 
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
-        >>> from surgery.strategies import HeadPruningStrategy, ShrpStrategy
+        >>> from surgery.strategies import HeadPruningStrategy, ShrpPipeline
         >>> model = tiny_model(TinySpec("bert"))
         >>> preview(model, HeadPruningStrategy(heads={0: [1]}))["plan"]
         {'heads': {'0': [1]}}
-        >>> preview(model, ShrpStrategy(num_layers=1))["steps"]
+        >>> preview(model, ShrpPipeline(num_layers=1))["steps"]
         ['expert-attention', 'top1-prune']
     """
     check_model_and_method(model, strategy, "preview")
