@@ -63,8 +63,8 @@ _LAZY = {
 
 __all__ = [
     "DoEConfig",
-    "DoEResult",
     "DoEPipeline",
+    "DoEResult",
     "ExpertAttentionConfig",
     "ExpertAttentionStrategy",
     "FFNPruningConfig",

@@ -54,8 +54,8 @@ _LAZY = {
 
 __all__ = [
     "DoEConfig",
-    "DoEResult",
     "DoEPipeline",
+    "DoEResult",
     "SoftPromptConfig",
     "SoftPromptStrategy",
     "TaskExpert",
