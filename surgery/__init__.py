@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from surgery.orchestration.api import apply_plan, convert, inspect, plan, preview
     from surgery.orchestration.pipeline import Pipeline, PipelineSession
     from surgery.persist.model_io import from_pretrained, save_pretrained
+    from surgery.runtimes.export_config import ExportConfig, export
 
 # Imported on first use, so that `import surgery` (and with it `surgery --help` and every input
 # error of the command line) does not pay for torch and transformers.
@@ -56,6 +57,8 @@ _LAZY = {
     "DropTarget": "surgery.compress.compress_report",
     # needs the optional onnx extra only when called
     "export_onnx": "surgery.deploy",
+    # surgery.export(model, out_dir, ExportConfig(runtime=...)): any runtime's artefact (surgery.runtimes)
+    "export": "surgery.runtimes.export_config", "ExportConfig": "surgery.runtimes.export_config",
     # needs the optional embeddings extra (sentence-transformers) only when called
     "to_sentence_transformer": "surgery.deploy.sentence_interop",
 }
@@ -65,6 +68,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigError",
     "DataError",
+    "ExportConfig",
     "LayerChange",
     "Method",
     "ModelAnatomy",
@@ -87,6 +91,7 @@ __all__ = [
     "compress",
     "convert",
     "count_params",
+    "export",
     "from_pretrained",
     "get_method",
     "inspect",
