@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -304,3 +305,42 @@ def test_a_missing_calibration_file_names_the_flag_and_the_formats(classifier: d
     line = result.stderr.strip()
     assert line.startswith(f"error: --calibration {tmp_path / 'nope.txt'} does not exist; pass texts like") and \
         "a .txt file (one text per line)" in line and ".parquet" in line and "\n" not in line, line
+
+
+# -- the Python API: wrong argument types are SurgeryErrors in one line ---------------------------
+def api_calls(tmp_path: Path) -> dict[str, Any]:
+    import surgery
+    from surgery.strategies import HeadPruningStrategy
+    from surgery.testing import tiny_task_data
+
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    strategy = HeadPruningStrategy(heads={0: [1]})
+    return {
+        "compress(name)": lambda: surgery.compress("minilm-l6", tiny_task_data(), speedup=2.0),
+        "compress(object)": lambda: surgery.compress(object(), tiny_task_data(), speedup=2.0),
+        "compress(model, path)": lambda: surgery.compress(model, "train.csv", speedup=2.0),
+        "compress(model, list)": lambda: surgery.compress(model, ["a text"], speedup=2.0),
+        "compress(eval_data=path)": lambda: surgery.compress(model, tiny_task_data(), eval_data="dev.csv",
+                                                             speedup=2.0),
+        "convert(name)": lambda: surgery.convert("minilm-l6", strategy),
+        "convert(model, name)": lambda: surgery.convert(model, "head-prune"),
+        "plan(name)": lambda: surgery.plan("minilm-l6", strategy),
+        "apply_plan(str plan)": lambda: surgery.apply_plan(model, strategy, "heads"),
+        "apply_plan(bad plan)": lambda: surgery.apply_plan(model, strategy, {"heads": 5}),
+        "export_onnx(name)": lambda: surgery.export_onnx("minilm-l6", tmp_path / "o"),
+        "export_onnx(int)": lambda: surgery.export_onnx(42, tmp_path / "o"),
+        "save_pretrained(name)": lambda: surgery.save_pretrained("minilm-l6", tmp_path / "s"),
+        "inspect(int)": lambda: surgery.inspect(42),
+    }
+
+
+def test_api_entry_points_refuse_wrong_argument_types_with_one_line_surgery_errors(tmp_path: Path) -> None:
+    from surgery.core.errors import SurgeryError
+
+    for name, call in api_calls(tmp_path).items():
+        with pytest.raises(SurgeryError) as error:
+            call()
+        assert "\n" not in str(error.value) and len(str(error.value)) < 300, (name, str(error.value))
+    assert not (tmp_path / "o").exists() and not (tmp_path / "s").exists()
+    with pytest.raises(SurgeryError, match=r"load it first: surgery.from_pretrained\('minilm-l6'\)"):
+        api_calls(tmp_path)["compress(name)"]()

@@ -47,6 +47,7 @@ from surgery.compress.plan import CALIBRATION_BATCH, Clock, check_arguments, dat
 from surgery.core.errors import ConfigError, DataError
 from surgery.core.progress import ProgressCallback, no_progress
 from surgery.data.task_data import check_label_order
+from surgery.persist.config_values import check_data_argument, check_model_argument
 
 
 def _dev_source(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int) -> tuple[list[Any], list[str]]:
@@ -98,6 +99,9 @@ def compress(model: nn.Module, data: Any, config: CompressConfig | None = None, 
         >>> report.winner_result().drop <= 2.0, report.reference, report.config["runtime"]
         (True, 'the original model in torch (fp32), unchanged', 'torch')
     """
+    check_model_argument(model, "compress")  # a name or path is refused in one line, saying how to load it
+    check_data_argument(data, "compress")
+    check_data_argument(eval_data, "compress", "eval_data")
     if config is None:
         config = CompressConfig.build(**settings)
     elif not isinstance(config, CompressConfig):

@@ -48,7 +48,7 @@ from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
 from surgery.deploy.static_int8 import check_int8_mode, quantize_static_int8
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
-from surgery.persist.config_values import check_opset
+from surgery.persist.config_values import check_model_argument, check_opset
 from surgery.persist.model_io import atomic_directory
 
 Task = Literal["auto", "base", "seq-cls", "mlm"]
@@ -429,6 +429,7 @@ def export_onnx(
         >>> report.parity.max_abs_diff < 1e-4, report.inputs, report.steps
         (True, ['input_ids', 'attention_mask', 'token_type_ids'], ['head-prune'])
     """
+    check_model_argument(model, "export")
     require_onnx()
     check_export_settings(batch, seq, tolerance)
     check_opset(opset, "export: opset")

@@ -393,3 +393,47 @@ def check_batch_memory(model_dir: Path, batch: int, seq_len: int) -> None:
         raise ConfigError(f"--batch {batch} --seq-len {seq_len}: one forward pass needs about {need / 2**30:,.0f} "
                           f"GiB of activations, more than this machine's {memory / 2**30:,.0f} GiB; choose a smaller "
                           "--batch or --seq-len")
+
+
+# -- Python API arguments ----------------------------------------------------------------------
+def check_model_argument(model: Any, what: str) -> None:
+    """Refuse, in one line, a ``model`` argument that is not a loaded model of a supported family.
+
+    A name or path is the common slip (``surgery.compress("minilm-l6", ...)``): the message says how
+    to load it. Anything else gets the family check of :func:`surgery.anatomy.adapter_for`.
+
+    Example:
+        >>> check_model_argument("minilm-l6", "compress")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: compress: model must be a loaded model, ...: surgery.from_pretrained(...)
+    """
+    if isinstance(model, str | os.PathLike):
+        raise ConfigError(f"{what}: model must be a loaded model, got the {type(model).__name__} {str(model)!r}; "
+                          f"load it first: surgery.from_pretrained({str(model)!r})")
+    from torch import nn
+
+    from surgery.anatomy import adapter_for
+
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{what}: model must be a torch nn.Module (a transformers encoder such as "
+                          f"surgery.from_pretrained('minilm-l6') returns), got {type(model).__name__}")
+    adapter_for(model)  # UnsupportedModelError names the supported families
+
+
+def check_data_argument(data: Any, what: str, name: str = "data") -> None:
+    """Refuse, in one line, data that is not loaded task or text data (a path, a list, a DataFrame).
+
+    Example:
+        >>> check_data_argument("train.csv", "compress")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: compress: data must be loaded data (TaskData or TextData), got the str ...
+    """
+    if data is None or callable(getattr(data, "loader", None)):
+        return
+    shown = f"the {type(data).__name__} {str(data)!r:.60}" if isinstance(data, str | os.PathLike) else \
+        type(data).__name__
+    raise ConfigError(f"{what}: {name} must be loaded data (TaskData or TextData), got {shown}; read a file with "
+                      "surgery.data.task_data.load_task_data(path, tokenizer) or "
+                      "surgery.embedding.load_text_data(path, tokenizer)")

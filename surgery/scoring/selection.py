@@ -69,7 +69,7 @@ def parse_layer_map(value: Mapping[Any, Any], what: str) -> dict[int, list[int]]
     """Read a ``{layer: [indices]}`` map whose keys may be strings (as from JSON)."""
     try:
         return {int(k): sorted({int(i) for i in v}) for k, v in value.items()}
-    except (TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):  # AttributeError: not a mapping at all (a number, a list)
         raise PlanError(f"{what} must map layer numbers to lists of integers, got {value!r:.80}") from None
 
 
