@@ -1,14 +1,17 @@
 """Target-driven compression: a latency table measured on the user's runtime, a search, the chosen model.
 
 ``surgery.compress`` is both this package and the function that runs it: the package is callable
-(``surgery.compress(model, data, target=...)`` is :func:`surgery.compress.compress_run.compress`),
+(``surgery.compress(model, data, CompressConfig(speedup=2, runtime="openvino-int8"))`` is
+:func:`surgery.compress.compress_run.compress`),
 so the name means the same whichever was imported first.
 
 Example:
     >>> import surgery
-    >>> from surgery.compress import SpeedupTarget
+    >>> from surgery.compress import CompressConfig, SpeedupTarget
     >>> callable(surgery.compress), SpeedupTarget(speedup=2).describe()
     (True, '--speedup 2')
+    >>> CompressConfig(speedup=8, runtime="openvino-int8").target.describe()
+    '--speedup 8'
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ _LAZY = {
     "SpeedupTarget": "surgery.compress.compress_report", "DropTarget": "surgery.compress.compress_report",
     "CompressReport": "surgery.compress.compress_report", "CompressResult": "surgery.compress.compress_report",
     "Structure": "surgery.compress.structure", "LayerShape": "surgery.compress.structure",
-    "LatencyTable": "surgery.compress.latency_table",
+    "LatencyTable": "surgery.compress.latency_table", "CompressConfig": "surgery.compress.config",
 }
 
 

@@ -14,6 +14,7 @@ from surgery.compress.compress_report import CompressReport, SpeedupTarget, Targ
 from surgery.compress.latency_source import LatencySource
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.removal_path import Removal, RemovalPath
+from surgery.core.errors import SurgeryError
 from surgery.core.progress import ProgressEvent
 
 #: Predicted and measured speedups further apart than this are reported.
@@ -86,7 +87,15 @@ class CandidateRun:
             return None
         started = time.perf_counter()
         model, refitted, build_notes = self.judge.build(removal, refit=refit)
-        served = self.judge.serve(model)  # the runtime's artefact, written and loaded: judged and timed as is
+        try:
+            served = self.judge.serve(model)  # the runtime's artefact, written and loaded: judged and timed as is
+        except (RuntimeError, ValueError, SurgeryError) as exc:
+            if removal.units() == 0:  # the unchanged model must run: nothing to compare with otherwise
+                raise
+            # A structure the runtime cannot run (an FFN cut to width 0 on OpenVINO): skipped and said so.
+            self.notes.append(f"skipped candidate {name}: {self.runtime} could not run it "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
+            return None
         if removal.units() == 0 and self.runtime == "torch":  # the original itself: the reference's own figures
             figures = {**self.reference, "drop": 0.0}
         else:

@@ -168,8 +168,11 @@ def grid(full: int, fractions: Sequence[float]) -> list[int]:
     return sorted({min(full, max(1, round(full * f))) for f in fractions})
 
 
-def probes(heads: int, width: int, layers: int) -> list[Probe]:
+def probes(heads: int, width: int, layers: int, floor: int = 0) -> list[Probe]:
     """The probes for a template layer of ``heads`` heads and FFN ``width`` (see the module doc).
+
+    ``floor`` is the narrowest FFN a probe has (1 for a runtime that cannot run an FFN of width 0:
+    OpenVINO's zero-sized products return an empty output), for the base and width-0 probes.
 
     Example:
         >>> [(p.name, p.layers, p.heads, p.ffn_width) for p in probes(4, 8, 2)][:3]
@@ -180,9 +183,9 @@ def probes(heads: int, width: int, layers: int) -> list[Probe]:
     """
     widths = [w for w in grid(width, WIDTH_FRACTIONS) if w < width] if width else []
     fewer = [h for h in grid(heads, HEAD_FRACTIONS) if h < heads]
-    return [Probe("base", 1, 1, 0), Probe("fewest", layers, 1, 0),
+    return [Probe("base", 1, 1, floor), Probe("fewest", layers, 1, floor),
             *(Probe(f"heads {h}", layers, h, width) for h in grid(heads, HEAD_FRACTIONS)),
-            *(Probe(f"width {w}", layers, heads, w) for w in ([0, *widths] if width else [])),
+            *(Probe(f"width {w}", layers, heads, w) for w in (dict.fromkeys([floor, *widths]) if width else [])),
             *(Probe(f"heads {h} width {w}", layers, h, w) for h, w in zip(fewer, widths, strict=False)),
             *(Probe(f"odd width {w - max(FFN_STEPS) + 1}", layers, heads, w - max(FFN_STEPS) + 1)
               for w in widths[::2] if w > max(FFN_STEPS))]
@@ -540,7 +543,6 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
     template = template_layer(model)
     shape = structure.layers[template]
     assert shape is not None  # Structure.from_model keeps every layer
-    plan = probes(shape.heads, shape.ffn_width, probe_layers)
     # Probes are prepared as the artefact will be: int8 ones quantized (random-token calibration), bf16 in bf16.
     calibration = calibration_batches(model, seq_len)
     was_training = model.training
@@ -548,6 +550,8 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
     load_before = _load()
     try:
         with tempfile.TemporaryDirectory(prefix="surgery-latency-") as tmp, torch_threads(threads):
+            floor = zero_width_floor(model, runtime, template, Path(tmp) / "zero-width", threads, calibration)
+            plan = probes(shape.heads, shape.ffn_width, probe_layers, floor)
             timed: dict[str, nn.Module] = {}
             if reference_runtime is not None:  # timed in the same rounds: one load for both runtimes
                 timed["reference"] = runtime_model(model, reference_runtime, Path(tmp) / "reference",
@@ -570,7 +574,7 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
     seconds, round_load = steady_times(times)
     measured = {
         "method": "probe encoders with identical layers, interleaved rounds, median polish of log times",
-        "probe_layers": probe_layers, "template_layer": template,
+        "probe_layers": probe_layers, "template_layer": template, "narrowest_probe_ffn": floor,
         "repeats": repeats, "warmup": WARMUP, "calls_per_round": calls, "round_load": round_load,
         "load_average": [load_before, _load()], "seconds": time.perf_counter() - started,
     }
@@ -578,6 +582,26 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
                        threads=threads, model_key=model_key, machine=machine, measured=measured,
                        reference_runtime=reference_runtime,
                        reference_ms=seconds["reference"] * 1000 if reference_runtime is not None else None)
+
+
+def zero_width_floor(model: nn.Module, runtime: str, template: int, work_dir: Path, threads: int | None,
+                     calibration: Sequence[Mapping[str, torch.Tensor]]) -> int:
+    """0 when ``runtime`` runs a layer whose FFN has width 0, else 1 (the narrowest FFN its probes then get).
+
+    Tried on the base probe itself: OpenVINO 2026 turns a zero-sized product into an empty output,
+    so its width-0 probes are measured at width 1 (a product of one neuron, negligible beside a layer).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> zero_width_floor(tiny_model(TinySpec("bert")), "torch", 0, Path("unused"), 1, [])
+        0
+    """
+    try:
+        runtime_model(build_probe(model, Probe("base", 1, 1, 0), template), runtime, work_dir, threads=threads,
+                      calibration=calibration)
+    except (RuntimeError, ValueError, SurgeryError):
+        return 1
+    return 0
 
 
 def _load() -> float | None:
