@@ -2,7 +2,7 @@
 # Check that surgery's OpenVINO artefacts load in STOCK libraries, in a virtual environment without surgery
 # (issue 30): `surgery export --runtime openvino[-int8] --format sentence-transformers` with
 # SentenceTransformer(dir, backend="openvino"), and the plain IR directory (`--runtime openvino`) with
-# optimum-intel's OVModelForFeatureExtraction.
+# optimum-intel's OVModelForFeatureExtraction (and a classifier with OVModelForSequenceClassification).
 #
 # sentence-transformers' OpenVINO backend loads through optimum-intel, which needs transformers < 4.58 while
 # surgery needs transformers 5; so the stock side runs in its own venv (the one experiments/st_runtimes/run.sh
@@ -41,6 +41,27 @@ nice .venv/bin/surgery export "$work/pruned" --out "$work/st-ov-fp32" --format s
 nice .venv/bin/surgery export "$work/pruned" --out "$work/st-ov-int8" --format sentence-transformers \
     --runtime openvino-int8 --calibration "$work/calibration.txt" --calibration-texts 256
 nice .venv/bin/surgery export "$work/pruned" --out "$work/ir-fp32" --runtime openvino
+# A classifier too (a tiny random BERT with uneven heads and FFN widths: the head is what is checked).
+.venv/bin/python - "$work" <<'EOF_CLS'
+import sys
+from pathlib import Path
+import numpy as np
+import torch
+import surgery
+from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
+from surgery.testing import TinySpec, tiny_inputs, tiny_model
+work = Path(sys.argv[1])
+spec = TinySpec("bert", task="seq-cls")
+model = tiny_model(spec).eval()
+surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))
+surgery.convert(model, FFNPruningStrategy(neurons={0: list(range(20)), 1: list(range(5))}))
+surgery.save_pretrained(model, work / "cls")
+inputs = tiny_inputs(spec, batch=5, seq=11)
+np.savez(work / "cls_inputs.npz", **{k: v.numpy() for k, v in inputs.items()})
+with torch.no_grad():
+    np.save(work / "cls_logits.npy", model(**inputs).logits.numpy())
+EOF_CLS
+nice .venv/bin/surgery export "$work/cls" --out "$work/ir-cls" --runtime openvino
 .venv/bin/python - "$work" <<'EOF_SURGERY'
 import json, random, sys
 from pathlib import Path
@@ -81,7 +102,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from optimum.intel import OVModelForFeatureExtraction
+import torch
+from optimum.intel import OVModelForFeatureExtraction, OVModelForSequenceClassification
 from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
@@ -112,6 +134,14 @@ hidden = ov(**batch).last_hidden_state.numpy() * batch["attention_mask"].numpy()
 result["ir-fp32"] = {"loader": "optimum.intel.OVModelForFeatureExtraction.from_pretrained(dir)",
                      "max_abs_diff": float(np.abs(hidden - np.load(work / "hidden.npy")).max())}
 print("ir-fp32", result["ir-fp32"])
+classifier = OVModelForSequenceClassification.from_pretrained(str(work / "ir-cls"), ov_config=f32, compile=True)
+inputs = {k: torch.from_numpy(v) for k, v in np.load(work / "cls_inputs.npz").items()}
+logits = classifier(**inputs).logits.numpy()
+result["ir-cls"] = {"loader": "optimum.intel.OVModelForSequenceClassification.from_pretrained(dir)",
+                    "what": "tiny random BERT classifier, layer 0 at 2 of 4 heads, FFN widths 17 and 32",
+                    "max_abs_diff": float(np.abs(logits - np.load(work / "cls_logits.npy")).max())}
+print("ir-cls", result["ir-cls"])
+assert result["ir-cls"]["max_abs_diff"] < 1e-4, "optimum-intel's logits differ from surgery's"
 assert result["st-ov-fp32"]["max_abs_diff"] < 1e-4, "fp32 OpenVINO embeddings differ from surgery's"
 assert result["ir-fp32"]["max_abs_diff"] < 1e-3, "optimum-intel's hidden states differ from surgery's"
 assert result["st-ov-int8"]["mean_cosine"] > 0.99, "int8 embeddings drifted"
