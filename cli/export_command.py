@@ -186,14 +186,19 @@ def export_command(
                                                           ("--optimize", optimize), ("--data", data),
                                                           ("--task", task != "auto")) if given])
         return
+    from pydantic import ValidationError
+
     from surgery.runtimes.export_config import ExportConfig
 
     # Every setting validated once, before anything is loaded: a setting of another runtime is one line.
-    config = ExportConfig(runtime=runtime, format="sentence-transformers" if format == "sentence-transformers"
-                          else "graph", task=task, calibration_texts=calibration_texts, smooth_alpha=smooth_alpha,
-                          per_tensor=per_tensor, int8_fp32=tuple(int8_fp32 or ()), int8_mode=int8_mode,
-                          optimize=optimize, fuse_attention=fuse_attention, opset=opset, batch=batch, seq=seq,
-                          tolerance=tolerance, threads=threads, overwrite=overwrite)
+    try:
+        config = ExportConfig(runtime=runtime, format="sentence-transformers" if format == "sentence-transformers"
+                              else "graph", task=task, calibration_texts=calibration_texts,
+                              smooth_alpha=smooth_alpha, per_tensor=per_tensor, int8_fp32=tuple(int8_fp32 or ()),
+                              int8_mode=int8_mode, optimize=optimize, fuse_attention=fuse_attention, opset=opset,
+                              batch=batch, seq=seq, tolerance=tolerance, threads=threads, overwrite=overwrite)
+    except ValidationError as exc:  # the validators' own sentences, without pydantic's echo of every setting
+        raise ConfigError("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())) from None
     if format == "sentence-transformers" and data is not None:
         raise ConfigError("--format sentence-transformers exports the encoder for sentence embeddings; drop --data")
     source = resolve_model_path(model_dir)
