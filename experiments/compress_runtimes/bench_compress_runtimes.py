@@ -108,6 +108,13 @@ def lock_timing() -> None:
     latency_measure.time_rounds = locked
 
 
+def log_progress(event: Any) -> None:
+    """Compress's phases and candidates on stderr (the log on disk), not every probe and round."""
+    if event.task.startswith("compress"):
+        print(f"  {time.strftime('%H:%M:%S')} {event.task} {event.completed}/{event.total or '-'} {event.info}",
+              file=sys.stderr, flush=True)
+
+
 def served_artefact(result: Any, threads: int) -> torch.nn.Module:
     """The winner as compress judged it: its artefact loaded by its runtime (torch: the model itself)."""
     from surgery.runtimes import get_runtime
@@ -161,7 +168,7 @@ def run_task(args: argparse.Namespace, task_name: str, seed: int, target_name: s
     config = CompressConfig(speedup=spec.speedup, runtime=spec.runtime, budget_minutes=spec.budget, train=spec.train,
                             threads=args.threads, seed=seed)
     start = time.perf_counter()
-    result = surgery.compress(original, task.data, config)
+    result = surgery.compress(original, task.data, config, progress=log_progress)
     seconds = time.perf_counter() - start
     test_acc = accuracy(served_artefact(result, args.threads), test.loader("eval"))
     row = {**common(result, task_name, seed, target_name, seconds), "finetuned_test": base_test, "test": test_acc,
@@ -185,7 +192,7 @@ def run_embedding(args: argparse.Namespace, seed: int, target_name: str) -> dict
     config = CompressConfig(speedup=spec.speedup, runtime=spec.runtime, budget_minutes=spec.budget, train=spec.train,
                             threads=args.threads, seed=seed)
     start = time.perf_counter()
-    result = surgery.compress(original, data, config)
+    result = surgery.compress(original, data, config, progress=log_progress)
     seconds = time.perf_counter() - start
     with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
         judge = Judge(original=original, objective="embedding", runtime=result.report.runtime, calibration=[],
