@@ -67,7 +67,7 @@ from surgery.data.data_diagnosis import CALIBRATION_FORMATS, check_input_file
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.atomic import atomic_write, saved_outputs
-from surgery.persist.config_values import check_length
+from surgery.persist.config_values import check_batch_memory, check_length, threads_warning
 
 EXIT_BAD_INPUT = 2
 #: Exit status after SIGINT / SIGTERM, as a shell reports a process killed by that signal (128 + number).
@@ -460,8 +460,10 @@ def bench_command(
                           "per runtime, as export and compress take it)")
     paths = [against, model_dir] if against is not None else [model_dir]
     for path in paths:
-        resolve_model_path(path)
+        check_batch_memory(resolve_model_path(path), batch_size, seq_len, ("--batch-size", "--seq-len"))
     check_input_file(calibration, "--calibration", CALIBRATION_FORMATS)
+    if (too_many := threads_warning(threads)) is not None:
+        note(too_many)
     json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],
                                files=[("--json", json_file)], overwrite=overwrite).file("--json")
     from surgery.measure.bench import bench_models, check_device, check_seq_len, load_dirs, model_names

@@ -364,7 +364,8 @@ def activation_bytes(raw: dict[str, Any], batch: int, seq_len: int) -> int:
     return _FLOAT_BYTES * max(ffn, scores)
 
 
-def check_batch_memory(model_dir: Path, batch: int, seq_len: int) -> None:
+def check_batch_memory(model_dir: Path, batch: int, seq_len: int, flags: tuple[str, str] = ("--batch", "--seq-len")
+                       ) -> None:
     """Refuse a timing shape whose activations alone exceed this machine's memory (before anything is loaded).
 
     Reads only ``model_dir/config.json`` (as untrusted JSON); an unreadable one is left to the loader,
@@ -390,9 +391,9 @@ def check_batch_memory(model_dir: Path, batch: int, seq_len: int) -> None:
         return
     need = activation_bytes(raw, batch, seq_len)
     if need > memory:
-        raise ConfigError(f"--batch {batch} --seq-len {seq_len}: one forward pass needs about {need / 2**30:,.0f} "
-                          f"GiB of activations, more than this machine's {memory / 2**30:,.0f} GiB; choose a smaller "
-                          "--batch or --seq-len")
+        raise ConfigError(f"{flags[0]} {batch} {flags[1]} {seq_len}: one forward pass needs about "
+                          f"{need / 2**30:,.0f} GiB of activations, more than this machine's {memory / 2**30:,.0f} "
+                          f"GiB; choose a smaller {flags[0]} or {flags[1]}")
 
 
 # -- Python API arguments ----------------------------------------------------------------------
