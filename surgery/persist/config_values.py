@@ -260,7 +260,7 @@ def check_opset(opset: int | None, flag: str = "--opset") -> int | None:
     low, high = OPSET_RANGE
     if opset is not None and not low <= opset <= high:
         raise ConfigError(f"{flag} {opset} is not supported: choose {low} to {high} (or leave {flag} out for the "
-                          "exporter's default, 18)")
+                          "exporter's default)")
     return opset
 
 
