@@ -183,6 +183,7 @@ def cached_file(cache_dir: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_cached_table_far_off_the_model_s_own_time_is_measured_again(tmp_path: Path) -> None:
     model = tiny_model(TinySpec("bert", layers=2))
     first = measure_latency_table(model, runtime="torch", cache_dir=tmp_path, **FAST)
