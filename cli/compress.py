@@ -251,18 +251,18 @@ def compress_command(
     """Make a model N times faster on this machine and runtime (--speedup) or as fast as a loss allows (--max-drop)."""
     # Cheap checks first: a typo fails in a second, before anything is loaded, and nothing is written.
     check_target_values(speedup, max_drop)
-    source = resolve_model_path(model_dir)
-    check_batch_memory(source, batch or batch_size, seq_len or max_length or 1)  # unknown length: a lower bound
-    if (too_many := threads_warning(threads)) is not None:
-        note(too_many)
-    check_runtime(runtime, "--runtime", auto=True)  # imports the runtime registry (torch): after the bounds
-    check_runtime(against_runtime, "--against-runtime")
     if budget is not None and not budget > 0:
         raise ConfigError(f"--budget must be a positive number of minutes, got {budget:g}")
     if objective is not None and objective not in ("task", "embedding"):
         raise ConfigError(f"--objective {objective!r}: choose task or embedding")
     if out is None and not dry_run:
         raise ConfigError("--out is required: the directory to save the compressed model to (or pass --dry-run)")
+    source = resolve_model_path(model_dir)
+    check_batch_memory(source, batch or batch_size, seq_len or max_length or 1)  # unknown length: a lower bound
+    if (too_many := threads_warning(threads)) is not None:
+        note(too_many)
+    check_runtime(runtime, "--runtime", auto=True)  # imports the runtime registry (torch): after the bounds
+    check_runtime(against_runtime, "--against-runtime")
     # One place decides every output path: never inside an input (model, data), never over a user's file.
     out_dir = decide_outputs([source, data, eval_data], out=("--out", None if dry_run else out),
                              overwrite=overwrite).directory

@@ -63,6 +63,8 @@ def run_cli(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
     (["--speedup", "nan"], "--speedup must be more than 1 and finite"),
     (["--max-drop", "200"], "--max-drop must be between 0 and 100"),
     (["--max-drop", "-1"], "--max-drop must be between 0 and 100"),
+    (["--speedup", "2", "--budget", "0"], "--budget must be a positive number of minutes"),
+    (["--speedup", "2", "--objective", "ranking"], "--objective 'ranking': choose task or embedding"),
     # 20 million x 128 tokens: terabytes of attention scores even for a tiny model, on any machine
     (["--speedup", "2", "--batch", "20000000", "--seq-len", "128"], "GiB of activations, more than this machine's"),
 ])
