@@ -213,6 +213,7 @@ def digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
+@pytest.mark.slow
 @pytest.mark.onnx
 @pytest.mark.parametrize("runtime", ["torch", "onnxruntime-int8"])
 def test_cli_compress_saves_the_model_and_its_report(cli_ws: dict[str, Path], tmp_path: Path, runtime: str,

@@ -127,6 +127,7 @@ def test_cli_without_the_extra_says_what_to_install(tmp_path, monkeypatch) -> No
         export_onnx(tiny_model(TinySpec("bert")), tmp_path / "x")
 
 
+@pytest.mark.slow
 @pytest.mark.onnx
 def test_cli_bench_across_runtimes_side_by_side(tmp_path) -> None:
     spec = TinySpec("bert", task="seq-cls")
@@ -212,6 +213,7 @@ def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> Non
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.onnx
 def test_cli_bench_int8_fp32_benches_the_mixed_precision_graph(tmp_path) -> None:
     saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")

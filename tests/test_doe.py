@@ -206,6 +206,7 @@ def _write_task(path: Path, words: list[str], labels: list[str], seed: int, n: i
     return path
 
 
+@pytest.mark.slow
 def test_cli_apply_doe_on_generated_data(tmp_path) -> None:
     from typer.testing import CliRunner
 
@@ -221,6 +222,7 @@ def test_cli_apply_doe_on_generated_data(tmp_path) -> None:
     assert [s.strategy for s in surgery.inspect(again).steps] == ["soft-prompt", "zero-recovery-prune"]
 
 
+@pytest.mark.slow
 def test_cli_experts_build_and_show_two_tasks(tmp_path) -> None:
     from typer.testing import CliRunner
 

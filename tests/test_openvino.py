@@ -54,6 +54,7 @@ def test_the_ir_of_every_family_with_uneven_heads_and_ffn_reloads_and_matches(tm
             torch.testing.assert_close(served(**inputs).logits, model(**inputs).logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_base_encoder_ir_with_padding_matches_on_real_tokens(tmp_path) -> None:
     spec = TinySpec("bert")
     model = uneven(spec).eval()
@@ -70,6 +71,7 @@ def test_base_encoder_ir_with_padding_matches_on_real_tokens(tmp_path) -> None:
     torch.testing.assert_close(main_output(served, inputs), main_output(model, inputs), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_int8_is_calibrated_its_drift_recorded_and_it_needs_calibration(tmp_path) -> None:
     spec = TinySpec("bert", task="seq-cls")
     model = uneven(spec).eval()
@@ -90,6 +92,7 @@ def test_int8_is_calibrated_its_drift_recorded_and_it_needs_calibration(tmp_path
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_cli_export_openvino_int8_and_the_sentence_transformers_layout(tmp_path) -> None:
     from transformers import BertTokenizer
 
@@ -124,6 +127,7 @@ def test_cli_export_openvino_int8_and_the_sentence_transformers_layout(tmp_path)
     assert (st / "tokenizer.json").is_file() or (st / "vocab.txt").is_file()
 
 
+@pytest.mark.slow
 def test_cli_bench_runs_the_openvino_runtimes_side_by_side(tmp_path) -> None:
     from transformers import BertTokenizer
 

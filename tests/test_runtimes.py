@@ -170,6 +170,7 @@ def test_torch_bf16_artefact_reloads_in_bf16_and_records_its_drift(tmp_path) -> 
     assert get_runtime("torch").prepare(model, tmp_path / "unused") is model
 
 
+@pytest.mark.slow
 @pytest.mark.onnx
 @pytest.mark.parametrize("name", ["onnxruntime", "onnxruntime-int8"])
 def test_onnx_runtimes_wrap_the_one_onnx_export(tmp_path, name) -> None:

@@ -157,6 +157,7 @@ def saved_with_corpus(tmp_path):
     return saved, corpus
 
 
+@pytest.mark.slow
 @pytest.mark.onnx
 def test_cli_export_int8_with_calibration(tmp_path) -> None:
     saved, corpus = saved_with_corpus(tmp_path)
