@@ -27,7 +27,8 @@ NEEDS_EXTRA = {"surgery.deploy.openvino_export": "openvino", "surgery.runtimes.o
 SLOW = {"surgery.compress.latency_measure", "surgery.deploy.export", "surgery.deploy.openvino_export",
         "surgery.deploy.sentence_interop", "surgery.embedding.objective", "surgery.runtimes.export_config",
         "surgery.runtimes.onnx_runtime", "surgery.runtimes.openvino_runtime", "surgery.strategies.doe.doe",
-        "surgery.strategies.shrp.shrp", "surgery.training.recover", "surgery.training.trainer"}
+        "surgery.strategies.shrp.shrp", "surgery.training.recover", "surgery.training.trainer",
+        "surgery.runtimes.bench", "surgery.cli.export_command"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODULES])

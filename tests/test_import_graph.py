@@ -23,7 +23,8 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "layered"
 #: compress searches over methods; the package facade and the CLI sit on top.
 LAYERS: list[set[str]] = [
     {"surgery.core"},
-    {"surgery.anatomy", "surgery.persist", "surgery.scoring"},
+    {"surgery.anatomy", "surgery.scoring"},
+    {"surgery.persist"},
     {"surgery.data"},
     {"surgery.training", "surgery.measure", "surgery.testing"},
     {"surgery.embedding"},
