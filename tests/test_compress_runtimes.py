@@ -153,7 +153,7 @@ def test_auto_never_picks_an_unavailable_runtime_and_names_the_winner(monkeypatc
     rows = {r["runtime"]: r for r in report.runtimes}
     assert set(rows) == {"torch", "onnxruntime", "missing-fast-test"}
     assert rows["missing-fast-test"] == {"runtime": "missing-fast-test", "available": False, "searched": False,
-                                         "why": "pip install missing-fast (test)"}
+                                         "why": "pip install missing-fast (test)", "chosen": False}
     assert rows["onnxruntime"]["chosen"] and rows["onnxruntime"]["unchanged_ratio"] == pytest.approx(2.0)
     assert report.runtime == "onnxruntime" and report.winner.startswith("onnxruntime/")
     assert "--runtime auto chose onnxruntime" in report.why

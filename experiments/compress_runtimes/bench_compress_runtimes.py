@@ -303,8 +303,12 @@ def main() -> None:
                               else f"retained {row['retained']:.1f}% vs peer {row['peer']['vs_peer']:.2f}x")
                     print(f"[{key}] {figure} at {row['measured_speedup']}x on {row['runtime']} "
                           f"({row['seconds']:.0f}s) winner {row['winner']}", flush=True)
-    if results["runs"]:
-        (args.out.parent / "compress_runtimes.md").write_text(render(results))
+    # Runs started side by side write their own JSON files (--out); the rendering shows them all.
+    merged = {"runs": {}, "machine": results.get("machine", {}), "threads": results.get("threads", args.threads)}
+    for path in sorted(args.out.parent.glob("compress_runtimes*.json")):
+        merged["runs"].update(json.loads(path.read_text())["runs"])
+    if merged["runs"]:
+        (args.out.parent / "compress_runtimes.md").write_text(render(merged))
 
 
 if __name__ == "__main__":
