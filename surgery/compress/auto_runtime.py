@@ -11,7 +11,7 @@
    same fidelity. An unavailable runtime is never timed nor picked; the report says why it was left.
 3. **Searching.** A runtime that already meets ``--speedup`` unchanged is judged unchanged only (a cut
    only removes: on that runtime nothing is more faithful than the unchanged model); the others run the
-   whole search (:func:`surgery.compress.compress_run.compress_on`), the mask Fisher computed once and
+   whole search (:func:`surgery.compress.runtime_search.compress_on`), the mask Fisher computed once and
    shared, the budget split evenly over the runtimes left.
 4. **The pick**, by compress's own rule across runtimes: for ``--speedup``, the smallest drop among
    the runtimes' winners measured at least that fast (the fastest on a tie); for ``--max-drop``, the
@@ -34,7 +34,6 @@ from torch import nn
 from surgery.compress.candidate_run import MEET_TOLERANCE, meets
 from surgery.compress.candidates import CandidateResult, Judge, result_of
 from surgery.compress.compress_report import CompressReport, CompressResult, DropTarget, SpeedupTarget
-from surgery.compress.compress_run import _dev_source, compress_on, keep_artefact
 from surgery.compress.config import CompressConfig
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
 from surgery.compress.mask_fisher import UnitCosts
@@ -47,6 +46,7 @@ from surgery.compress.plan import (
     data_objective,
 )
 from surgery.compress.removal_path import Removal
+from surgery.compress.runtime_search import compress_on, dev_source, keep_artefact
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
@@ -123,9 +123,10 @@ def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: 
 
     started = time.perf_counter()
     objective = data_objective(data, config.objective)
-    dev, texts = _dev_source(data, eval_data, objective, config.batch_size or int(getattr(data, "batch_size",
+    dev, texts = dev_source(data, eval_data, objective, config.batch_size or int(getattr(data, "batch_size",
                                                                                         CALIBRATION_BATCH)))
-    smoothing = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH), batch_size=CALIBRATION_BATCH)
+    smoothing = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
+                                         batch_size=CALIBRATION_BATCH)
     judge = Judge(original=model, objective=objective, runtime=runtime,
                   calibration=smoothing[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))], smoothing=smoothing,
                   workdir=workdir, dev=dev, texts=texts, tokenizer=getattr(data, "tokenizer", None),

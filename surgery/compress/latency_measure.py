@@ -64,7 +64,8 @@ from torch import nn
 
 from surgery.anatomy import adapter_for
 from surgery.compress.latency_cache import (
-    cache_disagreement,
+    CHECK_REPEATS,
+    CHECK_TOLERANCE,
     cache_path,
     default_cache_dir,
     model_key,
@@ -398,6 +399,48 @@ def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: in
         calibration = calibration_batches(model, 16)
     return served.prepare(model, work_dir, task=task, calibration=calibration if served.needs_calibration else None,
                           threads=threads)
+
+
+def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, batch_size: int, seq_len: int,
+                       threads: int | None, repeats: int = CHECK_REPEATS) -> str | None:
+    """Why a cached table may not be used for ``model`` here: its prediction is off the model's own time.
+
+    The model is timed in ``runtime`` at the table's batch shape (a few rounds, one export for an ONNX
+    runtime: far less than measuring a table) and compared with what the table predicts for it; more
+    than ``1 + CHECK_TOLERANCE`` times apart (a tampered or foreign file, a changed library) and the table
+    is measured again. None when they agree.
+
+    Example:
+        >>> from surgery.compress.shape_table import shape_latency_table
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert", layers=2))
+        >>> table = shape_latency_table(model).model_copy(update={"batch_size": 2, "seq_len": 8})
+        >>> off = table.model_copy(update={"base_ms": 1e6})
+        >>> cache_disagreement(off, model, runtime="torch", batch_size=2, seq_len=8, threads=1)  # doctest: +ELLIPSIS
+        'the cached table predicts ... ms for this model, measured ... ms now (more than 1.5x apart)'
+    """
+    # Timed as the table's own "model" probe was (back-to-back calls of at least MIN_TIMED_SECONDS
+    # per unit, the same threads and inputs), so that the two numbers compare.
+    predicted = table.predict_ms(Structure.from_model(model))
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with tempfile.TemporaryDirectory(prefix="surgery-cache-check-") as tmp, torch_threads(threads):
+            served = {"model": runtime_model(model, runtime, Path(tmp), threads=threads)}
+            inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
+            once = time_rounds(served, inputs, repeats=1, warmup=1, device=device)["model"][0]
+            calls = max(1, min(1000, math.ceil(MIN_TIMED_SECONDS / max(once, 1e-6))))
+            unit = {"model": Repeated(served["model"], calls)}
+            times = time_rounds(unit, inputs, repeats=repeats, warmup=1, device=device)["model"]
+            del served, unit  # an ONNX Runtime session holds its file open until released
+    finally:
+        model.train(was_training)
+    measured = statistics.median(times) * 1000.0 / calls
+    if measured > 0 and predicted > 0 and max(predicted / measured, measured / predicted) <= 1 + CHECK_TOLERANCE:
+        return None
+    return (f"the cached table predicts {predicted:.3g} ms for this model, measured {measured:.3g} ms now (more "
+            f"than {1 + CHECK_TOLERANCE:g}x apart)")
 
 
 def runtime_cache_key(runtime: str) -> dict[str, Any]:
