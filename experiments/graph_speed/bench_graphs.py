@@ -131,7 +131,7 @@ def texts_split() -> tuple[list[str], list[str]]:
     return pool[:HELD_OUT], pool[HELD_OUT:HELD_OUT + CALIBRATION_TEXTS]
 
 
-def calibration_batches(family: str, model: torch.nn.Module, seq: int) -> list[dict[str, torch.Tensor]]:
+def random_calibration_batches(family: str, model: torch.nn.Module, seq: int) -> list[dict[str, torch.Tensor]]:
     if family == "bert":
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
         texts = texts_split()[1]
@@ -148,7 +148,7 @@ def export_all(args: argparse.Namespace) -> None:
     for family in args.families:
         for name in models_of(family):
             model = build(family, name)
-            batches = calibration_batches(family, model, args.seq)
+            batches = random_calibration_batches(family, model, args.seq)
             entry: dict[str, Any] = {"ops": {}, "fused_attention": None}
             for variant, options in VARIANTS.items():
                 if options is None:

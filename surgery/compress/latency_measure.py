@@ -370,12 +370,12 @@ def resolve_runtime(name: str, what: str = "latency") -> Runtime:
         raise type(exc)(f"{what}: {exc}") from None
 
 
-def calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, torch.Tensor]]:
+def probe_calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, torch.Tensor]]:
     """Random-token batches for calibrating int8 graphs whose speed, not accuracy, is wanted.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
-        >>> [tuple(b["input_ids"].shape) for b in calibration_batches(tiny_model(TinySpec("bert")), 16)]
+        >>> [tuple(b["input_ids"].shape) for b in probe_calibration_batches(tiny_model(TinySpec("bert")), 16)]
         [(8, 16)]
     """
     return [make_inputs(int(model.config.vocab_size), batch_size=CALIBRATION_BATCH, seq_len=seq_len, seed=1)]
@@ -396,7 +396,7 @@ def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: in
     """
     served = resolve_runtime(runtime)
     if served.needs_calibration and not calibration:
-        calibration = calibration_batches(model, 16)
+        calibration = probe_calibration_batches(model, 16)
     return served.prepare(model, work_dir, task=task, calibration=calibration if served.needs_calibration else None,
                           threads=threads)
 
@@ -587,7 +587,7 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
     shape = structure.layers[template]
     assert shape is not None  # Structure.from_model keeps every layer
     # Probes are prepared as the artefact will be: int8 ones quantized (random-token calibration), bf16 in bf16.
-    calibration = calibration_batches(model, seq_len)
+    calibration = probe_calibration_batches(model, seq_len)
     was_training = model.training
     model.eval()
     load_before = _load()
