@@ -258,3 +258,21 @@ def test_an_openvino_int8_table_is_measured_on_quantized_probes_and_cached_per_r
     again = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=2, seq_len=8,
                                                   threads=1, cache_dir=tmp_path, repeats=3)
     assert again.measured["cached"] is True
+
+
+def test_auto_picks_the_fastest_model_that_meets_the_target() -> None:
+    from surgery.compress.auto_runtime import _pick
+    from surgery.compress.candidates import CandidateResult
+    from surgery.compress.removal_path import Removal
+
+    def won(speed: float, drop: float) -> CandidateResult:
+        return CandidateResult(name="w", origin="unchanged", runtime="x", structure=[], removal=Removal(),
+                               predicted_speedup=speed, measured_speedup=speed, drop=drop)
+
+    # The embedding run of issue 30: fp32 at 2.2x loses nothing, bf16 at 3.0x 0.005 points, int8 at 4.8x 0.23.
+    winners = {"openvino": won(2.24, 0.0), "torch-bf16": won(3.05, 0.005), "openvino-int8": won(4.84, 0.23),
+               "torch": won(1.5, 0.0)}
+    assert _pick(winners, CompressConfig(speedup=2, runtime="auto"))[0] == "torch-bf16"  # as faithful, faster
+    assert _pick(winners, CompressConfig(speedup=2, max_drop=0.5, runtime="auto"))[0] == "openvino-int8"
+    assert _pick(winners, CompressConfig(speedup=4, max_drop=0.1, runtime="auto"))[0] == "openvino-int8"  # missed
+    assert _pick(winners, CompressConfig(max_drop=0.01, runtime="auto"))[0] == "torch-bf16"
