@@ -342,12 +342,15 @@ def apply_command(
     # Cheap checks first: paths, then the strategy and its settings (which import torch), then the
     # model's config; a typo fails in a second, before any loading, and nothing is written.
     source = resolve_model_path(model_dir)
-    outputs = decide_outputs([source, data, eval_data, config], out=None if dry_run else ("--out", _require_out(out)),
+    out_dir = None if dry_run else _require_out(out)
+    # The teacher is an input too: --out naming it is refused as such before the overwrite rule speaks.
+    original = teacher_path(teacher, source, out_dir, has_data=data is not None)
+    outputs = decide_outputs([source, original, data, eval_data, config],
+                             out=None if out_dir is None else ("--out", out_dir),
                              files=[("--report", report_file)], overwrite=overwrite)
     target, report_file = outputs.directory, outputs.file("--report")
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
-    original = teacher_path(teacher, source, target, has_data=data is not None)
     strategy_class = registry.get_method(strategy)
     settings = strategy_settings(config, sets or [])
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None, refit=refit)

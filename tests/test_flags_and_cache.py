@@ -65,8 +65,9 @@ def run_cli(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
     (["--max-drop", "-1"], "--max-drop must be between 0 and 100"),
     (["--speedup", "2", "--budget", "0"], "--budget must be a positive number of minutes"),
     (["--speedup", "2", "--objective", "ranking"], "--objective 'ranking': choose task or embedding"),
-    # 20 million x 128 tokens: terabytes of attention scores even for a tiny model, on any machine
-    (["--speedup", "2", "--batch", "20000000", "--seq-len", "128"], "GiB of activations, more than this machine's"),
+    # 20 million x 64 tokens: terabytes of activations even for a tiny model, on any machine
+    (["--speedup", "2", "--batch", "20000000", "--seq-len", "64"], "GiB of activations, more than this machine's"),
+    (["--speedup", "2", "--seq-len", "100000"], "--seq-len 100000 exceeds the 72 positions the model supports"),
 ])
 def test_compress_refuses_an_impossible_flag_before_importing_torch(classifier: dict[str, Path], tmp_path: Path,
                                                                      flags: list[str], message: str) -> None:

@@ -389,6 +389,11 @@ def check_batch_memory(model_dir: Path, batch: int, seq_len: int, flags: tuple[s
         return
     if memory is None or not isinstance(raw, dict):
         return
+    positions = raw.get("max_position_embeddings")
+    if _is_int(positions) and 0 < positions < seq_len:
+        # the model's own limit says more than a memory figure, and it is known before anything loads
+        raise ConfigError(f"{flags[1]} {seq_len} exceeds the {positions} positions the model supports; "
+                          f"use {flags[1]} {positions} or less")
     need = activation_bytes(raw, batch, seq_len)
     if need > memory:
         raise ConfigError(f"{flags[0]} {batch} {flags[1]} {seq_len}: one forward pass needs about "
