@@ -266,7 +266,7 @@ def test_the_cache_lives_under_surgery_cache(monkeypatch, tmp_path) -> None:
 
 # -- bad input and the side-by-side speedup -----------------------------------------------------
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"runtime": "tensorrt"}, "latency: runtime 'tensorrt' is not one of torch, onnxruntime, onnxruntime-int8"),
+    ({"runtime": "tensorrt"}, "latency: runtime 'tensorrt' is not one of torch, torch-bf16, "),  # the registry's
     ({"probe_layers": 1}, "latency: probe_layers must be at least 2, got 1"),
     ({"repeats": 1}, "latency: repeats must be at least 3, got 1"),
     ({"seq_len": 500}, "latency: --seq-len 500 exceeds the 72 positions the model supports; use --seq-len 72 or less"),
@@ -275,7 +275,7 @@ def test_bad_settings_are_one_line_errors(kwargs, message) -> None:
     settings = {"runtime": "torch", **FAST, **kwargs}
     with pytest.raises(ConfigError) as error:
         measure_latency_table(tiny_model(TinySpec("bert")), **settings)
-    assert str(error.value) == message
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
 @pytest.mark.slow
@@ -299,8 +299,8 @@ def test_measured_speedup_times_the_candidate_against_the_original() -> None:
     speedup, interval = measured_speedup(original, cut, runtime="torch", batch_size=8, seq_len=32, threads=1,
                                          repeats=5, report=reports.append)
     assert speedup > 1.2 and interval.low <= speedup <= interval.high and interval.rounds == 5
-    assert [m.name for m in reports[0].models] == ["original [torch]", "candidate [torch]"]
-    assert reports[0].machine is not None
+    assert list(reports[0].seconds) == ["original [torch]", "candidate [torch]"]
+    assert reports[0].machine is not None and reports[0].paired_speedup["candidate [torch]"] == speedup
 
 
 @pytest.mark.slow
