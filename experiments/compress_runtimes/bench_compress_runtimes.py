@@ -234,10 +234,12 @@ def render(results: dict[str, Any]) -> str:
             figure = f"{r['retained']:.1f}%"
             peer = r.get("peer") or {}
             vs = f"{peer.get('vs_peer', 0):.2f}x (peer {peer.get('peer_retained', 0):.1f}% at " \
-                 f"{peer.get('peer_speedup', 0):.2f}x)" if peer else "-"
+                 f"{peer.get('peer_speedup', 0):.2f}x; >= {PEER_FACTOR:g}x: " \
+                 f"{'yes' if peer.get('vs_peer', 0) >= PEER_FACTOR and r['retained'] >= 99.0 else '**no**'})" \
+                if peer else "-"
             ok = r["retained"] >= ISSUE_TARGETS[r["target"]] and (r["measured_speedup"] or 0) >= spec.speedup * 0.975
         else:
-            figure = f"cos {r['test_cosine']:.4f}, r@10 {r['test_recall_at_10']:.3f}"
+            figure = f"cos {r['test_cosine']:.5f}, r@10 {r['test_recall_at_10']:.3f}"
             vs = "-"
             cos, rec = EMBED_GOALS[r["target"]]
             ok = r["test_cosine"] >= cos and r["test_recall_at_10"] >= rec and \
