@@ -9,17 +9,19 @@ Benchmarks MiniLM-L6 in PyTorch against its smoothed int8 graph, measures the in
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import surgery
-from surgery.compress.latency_measure import measure_latency_table, side_by_side
+from surgery.compress.latency_measure import measure_latency_table, runtime_model
+from surgery.measure.bench import time_side_by_side
 
 
 def bench_ratio(model: object) -> str:
-    report = side_by_side({"torch": (model, "torch"), "int8": (model, "onnxruntime-int8")}, batch_size=32,
-                          seq_len=64, threads=1, repeats=10)
-    c = report.comparisons[0]
-    low, high = c.paired_speedup_ci or (c.paired_speedup, c.paired_speedup)
-    return f"{c.paired_speedup:.2f}x [{low:.2f}-{high:.2f}]"
+    int8 = runtime_model(model, "onnxruntime-int8", Path(tempfile.mkdtemp(prefix="int8-")), threads=1)
+    report = time_side_by_side({"torch": model, "int8": int8}, batch_size=32, seq_len=64, threads=1, repeats=10)
+    ratio, interval = report.speedup("int8")
+    return f"{ratio:.2f}x [{interval.low:.2f}-{interval.high:.2f}]"
 
 
 def main() -> None:

@@ -4,9 +4,9 @@ For MiniLM-L6 (the embedded all-MiniLM-L6-v2) and a random 12-layer encoder at B
 measures the latency table (:func:`surgery.compress.latency_measure.measure_latency_table`), cuts the
 model to several structures (uniform and uneven heads and FFN widths, widths off the table's grid,
 dropped layers), predicts each one's speedup from the table, and times all of them against the
-original side by side in one interleaved benchmark (:func:`surgery.compress.latency_measure.side_by_side`,
-the code under ``measured_speedup``). With ``onnxruntime-int8`` the same is done for the smoothed
-int8 graphs, against the int8 original and against PyTorch fp32 (the table times the original in
+original side by side in one interleaved benchmark (:func:`surgery.measure.bench.time_side_by_side`,
+the one timing routine, which ``measured_speedup`` uses too). With ``onnxruntime-int8`` the same is
+done for the smoothed int8 graphs, against the int8 original and against PyTorch fp32 (the table times the original in
 PyTorch in its own rounds: ``reference_runtime``)::
 
     nice python experiments/latency_prediction/predict_vs_measured.py --threads 1
@@ -22,6 +22,7 @@ import argparse
 import copy
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,9 +34,10 @@ from torch import nn
 
 import surgery
 from surgery.anatomy import adapter_for
-from surgery.compress.latency_measure import measure_latency_table, side_by_side
+from surgery.compress.latency_measure import measure_latency_table, runtime_model
 from surgery.compress.latency_table import LatencyTable
 from surgery.compress.structure import LayerShape, Structure
+from surgery.measure.bench import time_side_by_side
 from surgery.measure.machine import machine_info
 
 HERE = Path(__file__).resolve().parent / "results"
@@ -116,34 +118,36 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     say(f"{name}: {runtime} table in {table.measured['seconds']:.0f} s")
     cuts = {label: cut_to(model, s) for label, s in structures.items()}
     target = args.runtime
-    entries: dict[str, tuple[nn.Module, str]] = {"original [torch]": (model, "torch")}
+    work = Path(tempfile.mkdtemp(prefix="predict-"))
+    entries: dict[str, nn.Module] = {"original [torch]": model}
     if target != "torch":
-        entries[f"original [{target}]"] = (model, target)
-    entries.update({f"{label} [{target}]": (cut, target) for label, cut in cuts.items()})
+        entries[f"original [{target}]"] = runtime_model(model, target, work / "original", threads=args.threads)
+    entries.update({f"{label} [{target}]": runtime_model(cut, target, work / label, threads=args.threads)
+                    for label, cut in cuts.items()})
     say(f"{name}: side by side, {len(entries)} models, {args.repeats} rounds")
     started = time.perf_counter()
-    report = side_by_side(entries, repeats=args.repeats, warmup=2, **shape)
+    report = time_side_by_side(entries, repeats=args.repeats, warmup=2, **shape)
     bench_seconds = time.perf_counter() - started
-    paired = {c.name: c for c in report.comparisons}
     rows = []
     for label, structure in structures.items():
-        measured = paired[f"{label} [{target}]"]
+        measured, interval = report.speedup(f"{label} [{target}]")
         predicted = table.speedup(structure, original)
         row = {"structure": label, "layers": structure.to_json(), "predicted": predicted,
-               "measured": measured.paired_speedup, "measured_ci95": measured.paired_speedup_ci,
-               "error": predicted / measured.paired_speedup - 1, "flop_bound": measured.flop_bound_speedup}
+               "measured": measured, "measured_ci95": (interval.low, interval.high),
+               "error": predicted / measured - 1}
         if target != "torch":  # against the same runtime's original: the table's own model, no reference
-            own = paired[f"original [{target}]"].paired_speedup
+            own = report.paired_speedup[f"original [{target}]"]
             row.update({"predicted_vs_own_original": table.predict_ms(original) / table.predict_ms(structure),
-                        "measured_vs_own_original": measured.paired_speedup / own})
+                        "measured_vs_own_original": measured / own})
             row["error_vs_own_original"] = row["predicted_vs_own_original"] / row["measured_vs_own_original"] - 1
         rows.append(row)
-        say(f"{name} {label}: predicted {predicted:.3f}x, measured {measured.paired_speedup:.3f}x "
+        say(f"{name} {label}: predicted {predicted:.3f}x, measured {measured:.3f}x "
             f"({row['error']:+.1%})")
     return {"model": name, "runtime": target, **shape, "tables": {k: t.model_dump(mode="json") for k, t in
                                                                   tables.items()},
-            "rows": rows, "bench_seconds": bench_seconds, "bench_settings": report.settings.model_dump(mode="json"),
-            "bench_warnings": report.warnings}
+            "rows": rows, "bench_seconds": bench_seconds,
+            "bench_settings": {"repeats": report.repeats, "warmup": report.warmup, "threads": report.threads,
+                               "load_average": report.load_average}}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -194,7 +198,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["minilm", "bert-base-width"],
                         choices=["minilm", "bert-base-width"])
-    parser.add_argument("--runtime", default="torch", choices=["torch", "onnxruntime", "onnxruntime-int8"])
+    parser.add_argument("--runtime", default="torch", help="a registered runtime (surgery export --runtime list)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32, help="MiniLM's batch")
     parser.add_argument("--big-batch-size", type=int, default=8, help="the 12-layer model's batch (time)")
