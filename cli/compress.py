@@ -261,11 +261,11 @@ def compress_command(
     check_batch_memory(source, batch or batch_size, seq_len or max_length or 1)  # unknown length: a lower bound
     if (too_many := threads_warning(threads)) is not None:
         note(too_many)
-    check_runtime(runtime, "--runtime", auto=True)  # imports the runtime registry (torch): after the bounds
-    check_runtime(against_runtime, "--against-runtime")
     # One place decides every output path: never inside an input (model, data), never over a user's file.
     out_dir = decide_outputs([source, data, eval_data], out=("--out", None if dry_run else out),
                              overwrite=overwrite).directory
+    check_runtime(runtime, "--runtime", auto=True)  # imports the runtime registry (torch): after the cheap checks
+    check_runtime(against_runtime, "--against-runtime")
     target = check_target(speedup, max_drop)
     from surgery.cli.prepare import DataFiles, DataOptions, prepare_inputs
 
