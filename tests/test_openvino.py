@@ -146,3 +146,19 @@ def test_cli_bench_runs_the_openvino_runtimes_side_by_side(tmp_path) -> None:
     # Every row times its own artefact: the IR files, and the int8 one is another IR than the f32 one.
     assert rows[1]["weights_bytes"] > 0 and rows[2]["weights_bytes"] != rows[1]["weights_bytes"]
     assert "openvino-int8 artefact size" in rows[2]["memory_method"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_layer_whose_ffn_lost_every_neuron_runs_on_openvino(tmp_path, family) -> None:
+    # OpenVINO returns an empty tensor for a zero-sized product; the export serves the layer as one zero neuron.
+    spec = TinySpec(family, task="seq-cls")
+    model = tiny_model(spec).eval()
+    surgery.adapter_for(model).keep_neurons(1, [])
+    runtime = get_runtime("openvino")
+    artefact = runtime.write_artefact(model, tmp_path / "ir", threads=1)
+    served = runtime.load(artefact.directory, config=model.config, threads=1)
+    inputs = tiny_inputs(spec, batch=3, seq=7)
+    with torch.no_grad():
+        torch.testing.assert_close(served(**inputs).logits, model(**inputs).logits, atol=1e-4, rtol=0)
+    assert surgery.adapter_for(model).layer(1).ffn.width == 0  # the caller's model is not changed

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
+from surgery.anatomy.empty_ffn import fill_empty_ffns_
 from surgery.core.errors import ConfigError
 from surgery.core.manifest import source_dir_of
 from surgery.deploy.export import (
@@ -339,6 +340,7 @@ def export_openvino(
     model.eval()
     try:
         module = copy.deepcopy(target).float().eval()
+        fill_empty_ffns_(module)  # OpenVINO returns nothing for a zero-sized product: one zero neuron instead
         names = input_names(module)
         wrapper = SingleOutput(module, output, names).eval()
         inputs = parity_inputs(module.config, names, batch=batch, seq=seq, tokenizer=tokenizer)
