@@ -249,6 +249,9 @@ def test_an_openvino_int8_table_is_measured_on_quantized_probes_and_cached_per_r
         return real(model, runtime, *args, **kwargs)
 
     monkeypatch.setattr(latency_measure, "runtime_model", spy)
+    # A table of 3 rounds can mispredict its own model under load and be rightly measured again: this test is
+    # about the cache key, so the check against the model's own time (tests/test_flags_and_cache.py) is off.
+    monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
     model = tiny_model(TinySpec("bert", layers=2))
     table = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=2, seq_len=8, threads=1,
                                                   cache_dir=tmp_path, repeats=3)
