@@ -484,11 +484,14 @@ def bench_command(
     # Across runtimes (surgery.runtimes): each runtime's artefact, then the same bench; it also refuses
     # --calibration without an int8 runtime, and openvino-int8 without --calibration.
     if runtimes or int8_fp32 or data is not None or calibration is not None:
+        from surgery.runtimes import runtime_class
         from surgery.runtimes.bench import bench_runtimes, resolve_runtimes
 
-        if int8_fp32 and "onnxruntime-int8" not in (runtimes or []):
+        # --int8-fp32 and --smooth-alpha go to the runtimes that read int8_fp32 (onnxruntime-int8).
+        readers = [n for n in runtimes or [] if "int8_fp32" in runtime_class(n).export_settings]
+        if int8_fp32 and not readers:
             raise ConfigError("--int8-fp32 (parts kept in fp32) belongs to --runtime onnxruntime-int8; add it")
-        options = {"onnxruntime-int8": {"int8_fp32": list(int8_fp32 or ()), "smooth_alpha": smooth_alpha}}
+        options = {n: {"int8_fp32": list(int8_fp32 or ()), "smooth_alpha": smooth_alpha} for n in readers}
         resolve_runtimes(runtimes or ["torch"], options)  # unknown or unavailable here: one line, before exporting
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
                                 max_length=max_length) if data is not None else None

@@ -38,10 +38,8 @@ from surgery.persist.config_values import check_batch_memory, check_max_drop, ch
 EXIT_STRICT = 3
 REPORT_NAME = "compress.json"
 PARETO_NAME = "pareto.png"
+#: Where in OUT an ONNX Runtime artefact lands (each runtime names its own folder: Runtime.folder).
 ONNX_DIR = "onnx"
-#: Where in OUT a runtime's artefact lands (its judged files, moved there unchanged); other runtimes: their name.
-ARTEFACT_DIRS = {"onnxruntime": ONNX_DIR, "onnxruntime-int8": ONNX_DIR, "openvino": "openvino",
-                 "openvino-int8": "openvino"}
 
 
 class CompressObjectives:
@@ -142,7 +140,7 @@ def write_outputs(directory: Path, result: Any, *, tokenizer: Any, objective: st
     skipped.
 
     The artefact is the one the winner was judged and timed on (``result.artefact``), copied byte for
-    byte into ``directory/<ARTEFACT_DIRS[runtime]>`` (never exported again), with the tokenizer and,
+    byte into ``directory/<the runtime's folder>`` (never exported again), with the tokenizer and,
     for an embedding model, the pooling beside it.
     """
     import shutil
@@ -152,7 +150,9 @@ def write_outputs(directory: Path, result: Any, *, tokenizer: Any, objective: st
     skipped = []
     report = result.report
     if result.artefact is not None:
-        target = directory / ARTEFACT_DIRS.get(report.runtime, report.runtime)
+        from surgery.runtimes import get_runtime
+
+        target = directory / get_runtime(report.runtime, require_available=False).folder
         shutil.copytree(result.artefact, target)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(target))

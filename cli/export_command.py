@@ -46,7 +46,7 @@ from surgery.core.errors import ConfigError
 from surgery.data.data_diagnosis import CALIBRATION_FORMATS, check_input_file
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.persist.assets import resolve_model_path
-from surgery.persist.config_values import check_length, check_opset, threads_warning
+from surgery.persist.config_values import check_length, check_opset, check_tolerance, threads_warning
 
 FORMATS = ("graph", "onnx", "sentence-transformers", "stock")
 
@@ -117,9 +117,10 @@ FUSED_OPS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization", "Embed
 
 def export_command(
     ctx: typer.Context,
-    model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write model.onnx, the tokenizer and "
-                                      "surgery-onnx.json to (new or empty).")],
+    model_dir: Annotated[str | None, typer.Argument(help="Model directory, or an embedded name such as minilm-l6 "
+                                                    "(not needed with --runtime list).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Directory to write model.onnx, the tokenizer and "
+                                             "surgery-onnx.json to (new or empty).")] = None,
     runtime: Annotated[str, typer.Option("--runtime", help="How the model will run, and so what is written: "
                                          "onnxruntime (model.onnx), onnxruntime-int8, openvino (an OpenVINO IR), "
                                          "openvino-int8 (NNCF int8, needs --calibration), torch-bf16 ... (`surgery "
@@ -152,7 +153,8 @@ def export_command(
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
     batch: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Parity batch: sequences.")] = 4,
     seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,
-    tolerance: Annotated[float, typer.Option(help="Largest fp32 max-abs difference accepted.")] = 1e-4,
+    tolerance: Annotated[float, typer.Option(help="Largest fp32 max-abs difference accepted (finite, "
+                                             "positive).")] = 1e-4,
     opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the exporter's).")] = None,
     data: Annotated[str | None, typer.Option("--data", help="Labelled data; records the accuracy of PyTorch and "
                                              "of the graph on its held-out split (or rotten-tomatoes).")] = None,
@@ -173,9 +175,13 @@ def export_command(
     if runtime == "list":
         stdout().print(runtimes_view())
         return
+    if model_dir is None or out is None:
+        raise ConfigError("export: give the model and --out (surgery export MODEL_DIR --out DIR), or --runtime list "
+                          "to list the runtimes")
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
     check_opset(opset)
+    check_tolerance(tolerance)
     check_input_file(calibration, "--calibration", CALIBRATION_FORMATS)
     if (too_many := threads_warning(threads)) is not None:
         note(too_many)
@@ -242,7 +248,7 @@ def export_command(
     with stderr().status(f"exporting for {runtime} and checking it against PyTorch"):
         report = export(model, target, config, tokenizer=tokenizer, calibration=calibration_batches, data=batches,
                         sentence_config=sentence)
-    subfolder = "openvino" if runtime.startswith("openvino") else "onnx"
+    subfolder = chosen.sentence_backend or ""
     stdout().print(report_view(report, target / subfolder if sentence is not None else target))
     if sentence is not None:
         stdout().print(f"sentence-transformers directory: SentenceTransformer({str(target)!r}, backend="

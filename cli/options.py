@@ -16,8 +16,10 @@ from typing import Annotated
 
 import typer
 
-#: Upper bounds of counts, so that a typo (an extra zero or six) is refused in one line instead of running for days.
-MAX_BATCH = 65_536
+from surgery.persist.config_values import MAX_BATCH
+
+#: Upper bounds of counts, so that a typo (an extra zero or six) is refused in one line instead of running for days
+#: (MAX_BATCH is the library's, shared with the Python configs).
 MAX_ROUNDS = 10_000
 MAX_EPOCHS = 1_000
 MAX_TEXTS = 1_000_000

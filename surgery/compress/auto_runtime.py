@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from surgery.compress.candidate_run import MEET_TOLERANCE, meets
-from surgery.compress.candidates import CandidateResult, Judge, result_of
+from surgery.compress.candidates import CandidateResult, Judge, reference_label, result_of
 from surgery.compress.compress_report import CompressReport, CompressResult, DropTarget, SpeedupTarget
 from surgery.compress.config import CompressConfig
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
@@ -61,17 +61,15 @@ AUTO_DROP_SLACK = 0.1
 
 
 def precision(runtime: str) -> str:
-    """The numbers a runtime computes in: ``int8`` (it calibrates), ``bf16``/``fp16`` (by name), else ``fp32``.
+    """The numbers a runtime computes in, as the runtime says (:attr:`surgery.runtimes.Runtime.precision`).
 
     Example:
-        >>> precision("openvino-int8"), precision("torch-bf16"), precision("onnxruntime")
-        ('int8', 'bf16', 'fp32')
+        >>> precision("openvino-int8"), precision("torch-bf16"), precision("openvino-bf16"), precision("onnxruntime")
+        ('int8', 'bf16', 'bf16', 'fp32')
     """
     from surgery.runtimes import runtime_class
 
-    if runtime_class(runtime).needs_calibration:
-        return "int8"
-    return next((p for p in ("bf16", "fp16") if p in runtime), "fp32")
+    return runtime_class(runtime).precision
 
 
 def runtime_ratios(source: LatencySource, model: nn.Module, runtimes: list[str], against: str) -> dict[str, float]:
@@ -141,7 +139,9 @@ def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: 
                   sentence=getattr(data, "sentence_config", None),
                   max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=config.threads)
     served = judge.serve(model)
-    figures = judge.judge(served.model) if runtime != "torch" else {**judge.reference(), "drop": 0.0}
+    from surgery.runtimes import runtime_class
+
+    figures = {**judge.reference(), "drop": 0.0} if runtime_class(runtime).as_is else judge.judge(served.model)
     speed, interval = (1.0, None) if runtime == config.against_runtime else source.speedup(
         model, model, runtime=runtime, reference_runtime=config.against_runtime,
         served=served.model if served.directory is not None else None)
@@ -251,8 +251,7 @@ def _unchanged_result(model: nn.Module, data: Any, config: CompressConfig, runti
     result.name = name
     report = CompressReport(
         target=config.target.describe(), runtime=runtime, against_runtime=config.against_runtime,
-        objective=judge.objective, reference=f"the original model in {config.against_runtime}"
-        + (" (fp32), unchanged" if config.against_runtime == "torch" else ", unchanged"),
+        objective=judge.objective, reference=reference_label(config.against_runtime),
         metric="dev accuracy" if judge.objective == "task" else "mean cosine and recall@10 of embeddings",
         original=judge.reference(), batch_size=batch_size, seq_len=seq_len, threads=config.threads,
         stock=config.stock, budget_minutes=config.budget_minutes, machine=machine_info().model_dump(mode="json"),

@@ -9,13 +9,21 @@ from typing import Any
 
 from torch import nn
 
-from surgery.compress.candidates import CandidateResult, Judge, Served, layer_drop_removal, result_of
+from surgery.compress.candidates import (
+    CandidateResult,
+    Judge,
+    Served,
+    layer_drop_removal,
+    reference_label,
+    result_of,
+)
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
 from surgery.compress.latency_source import LatencySource
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.removal_path import Removal, RemovalPath
 from surgery.core.errors import SurgeryError
 from surgery.core.progress import ProgressEvent
+from surgery.runtimes import runtime_class
 
 #: Predicted and measured speedups further apart than this are reported.
 PREDICTION_TOLERANCE = 0.05
@@ -96,7 +104,7 @@ class CandidateRun:
             self.notes.append(f"skipped candidate {name}: {self.runtime} could not run it "
                               f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
             return None
-        if removal.units() == 0 and self.runtime == "torch":  # the original itself: the reference's own figures
+        if removal.units() == 0 and runtime_class(self.runtime).as_is:  # the original itself: its own figures
             figures = {**self.reference, "drop": 0.0}
         else:
             figures = self.judge.judge(served.model)
@@ -315,8 +323,7 @@ class CandidateRun:
             notes.append(cache_note)
         notes += [f"{r.name}: {n}" for r in self.results for n in r.notes if "measured" in n and "predicted" in n]
         path = self.plan.path
-        reference = f"the original model in {self.against}" + (" (fp32), unchanged" if self.against == "torch"
-                                                                 else ", unchanged")
+        reference = reference_label(self.against)
         table = self.plan.table
         return CompressReport(
             target=self.target.describe(), runtime=self.runtime, against_runtime=self.against,

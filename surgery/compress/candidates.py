@@ -185,7 +185,8 @@ class Judge:
         return value
 
     def serve(self, model: nn.Module) -> Served:
-        """``model`` as it will run: itself for ``torch``, else the runtime's artefact written and loaded.
+        """``model`` as it will run: itself where the runtime runs it as is (``torch``), else the runtime's artefact
+        written and loaded.
 
         The artefact (ONNX graph, OpenVINO IR, bf16 weights ...) is written by the runtime
         (:meth:`surgery.runtimes.Runtime.write_artefact`, int8 ones calibrated on ``smoothing``, the
@@ -193,11 +194,11 @@ class Judge:
         candidate is judged and timed on exactly the files a user would deploy; their SHA-256 digests
         are kept, and the winner's directory is the one ``compress`` hands back.
         """
-        if self.runtime == "torch":
-            return Served(model, None, {})
         from surgery.runtimes import get_runtime
 
         runtime = get_runtime(self.runtime)
+        if runtime.as_is:
+            return Served(model, None, {})
         self._exports += 1
         out = self.workdir / f"candidate-{self._exports}"
         calibration = (self.smoothing or self.calibration) if runtime.needs_calibration else None
@@ -252,6 +253,18 @@ def layer_drop_removal(num_layers: int, structure_speedup: Callable[[Removal], f
 def finite(value: float | None) -> float | None:
     """``value`` unless it is NaN or infinite (JSON has neither)."""
     return value if value is not None and math.isfinite(value) else None
+
+
+def reference_label(against: str) -> str:
+    """How a report names what its speedups are against: the original model in that runtime, unchanged.
+
+    Example:
+        >>> reference_label("torch")
+        'the original model in torch (fp32), unchanged'
+    """
+    from surgery.runtimes import runtime_class
+
+    return f"the original model in {against} ({runtime_class(against).precision}), unchanged"
 
 
 def result_of(name: str, origin: Origin, runtime: str, removal: Removal, start: Structure, *, predicted: float,

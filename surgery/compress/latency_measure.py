@@ -77,7 +77,6 @@ from surgery.compress.latency_table import LatencyTable, round_up
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
-from surgery.deploy.names import GRAPH_FORMAT
 from surgery.measure.bench import (
     SideBySide,
     check_seq_len,
@@ -443,36 +442,6 @@ def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, b
             f"than {1 + CHECK_TOLERANCE:g}x apart)")
 
 
-def runtime_cache_key(runtime: str) -> dict[str, Any]:
-    """What a table measured in ``runtime`` depends on beyond the machine: the runtime's class and graph format.
-
-    Example:
-        >>> runtime_cache_key("torch")["name"], runtime_cache_key("onnxruntime")["graph_format"] == GRAPH_FORMAT
-        ('torch', True)
-    """
-    from surgery.runtimes import runtime_class
-
-    cls = runtime_class(runtime)
-    onnx = runtime.startswith("onnxruntime")
-    return {"name": runtime, "class": f"{cls.__module__}:{cls.__qualname__}",
-            "graph_format": getattr(cls, "graph_format", GRAPH_FORMAT if onnx else None),
-            "versions": {dist: _version(dist) for dist in _RUNTIME_PACKAGES.get(runtime.split("-")[0], ())}}
-
-
-#: The packages whose version changes a runtime's kernels (torch, onnxruntime and transformers are in the
-#: machine's versions already).
-_RUNTIME_PACKAGES: dict[str, tuple[str, ...]] = {"openvino": ("openvino", "nncf"), "onnxruntime": ("onnx",)}
-
-
-def _version(dist: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _check_settings(model: nn.Module, runtime: str, *, batch_size: int, seq_len: int, threads: int | None,
                     repeats: int, what: str) -> None:
     resolve_runtime(runtime, what)
@@ -486,8 +455,10 @@ def _check_settings(model: nn.Module, runtime: str, *, batch_size: int, seq_len:
 
 def _device(model: nn.Module, runtime: str) -> torch.device:
     device = next(model.parameters()).device
-    if not runtime.startswith("torch") and device.type != "cpu":
-        raise ConfigError(f"latency: {runtime} runs on the CPU; move the model there first (model.cpu())")
+    served = resolve_runtime(runtime)
+    if not served.runs_on(device.type):
+        raise ConfigError(f"latency: {runtime} runs on {', '.join(served.devices)}, not {device.type}; move the model "
+                          "there first (model.cpu())")
     return device
 
 
@@ -554,7 +525,8 @@ def measure_latency_table(
            "repeats": repeats, "probe_layers": probe_layers, "heads_grid": list(HEAD_FRACTIONS),
            "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
            "machine": machine.fingerprint, "versions": machine.versions,
-           "graph_format": runtime_cache_key(runtime)["graph_format"], "runtime_key": runtime_cache_key(runtime)}
+           "graph_format": (runtime_key := resolve_runtime(runtime).cache_key())["graph_format"],
+           "runtime_key": runtime_key}
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
     stale = None
     if cache:

@@ -48,7 +48,7 @@ from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
 from surgery.deploy.static_int8 import check_int8_mode, quantize_static_int8
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
-from surgery.persist.config_values import check_model_argument, check_opset
+from surgery.persist.config_values import check_model_argument, check_opset, check_tolerance
 from surgery.persist.model_io import atomic_directory
 
 Task = Literal["auto", "base", "seq-cls", "mlm"]
@@ -326,7 +326,7 @@ def _run_torch(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.T
 
 
 def check_export_settings(batch: int, seq: int, tolerance: float) -> None:
-    """Refuse, in one line, a parity batch smaller than 1 x 2 or a tolerance that is not positive.
+    """Refuse, in one line, a parity batch smaller than 1 x 2 or a tolerance that is not finite and positive.
 
     Example:
         >>> check_export_settings(4, 1, 1e-4)
@@ -337,8 +337,7 @@ def check_export_settings(batch: int, seq: int, tolerance: float) -> None:
     for field, value, least in (("batch", batch, 1), ("seq", seq, 2)):
         if value < least:
             raise ConfigError(f"export: {field} must be at least {least}, got {value}")
-    if not tolerance > 0:
-        raise ConfigError(f"export: tolerance must be positive, got {tolerance}")
+    check_tolerance(tolerance, "export: tolerance")  # inf would turn the parity gate off
 
 
 def data_accuracy(model: nn.Module, data: Iterable[Mapping[str, torch.Tensor]]) -> float:

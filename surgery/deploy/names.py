@@ -18,3 +18,5 @@ CALIBRATION_TEXTS = 512
 #: tables): raised whenever a change of the exporter changes the speed of the graphs it writes
 #: (2: each layer's attention fused into one MultiHeadAttention operator).
 GRAPH_FORMAT = 2
+#: The packages of the ``onnx`` extra, by import name.
+ONNX_PACKAGES: tuple[str, ...] = ("onnx", "onnxruntime", "onnxscript")

@@ -11,11 +11,14 @@
 * ``config.json`` (and the tokenizer, when given): the layout optimum-intel's ``OVModelFor*`` classes
   and sentence-transformers' ``backend="openvino"`` load;
 * ``surgery-openvino.json``: inputs, output, versions, the fp32 parity check (OpenVINO held to f32
-  against PyTorch on a padded batch), the int8 drift and the NNCF settings.
+  against PyTorch on a padded batch), the int8 or bf16 drift and the NNCF settings.
 
 OpenVINO's CPU plugin runs an fp32 IR in bf16 on CPUs that have bf16 instructions unless told not to;
-:class:`OpenVinoModel` holds it to f32 (``INFERENCE_PRECISION_HINT``) so the f32 artefact runs what was
-checked, and to ``threads`` (``INFERENCE_NUM_THREADS``, pinning off) so timings side by side are fair.
+:class:`OpenVinoModel` runs it at the precision it was checked at (``INFERENCE_PRECISION_HINT``: f32,
+or bf16 for ``precision="bf16"``), and to ``threads`` (``INFERENCE_NUM_THREADS``, pinning off) so
+timings side by side are fair. The IR itself carries that precision in its runtime options
+(``rt_info["runtime_options"]["INFERENCE_PRECISION_HINT"]``, :data:`PRECISION_KEY`), the place OpenVINO
+keeps the settings a model is meant to be compiled with, so a reader of the bare IR knows it too.
 
 openvino and nncf are the ``openvino`` extra (``pip install 'encoder-surgery[openvino]'``).
 """
@@ -68,6 +71,14 @@ OV_INFO = "surgery-openvino.json"
 OPENVINO_HINT = "pip install 'encoder-surgery[openvino]'"
 #: NNCF's SmoothQuant strength for the products (its own default for transformers, recorded in the report).
 SMOOTH_QUANT_ALPHA = 0.95
+#: Where the IR keeps the precision it is meant to run at: OpenVINO's runtime options in the model's rt_info.
+PRECISION_KEY = ("runtime_options", "INFERENCE_PRECISION_HINT")
+#: The inference precisions an fp32 IR is exported for (``INFERENCE_PRECISION_HINT`` values).
+PRECISIONS = ("f32", "bf16")
+#: The least per-example cosine (real tokens) a bf16 run may keep against fp32 PyTorch on the parity batch.
+#: bf16 keeps 8 bits of mantissa: measured on the tiny test models and on all-MiniLM-L6-v2
+#: (experiments/openvino_bf16), its cosine stays far above this; a broken graph or a wrong dtype falls far below.
+BF16_MIN_COSINE = 0.999
 
 
 def require_openvino(feature: str = "OpenVINO export", *, int8: bool = False) -> None:
@@ -82,15 +93,34 @@ def require_openvino(feature: str = "OpenVINO export", *, int8: bool = False) ->
                                      f"{OPENVINO_HINT}")
 
 
-def compile_config(threads: int | None) -> dict[str, Any]:
-    """The CPU plugin settings every OpenVINO model here runs with: f32, ``threads`` threads, no pinning.
+def compile_config(threads: int | None, precision: str = "f32") -> dict[str, Any]:
+    """The CPU plugin settings every OpenVINO model here runs with: ``precision``, ``threads`` threads, no pinning.
 
     Example:
         >>> compile_config(1)["INFERENCE_PRECISION_HINT"], compile_config(1)["INFERENCE_NUM_THREADS"]
         ('f32', 1)
+        >>> compile_config(1, "bf16")["INFERENCE_PRECISION_HINT"]
+        'bf16'
     """
-    return {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
+    if precision not in PRECISIONS:
+        raise ConfigError(f"OpenVINO precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
             "ENABLE_CPU_PINNING": False, "PERFORMANCE_HINT": "LATENCY"}
+
+
+def ir_precision(model: Any) -> str | None:
+    """The inference precision an IR (a read ``openvino.Model``) carries in its runtime options; None if none.
+
+    IRs written before surgery recorded it carry none (they were f32, as :class:`OpenVinoModel` runs them).
+    """
+    if not model.has_rt_info(list(PRECISION_KEY)):
+        return None
+    return str(model.get_rt_info(list(PRECISION_KEY)).value)
+
+
+def served_precision(compiled: Any) -> str:
+    """The precision OpenVINO compiled ``compiled`` for (``f32``, ``bf16``): what it will really compute in."""
+    return str(compiled.get_property("INFERENCE_PRECISION_HINT").to_string())
 
 
 class OpenVinoModel(nn.Module):
@@ -105,7 +135,7 @@ class OpenVinoModel(nn.Module):
     runtime = "openvino"
 
     def __init__(self, path: str | os.PathLike[str], *, config: Any, output: str | None = None,
-                 threads: int | None = None, task: str | None = None) -> None:
+                 threads: int | None = None, task: str | None = None, precision: str | None = None) -> None:
         super().__init__()
         require_openvino("OpenVINO inference")
         import openvino as ov
@@ -117,7 +147,11 @@ class OpenVinoModel(nn.Module):
         self.input_names = [port.get_any_name() for port in model.inputs]
         self.output = output or next(iter(model.outputs[0].get_names()), "last_hidden_state")
         self.task = task
-        self.compiled = core.compile_model(model, "CPU", compile_config(threads))
+        # The precision the IR says it runs at (an IR from before that record: f32, as it was checked).
+        self.compiled = core.compile_model(model, "CPU", compile_config(threads, precision or ir_precision(model)
+                                                                        or "f32"))
+        #: What OpenVINO really computes in (a bf16 hint on a CPU without bf16 products falls back to f32).
+        self.precision = served_precision(self.compiled)
         self.request = self.compiled.create_infer_request()
         # No weights live in torch; this empty parameter only tells device-aware callers "cpu".
         self.device_anchor = nn.Parameter(torch.empty(0), requires_grad=False)
@@ -158,13 +192,18 @@ class OpenVinoExportReport(ExportRecord):
 
     xml_file: str = OV_XML
     converter: str = "openvino.convert_model(torch module, example_input=...)"
-    precision: str = Field(description="f32, or int8 (NNCF)")
-    inference_precision_hint: str = "f32"
+    precision: str = Field(description="f32, bf16 (the f32 IR run with the bf16 hint), or int8 (NNCF)")
+    inference_precision_hint: str = Field(default="f32", description="what the IR is compiled with (also in its "
+                                          "rt_info runtime_options)")
     parity: Agreement = Field(description="the fp32 IR in OpenVINO (f32) against fp32 PyTorch")
     int8: bool = False
     int8_quantization: QuantizationInfo | None = None
     int8_drift: Agreement | None = Field(default=None, description="the int8 IR against fp32 PyTorch, on the "
                                          "parity batch's real tokens (padded positions left out)")
+    bf16_drift: Agreement | None = Field(default=None, description="the IR run in bf16 against fp32 PyTorch, on "
+                                         "the parity batch's real tokens")
+    bf16_min_cosine: float | None = Field(default=None, description="the least per-example cosine accepted for "
+                                          "bf16")
     accuracy_torch: float | None = None
     accuracy_openvino: float | None = None
     ir_bytes: int
@@ -249,6 +288,22 @@ def quantize(model: Any, items: Sequence[Mapping[str, Any]], *, alpha: float = S
     return quantized, info
 
 
+def check_bf16(expected: torch.Tensor, runtime: OpenVinoModel, inputs: Mapping[str, torch.Tensor], *,
+               min_cosine: float = BF16_MIN_COSINE) -> Agreement:
+    """The bf16 run's agreement with fp32 PyTorch on ``inputs``' real tokens; refused in one line when OpenVINO
+    did not compile it for bf16 (a CPU without bf16 products) or when a per-example cosine falls below ``min_cosine``.
+    """
+    if runtime.precision != "bf16":
+        raise ConfigError(f"export: OpenVINO compiled the IR for {runtime.precision}, not bf16: this CPU has no bf16 "
+                          "products (avx512_bf16 or AMX); use --runtime openvino")
+    found = agreement(expected, getattr(runtime(**inputs), runtime.output), inputs.get("attention_mask"))
+    if not found.min_cosine >= min_cosine:
+        raise ExportParityError(f"export: OpenVINO in bf16 differs from PyTorch fp32 beyond its tolerance: an "
+                                f"example's cosine is {found.min_cosine:.6f} < {min_cosine:g} (max abs "
+                                f"{found.max_abs_diff:.3g}); use --runtime openvino (f32)")
+    return found
+
+
 def _versions() -> dict[str, str]:
     import transformers
 
@@ -275,6 +330,8 @@ def export_openvino(
     int8: bool = False,
     calibration: Iterable[Mapping[str, torch.Tensor]] | None = None,
     smooth_quant_alpha: float = SMOOTH_QUANT_ALPHA,
+    precision: str = "f32",
+    bf16_min_cosine: float = BF16_MIN_COSINE,
     save_tokenizer: bool = True,
     write_config: bool = True,
     batch: int = 4,
@@ -296,6 +353,10 @@ def export_openvino(
         calibration: tokenized batches of the user's own texts (a few hundred texts); each text is one
             calibration example, unpadded.
         smooth_quant_alpha: NNCF's SmoothQuant strength for the products (0 to 1).
+        precision: ``f32``, or ``bf16``: the same f32 IR, recorded (its rt_info runtime options) and served
+            with the bf16 inference precision hint, for CPUs with bf16 products (avx512_bf16 or AMX); the
+            f32 run is parity-checked as always, then the bf16 run's drift is measured and must keep a
+            per-example cosine of at least ``bf16_min_cosine``.
         save_tokenizer: write ``tokenizer``'s files next to the IR.
         write_config: write ``config.json`` (optimum-intel's loaders read it).
         batch, seq: shape of the parity batch (right-padded); the IR itself takes any shape.
@@ -327,6 +388,12 @@ def export_openvino(
     check_export_settings(batch, seq, tolerance)
     if not 0.0 <= smooth_quant_alpha <= 1.0:
         raise ConfigError(f"export: smooth_quant_alpha must be in [0, 1], got {smooth_quant_alpha}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"export: OpenVINO precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision != "f32" and int8:
+        raise ConfigError(f"export: int8 and precision {precision!r} exclude each other (int8 quantizes the f32 IR)")
+    if not 0.0 < bf16_min_cosine <= 1.0:  # NaN fails too
+        raise ConfigError(f"export: bf16_min_cosine must be in (0, 1], got {bf16_min_cosine}")
     if calibration is not None and not int8:
         raise ConfigError("export: calibration texts set the int8 activation scales; they need int8 "
                           "(--runtime openvino-int8)")
@@ -351,25 +418,33 @@ def export_openvino(
             ov_model = convert(wrapper, inputs)
             seconds = time.perf_counter() - start
             path = tmp / OV_XML
-            # compress_to_fp16=False: the default would store the weights in fp16, which the parity check
-            # below would then have to forgive.
+            # The IR says the precision it is meant to run at (OpenVINO's runtime options), so that the bare
+            # file tells a reader; compress_to_fp16=False: the default would store the weights in fp16, which
+            # the parity check below would then have to forgive.
+            ov_model.set_rt_info(precision, list(PRECISION_KEY))
             ov.save_model(ov_model, str(path), compress_to_fp16=False)
 
-            def served(xml: Path) -> OpenVinoModel:
-                return OpenVinoModel(xml, config=module.config, output=output, threads=threads, task=task)
+            def served(xml: Path, at: str | None = None) -> OpenVinoModel:
+                return OpenVinoModel(xml, config=module.config, output=output, threads=threads, task=task,
+                                     precision=at)
 
-            runtime = served(path)
+            runtime = served(path, "f32")  # the conversion itself is checked in f32, whatever the IR runs at
             parity = check_parity(expected, runtime, inputs, tolerance=tolerance, what="OpenVINO (f32)")
-            drift = quantization = quantize_seconds = None
+            drift = quantization = quantize_seconds = bf16_drift = None
             if int8 and calibration:
                 start = time.perf_counter()
                 quantized, quantization = quantize(ov_model, calibration_examples(calibration, names),
                                                    alpha=smooth_quant_alpha)
                 quantize_seconds = time.perf_counter() - start
                 del runtime
+                quantized.set_rt_info(precision, list(PRECISION_KEY))
                 ov.save_model(quantized, str(path), compress_to_fp16=False)
                 runtime = served(path)
                 drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
+            if precision == "bf16":
+                del runtime
+                runtime = served(path)  # as the IR says: bf16
+                bf16_drift = check_bf16(expected, runtime, inputs, min_cosine=bf16_min_cosine)
             accuracy_torch = accuracy_openvino = None
             if data is not None:
                 if task != "seq-cls":
@@ -385,8 +460,9 @@ def export_openvino(
             report = OpenVinoExportReport(
                 **export_record(model, module, task=task, source_dtype=source_dtype, inputs=names, output=output,
                                 versions=_versions(), parity_batch=(batch, seq), tolerance=tolerance),
-                precision="int8" if int8 else "f32", parity=parity, int8=int8,
-                int8_quantization=quantization, int8_drift=drift, accuracy_torch=accuracy_torch,
+                precision="int8" if int8 else precision, inference_precision_hint=precision, parity=parity,
+                int8=int8, int8_quantization=quantization, int8_drift=drift, bf16_drift=bf16_drift,
+                bf16_min_cosine=bf16_min_cosine if precision == "bf16" else None, accuracy_torch=accuracy_torch,
                 accuracy_openvino=accuracy_openvino, ir_bytes=runtime.file_bytes(), export_seconds=seconds,
                 quantize_seconds=quantize_seconds)
             report.write(tmp)

@@ -22,9 +22,8 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from surgery.core.errors import SurgeryError
+from surgery.deploy.names import ONNX_PACKAGES
 
-#: The packages of the ``onnx`` extra, by import name.
-ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
 INSTALL_HINT = "pip install 'encoder-surgery[onnx]'"
 
 

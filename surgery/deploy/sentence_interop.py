@@ -127,7 +127,8 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
                                  per_channel: bool = True, int8_fp32: tuple[str, ...] | list[str] = (),
                                  calibration: Any = None, smooth_alpha: float = SMOOTH_ALPHA,
                                  threads: int | None = None, fuse_attention: bool = True,
-                                 int8_mode: str = "dynamic", overwrite: bool = False, runtime: str = "onnx") -> Any:
+                                 int8_mode: str = "dynamic", overwrite: bool = False, runtime: str = "onnx",
+                                 precision: str = "f32") -> Any:
     """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
 
     The directory holds the encoder's graph in ``onnx/model.onnx`` (exported and parity-checked by
@@ -144,7 +145,8 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     ``fuse_attention`` and ``int8_mode`` pass to the export (``--no-fuse-attention``, ``--int8-mode``).
     ``runtime="openvino"`` writes the OpenVINO IR to ``openvino/openvino_model.xml`` instead
     (:func:`surgery.deploy.openvino_export.export_openvino`; ``int8`` is NNCF's, calibrated on
-    ``calibration``, which it then requires), for ``SentenceTransformer(out_dir, backend="openvino")``.
+    ``calibration``, which it then requires; ``precision="bf16"`` records and checks the IR for bf16), for
+    ``SentenceTransformer(out_dir, backend="openvino")``.
     The pooling comes from ``sentence_config``, else from the directory the model was loaded from.
     Returns the :class:`~surgery.deploy.ExportReport` of the graph (also written as
     ``onnx/surgery-onnx.json``). The directory is written atomically.
@@ -185,7 +187,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
 
             report = export_openvino(encoder, tmp / OPENVINO_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False,
                                      write_config=False, task="base", int8=int8, calibration=calibration,
-                                     smooth_quant_alpha=smooth_alpha, threads=threads)
+                                     smooth_quant_alpha=smooth_alpha, threads=threads, precision=precision)
         else:
             report = export_onnx(encoder, tmp / ONNX_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False,
                                  task="base", int8=int8, per_channel=per_channel, int8_fp32=int8_fp32,

@@ -30,6 +30,9 @@ from surgery.persist.untrusted import read_json_file
 
 #: The largest model surgery builds from a config: 20 billion parameters (80 GB in fp32).
 MAX_PARAMS = 20_000_000_000
+#: The most sequences in one batch anything takes, CLI and Python configs alike: a typo (an extra zero or six)
+#: is refused in one line instead of running for days.
+MAX_BATCH = 65_536
 #: The deepest encoder surgery builds (published encoders have 48 layers at most).
 MAX_LAYERS = 1024
 #: Sizes every supported family has (through its attribute_map where it names them differently).
@@ -262,6 +265,22 @@ def check_opset(opset: int | None, flag: str = "--opset") -> int | None:
         raise ConfigError(f"{flag} {opset} is not supported: choose {low} to {high} (or leave {flag} out for the "
                           "exporter's default)")
     return opset
+
+
+def check_tolerance(tolerance: float, flag: str = "--tolerance") -> float:
+    """Refuse a parity tolerance that is not a finite positive number (inf turns the check off; NaN passes nothing).
+
+    Example:
+        >>> check_tolerance(float("inf"))
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --tolerance must be a finite positive number (the largest fp32 difference \
+accepted), got inf
+    """
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise ConfigError(f"{flag} must be a finite positive number (the largest fp32 difference accepted), got "
+                          f"{tolerance}")
+    return tolerance
 
 
 def check_speedup(speedup: float | None) -> float | None:

@@ -11,6 +11,15 @@ Every runtime holds itself to ``threads`` (torch's intra-op threads, ONNX Runtim
 ``intra_op_num_threads``, OpenVINO's ``INFERENCE_NUM_THREADS`` with pinning off), so timings taken
 side by side compare runtimes, not core counts.
 
+A runtime answers every question about itself, so no caller tests its name: the numbers it computes in
+(:attr:`Runtime.precision`), the devices it runs on, whether it runs the model object itself
+(:attr:`Runtime.as_is`), the folder its artefact takes in an output directory (:attr:`Runtime.folder`),
+what a cached timing in it depends on (:meth:`Runtime.cache_key`), whether it calibrates
+(:attr:`Runtime.needs_calibration`), the export settings it reads, its artefact's own record
+(:meth:`Runtime.read_info`) and its artefact's accuracy on labelled data (:meth:`Runtime.accuracy`).
+A third-party runtime inherits every answer and overrides what differs. The class attributes are read
+without importing torch (the CLI validates flags with them before heavy imports).
+
 Example:
     >>> import tempfile
     >>> from pathlib import Path
@@ -18,8 +27,8 @@ Example:
     >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
     >>> spec = TinySpec("bert")
     >>> runtime = get_runtime("torch")
-    >>> runtime.unavailable() is None, runtime.needs_calibration, runtime.extra
-    (True, False, None)
+    >>> runtime.unavailable() is None, runtime.needs_calibration, runtime.precision, runtime.as_is
+    (True, False, 'fp32', True)
     >>> served = runtime.prepare(tiny_model(spec), Path(tempfile.mkdtemp()))
     >>> tuple(served(**tiny_inputs(spec)).last_hidden_state.shape)
     (3, 7, 32)
@@ -29,19 +38,26 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from torch import nn
-from transformers import PretrainedConfig
+if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks); the methods import it
+    import torch
+    from torch import nn
+    from transformers import PretrainedConfig
 
-__all__ = ["Batch", "Runtime", "RuntimeArtefact", "artefact_of", "fp32_copy", "missing_packages"]
+__all__ = ["BF16_CPU_FLAGS", "Batch", "Runtime", "RuntimeArtefact", "artefact_of", "bf16_cpu_missing", "fp32_copy",
+           "missing_packages"]
 
 #: A tokenized batch: ``input_ids``, ``attention_mask`` and, where the family has them, ``token_type_ids``.
-Batch = Mapping[str, torch.Tensor]
+Batch = Mapping[str, "torch.Tensor"]
+
+#: The numbers a runtime may compute in (:attr:`Runtime.precision`).
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+#: CPU flags (``/proc/cpuinfo`` names) with native bf16 products; any one suffices.
+BF16_CPU_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,127 @@ class Runtime(ABC):
     extra: ClassVar[str | None] = None
     #: One line for ``--help`` and error messages.
     description: ClassVar[str] = ""
+    #: The numbers it computes in: ``fp32`` (the same function as PyTorch fp32, parity-checked), ``bf16``,
+    #: ``fp16`` or ``int8`` (:data:`PRECISIONS`). ``--runtime auto`` searches only the fastest fp32 runtime.
+    precision: ClassVar[str] = "fp32"
+    #: The torch device types it runs on (a model elsewhere is refused before anything is timed).
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    #: True where the runtime runs the model object itself, unchanged (PyTorch in the model's dtype): nothing
+    #: is written, and the unchanged model's figures there are the original's own.
+    as_is: ClassVar[bool] = False
+    #: The import names it needs; a missing one makes it unavailable with a
+    #: :class:`~surgery.deploy.runtime.MissingDependencyError` naming :attr:`extra`.
+    packages: ClassVar[tuple[str, ...]] = ()
+    #: The distributions whose versions change its kernels or its artefact (a cached timing is keyed on them);
+    #: the distribution that ships the runtime's class is always added (:meth:`cache_key`).
+    versioned: ClassVar[tuple[str, ...]] = ()
+    #: The version of the artefact format it writes (a cached timing is keyed on it); None: not versioned.
+    graph_format: ClassVar[int | None] = None
+    #: The folder its artefact takes inside a ``compress`` output (empty: the runtime's name).
+    artefact_folder: ClassVar[str] = ""
+    #: The ``backend`` stock sentence-transformers loads its artefact with (``onnx``, ``openvino``); None where
+    #: it has none (``export --format sentence-transformers`` is then refused).
+    sentence_backend: ClassVar[str | None] = None
+    #: The runtime-specific export settings it reads (:class:`~surgery.runtimes.export_config.ExportConfig`
+    #: field names: ``opset``, ``int8_mode`` ...); any other one given is refused in one line.
+    export_settings: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def int8(self) -> bool:
+        """Whether its artefact is quantized to int8."""
+        return self.precision == "int8"
+
+    @property
+    def folder(self) -> str:
+        """The folder its artefact takes inside a ``compress`` output (``onnx``, ``openvino``, else its name)."""
+        return self.artefact_folder or self.name
+
+    def runs_on(self, device: str) -> bool:
+        """Whether it runs a model that sits on ``device`` (a torch device type: ``cpu``, ``cuda`` ...)."""
+        return device in self.devices
+
+    def missing(self) -> str | None:
+        """The one-line reason it cannot run here for want of a package (:attr:`packages`), else None."""
+        hint = f"pip install 'encoder-surgery[{self.extra}]'" if self.extra else "install it"
+        return missing_packages(self.packages, hint) if self.packages else None
+
+    def cache_key(self) -> dict[str, Any]:
+        """What a timing measured in this runtime depends on beyond the machine: its class, artefact format and
+        the versions of :attr:`versioned` and of the distribution that ships it (a third party's too).
+
+        Example:
+            >>> from surgery.runtimes import get_runtime
+            >>> key = get_runtime("torch").cache_key()
+            >>> key["name"], key["class"], "encoder-surgery" in key["versions"]
+            ('torch', 'surgery.runtimes.torch_runtime:TorchRuntime', True)
+        """
+        cls = type(self)
+        owner = _distribution_of(cls.__module__)
+        names = dict.fromkeys([*self.versioned, *([owner] if owner else [])])
+        return {"name": self.name, "class": f"{cls.__module__}:{cls.__qualname__}", "graph_format": self.graph_format,
+                "versions": {dist: _version(dist) for dist in names}}
+
+    def read_info(self, out_dir: Path) -> dict[str, Any]:
+        """The record its artefact in ``out_dir`` keeps of itself (the export report), as JSON data; ``{}`` when
+        the runtime keeps none. Refused in one line when the record is missing or damaged."""
+        return {}
+
+    def accuracy(self, out_dir: Path, batches: Iterable[Mapping[str, torch.Tensor]], *, config: PretrainedConfig,
+                 threads: int | None = None) -> float | None:
+        """Accuracy of its artefact in ``out_dir`` (loaded as it serves) on labelled ``batches``; None where the
+        artefact is not a single-label sequence classifier."""
+        from surgery.deploy.runtime_bench import accuracy_of
+
+        return accuracy_of(self.load(out_dir, config=config, threads=threads), batches)
+
+    def smooth_alpha(self, config: Any) -> float | None:
+        """The SmoothQuant strength its int8 export uses for ``config`` (an ExportConfig): the one given, else its
+        own default; None where it does not smooth."""
+        return config.smooth_alpha
+
+    def export(self, model: nn.Module, out_dir: Path, config: Any, *, tokenizer: Any = None,
+               calibration: Sequence[Batch] | None = None, data: Iterable[Mapping[str, torch.Tensor]] | None = None
+               ) -> Any:
+        """``surgery export``'s graph format: :meth:`write_artefact`, the tokenizer beside it and, with labelled
+        ``data``, the accuracy of PyTorch fp32 and of the artefact as served (:meth:`accuracy`), written atomically
+        into ``out_dir`` as ``config`` (an :class:`~surgery.runtimes.export_config.ExportConfig`) says.
+
+        Returns the :class:`RuntimeArtefact` (``info["accuracy_torch"]`` and ``info["accuracy"]`` with ``data``).
+        Runtimes whose exporter writes the whole directory itself (ONNX Runtime, OpenVINO) override it.
+        """
+        from dataclasses import replace
+
+        from surgery.core.errors import ConfigError
+        from surgery.deploy.runtime_bench import accuracy_of
+        from surgery.persist.model_io import atomic_directory
+
+        out = Path(out_dir).expanduser()
+        with atomic_directory(out, overwrite=config.overwrite) as tmp:
+            artefact = self.write_artefact(model, tmp / "artefact", task=config.task, calibration=calibration,
+                                           threads=config.threads, opset=config.opset)
+            for item in artefact.directory.iterdir():
+                item.rename(tmp / item.name)
+            artefact.directory.rmdir()
+            info = dict(artefact.info)
+            if data is not None:
+                batches = list(data)
+                info["accuracy_torch"] = accuracy_of(fp32_copy(model), batches)
+                info["accuracy"] = self.accuracy(tmp, batches, config=model.config, threads=config.threads)
+                if info["accuracy"] is None or info["accuracy_torch"] is None:
+                    raise ConfigError(f"export: accuracy on data needs a sequence classifier; this export is "
+                                      f"{artefact.task!r} (drop --data)")
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            files = tuple(sorted(p.name for p in tmp.iterdir()))
+        return replace(artefact, directory=out.resolve(), files=files, info=info)
+
+    def check_settings(self, given: Iterable[str]) -> None:
+        """Refuse, in one line, export settings (``ExportConfig`` field names) this runtime does not read."""
+        from surgery.core.errors import ConfigError
+
+        wrong = sorted(set(given) - self.export_settings)
+        if wrong:
+            raise ConfigError(f"{wrong[0]} is not a setting of runtime {self.name!r}; drop it")
 
     @abstractmethod
     def unavailable(self) -> str | None:
@@ -135,6 +272,39 @@ class Runtime(ABC):
         return f"<runtime {self.name}>"
 
 
+def bf16_cpu_missing() -> str | None:
+    """None where this CPU has native bf16 products (:data:`BF16_CPU_FLAGS`), else one line naming the CPU.
+
+    Example:
+        >>> reason = bf16_cpu_missing()
+        >>> reason is None or "avx512_bf16" in reason
+        True
+    """
+    from surgery.measure.machine import machine_info
+
+    info = machine_info()
+    if any(flag in info.flags for flag in BF16_CPU_FLAGS):
+        return None
+    return f"this CPU ({info.cpu_model}) has no native bf16 products ({' or '.join(BF16_CPU_FLAGS)} missing)"
+
+
+def _distribution_of(module: str) -> str | None:
+    """The installed distribution that ships the top-level package of ``module``; None when none does."""
+    from importlib import metadata
+
+    found = metadata.packages_distributions().get(module.partition(".")[0], [])
+    return found[0] if found else None
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def missing_packages(packages: Sequence[str], hint: str) -> str | None:
     """The one-line reason a runtime is unavailable when any of ``packages`` cannot be imported, else None.
 
@@ -162,6 +332,7 @@ def fp32_copy(model: nn.Module) -> nn.Module:
     """A detached fp32 copy of ``model`` in eval mode (what every artefact is made from).
 
     Example:
+        >>> import torch
         >>> m = torch.nn.Linear(2, 2).to(torch.bfloat16)
         >>> fp32_copy(m).weight.dtype, m.weight.dtype
         (torch.float32, torch.bfloat16)

@@ -72,7 +72,7 @@ def runtime_variants(name: str, model: nn.Module, work_dir: Path, runtimes: Mapp
     """
     variants: dict[str, nn.Module] = {}
     for runtime_name, runtime in runtimes.items():
-        if runtime_name == "torch":
+        if runtime.as_is:  # the model object itself
             variants[runtime_label(name, runtime_name)] = model
             continue
         folder = work_dir / runtime_name
@@ -124,8 +124,9 @@ def bench_runtimes(
     if len(labels) != len(paths) or len(set(labels)) != len(labels):
         raise ConfigError(f"bench: give one distinct name per path, got {labels} for {len(paths)} paths")
     resolved = resolve_runtimes(runtimes, options)
-    if kwargs.get("device", "cpu") != "cpu" and any(not n.startswith("torch") for n in resolved):
-        raise ConfigError(f"bench: only the torch runtimes run on {kwargs['device']}; drop --device or the other "
+    device = str(kwargs.get("device", "cpu")).partition(":")[0]
+    if elsewhere := [n for n, r in resolved.items() if not r.runs_on(device)]:
+        raise ConfigError(f"bench: {', '.join(elsewhere)} cannot run on {kwargs['device']}; drop --device or those "
                           "--runtime names")
     if calibration is not None and not any(r.needs_calibration for r in resolved.values()):
         raise ConfigError("bench: --calibration feeds the int8 runtimes; add --runtime onnxruntime-int8 or "

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from torch import nn
-from transformers import PretrainedConfig
+from surgery.deploy.names import GRAPH_FORMAT, ONNX_NAME, ONNX_PACKAGES
+from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, artefact_of
 
-from surgery.deploy.names import ONNX_NAME
-from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, artefact_of, missing_packages
+if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
+    from torch import nn
+    from transformers import PretrainedConfig
 
 
 class OnnxRuntimeRuntime(Runtime):
@@ -37,7 +38,13 @@ class OnnxRuntimeRuntime(Runtime):
     name: ClassVar[str] = "onnxruntime"
     extra: ClassVar[str | None] = "onnx"
     description: ClassVar[str] = "ONNX Runtime, fp32 graph"
-    int8: ClassVar[bool] = False
+    packages: ClassVar[tuple[str, ...]] = ONNX_PACKAGES
+    #: onnx writes the graph; onnxruntime's own version is in the machine's versions already.
+    versioned: ClassVar[tuple[str, ...]] = ("onnx",)
+    graph_format: ClassVar[int | None] = GRAPH_FORMAT
+    artefact_folder: ClassVar[str] = "onnx"
+    sentence_backend: ClassVar[str | None] = "onnx"
+    export_settings: ClassVar[frozenset[str]] = frozenset({"opset", "optimize", "fuse_attention"})
 
     def __init__(self, **export_options: Any) -> None:
         #: Further keyword arguments of :func:`surgery.deploy.export.export_onnx` (``int8_fp32``, ``smooth_alpha``,
@@ -45,9 +52,7 @@ class OnnxRuntimeRuntime(Runtime):
         self.export_options = export_options
 
     def unavailable(self) -> str | None:
-        from surgery.deploy.runtime import INSTALL_HINT, ONNX_PACKAGES
-
-        return missing_packages(ONNX_PACKAGES, INSTALL_HINT)
+        return self.missing()
 
     def write_artefact(self, model: nn.Module, out_dir: Path, *, task: str = "auto",
                        calibration: Sequence[Batch] | None = None, threads: int | None = None,
@@ -60,6 +65,30 @@ class OnnxRuntimeRuntime(Runtime):
         found = report.int8_drift if report.int8_drift is not None else report.parity
         return artefact_of(self.name, Path(out_dir), task=report.task, output=report.output, found=found,
                            info=report.model_dump(mode="json"))
+
+    def smooth_alpha(self, config: Any) -> float | None:
+        from surgery.deploy.names import SMOOTH_ALPHA
+
+        return config.smooth_alpha if config.smooth_alpha is not None else SMOOTH_ALPHA
+
+    def export(self, model: nn.Module, out_dir: Path, config: Any, *, tokenizer: Any = None,
+               calibration: Sequence[Batch] | None = None, data: Any = None) -> Any:
+        """The whole ONNX export (:func:`surgery.deploy.export.export_onnx`: tokenizer, parity batch, accuracy on
+        ``data``), as ``config`` says; returns its :class:`~surgery.deploy.export.ExportReport`."""
+        from surgery.deploy.export import export_onnx
+
+        options = {"per_channel": not config.per_tensor, "int8_fp32": config.int8_fp32,
+                   "smooth_alpha": self.smooth_alpha(config), "optimize": config.optimize, "opset": config.opset,
+                   "fuse_attention": config.fuse_attention, "int8_mode": config.int8_mode, **self.export_options}
+        return export_onnx(model, out_dir, tokenizer=tokenizer, task=config.task, int8=self.int8,
+                           calibration=calibration, batch=config.batch, seq=config.seq, tolerance=config.tolerance,
+                           data=data, threads=config.threads, overwrite=config.overwrite,
+                           max_length=config.max_length, **options)
+
+    def read_info(self, out_dir: Path) -> dict[str, Any]:
+        from surgery.deploy.export import read_export_info
+
+        return read_export_info(out_dir).model_dump(mode="json")
 
     def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
         from surgery.deploy.export import read_export_info
@@ -76,7 +105,9 @@ class OnnxRuntimeInt8Runtime(OnnxRuntimeRuntime):
     name: ClassVar[str] = "onnxruntime-int8"
     description: ClassVar[str] = "ONNX Runtime, dynamic int8 (smoothed on --calibration texts when given)"
     needs_calibration: ClassVar[bool] = True
-    int8: ClassVar[bool] = True
+    precision: ClassVar[str] = "int8"
+    export_settings: ClassVar[frozenset[str]] = OnnxRuntimeRuntime.export_settings | {"per_tensor", "int8_fp32",
+                                                                                       "int8_mode"}
 
     def check_calibration(self, calibration: Sequence[Batch] | bool | None) -> None:
         """Calibration is optional here: without it the activations are quantized as they are (no smoothing)."""

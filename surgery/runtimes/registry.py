@@ -7,7 +7,7 @@ asking for ``torch`` never imports openvino. ``SURGERY_PLUGINS`` restricts third
 for strategies (:mod:`surgery.core.registry`).
 
 Example:
-    >>> "openvino-int8" in runtime_names() and "torch" in runtime_names()
+    >>> "openvino-bf16" in runtime_names() and "torch" in runtime_names()
     True
     >>> get_runtime("torch").name
     'torch'
@@ -33,6 +33,11 @@ RUNTIME_GROUP = "surgery.runtimes"
 #: Names registered in-process (tests, notebooks): name -> class, ahead of the entry points.
 _registered: dict[str, type[Runtime]] = {}
 
+#: How the built-ins are listed (fastest to set up first); third-party names follow alphabetically. A plugin
+#: cannot take one of these names.
+BUILTIN_ORDER = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-bf16",
+                 "openvino-int8")
+
 
 def _allowed(dist: str) -> bool:
     """Whether ``SURGERY_PLUGINS`` lets ``dist`` contribute (the built-ins always do), as for strategies."""
@@ -42,25 +47,64 @@ def _allowed(dist: str) -> bool:
     return dist in {s.strip() for s in spec.split(",") if s.strip()}
 
 
-def _entry_points() -> dict[str, str]:
-    """name -> ``module:Class`` of every allowed entry point; the first package to claim a name keeps it."""
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a runtime's name (it names a folder of compress's output), else None.
+
+    Example:
+        >>> name_problem("tensorrt-fp16") is None
+        True
+        >>> name_problem("../../esc")
+        "invalid runtime name '../../esc': use letters, digits, '-', '_' or '.', starting with a letter or digit"
+    """
+    if (not isinstance(name, str) or not name or not name[0].isalnum()
+            or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)):
+        return f"invalid runtime name {name!r}: use letters, digits, '-', '_' or '.', starting with a letter or digit"
+    return None
+
+
+def _entry_points() -> tuple[dict[str, str], dict[str, str]]:
+    """name -> ``module:Class`` of every allowed, valid entry point, and label -> why each refused one was refused.
+
+    The first package to claim a name keeps it, and a built-in name belongs to encoder-surgery: a plugin that
+    claims ``onnxruntime`` is refused and named, not silently put in its place.
+    """
     found: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    refused: dict[str, str] = {}
     for ep in metadata.entry_points(group=RUNTIME_GROUP):
         dist = ep.dist.name if ep.dist is not None else "<unknown>"
-        if _allowed(dist):
+        if not _allowed(dist):
+            continue
+        if (problem := name_problem(ep.name)) is not None:
+            refused[f"{ep.name} ({dist})"] = f"{problem}; the entry point of package {dist} is ignored"
+        elif ep.name in BUILTIN_ORDER and dist != BUILTIN_DISTRIBUTION:
+            refused[f"{ep.name} ({dist})"] = (f"package {dist} registers runtime {ep.name!r}, a built-in name of "
+                                              "encoder-surgery; it is ignored (the plugin must pick another name)")
+        elif ep.name in owner and owner[ep.name] != dist:
+            refused[f"{ep.name} ({dist})"] = (f"package {dist} registers runtime {ep.name!r}, already registered by "
+                                              f"{owner[ep.name]}; it is ignored")
+        else:
+            owner.setdefault(ep.name, dist)
             found.setdefault(ep.name, ep.value)
-    return found
+    return found, refused
+
+
+def refused_runtimes() -> dict[str, str]:
+    """Entry points that were not registered (an invalid name, a name already taken), by label, with why.
+
+    Example:
+        >>> refused_runtimes()
+        {}
+    """
+    return _entry_points()[1]
 
 
 def runtime_names() -> tuple[str, ...]:
     """Every registered runtime name (installed or not on this machine), built-ins first in their order."""
-    names = list(_entry_points()) + [n for n in _registered if n not in _entry_points()]
+    points = _entry_points()[0]
+    names = list(points) + [n for n in _registered if n not in points]
     order = {n: i for i, n in enumerate(BUILTIN_ORDER)}
     return tuple(sorted(dict.fromkeys(names), key=lambda n: (order.get(n, len(order)), n)))
-
-
-#: How the built-ins are listed (fastest to set up first); third-party names follow alphabetically.
-BUILTIN_ORDER = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-int8")
 
 
 def register_runtime(cls: type[Runtime]) -> type[Runtime]:
@@ -76,8 +120,8 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
         'mine-doc'
     """
     name = getattr(cls, "name", "")
-    if not name or not all(c.isalnum() or c in "-_." for c in name):
-        raise ValueError(f"invalid runtime name {name!r}: use letters, digits, '-', '_' or '.'")
+    if (problem := name_problem(name)) is not None:
+        raise ValueError(problem)
     _registered[name] = cls
     return cls
 
@@ -88,25 +132,38 @@ def runtime_class(name: str) -> type[Runtime]:
 
     if name in _registered:
         return _registered[name]
-    value = _entry_points().get(name)
+    value = _entry_points()[0].get(name)
     if value is None:
         raise ConfigError(f"runtime {name!r} is not one of {', '.join(runtime_names())}")
     module, _, attr = value.partition(":")
     try:
         cls = getattr(import_module(module.strip()), attr.strip())
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"runtime {name!r} ({value}) failed to import: {exc}") from None
+    except Exception as exc:  # a plugin's module may raise anything on import: one line, not a crash
+        raise ConfigError(f"runtime {name!r} ({value}) failed to import: {type(exc).__name__}: {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, Runtime)):
         raise ConfigError(f"runtime {name!r} ({value}) is not a surgery.runtimes.Runtime subclass")
+    if getattr(cls, "name", None) != name:  # the class's own name labels its rows and names its output folder
+        raise ConfigError(f"runtime {name!r} ({value}) calls itself {getattr(cls, 'name', None)!r}; the entry point "
+                          "and the class's name must agree")
     return cls
+
+
+def reason_unavailable(runtime: Runtime) -> str | None:
+    """``runtime.unavailable()``, a check that raises turned into its one-line reason (a plugin's bug must not
+    take down ``--runtime list`` or ``--runtime auto`` for everyone)."""
+    try:
+        reason = runtime.unavailable()
+    except Exception as exc:
+        return f"its availability check failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return None if reason is None else str(reason)
 
 
 def get_runtime(name: str, *, require_available: bool = True) -> Runtime:
     """The runtime registered as ``name``; refused in one line when unknown or (by default) unavailable here.
 
-    An unavailable runtime raises :class:`~surgery.deploy.runtime.MissingDependencyError` when a package
-    is missing and :class:`~surgery.core.errors.ConfigError` otherwise (a CPU flag), each with the runtime's
-    own reason and fix.
+    An unavailable runtime raises :class:`~surgery.deploy.runtime.MissingDependencyError` when a package it
+    declares (:attr:`~surgery.runtimes.base.Runtime.packages`) is missing and
+    :class:`~surgery.core.errors.ConfigError` otherwise (a CPU flag), each with the runtime's own reason and fix.
 
     Example:
         >>> get_runtime("tensorrt-doc")
@@ -114,13 +171,17 @@ def get_runtime(name: str, *, require_available: bool = True) -> Runtime:
         ...
         surgery.core.errors.ConfigError: runtime 'tensorrt-doc' is not one of torch, torch-bf16, ...
     """
-    runtime = runtime_class(name)()
+    cls = runtime_class(name)
+    try:
+        runtime = cls()
+    except Exception as exc:  # a plugin's constructor: one line
+        raise ConfigError(f"runtime {name!r} could not be created: {type(exc).__name__}: {exc}") from None
     if require_available:
-        reason = runtime.unavailable()
+        reason = reason_unavailable(runtime)
         if reason is not None:
             from surgery.deploy.runtime import MissingDependencyError
 
-            error = MissingDependencyError if "pip install" in reason else ConfigError
+            error = MissingDependencyError if runtime.missing() is not None else ConfigError
             raise error(f"runtime {name!r} is not available here: {reason}")
     return runtime
 
@@ -128,12 +189,13 @@ def get_runtime(name: str, *, require_available: bool = True) -> Runtime:
 def available_runtimes() -> dict[str, str | None]:
     """Every registered runtime name -> None where it runs on this machine, else the one-line reason.
 
-    A runtime whose module fails to import is reported unavailable with that error, not raised.
+    A runtime whose module fails to import, whose class cannot be built or whose check raises is reported
+    unavailable with that error, not raised.
     """
     found: dict[str, str | None] = {}
     for name in runtime_names():
         try:
-            found[name] = runtime_class(name)().unavailable()
+            found[name] = reason_unavailable(get_runtime(name, require_available=False))
         except ConfigError as exc:
             found[name] = str(exc)
     return found

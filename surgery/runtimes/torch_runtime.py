@@ -16,46 +16,22 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch import nn
-from transformers import PretrainedConfig
+from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, bf16_cpu_missing
 
-from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact
-from surgery.runtimes.parity import agreement_of, reference_batch
+if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
+    from torch import nn
+    from transformers import PretrainedConfig
 
 
 def _hold_threads(threads: int | None) -> None:
     if threads is not None:
+        import torch
+
         torch.set_num_threads(int(threads))
-
-
-class Float32Outputs(nn.Module):
-    """A half-precision model whose floating outputs come back as fp32, so callers compare like with like.
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
-        >>> spec = TinySpec("bert")
-        >>> half = Float32Outputs(tiny_model(spec).to(torch.bfloat16))
-        >>> half(**tiny_inputs(spec)).last_hidden_state.dtype, half.config.model_type
-        (torch.float32, 'bert')
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.config = model.config
-
-    def forward(self, **inputs: Any) -> Any:
-        out = self.model(**inputs)
-        for key, value in out.items():
-            if torch.is_tensor(value) and value.is_floating_point():
-                out[key] = value.float()
-        return out
 
 
 class TorchRuntime(Runtime):
@@ -63,25 +39,39 @@ class TorchRuntime(Runtime):
 
     name: ClassVar[str] = "torch"
     description: ClassVar[str] = "PyTorch, the model as it is (fp32)"
-    #: The dtype of the converted copy; None keeps the model's own.
-    dtype: ClassVar[torch.dtype | None] = None
+    as_is: ClassVar[bool] = True
+    #: The ``torch`` dtype name of the converted copy (``"bfloat16"``); None keeps the model's own.
+    dtype: ClassVar[str | None] = None
 
     def unavailable(self) -> str | None:
         return None
 
+    def runs_on(self, device: str) -> bool:
+        """PyTorch runs wherever the model is."""
+        return True
+
     def convert(self, model: nn.Module, task: str = "auto") -> nn.Module:
         """The ``task`` target of ``model`` as this runtime runs it (a copy when the dtype changes)."""
+        import copy
+
+        import torch
+
         from surgery.deploy.export import export_target
+        from surgery.runtimes.half_precision import Float32Outputs
 
         target, _, _ = export_target(model, task)
         if self.dtype is None:
             return target.eval()
-        return Float32Outputs(copy.deepcopy(target).to(self.dtype).eval())
+        return Float32Outputs(copy.deepcopy(target).to(getattr(torch, self.dtype)).eval())
 
     def write_artefact(self, model: nn.Module, out_dir: Path, *, task: str = "auto",
                        calibration: Sequence[Batch] | None = None, threads: int | None = None,
                        opset: int | None = None) -> RuntimeArtefact:
+        import torch
+
         from surgery.persist.model_io import save_pretrained
+        from surgery.runtimes.half_precision import Float32Outputs
+        from surgery.runtimes.parity import agreement_of, reference_batch
 
         _hold_threads(threads)
         ref = reference_batch(model, task)
@@ -97,6 +87,7 @@ class TorchRuntime(Runtime):
 
     def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
         from surgery.persist.model_io import from_pretrained
+        from surgery.runtimes.half_precision import Float32Outputs
 
         _hold_threads(threads)
         model = from_pretrained(out_dir).eval()
@@ -114,20 +105,18 @@ class TorchBf16Runtime(TorchRuntime):
 
     name: ClassVar[str] = "torch-bf16"
     description: ClassVar[str] = "PyTorch, a bf16 copy (CPU with avx512_bf16 or AMX, or CUDA)"
-    dtype: ClassVar[torch.dtype | None] = torch.bfloat16
-    #: CPU flags (``/proc/cpuinfo`` names) with native bf16 products; any one suffices.
-    cpu_flags: ClassVar[tuple[str, ...]] = ("avx512_bf16", "amx_bf16")
+    precision: ClassVar[str] = "bf16"
+    as_is: ClassVar[bool] = False
+    dtype: ClassVar[str | None] = "bfloat16"
 
     def unavailable(self) -> str | None:
+        import torch
+
         if torch.cuda.is_available():
             return None
-        from surgery.measure.machine import machine_info
-
-        info = machine_info()
-        if any(flag in info.flags for flag in self.cpu_flags):
-            return None
-        return (f"this CPU ({info.cpu_model}) has no native bf16 products ({' or '.join(self.cpu_flags)} missing) "
-                "and no CUDA device is present; bf16 would run slower than fp32 here: use --runtime torch")
+        reason = bf16_cpu_missing()
+        return None if reason is None else (f"{reason} and no CUDA device is present; bf16 would run slower than fp32 "
+                                            "here: use --runtime torch")
 
 
 class TorchFp16Runtime(TorchRuntime):
@@ -135,9 +124,14 @@ class TorchFp16Runtime(TorchRuntime):
 
     name: ClassVar[str] = "torch-fp16"
     description: ClassVar[str] = "PyTorch, an fp16 copy (CUDA only)"
-    dtype: ClassVar[torch.dtype | None] = torch.float16
+    precision: ClassVar[str] = "fp16"
+    devices: ClassVar[tuple[str, ...]] = ("cuda",)
+    as_is: ClassVar[bool] = False
+    dtype: ClassVar[str | None] = "float16"
 
     def unavailable(self) -> str | None:
+        import torch
+
         if torch.cuda.is_available():
             return None
         return "fp16 needs a CUDA device (CPU fp16 kernels are slower than fp32); use --runtime torch or torch-bf16"
