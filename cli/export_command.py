@@ -49,6 +49,8 @@ from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_length, check_opset, check_tolerance, threads_warning
 
 FORMATS = ("graph", "onnx", "sentence-transformers", "stock")
+#: --runtime's default (what a --format stock export compares with to tell that --runtime was given).
+DEFAULT_RUNTIME = "onnxruntime"
 
 if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must not
     from surgery.deploy.export import ExportReport
@@ -125,7 +127,7 @@ def export_command(
                                          "onnxruntime (model.onnx), onnxruntime-int8, openvino (an OpenVINO IR), "
                                          "openvino-int8 (NNCF int8, needs --calibration), torch-bf16 ... (`surgery "
                                          "export --runtime list` lists them with their availability here).")
-                       ] = "onnxruntime",
+                       ] = DEFAULT_RUNTIME,
     int8: Annotated[bool, typer.Option("--int8", hidden=True, help="Replaced by --runtime onnxruntime-int8.")] = False,
     format: Annotated[str, typer.Option("--format", help="graph (or onnx, its old name): the runtime's artefact "
                                         "(model.onnx, openvino_model.xml ...) and its report; sentence-transformers: "
@@ -187,7 +189,7 @@ def export_command(
         note(too_many)
     if format == "stock":
         export_stock(model_dir, out, overwrite=overwrite,
-                     onnx_flags=[flag for flag, given in (("--runtime", runtime != "onnxruntime"),
+                     onnx_flags=[flag for flag, given in (("--runtime", runtime != DEFAULT_RUNTIME),
                                                           ("--calibration", calibration), ("--opset", opset),
                                                           ("--optimize", optimize), ("--data", data),
                                                           ("--task", task != "auto")) if given])
@@ -259,6 +261,7 @@ def export_command(
 def runtimes_view() -> RenderableType:
     """Every registered runtime, what it is, and whether it runs here (else why, and the fix)."""
     from surgery.runtimes import available_runtimes, runtime_class
+    from surgery.runtimes.registry import refused_runtimes
 
     table = Table(title="Runtimes (--runtime NAME)", title_justify="left")
     for column in ("runtime", "what", "here"):
@@ -269,6 +272,8 @@ def runtimes_view() -> RenderableType:
         except ConfigError:
             what = ""
         table.add_row(name, Text(what), Text("available" if reason is None else reason))
+    for label, why in refused_runtimes().items():  # a plugin's entry point that was not registered, and why
+        table.add_row(Text(label), Text("not registered"), Text(why))
     return table
 
 

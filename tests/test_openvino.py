@@ -162,3 +162,73 @@ def test_a_layer_whose_ffn_lost_every_neuron_runs_on_openvino(tmp_path, family) 
     with torch.no_grad():
         torch.testing.assert_close(served(**inputs).logits, model(**inputs).logits, atol=1e-4, rtol=0)
     assert surgery.adapter_for(model).layer(1).ffn.width == 0  # the caller's model is not changed
+
+
+# -- openvino-bf16: the same f32 IR, recorded and served with the bf16 hint -----------------------------------
+def _bf16_here() -> str | None:
+    return get_runtime("openvino-bf16", require_available=False).unavailable()
+
+
+@pytest.mark.slow
+def test_the_ir_records_the_precision_it_was_checked_at(tmp_path) -> None:
+    import openvino as ov
+
+    from surgery.deploy.openvino_export import PRECISION_KEY, ir_precision
+
+    spec = TinySpec("bert")
+    artefact = get_runtime("openvino").write_artefact(tiny_model(spec), tmp_path / "ir", threads=1)
+    read = ov.Core().read_model(str(artefact.directory / OV_XML))  # plain openvino, no surgery in between
+    assert str(read.get_rt_info(list(PRECISION_KEY)).value) == "f32" and ir_precision(read) == "f32"
+    assert artefact.info["inference_precision_hint"] == "f32" and artefact.info["bf16_drift"] is None
+    served = get_runtime("openvino").load(artefact.directory, config=tiny_model(spec).config, threads=1)
+    assert served.precision == "f32"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_bf16_here() is None, reason="this CPU has bf16 products: the refusal is not reachable here")
+def test_a_bf16_export_where_openvino_cannot_run_bf16_is_refused_in_one_line(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"compiled the IR for f32, not bf16: this CPU has no bf16 products"):
+        export_openvino(tiny_model(TinySpec("bert")), tmp_path / "ir", precision="bf16", batch=2, seq=8, threads=1)
+    assert not (tmp_path / "ir").exists()
+    with pytest.raises(ConfigError, match="int8 and precision 'bf16' exclude each other"):
+        export_openvino(tiny_model(TinySpec("bert")), tmp_path / "ir", precision="bf16", int8=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_bf16_here() is not None, reason=f"openvino-bf16 is not available here: {_bf16_here()}")
+@pytest.mark.parametrize("task", ["base", "seq-cls"])
+def test_openvino_bf16_runs_in_bf16_within_its_gate_and_plain_openvino_gets_bf16(tmp_path, task) -> None:
+    import openvino as ov
+
+    from surgery.deploy.openvino_export import BF16_MIN_COSINE, PRECISION_KEY, served_precision
+
+    spec = TinySpec("bert", task=task)
+    model = uneven(spec).eval()
+    runtime = get_runtime("openvino-bf16")
+    artefact = runtime.write_artefact(model, tmp_path / "ir", threads=1)
+    info = artefact.info
+    assert info["precision"] == "bf16" and info["inference_precision_hint"] == "bf16"
+    assert info["parity"]["max_abs_diff"] < 1e-4  # the conversion itself, checked in f32
+    drift = info["bf16_drift"]
+    assert BF16_MIN_COSINE <= drift["min_cosine"] < 1.0 and drift["max_abs_diff"] > 0  # it really ran bf16
+    served = runtime.load(artefact.directory, config=model.config, threads=1)
+    assert served.precision == "bf16"
+    # A user who knows nothing of surgery: plain openvino reads the recorded hint and compiles for bf16.
+    core = ov.Core()
+    xml = str(artefact.directory / OV_XML)
+    assert str(core.read_model(xml).get_rt_info(list(PRECISION_KEY)).value) == "bf16"
+    plain = core.compile_model(xml, "CPU", {"INFERENCE_NUM_THREADS": 1})
+    assert served_precision(plain) == "bf16"
+    inputs = tiny_inputs(spec, batch=5, seq=11)
+    got = plain.create_infer_request().infer({k: v.numpy() for k, v in inputs.items()})[plain.outputs[0]]
+    torch.testing.assert_close(torch.from_numpy(got.copy()), main_output(served, inputs), atol=1e-6, rtol=0)
+
+
+@pytest.mark.skipif(_bf16_here() is None, reason="this CPU has bf16 products")
+def test_cli_refuses_openvino_bf16_on_this_cpu_in_one_line(tmp_path) -> None:
+    saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
+    result = CliRunner().invoke(app, ["export", str(saved), "--out", str(tmp_path / "o"), "--runtime",
+                                      "openvino-bf16"])
+    assert result.exit_code == 2 and result.stderr.strip().count("\n") == 0
+    assert "openvino-bf16" in result.stderr and "avx512_bf16 or amx_bf16" in result.stderr
+    assert not (tmp_path / "o").exists()

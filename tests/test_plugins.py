@@ -327,3 +327,103 @@ def test_guide_shows_the_package_verbatim() -> None:
                                            "tests/test_ffn_align.py"}
     for name, text in shown:
         assert text == (PLUGIN_PKG / name).read_text(), f"docs/writing-a-strategy.md is out of date for {name}"
+
+
+# -- a third party's runtime, registered only through an entry point, gets what a built-in gets ------------------
+RUNTIME_DIST = "surgery-copy-runtime"
+RUNTIME_MODULE = '''
+"""A third party's runtimes: the model's artefact is its safetensors (one fp32, one 'int8')."""
+from surgery.runtimes.torch_runtime import TorchRuntime
+
+
+class CopyRuntime(TorchRuntime):
+    """The model written to safetensors and loaded from the files (a stand-in for a real engine)."""
+
+    name = "copy-rt"
+    description = "fp32 safetensors, served from the files"
+    as_is = False
+
+
+class CopyInt8Runtime(CopyRuntime):
+    """Says it is int8 and calibrates, as a quantizing engine would."""
+
+    name = "copy-rt-int8"
+    precision = "int8"
+    needs_calibration = True
+'''
+
+
+def install_runtime_plugin(site: Path, version: str) -> None:
+    """The runtime plugin laid out as pip would (its dist-info names the module it ships: version-keyed caches)."""
+    (site / "copy_runtime.py").write_text(RUNTIME_MODULE)
+    for old in site.glob("surgery_copy_runtime-*.dist-info"):
+        shutil.rmtree(old)
+    info = site / f"surgery_copy_runtime-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {RUNTIME_DIST}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("copy_runtime\n")
+    (info / "entry_points.txt").write_text("[surgery.runtimes]\ncopy-rt = copy_runtime:CopyRuntime\n"
+                                           "copy-rt-int8 = copy_runtime:CopyInt8Runtime\n")
+
+
+@pytest.fixture
+def runtime_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    site = tmp_path / "runtime-site"
+    site.mkdir()
+    install_runtime_plugin(site, "0.1")
+    _use_sites(monkeypatch, site)
+    yield site
+    sys.modules.pop("copy_runtime", None)
+
+
+@pytest.mark.slow
+def test_a_plugin_runtime_gets_data_accuracy_and_int8_detection(runtime_plugin: Path, tmp_path: Path) -> None:
+    from surgery.compress.auto_runtime import plan_runtimes, precision
+    from surgery.compress.config import CompressConfig
+    from surgery.core.errors import ConfigError
+    from surgery.runtimes import available_runtimes, get_runtime
+    from surgery.runtimes.export_config import ExportConfig, export
+
+    assert available_runtimes()["copy-rt"] is None and available_runtimes()["copy-rt-int8"] is None
+    spec = TinySpec("bert", task="seq-cls")
+    model = tiny_model(spec)
+    labelled = [{**tiny_inputs(spec), "labels": torch.tensor([0, 1, 2])}]
+    with torch.no_grad():
+        expected = float((model(**tiny_inputs(spec)).logits.argmax(-1) == labelled[0]["labels"]).float().mean())
+    # --data accuracy: PyTorch's and the artefact's, the artefact loaded by the plugin's own load().
+    artefact = export(model, tmp_path / "out", ExportConfig(runtime="copy-rt"), data=labelled)
+    assert artefact.info["accuracy_torch"] == pytest.approx(expected)
+    assert artefact.info["accuracy"] == pytest.approx(expected)
+    assert "model.safetensors" in artefact.files and artefact.directory == (tmp_path / "out").resolve()
+    # int8 is what the runtime says, not its name: calibration required, smoothing allowed, auto groups it as int8.
+    assert get_runtime("copy-rt-int8").int8 and precision("copy-rt-int8") == "int8"
+    assert ExportConfig(runtime="copy-rt-int8", smooth_alpha=0.5).smooth_alpha == 0.5
+    with pytest.raises(ValueError, match="not an int8 runtime"):
+        ExportConfig(runtime="copy-rt", smooth_alpha=0.5)
+    with pytest.raises(ConfigError, match="--calibration FILE"):
+        export(model, tmp_path / "int8", ExportConfig(runtime="copy-rt-int8"))
+    rows = {r["runtime"]: r for r in plan_runtimes({"torch": 1.0, "copy-rt": 1.5, "copy-rt-int8": 1.2}, {},
+                                                     CompressConfig(speedup=1.1, runtime="auto"))}
+    assert rows["copy-rt-int8"]["precision"] == "int8" and rows["copy-rt-int8"]["searched"]
+    assert rows["copy-rt"]["precision"] == "fp32" and not rows["torch"]["searched"]  # the faster fp32 is searched
+    assert get_runtime("copy-rt").folder == "copy-rt"
+
+
+@pytest.mark.slow
+def test_a_plugin_runtimes_timings_are_cached_and_keyed_on_its_version(runtime_plugin: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import surgery.compress.latency_measure as latency_measure
+    from surgery.compress.latency_measure import measure_latency_table
+    from surgery.runtimes import get_runtime
+
+    assert get_runtime("copy-rt").cache_key()["versions"] == {RUNTIME_DIST: "0.1"}
+    # A hit is checked against the model's own time elsewhere (tests/test_flags_and_cache.py); not the point here.
+    monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
+    model = tiny_model(TinySpec("bert", layers=2))
+    settings = {"runtime": "copy-rt", "batch_size": 2, "seq_len": 8, "threads": 1, "repeats": 3, "cache": True,
+                "cache_dir": tmp_path / "cache"}
+    assert not measure_latency_table(model, **settings).measured["cached"]
+    assert measure_latency_table(model, **settings).measured["cached"]
+    install_runtime_plugin(runtime_plugin, "0.2")  # a new release of the engine: its old timings say nothing
+    assert get_runtime("copy-rt").cache_key()["versions"] == {RUNTIME_DIST: "0.2"}
+    assert not measure_latency_table(model, **settings).measured["cached"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +25,8 @@ from surgery.runtimes.base import Runtime
 from surgery.runtimes.export_config import ExportConfig
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
-BUILTINS = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-int8")
+BUILTINS = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-bf16",
+            "openvino-int8")
 
 THIRD_PARTY = '''
 from torch import nn
@@ -191,13 +194,13 @@ def test_export_config_validates_once_and_refuses_unknown_fields() -> None:
     assert ExportConfig().runtime == "onnxruntime" and ExportConfig(runtime="openvino-int8").smooth_alpha is None
     with pytest.raises(ValueError, match=r"unknown|extra"):
         ExportConfig(int8=True)
-    with pytest.raises(ValueError, match="opset belongs to the ONNX Runtime runtimes"):
+    with pytest.raises(ValueError, match=r"opset belongs to the runtimes that read it \(onnxruntime, onnxruntime-in"):
         ExportConfig(runtime="openvino", opset=17)
-    with pytest.raises(ValueError, match="int8_fp32 belongs to --runtime onnxruntime-int8"):
+    with pytest.raises(ValueError, match=r"int8_fp32 belongs to the runtimes that read it \(onnxruntime-int8\)"):
         ExportConfig(runtime="onnxruntime", int8_fp32=("ffn",))
     with pytest.raises(ValueError, match="not an int8 runtime"):
         ExportConfig(runtime="openvino", smooth_alpha=0.5)
-    with pytest.raises(ValueError, match="format sentence-transformers writes an ONNX graph or an OpenVINO IR"):
+    with pytest.raises(ValueError, match=r"format sentence-transformers writes an artefact .*torch-bf16. has none"):
         ExportConfig(runtime="torch-bf16", format="sentence-transformers")
     with pytest.raises(ValueError, match="frozen"):
         ExportConfig().runtime = "openvino"  # type: ignore[misc]
@@ -241,3 +244,178 @@ def test_cli_refuses_unavailable_unknown_and_misplaced_runtime_settings(tmp_path
     assert not (tmp_path / "o").exists()
     listed = runner.invoke(app, ["export", str(saved), *out, "--runtime", "list"])
     assert listed.exit_code == 0 and all(name in listed.stdout for name in BUILTINS)
+
+
+# -- the Runtime answers for itself; nothing outside surgery/runtimes tests a runtime's name ---------------------
+def test_every_builtin_answers_for_itself() -> None:
+    answers = {name: (get_runtime(name, require_available=False).precision, runtime_class(name).as_is,
+                      get_runtime(name, require_available=False).folder,
+                      get_runtime(name, require_available=False).int8, runtime_class(name).sentence_backend)
+               for name in BUILTINS}
+    assert answers == {
+        "torch": ("fp32", True, "torch", False, None),
+        "torch-bf16": ("bf16", False, "torch-bf16", False, None),
+        "torch-fp16": ("fp16", False, "torch-fp16", False, None),
+        "onnxruntime": ("fp32", False, "onnx", False, "onnx"),
+        "onnxruntime-int8": ("int8", False, "onnx", True, "onnx"),
+        "openvino": ("fp32", False, "openvino", False, "openvino"),
+        "openvino-bf16": ("bf16", False, "openvino", False, "openvino"),
+        "openvino-int8": ("int8", False, "openvino", True, "openvino"),
+    }
+    key = get_runtime("openvino-int8", require_available=False).cache_key()
+    assert set(key["versions"]) == {"openvino", "nncf", "encoder-surgery"} and key["graph_format"] is None
+    assert get_runtime("onnxruntime", require_available=False).cache_key()["graph_format"] is not None
+    assert get_runtime("torch").runs_on("cuda") and not get_runtime("openvino", require_available=False).runs_on("cuda")
+
+
+def test_runtime_classes_are_read_without_importing_torch() -> None:
+    # ExportConfig validates a flag against the runtime's class before any heavy import (the CLI's promise).
+    probe = ("import sys\nfrom surgery.runtimes import runtime_class\nfrom surgery.runtimes.export_config import "
+             f"ExportConfig\n[runtime_class(n).precision for n in {BUILTINS!r}]\ntry:\n    ExportConfig(runtime="
+             "'openvino', opset=17)\nexcept ValueError:\n    pass\nprint('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+#: Comparisons of a value with a runtime's name: what the registry's objects answer instead.
+_NAMES = "|".join(BUILTINS)
+NAME_TESTS = re.compile(
+    rf'(==|!=)\s*"(?:{_NAMES})"|"(?:{_NAMES})"\s*(==|!=)|(startswith|endswith)\("(torch|onnx|onnxruntime|openvino|'
+    r'-int8|-bf16|-fp16)"\)|"(bf16|fp16|int8|-int8)"\s+in\s+\w*runtime|runtime\w*\s+(not\s+)?in\s+\(|ONNX_RUNTIMES|'
+    r'OPENVINO_RUNTIMES|_RUNTIME_PACKAGES|ARTEFACT_DIRS|runtime_cache_key')
+
+
+def test_no_runtime_name_is_compared_as_a_string_outside_the_runtimes_package() -> None:
+    root = Path(__file__).resolve().parents[1]
+    found = [f"{path.relative_to(root)}:{number}: {line.strip()}"
+             for folder in ("surgery", "cli", "strategies") for path in sorted((root / folder).rglob("*.py"))
+             if "runtimes" not in path.relative_to(root / folder).parts[:1]
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if NAME_TESTS.search(line) and not line.lstrip().startswith((">>>", "#", "..."))]
+    assert found == []
+    # The pattern finds what it is meant to find (so an empty result means something).
+    assert NAME_TESTS.search('if runtime == "torch":') and NAME_TESTS.search('name.endswith("-int8")')
+    assert NAME_TESTS.search('"bf16" in runtime') and not NAME_TESTS.search('method.startswith("torch.profiler")')
+
+
+def test_openvino_bf16_is_refused_in_one_line_without_the_cpu_flag(monkeypatch) -> None:
+    pytest.importorskip("openvino")
+    from surgery.measure import machine
+
+    bare = machine.machine_info().model_copy(update={"flags": ["avx2", "avx512f"]})
+    monkeypatch.setattr(machine, "machine_info", lambda: bare)
+    reason = available_runtimes()["openvino-bf16"]
+    assert reason is not None and "avx512_bf16 or amx_bf16" in reason and "--runtime openvino" in reason
+    line = one_line_error(CliRunner().invoke(app, ["export", "minilm-l6", "--out", "/tmp/never-written-rt",
+                                                   "--runtime", "openvino-bf16"]))
+    assert "runtime 'openvino-bf16' is not available here" in line and not Path("/tmp/never-written-rt").exists()
+    monkeypatch.setattr(machine, "machine_info", lambda: bare.model_copy(update={"flags": ["amx_bf16"]}))
+    assert available_runtimes()["openvino-bf16"] is None
+
+
+def test_auto_reads_precision_from_the_runtime() -> None:
+    from surgery.compress.auto_runtime import plan_runtimes, precision
+    from surgery.compress.config import CompressConfig
+
+    assert [precision(n) for n in ("openvino-bf16", "torch-bf16", "openvino", "openvino-int8")] == [
+        "bf16", "bf16", "fp32", "int8"]
+    rows = plan_runtimes({"torch": 1.0, "openvino": 1.1, "openvino-bf16": 3.8, "torch-bf16": 2.9}, {},
+                         CompressConfig(speedup=3.5, runtime="auto", max_cut=4))
+    searched = {r["runtime"]: (r["searched"], r.get("unchanged_only")) for r in rows}
+    # bf16 is not fp32: not folded into the fastest fp32 runtime; openvino-bf16 meets 3.5x unchanged.
+    assert searched["openvino-bf16"] == (True, True) and searched["torch-bf16"][0] and not searched["torch"][0]
+
+
+# -- issue 35: the registry against hostile or broken plugins -------------------------------------------------
+def plugin_site(tmp_path: Path, dist: str, entries: dict[str, str], module: str = "", name: str = "plugin_rt"
+                ) -> Path:
+    """An installed-looking distribution ``dist`` with runtime entry points, its module ``name`` holding ``module``."""
+    site = tmp_path / dist
+    site.mkdir()
+    (site / f"{name}.py").write_text(module)
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+    (info / "entry_points.txt").write_text("[surgery.runtimes]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
+    return site
+
+
+RAISING = '''
+from surgery.runtimes.torch_runtime import TorchRuntime
+
+
+class Raising(TorchRuntime):
+    """A runtime whose availability check has a bug."""
+
+    name = "raising-rt"
+
+    def unavailable(self):
+        raise RuntimeError("driver probe crashed")
+
+
+class Escaping(TorchRuntime):
+    name = "../../esc"
+
+
+class Impostor(TorchRuntime):
+    """Claims a built-in name."""
+
+    name = "onnxruntime"
+'''
+
+
+def test_a_plugin_cannot_crash_the_listing_take_a_builtin_name_or_escape(tmp_path, monkeypatch) -> None:
+    site = plugin_site(tmp_path, "surgery-hostile", {"raising-rt": "plugin_rt:Raising",
+                                                     "../../esc": "plugin_rt:Escaping",
+                                                     "onnxruntime": "plugin_rt:Impostor"}, RAISING)
+    monkeypatch.syspath_prepend(str(site))
+    found = available_runtimes()
+    assert found["raising-rt"] == "its availability check failed: RuntimeError: driver probe crashed"
+    assert "../../esc" not in runtime_names()
+    assert runtime_class("onnxruntime").__module__ == "surgery.runtimes.onnx_runtime"
+    with pytest.raises(ConfigError, match="availability check failed"):
+        get_runtime("raising-rt")
+    listed = CliRunner().invoke(app, ["export", "--runtime", "list"])  # the documented form: no model needed
+    assert listed.exit_code == 0, listed.output
+    text = " ".join(listed.stdout.split())
+    assert "raising-rt" in text and "driver probe crashed" in text
+    assert "package surgery-hostile registers runtime 'onnxruntime', a built-in name" in text
+    assert "invalid runtime name '../../esc'" in text
+    with pytest.raises(ConfigError, match="is not one of"):
+        get_runtime("../../esc")
+
+
+def test_export_without_a_model_is_one_line() -> None:
+    line = one_line_error(CliRunner().invoke(app, ["export", "--out", "/tmp/never-written-rt"]))
+    assert "give the model and --out" in line and "--runtime list" in line
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0"])
+def test_tolerance_must_be_finite_and_positive_in_the_cli_and_the_config(value) -> None:
+    line = one_line_error(CliRunner().invoke(app, ["export", "minilm-l6", "--out", "/tmp/never-written-rt",
+                                                   "--tolerance", value]))
+    assert line.startswith("error: --tolerance must be a finite positive number"), line
+    with pytest.raises(ValueError, match="--tolerance must be a finite positive number"):
+        ExportConfig(tolerance=float(value))
+    from surgery.deploy.export import check_export_settings
+
+    with pytest.raises(ConfigError, match="export: tolerance must be a finite positive number"):
+        check_export_settings(4, 8, float(value))
+
+
+def test_export_config_bounds_are_the_clis(tmp_path) -> None:
+    from surgery.persist.config_values import MAX_BATCH
+    from surgery.runtimes.export_config import export
+
+    with pytest.raises(ValueError, match="less than or equal to 65536"):
+        ExportConfig(batch=10**9, seq=10**9)
+    assert ExportConfig(batch=MAX_BATCH).batch == MAX_BATCH
+    cli = one_line_error(CliRunner().invoke(app, ["export", "minilm-l6", "--out", "/tmp/never-written-rt", "--batch",
+                                                  str(MAX_BATCH + 1)]))
+    assert str(MAX_BATCH) in cli
+    # seq is bounded by the model, in the API as in the CLI: refused before anything is written.
+    model = tiny_model(TinySpec("bert"))
+    with pytest.raises(ConfigError, match=r"seq 100000 exceeds the \d+ positions the model supports"):
+        export(model, tmp_path / "o", ExportConfig(runtime="torch", seq=100_000))
+    assert not (tmp_path / "o").exists()

@@ -127,7 +127,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
                                  per_channel: bool = True, int8_fp32: tuple[str, ...] | list[str] = (),
                                  calibration: Any = None, smooth_alpha: float = SMOOTH_ALPHA,
                                  threads: int | None = None, fuse_attention: bool = True,
-                                 int8_mode: str = "dynamic", overwrite: bool = False, runtime: str = "onnx",
+                                 int8_mode: str = "dynamic", overwrite: bool = False, backend: str = "onnx",
                                  precision: str = "f32") -> Any:
     """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
 
@@ -143,7 +143,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     rebuilding the original shapes: load it with ``backend="onnx"``.
 
     ``fuse_attention`` and ``int8_mode`` pass to the export (``--no-fuse-attention``, ``--int8-mode``).
-    ``runtime="openvino"`` writes the OpenVINO IR to ``openvino/openvino_model.xml`` instead
+    ``backend="openvino"`` writes the OpenVINO IR to ``openvino/openvino_model.xml`` instead
     (:func:`surgery.deploy.openvino_export.export_openvino`; ``int8`` is NNCF's, calibrated on
     ``calibration``, which it then requires; ``precision="bf16"`` records and checks the IR for bf16), for
     ``SentenceTransformer(out_dir, backend="openvino")``.
@@ -179,10 +179,10 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         raise ConfigError("export --format sentence-transformers needs a sentence-embedding model: its directory "
                           "has no modules.json or sentence_embedding.json (pass sentence_config= in Python)")
     encoder = encoder_of(model)
-    if runtime not in ("onnx", "openvino"):
-        raise ConfigError(f"export --format sentence-transformers: runtime {runtime!r} is not onnx or openvino")
+    if backend not in (ONNX_SUBFOLDER, OPENVINO_SUBFOLDER):  # the backends are named as their folders are
+        raise ConfigError(f"export --format sentence-transformers: backend {backend!r} is not onnx or openvino")
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        if runtime == "openvino":  # openvino/openvino_model.xml, where backend="openvino" looks
+        if backend == OPENVINO_SUBFOLDER:  # openvino/openvino_model.xml, where backend="openvino" looks
             from surgery.deploy.openvino_export import export_openvino
 
             report = export_openvino(encoder, tmp / OPENVINO_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False,

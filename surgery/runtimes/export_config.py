@@ -180,7 +180,7 @@ def export(model: nn.Module, out_dir: str | os.PathLike[str], config: ExportConf
         from surgery.deploy.sentence_interop import export_sentence_transformers
 
         return export_sentence_transformers(model, out_dir, tokenizer=tokenizer, sentence_config=sentence_config,
-                                            runtime=runtime.sentence_backend or "", int8=runtime.int8,
+                                            backend=runtime.sentence_backend or "", int8=runtime.int8,
                                             per_channel=not config.per_tensor, int8_fp32=config.int8_fp32,
                                             calibration=calibration, smooth_alpha=runtime.smooth_alpha(config),
                                             threads=config.threads, fuse_attention=config.fuse_attention,
