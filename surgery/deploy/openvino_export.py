@@ -18,7 +18,10 @@ OpenVINO's CPU plugin runs an fp32 IR in bf16 on CPUs that have bf16 instruction
 or bf16 for ``precision="bf16"``), and to ``threads`` (``INFERENCE_NUM_THREADS``, pinning off) so
 timings side by side are fair. The IR itself carries that precision in its runtime options
 (``rt_info["runtime_options"]["INFERENCE_PRECISION_HINT"]``, :data:`PRECISION_KEY`), the place OpenVINO
-keeps the settings a model is meant to be compiled with, so a reader of the bare IR knows it too.
+keeps the settings a model is meant to be compiled with, so a reader of the bare IR knows it too. OpenVINO
+2026.4's CPU plugin does not apply that key by itself: a plain ``compile_model`` runs its default, bf16 on a
+bf16 CPU (what ``openvino-bf16`` wants; the f32 IR served outside surgery needs the f32 hint passed:
+experiments/openvino_bf16).
 
 openvino and nncf are the ``openvino`` extra (``pip install 'encoder-surgery[openvino]'``).
 """
