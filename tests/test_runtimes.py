@@ -419,3 +419,12 @@ def test_export_config_bounds_are_the_clis(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"seq 100000 exceeds the \d+ positions the model supports"):
         export(model, tmp_path / "o", ExportConfig(runtime="torch", seq=100_000))
     assert not (tmp_path / "o").exists()
+
+
+def test_compress_config_bounds_are_the_clis() -> None:
+    from surgery.compress.config import CompressConfig
+
+    with pytest.raises(ValueError, match="less than or equal to 100"):
+        CompressConfig(max_drop=200)  # the CLI: --max-drop must be between 0 and 100
+    with pytest.raises(ValueError, match="less than or equal to 65536"):
+        CompressConfig(speedup=2, batch_size=10**9)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
 from surgery.core.errors import ConfigError
 from surgery.core.strategy import validation_message
+from surgery.persist.config_values import MAX_BATCH
 
 #: ``--runtime auto``: time the unchanged model on every runtime available here and search on those that can reach
 #: the target.
@@ -64,8 +65,8 @@ class CompressConfig(BaseModel):
 
     speedup: float | None = Field(default=None, description="measured times faster than the reference to reach "
                                   "(the most accurate candidate that is wins)")
-    max_drop: float | None = Field(default=None, ge=0.0, description="points of accuracy (or 100 x mean cosine) "
-                                   "it may lose: the target alone, or the guard of a speedup")
+    max_drop: float | None = Field(default=None, ge=0.0, le=100.0, description="points of accuracy (or 100 x mean "
+                                   "cosine) it may lose: the target alone, or the guard of a speedup")
     runtime: str = Field(default="torch", description="where the model will run: a registered runtime name, or "
                          "'auto' (the fastest runtime available here that meets the target)")
     against_runtime: str = Field(default="torch", description="what speedups are against: the original on this "
@@ -74,7 +75,8 @@ class CompressConfig(BaseModel):
                                          "distillation runs in whole epochs that fit. None: the refit tier only")
     train: bool = Field(default=True, description="False keeps to the refit tier whatever the budget")
     objective: Literal["task", "embedding"] | None = Field(default=None, description="default: from the data")
-    batch_size: int | None = Field(default=None, ge=1, description="batch size to time (default: the data's)")
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH, description="batch size to time (default: the "
+                                   "data's; at most the CLI's bound)")
     seq_len: int | None = Field(default=None, ge=1, description="tokens per sequence to time (default: the data's)")
     threads: int | None = Field(default=None, ge=1, description="CPU threads every runtime is held to")
     stock: bool = Field(default=False, description="keep to what a stock transformers config can say")
