@@ -291,6 +291,10 @@ def inspect_command(
         typer.echo(anatomy.model_dump_json(indent=2))
         return
     stdout().print(render.anatomy_view(anatomy))
+    if (path / "compress.json").is_file():  # a compress output: what it holds and how to serve it, as its README
+        from surgery.cli.compress import read_report, served_summary
+
+        stdout().print("\n".join(served_summary(read_report(path), path)), markup=False, highlight=False)
 
 
 # -- apply -------------------------------------------------------------------------------

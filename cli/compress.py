@@ -4,8 +4,9 @@ The command checks its cheap inputs (paths, target, runtime, budget) first, load
 data the way ``apply`` does (:func:`surgery.cli.prepare.prepare_inputs`, objective detected the same
 way), runs :func:`surgery.compress` and saves into OUT, in one atomic save: the model as every
 surgery model (plus the winner's runtime artefact, the very files it was judged and timed on, under
-``OUT/onnx``, ``OUT/openvino`` or ``OUT/<runtime>``), ``compress.json``
-(the report) and ``pareto.png`` (when matplotlib is installed). ``--dry-run`` prints the latency
+``OUT/onnx``, ``OUT/openvino`` or ``OUT/<runtime>``: the runtime's own folder), ``compress.json``
+(the report), ``README.md`` (what OUT holds, the winner's measured speed and accuracy, and the lines that
+serve it; ``surgery inspect OUT`` prints the same) and ``pareto.png`` (when matplotlib is installed). ``--dry-run`` prints the latency
 prediction and the structure it would cut, and writes nothing. With ``--strict`` a missed target or
 a drop beyond ``--max-drop`` exits 3.
 """
@@ -37,6 +38,8 @@ from surgery.persist.config_values import check_batch_memory, check_max_drop, ch
 
 EXIT_STRICT = 3
 REPORT_NAME = "compress.json"
+#: What OUT holds and how to serve it, generated from the report (``surgery inspect OUT`` prints the same).
+README_NAME = "README.md"
 PARETO_NAME = "pareto.png"
 #: Where in OUT an ONNX Runtime artefact lands (each runtime names its own folder: Runtime.folder).
 ONNX_DIR = "onnx"
@@ -135,7 +138,67 @@ def candidate_points(report: Any) -> list[dict[str, Any]]:
     return points
 
 
-def write_outputs(directory: Path, result: Any, *, tokenizer: Any, objective: str, sentence: Any = None) -> list[str]:
+def read_report(directory: Path) -> Any:
+    """The :class:`~surgery.compress.compress_report.CompressReport` saved in ``directory``; one line if it is not."""
+    from pydantic import ValidationError
+
+    from surgery.compress.compress_report import CompressReport
+    from surgery.persist.untrusted import read_json_file
+
+    path = directory / REPORT_NAME
+    try:
+        return CompressReport.model_validate(read_json_file(path, what="compress report", fix="run compress again"))
+    except ValidationError as exc:
+        raise ConfigError(f"{path} is not a compress report ({exc.error_count()} fields wrong); run compress "
+                          "again") from None
+
+
+def served_summary(report: Any, out: Path) -> list[str]:
+    """What a compress output at ``out`` holds, its measured speed and accuracy, and the lines that serve it.
+
+    Read from the report alone (``compress.json``), so ``surgery inspect OUT`` says what the README says.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> won = NS(name="path-3", measured_speedup=2.5, accuracy=0.86, mean_cosine=None, recall_at_10=None, drop=0.4)
+        >>> report = NS(runtime="onnxruntime", winner="path-3", candidates=[won], reference="the original model in "
+        ...             "torch (fp32), unchanged", batch_size=32, seq_len=64, threads=1, target="--speedup 2",
+        ...             original={"accuracy": 0.864}, objective="task")
+        >>> lines = served_summary(report, Path("out"))
+        >>> lines[2]  # doctest: +ELLIPSIS
+        '- Measured: 2.50x faster than the original model in torch (fp32), unchanged (batch 32 x 64 tokens, ...)'
+        >>> lines[-2]
+        'outputs = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})'
+    """
+    from surgery.runtimes import get_runtime
+
+    runtime = get_runtime(report.runtime.partition("/")[0], require_available=False)
+    won = next((c for c in report.candidates if c.name == report.winner), None)
+    folder = out / runtime.folder if not runtime.as_is else out
+    if won is None:
+        figures = "no candidate won (see compress.json)"
+    elif won.accuracy is not None:
+        original = report.original.get("accuracy", float("nan"))
+        figures = f"dev accuracy {won.accuracy:.4f} (the original: {original:.4f}; drop {won.drop:.2f} points)"
+    else:
+        figures = (f"mean cosine {won.mean_cosine or 0:.5f} to the original's embeddings, recall@10 "
+                   f"{won.recall_at_10 or 0:.3f} (drop {won.drop:.2f} points)")
+    speed = "not measured" if won is None or won.measured_speedup is None else f"{won.measured_speedup:.2f}x faster"
+    return [
+        f"# {out.name}: compressed for {runtime.name} ({report.target})",
+        f"- Serve: `{folder}` ({runtime.description or runtime.name}; the winner {report.winner}, the files it was "
+        "judged and timed on)" if not runtime.as_is else f"- Serve: `{folder}` (PyTorch, the winner {report.winner})",
+        f"- Measured: {speed} than {report.reference} (batch {report.batch_size} x {report.seq_len} tokens, "
+        f"{report.threads or 'all'} thread(s))",
+        f"- Accuracy: {figures}",
+        "- Also here: the same model in PyTorch fp32 (model.safetensors, surgery.json: `surgery.from_pretrained`), "
+        "compress.json (every candidate), pareto.png",
+        "", "```python", "texts = [\"a first text\", \"another one\"]", *runtime.serving_code(str(folder)), "```",
+    ]
+
+
+def write_outputs(directory: Path, result: Any, *, tokenizer: Any, objective: str, sentence: Any = None,
+                  served_from: Path | None = None) -> list[str]:
     """Write the report, the Pareto plot and the winner's runtime artefact into ``directory``; notes of what was
     skipped.
 
@@ -170,6 +233,8 @@ def write_outputs(directory: Path, result: Any, *, tokenizer: Any, objective: st
                      ylabel="accuracy retained (%)" if objective == "task" else "mean cosine to the original (%)")
     report.notes.extend(skipped)
     (directory / REPORT_NAME).write_text(report.model_dump_json(indent=2) + "\n")
+    # The README names the final folder (``served_from``), not the temporary one being written.
+    (directory / README_NAME).write_text("\n".join(served_summary(report, served_from or directory)) + "\n")
     return skipped
 
 
@@ -305,7 +370,7 @@ def compress_command(
         if sentence is not None:
             write_sentence_config(sentence, directory)
         write_outputs(directory, result, tokenizer=inputs.tokenizer, objective=report.objective,
-                      sentence=sentence)  # what it skips joins the report's notes, printed below
+                      sentence=sentence, served_from=out_dir)  # what it skips joins the report's notes, below
 
     if stock:
         from surgery.compress.stock_export import save_stock

@@ -237,6 +237,14 @@ def test_cli_compress_saves_the_model_and_its_report(cli_ws: dict[str, Path], tm
     kept = [LayerShape(**s) for s in winner["structure"] if s is not None]
     assert Structure.from_model(reloaded).kept == kept
     assert (out / "tokenizer_config.json").exists()
+    # OUT says what it holds, how fast and how accurate the winner measured, and how to serve it; inspect says the same.
+    readme = (out / "README.md").read_text()
+    serve = str(out / "onnx") if runtime != "torch" else str(out)
+    assert f"- Serve: `{serve}`" in readme and f"{winner['measured_speedup']:.2f}x faster" in readme
+    assert "```python" in readme and (f"{serve}/model.onnx" in readme) == (runtime != "torch")
+    inspected = runner.invoke(app, ["inspect", str(out)])
+    measured = next(line for line in readme.splitlines() if line.startswith("- Measured:"))
+    assert inspected.exit_code == 0 and " ".join(measured.split()) in " ".join(inspected.stdout.split())
     if (out / "pareto.png").exists() is False:
         assert any("matplotlib" in n for n in report["notes"])
 

@@ -219,6 +219,21 @@ class Runtime(ABC):
             files = tuple(sorted(p.name for p in tmp.iterdir()))
         return replace(artefact, directory=out.resolve(), files=files, info=info)
 
+    def serving_code(self, directory: str) -> list[str]:
+        """Python lines that serve its artefact in ``directory`` (``texts`` a list of strings): what a generated
+        README shows. This default goes through the runtime itself; the built-ins show their own library's loader.
+
+        Example:
+            >>> from surgery.runtimes import get_runtime
+            >>> get_runtime("torch").serving_code("out")[1]
+            'model = surgery.from_pretrained("out")'
+        """
+        return ["from pathlib import Path", "from transformers import AutoConfig, AutoTokenizer",
+                "from surgery.runtimes import get_runtime",
+                f'model = get_runtime("{self.name}").load(Path("{directory}"), config=AutoConfig.from_pretrained('
+                f'"{directory}"))', f'outputs = model(**AutoTokenizer.from_pretrained("{directory}")(texts, '
+                'padding=True, return_tensors="pt"))']
+
     def check_settings(self, given: Iterable[str]) -> None:
         """Refuse, in one line, export settings (``ExportConfig`` field names) this runtime does not read."""
         from surgery.core.errors import ConfigError

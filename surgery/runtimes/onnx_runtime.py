@@ -85,6 +85,13 @@ class OnnxRuntimeRuntime(Runtime):
                            data=data, threads=config.threads, overwrite=config.overwrite,
                            max_length=config.max_length, **options)
 
+    def serving_code(self, directory: str) -> list[str]:
+        return ["import onnxruntime, transformers",
+                f'session = onnxruntime.InferenceSession("{directory}/{ONNX_NAME}")',
+                f'batch = transformers.AutoTokenizer.from_pretrained("{directory}")(texts, padding=True, '
+                'return_tensors="np")',
+                "outputs = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})"]
+
     def read_info(self, out_dir: Path) -> dict[str, Any]:
         from surgery.deploy.export import read_export_info
 

@@ -86,6 +86,16 @@ class OpenVinoRuntime(Runtime):
                                seq=config.seq, tolerance=config.tolerance, data=data, threads=config.threads,
                                overwrite=config.overwrite, max_length=config.max_length, **options)
 
+    def serving_code(self, directory: str) -> list[str]:
+        from surgery.deploy.openvino_export import OV_XML
+
+        return ["import openvino, transformers",
+                f'model = openvino.Core().compile_model("{directory}/{OV_XML}", "CPU", {{"INFERENCE_PRECISION_HINT": '
+                f'"{self.inference_precision}"}})',
+                f'batch = transformers.AutoTokenizer.from_pretrained("{directory}")(texts, padding=True, '
+                'return_tensors="np")',
+                "outputs = model({p.any_name: batch[p.any_name] for p in model.inputs})"]
+
     def read_info(self, out_dir: Path) -> dict[str, Any]:
         from surgery.deploy.openvino_export import read_openvino_info
 

@@ -93,6 +93,11 @@ class TorchRuntime(Runtime):
         model = from_pretrained(out_dir).eval()
         return model if self.dtype is None else Float32Outputs(model)
 
+    def serving_code(self, directory: str) -> list[str]:
+        return ["import surgery, transformers", f'model = surgery.from_pretrained("{directory}")',
+                f'outputs = model(**transformers.AutoTokenizer.from_pretrained("{directory}")(texts, padding=True, '
+                'return_tensors="pt"))']
+
     def prepare(self, model: nn.Module, work_dir: Path, *, task: str = "auto",
                 calibration: Sequence[Batch] | None = None, threads: int | None = None) -> nn.Module:
         """A converted copy in memory; nothing is written (``work_dir`` is unused)."""
