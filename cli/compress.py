@@ -7,8 +7,8 @@ surgery model (plus the winner's runtime artefact, the very files it was judged 
 ``OUT/onnx``, ``OUT/openvino`` or ``OUT/<runtime>``: the runtime's own folder), ``compress.json``
 (the report), ``README.md`` (what OUT holds, the winner's measured speed and accuracy, and the lines that
 serve it; ``surgery inspect OUT`` prints the same) and ``pareto.png`` (when matplotlib is installed).
-``--dry-run`` prints the latency prediction and the structure it would cut, and writes nothing. With ``--strict`` a missed target or
-a drop beyond ``--max-drop`` exits 3.
+``--dry-run`` prints the latency prediction and the structure it would cut, and writes nothing. With
+``--strict`` a missed target or a drop beyond ``--max-drop`` exits 3.
 """
 
 from __future__ import annotations
