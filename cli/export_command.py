@@ -135,8 +135,9 @@ def export_command(
                                         "loads, for a sentence-embedding model; stock: a plain Hugging Face "
                                         "directory that AutoModel loads without surgery (uniform FFN width, dropped "
                                         "layers, all heads).")] = "graph",
-    per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --int8: one weight scale per tensor "
-                                             "instead of per output channel (less faithful, same speed).")] = False,
+    per_tensor: Annotated[bool, typer.Option("--per-tensor", help="With --runtime onnxruntime-int8: one "
+                                             "weight scale per tensor instead of per output channel (less faithful, "
+                                             "same speed).")] = False,
     int8_fp32: Int8Fp32 = None,
     calibration: Calibration = None,
     calibration_texts: CalibrationTexts = CALIBRATION_TEXTS,
@@ -150,8 +151,9 @@ def export_command(
                                                  "attention as one ONNX Runtime MultiHeadAttention operator with "
                                                  "its own head count (default); --no-fuse-attention writes "
                                                  "MatMul + Softmax (plain ONNX, for other runtimes).")] = True,
-    int8_mode: Annotated[str, typer.Option("--int8-mode", help="With --int8: dynamic (activation scales per "
-                                           "batch) or static (calibrated on --calibration, QDQ).")] = "dynamic",
+    int8_mode: Annotated[str, typer.Option("--int8-mode", help="With --runtime onnxruntime-int8: dynamic "
+                                           "(activation scales per batch) or static (calibrated on --calibration, "
+                                           "QDQ).")] = "dynamic",
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
     batch: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Parity batch: sequences.")] = 4,
     seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,

@@ -38,12 +38,13 @@ EvalData = Annotated[str | None, typer.Option("--eval-data", help="Evaluation da
                                               "--data.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")]
 Int8Fp32 = Annotated[list[str] | None, typer.Option(
-    "--int8-fp32", help="With --int8: keep this part of every layer in fp32 (attention, ffn, ffn-up, ffn-down; "
-    "repeatable): mixed precision when full int8 moves the outputs too far.")]
+    "--int8-fp32", help="With --runtime onnxruntime-int8: keep this part of every layer in fp32 (attention, ffn, "
+    "ffn-up, ffn-down; repeatable): mixed precision when full int8 moves the outputs too far.")]
 Calibration = Annotated[str | None, typer.Option(
-    "--calibration", help="With --int8: texts like the ones the model will serve (.txt, one per line, or a table's "
-    "--text-column; labels ignored); the activations are smoothed on them before quantization (SmoothQuant), "
-    "which keeps int8 closer to fp32.")]
+    "--calibration", help="With an int8 runtime (onnxruntime-int8, openvino-int8): texts like the ones the model "
+    "will serve (.txt, one per line, or a table's --text-column; labels ignored); the activations are smoothed on "
+    "them before quantization (SmoothQuant), which keeps int8 closer to fp32 (openvino-int8 also calibrates on "
+    "them and needs them).")]
 CalibrationTexts = Annotated[int, typer.Option(min=1, max=MAX_TEXTS, help="With --calibration: how many texts to "
                                                "calibrate on (a seeded sample).")]
 SmoothAlpha = Annotated[float, typer.Option(min=0.0, max=1.0, help="With --calibration: SmoothQuant's migration "

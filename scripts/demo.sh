@@ -2,7 +2,8 @@
 # The README's main job: install into ./.venv, then run SHRP on the real MiniLM-L6 (`minilm-l6`) and
 # Rotten Tomatoes (`rotten-tomatoes`): fine-tune one epoch, convert the top 3 of 6 layers to Expert
 # Attention one per epoch, train 2 more, prune each to its most used head, save, and benchmark the
-# result side by side against the original. About 5 minutes on 2 CPU cores, install included.
+# result side by side against the original. About 9 minutes on an otherwise idle 2-core machine, install
+# included (the README's figure); up to about 20 with other jobs on the same cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh

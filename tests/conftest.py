@@ -1,6 +1,11 @@
 """Test configuration: hypothesis profiles, a quiet single-threaded torch, and the fixtures test modules share.
 
 Shared plain helpers are in tests/helpers.py; no test module imports another.
+
+Under pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadgroup``) every module is one unit of work
+unless it names a group (``pytestmark = pytest.mark.xdist_group("...")``): module- and session-scoped
+fixtures are then built once per worker, and modules that share a session fixture (the uneven exports
+below) can ask to run on the same worker by naming the same group.
 """
 
 from __future__ import annotations
@@ -8,7 +13,9 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,3 +48,68 @@ def timed_by_tables(monkeypatch: pytest.MonkeyPatch) -> None:
                         lambda self, original, candidate, *, runtime, reference_runtime, served=None: tables_for(
                             original).speedup(original, candidate, runtime=runtime,
                                               reference_runtime=reference_runtime))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test without an ``xdist_group`` joins its module's group, so ``--dist loadgroup`` keeps a module on one
+    worker (as ``loadfile`` would) while modules that name one group share a worker and its session fixtures."""
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_latency_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Latency tables are cached under a directory of this run (of this worker), not the user's ~/.cache: a table
+    another run measured at another load must not decide what a test sees. Child processes inherit it."""
+    before = os.environ.get("SURGERY_CACHE")
+    os.environ["SURGERY_CACHE"] = str(tmp_path_factory.mktemp("surgery-cache"))
+    yield
+    if before is None:
+        os.environ.pop("SURGERY_CACHE", None)
+    else:
+        os.environ["SURGERY_CACHE"] = before
+
+
+class UnevenExports:
+    """Each family's uneven model (tests/helpers.py ``uneven_model``), exported once per session and runtime.
+
+    ``onnx(family)`` is ONNX Runtime's fp32 graph (``export_onnx`` at batch 4 x 12, tolerance 1e-4) and
+    ``openvino(family)`` the OpenVINO IR (``get_runtime("openvino").write_artefact``); each returns the model
+    exported, its spec, the export's report or artefact and the directory. Tests read them and write nothing
+    into them.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def onnx(self, family: str) -> dict[str, Any]:
+        if (family, "onnx") not in self.done:
+            from surgery.deploy import export_onnx
+            from tests.helpers import uneven_model
+
+            model, spec = uneven_model(family)
+            out = self.root / f"{family}-onnx"
+            report = export_onnx(model, out, batch=4, seq=12, tolerance=1e-4)
+            self.done[family, "onnx"] = {"model": model, "spec": spec, "report": report, "dir": out,
+                                         "graph": out / "model.onnx"}
+        return self.done[family, "onnx"]
+
+    def openvino(self, family: str) -> dict[str, Any]:
+        if (family, "openvino") not in self.done:
+            from surgery.runtimes import get_runtime
+            from tests.helpers import uneven_model
+
+            model, spec = uneven_model(family, routed=False)
+            artefact = get_runtime("openvino").write_artefact(model.eval(), self.root / f"{family}-ir", threads=1)
+            self.done[family, "openvino"] = {"model": model, "spec": spec, "artefact": artefact,
+                                             "dir": artefact.directory}
+        return self.done[family, "openvino"]
+
+
+@pytest.fixture(scope="session")
+def uneven_exports(tmp_path_factory: pytest.TempPathFactory) -> UnevenExports:
+    """The uneven model of each family exported once per session (per xdist worker), on first use."""
+    return UnevenExports(tmp_path_factory.mktemp("uneven-exports"))

@@ -16,10 +16,12 @@ from torch import nn
 from transformers import BertTokenizer
 from typer.testing import CliRunner
 
+import surgery
 from surgery.compress.latency_source import TableLatency
 from surgery.compress.shape_table import shape_latency_table
 from surgery.data.task_data import TaskData
-from surgery.testing import VOCAB, TinySpec, tiny_model
+from surgery.strategies import ExpertAttentionStrategy, FFNPruningStrategy, HeadPruningStrategy, SoftPromptStrategy
+from surgery.testing import FAMILIES, VOCAB, TinySpec, tiny_model
 from surgery.training import PaddingCollator
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -101,3 +103,28 @@ def tables_for(model: torch.nn.Module) -> TableLatency:
     """Latency from shape tables: torch and ORT fp32 alike; int8 at 40% of their time."""
     return TableLatency({"torch": shape_latency_table(model), "onnxruntime": shape_latency_table(model, "onnxruntime"),
                          "onnxruntime-int8": shape_latency_table(model, "onnxruntime-int8", scale=0.4)})
+
+
+#: The uneven model's heads removed per layer: 1, 4 and 3 of 4 heads left.
+UNEVEN_HEADS = {0: [0, 2, 3], 2: [1]}
+#: Its FFN neurons removed per layer: widths 9, 0 (every neuron of layer 1) and 11 of 12.
+UNEVEN_NEURONS = {0: [0, 3, 5], 1: list(range(12)), 2: [7]}
+
+
+def uneven_model(family: str, *, routed: bool = True) -> tuple[nn.Module, TinySpec]:
+    """A 3-layer tiny model of ``family`` carrying what exports must handle: uneven heads (1, 4, 3), uneven FFN
+    widths with an empty FFN (9, 0, 11), and with ``routed`` layer 1 as a routed Expert Attention layer (its
+    data-dependent expert gather) and a 3-token soft prompt. A classifier for every other family.
+
+    The models of ``conftest.UnevenExports``: one export per family and runtime serves every test that reads it.
+    """
+    index = FAMILIES.index(family)
+    spec = TinySpec(family, heads=4, head_dim=4, layers=3, ffn=12, task="seq-cls" if index % 2 else "base",
+                    seed=index)
+    model = tiny_model(spec)
+    surgery.convert(model, HeadPruningStrategy(heads=UNEVEN_HEADS))
+    surgery.convert(model, FFNPruningStrategy(neurons=UNEVEN_NEURONS))
+    if routed:
+        surgery.convert(model, ExpertAttentionStrategy(layers=[1]))
+        surgery.convert(model, SoftPromptStrategy(length=3))
+    return model, spec

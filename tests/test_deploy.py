@@ -23,8 +23,6 @@ from surgery.deploy.export import agreement, check_parity, export_target
 from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,
-    HeadPruningStrategy,
-    SoftPromptStrategy,
     Top1PruningStrategy,
     ZeroRecoveryPruningStrategy,
 )
@@ -32,6 +30,8 @@ from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 
 TOLERANCE = 1e-4
+
+pytestmark = pytest.mark.xdist_group("uneven-exports")  # the worker that exports them for test_fused_attention
 
 
 def assert_parity_on_new_shape(model, graph, spec: TinySpec, output: str) -> None:
@@ -48,23 +48,20 @@ def assert_parity_on_new_shape(model, graph, spec: TinySpec, output: str) -> Non
 @pytest.mark.slow
 @pytest.mark.onnx
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_with_stacked_strategies_exports_at_parity(family: str, tmp_path) -> None:
-    task = "seq-cls" if FAMILIES.index(family) % 2 else "base"
-    spec = TinySpec(family, heads=4, head_dim=4, layers=2, ffn=12, task=task, seed=FAMILIES.index(family))
-    model = tiny_model(spec)
-    surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))      # uneven heads: 2 and 4
-    surgery.convert(model, FFNPruningStrategy(neurons={0: [0, 3, 5], 1: [7]}))  # uneven widths: 9 and 11
-    surgery.convert(model, ExpertAttentionStrategy(layers=[1]))         # routed: argmax + gather per example
-    surgery.convert(model, SoftPromptStrategy(length=3))
-    report = export_onnx(model, tmp_path / "onnx", batch=4, seq=12, tolerance=TOLERANCE)
+def test_every_family_with_stacked_strategies_exports_at_parity(family: str, uneven_exports) -> None:
+    # Uneven heads (1, 4, 3) and FFN widths (9, 0: every neuron gone, 11), a routed Expert Attention layer
+    # (argmax + gather per example) and a soft prompt, exported once per session (conftest `uneven_exports`).
+    exported = uneven_exports.onnx(family)
+    model, spec, report = exported["model"], exported["spec"], exported["report"]
+    assert [(layer.heads, layer.ffn_width) for layer in surgery.inspect(model).layers][::2] == [(1, 9), (3, 11)]
     assert report.parity.max_abs_diff <= TOLERANCE and report.parity.min_cosine > 0.9999
     assert report.steps == ["head-prune", "ffn-prune", "expert-attention", "soft-prompt"]
-    assert report.task == task and report.dynamic_axes["input_ids"] == ["batch", "sequence"]
-    saved = json.loads((tmp_path / "onnx" / INFO_NAME).read_text())
+    assert report.task == spec.task and report.dynamic_axes["input_ids"] == ["batch", "sequence"]
+    saved = json.loads((exported["dir"] / INFO_NAME).read_text())
     assert saved["parity"]["max_abs_diff"] == report.parity.max_abs_diff and saved["opset"] >= 18
-    assert_parity_on_new_shape(model, tmp_path / "onnx" / "model.onnx", spec, report.output)
+    assert_parity_on_new_shape(model, exported["graph"], spec, report.output)
     if family == "distilbert":  # above a tolerance, the check is one line that says what to change
-        runtime = OnnxRuntimeModel(tmp_path / "onnx" / "model.onnx", config=model.config, output=report.output)
+        runtime = OnnxRuntimeModel(exported["graph"], config=model.config, output=report.output)
         inputs = tiny_inputs(spec)
         with torch.no_grad():
             expected = main_output(model, inputs)
