@@ -47,19 +47,8 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # -- flags, in a fresh process: exit 2, one line, nothing heavy imported --------------------------
-def run_cli(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
-    """Run the CLI in a new interpreter; its exit code, stderr and which heavy modules it had imported."""
-    probe = ("import sys\nfrom surgery.cli import main\nsys.argv = ['surgery'] + sys.argv[1:]\ntry:\n    main()\n"
-             "except SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
-             "print('IMPORTED', [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules])\n"
-             "sys.exit(code)\n")
-    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    imported = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("IMPORTED ").replace("'", '"'))
-    return done.returncode, done.stderr, imported
-
-
-@pytest.mark.parametrize(("flags", "message"), [
+#: ``compress`` flags that are refused before torch is imported, and what the one line says.
+COMPRESS_FLAGS = [
     (["--speedup", "inf"], "--speedup must be more than 1 and finite"),
     (["--speedup", "nan"], "--speedup must be more than 1 and finite"),
     (["--max-drop", "200"], "--max-drop must be between 0 and 100"),
@@ -69,27 +58,66 @@ def run_cli(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
     # 20 million x 64 tokens: terabytes of activations even for a tiny model, on any machine
     (["--speedup", "2", "--batch", "20000000", "--seq-len", "64"], "GiB of activations, more than this machine's"),
     (["--speedup", "2", "--seq-len", "100000"], "--seq-len 100000 exceeds the 72 positions the model supports"),
-])
-def test_compress_refuses_an_impossible_flag_before_importing_torch(classifier: dict[str, Path], tmp_path: Path,
-                                                                     flags: list[str], message: str) -> None:
-    code, err, imported = run_cli(["compress", str(classifier["model"]), "--data", str(classifier["data"]),
-                                   "--out", str(tmp_path / "out"), *flags], tmp_path)
+]
+OPSETS = ["1", "14", "99"]
+#: One interpreter runs every case in turn: each refusal must leave torch, transformers and datasets unimported,
+#: so the next case starts as clean as a fresh process (a case that imported one fails, and so does the rest).
+PROBE = """
+import contextlib, io, json, sys
+from surgery.cli import main
+results = []
+for args in json.loads(sys.argv[1]):
+    sys.argv = ['surgery', *args]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        else:
+            code = 0
+    results.append([code, err.getvalue(), [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules]])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def refusals(classifier: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every flag case of this section, run in one new interpreter: its exit code, stderr, heavy imports, --out."""
+    root = tmp_path_factory.mktemp("refusals")
+    cases: dict[str, tuple[list[str], Path]] = {}
+    for i, (flags, _) in enumerate(COMPRESS_FLAGS):
+        out = root / f"compress-{i}"
+        cases[f"compress-{i}"] = (["compress", str(classifier["model"]), "--data", str(classifier["data"]), "--out",
+                                   str(out), *flags], out)
+    for opset in OPSETS:
+        out = root / f"opset-{opset}"
+        cases[f"opset-{opset}"] = (["export", str(classifier["model"]), "--out", str(out), "--opset", opset], out)
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps([args for args, _ in cases.values()])], cwd=root,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: (*result, out) for (name, (_, out)), result in zip(cases.items(), results, strict=True)}
+
+
+@pytest.mark.parametrize(("case", "message"), [(i, message) for i, (_, message) in enumerate(COMPRESS_FLAGS)])
+def test_compress_refuses_an_impossible_flag_before_importing_torch(refusals: dict[str, Any], case: int,
+                                                                     message: str) -> None:
+    code, err, imported, out = refusals[f"compress-{case}"]
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
-    assert imported == [], f"imported {imported} before refusing {flags}"
-    assert not (tmp_path / "out").exists()
+    assert imported == [], f"imported {imported} before refusing {COMPRESS_FLAGS[case][0]}"
+    assert not out.exists()
 
 
-@pytest.mark.parametrize("opset", ["1", "14", "99"])
-def test_export_refuses_an_opset_it_cannot_write_before_importing_torch(classifier: dict[str, Path], tmp_path: Path,
-                                                                        opset: str) -> None:
-    code, err, imported = run_cli(["export", str(classifier["model"]), "--out", str(tmp_path / "o"), "--opset",
-                                   opset], tmp_path)
+@pytest.mark.parametrize("opset", OPSETS)
+def test_export_refuses_an_opset_it_cannot_write_before_importing_torch(refusals: dict[str, Any], opset: str) -> None:
+    code, err, imported, out = refusals[f"opset-{opset}"]
     low, high = OPSET_RANGE
     assert code == 2 and err.strip() == (f"error: --opset {opset} is not supported: choose {low} to {high} (or leave "
                                          "--opset out for the exporter's default)"), err
-    assert imported == [] and not (tmp_path / "o").exists()
+    assert imported == [] and not out.exists()
 
 
 def test_threads_above_the_cores_warn_and_bad_opsets_are_config_errors() -> None:
