@@ -37,6 +37,16 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Every test starts with torch on one thread, whatever an earlier test left: loading a torch runtime with
+    ``threads=N`` sets the process's thread count and keeps it, which made later tests' numbers (and their
+    1e-5 tolerances) depend on the order the tests ran in."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture()
 def timed_by_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI measures on this machine; here its times come from shape tables."""
