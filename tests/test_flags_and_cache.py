@@ -271,7 +271,9 @@ def test_dry_run_writes_no_latency_cache(classifier: dict[str, Path], tmp_path: 
                                  "--speedup", "1.5", "--dry-run", "--batch", "2", "--seq-len", "8", "--threads", "1"],
                            env={"SURGERY_CACHE": str(cache), "COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["would_cut"]
+    # The preview of a measured table (whether a cut reaches 1.5x on a tiny model depends on the machine's load).
+    preview = json.loads(result.stdout)
+    assert preview["predicted_ms_original"] > 0 and "would_cut" in preview and preview["speed_points"] is not None
     assert not cache.exists(), sorted(str(p) for p in cache.rglob("*"))
 
 
