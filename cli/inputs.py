@@ -213,10 +213,11 @@ def check_writable_file(path: Path | None, flag: str) -> Path | None:
 # -- model and tokenizer -----------------------------------------------------------------
 def read_model_config(path: Path) -> PretrainedConfig:
     """The HF config of a model directory, checked against the supported families (no weights read)."""
-    from surgery.persist.config_values import load_config
+    from surgery.persist.config_values import load_config, sentence_max_seq_length
 
     refuse_custom_code(path)
     config = load_config(path)
+    sentence_max_seq_length(path)  # a length that is not a positive integer: one line now, not ignored at export
     adapter_class_for(config.model_type)  # UnsupportedModelError names the supported types
     return config
 

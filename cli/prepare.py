@@ -112,6 +112,16 @@ def model_head_labels(source: Path, model_config: Any) -> list[str] | None:
     return head_label_names(model_config) if name and name.endswith(SEQUENCE_CLASSIFIER_SUFFIX) else None
 
 
+def check_task_head(source: Path, model_config: Any) -> None:
+    """Refuse labelled data for a model whose head is not a single-label classifier (multi-label, regression,
+    token classification ...): the one check of every command that judges task data (apply, compress, export
+    and bench with --data)."""
+    from surgery.cli.inputs import recorded_class
+    from surgery.persist.task_heads import check_judged_head
+
+    check_judged_head(source, recorded_class(source, model_config)[0], model_config)
+
+
 def load_task(files: DataFiles, tokenizer: Any, options: DataOptions, *, model: tuple[Path, Any] | None = None,
               labels_from_head: bool = True) -> TaskData:
     """Labelled task data from ``files``, read with ``options`` (the CLI's single call of ``load_task_data``).
@@ -122,6 +132,8 @@ def load_task(files: DataFiles, tokenizer: Any, options: DataOptions, *, model: 
     """
     from surgery.data.task_data import load_task_data
 
+    if model is not None:
+        check_task_head(*model)
     head = model_head_labels(*model) if model is not None and labels_from_head else None
     return load_task_data(
         files.train, tokenizer, eval_data=files.eval, text_column=options.text_column,

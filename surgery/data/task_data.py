@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,12 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from surgery.core.errors import DataError
 from surgery.data.data_diagnosis import check_json_data, diagnose
 from surgery.persist.assets import DATASETS, resolve_data_path
+from surgery.persist.config_values import SENTENCE_CONFIG
+
+
+class DataWarning(UserWarning):
+    """Data that is read, but probably not what its author meant (some texts empty ...)."""
+
 
 _BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "labels")
@@ -230,22 +237,32 @@ def check_label_order(config: Any, label_names: Sequence[str], where: str = "the
 
 
 def check_cells(table: datasets.Dataset, text_columns: list[str], label_column: str, where: str) -> None:
-    """Refuse empty labels and non-text text columns, naming the column, the row count and the first row.
+    """Refuse empty labels, empty or non-text text columns, naming the column, the row count and the first row.
 
     Empty labels are an error rather than rows dropped quietly: a missing label is usually a broken
-    export, and dropping it would change the data without anyone noticing. Rows are numbered from 1
-    after the header.
+    export, and dropping it would change the data without anyone noticing. A text column whose every
+    cell is empty is refused; some empty texts are a :class:`DataWarning` with their count. Rows are
+    numbered from 1 after the header.
     """
     empty = [i for i, v in enumerate(table[label_column]) if _is_empty(v)]
     if empty:
         raise DataError(f"{where}: {len(empty)} of {len(table)} rows have an empty label in column {label_column!r} "
                         f"(first: row {empty[0] + 1}); fill in or delete those rows")
     for column in text_columns:
+        blank = [i for i, v in enumerate(table[column]) if _is_empty(v)]
+        if blank and len(blank) == len(table):
+            # Checked before the type: a column of empty cells is read as float64 (all NaN), which is not the news.
+            raise DataError(f"{where}: column {column!r} is empty (all {len(table)} texts are empty); put the texts "
+                            "in it, or name the text column with --text-column/--text-pair-column")
         feature = table.features[column]
         dtype = getattr(feature, "dtype", None)
         if dtype not in ("string", "large_string"):
             raise DataError(f"{where}: column {column!r} holds {dtype or type(feature).__name__} values, not text; "
                             "name the text column with --text-column/--text-pair-column")
+        if blank:
+            warnings.warn(f"{where}: {len(blank)} of {len(table)} texts in column {column!r} are empty (first: row "
+                          f"{blank[0] + 1}); they tell the model nothing and are scored as empty input: fill in or "
+                          "delete those rows", DataWarning, stacklevel=3)
 
 
 #: Texts tokenized to choose the default max length: a stable 99th percentile, at a few seconds at most.
@@ -255,7 +272,6 @@ LENGTH_PERCENTILE = 99
 LENGTH_MULTIPLE = 8
 #: A tokenizer's ``model_max_length`` above this is transformers' "no limit recorded" (1e30), not a limit.
 SANE_TOKENIZER_LIMIT = 100_000
-SENTENCE_CONFIG = "sentence_bert_config.json"
 
 
 @dataclass(frozen=True)
@@ -300,18 +316,15 @@ def model_text_limit(tokenizer: Any, model_dir: str | Path | None = None, config
         >>> model_text_limit(SimpleNamespace(model_max_length=int(1e30)), config=None)
         (None, None)
     """
-    from surgery.persist.config_values import usable_positions
-    from surgery.persist.untrusted import read_json_file
+    from surgery.persist.config_values import sentence_max_seq_length, usable_positions
+    from surgery.persist.untrusted import check_links_inside, read_json_file
 
     where = Path(model_dir) if model_dir is not None else Path(str(getattr(tokenizer, "name_or_path", "") or ""))
     is_dir = str(where) not in ("", ".") and where.is_dir()
-    limit: int | None = None
-    source: str | None = None
-    sentence = where / SENTENCE_CONFIG if is_dir else None
-    if sentence is not None and sentence.is_file():
-        raw = read_json_file(sentence, what=SENTENCE_CONFIG)
-        limit = _positive_int(raw.get("max_seq_length")) if isinstance(raw, dict) else None
-        source = f"sentence-transformers max_seq_length in {SENTENCE_CONFIG}" if limit else None
+    if is_dir:
+        check_links_inside(where)
+    limit = sentence_max_seq_length(where) if is_dir else None
+    source = f"sentence-transformers max_seq_length in {SENTENCE_CONFIG}" if limit else None
     if limit is None:
         own = _positive_int(getattr(tokenizer, "model_max_length", None))
         if own is not None and own <= SANE_TOKENIZER_LIMIT:

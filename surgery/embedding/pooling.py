@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from surgery.core.errors import ModelLoadError
+from surgery.persist.config_values import SENTENCE_CONFIG, check_max_seq_length
+from surgery.persist.untrusted import MAX_JSON_BYTES, check_links_inside, path_inside, read_json_file, read_regular
 
 MODULES_FILE = "modules.json"
 # sentence-transformers' own settings (prompts, similarity function, versions): copied as it is.
@@ -124,24 +126,22 @@ def write_sentence_transformers_files(config: SentenceConfig, out_dir: str | os.
     else:
         pooling["pooling_mode"] = list(config.modes)
     (root / "1_Pooling").mkdir(parents=True, exist_ok=True)
-    files = [root / MODULES_FILE, root / "1_Pooling" / "config.json", root / "sentence_bert_config.json"]
+    files = [root / MODULES_FILE, root / "1_Pooling" / "config.json", root / SENTENCE_CONFIG]
     contents: list[Any] = [modules, pooling, {"max_seq_length": config.max_seq_length or 512,
                                              "do_lower_case": config.do_lower_case}]
     for file, content in zip(files, contents, strict=True):
         file.write_text(json.dumps(content, indent=2) + "\n")
     extra = Path(source) / ST_CONFIG_FILE if source else None
     if extra is not None and extra.is_file():
+        check_links_inside(Path(source))  # copied as it is: never a file from outside the source directory
         files.append(root / ST_CONFIG_FILE)
-        files[-1].write_bytes(extra.read_bytes())
+        files[-1].write_bytes(read_regular(extra, MAX_JSON_BYTES))
     return files
 
 
 def _read_json(file: Path) -> Any:
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{file} cannot be read as JSON ({' '.join(str(exc).split())[:120]}); "
-                             "repair or remove it") from None
+    # A regular file of bounded size and nesting (a FIFO, /dev/zero or a 100,000-deep file is one line too).
+    return read_json_file(file, what=file.name, fix="repair or remove it")
 
 
 def read_sentence_config(path: str | os.PathLike[str]) -> SentenceConfig | None:
@@ -163,7 +163,11 @@ def read_sentence_config(path: str | os.PathLike[str]) -> SentenceConfig | None:
     """
     root = Path(path)
     if not (root / MODULES_FILE).is_file():
-        return _read_surgery_file(root) if (root / SURGERY_FILE).is_file() else None
+        if not (root / SURGERY_FILE).is_file():
+            return None
+        check_links_inside(root)
+        return _read_surgery_file(root)
+    check_links_inside(root)  # every file below is read by a name inside the directory, never through a link out
     modules = _read_json(root / MODULES_FILE)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ModelLoadError(f"{root / MODULES_FILE} must be a list of module entries")
@@ -175,16 +179,25 @@ def read_sentence_config(path: str | os.PathLike[str]) -> SentenceConfig | None:
             "Normalize (in that order); remove the other modules or use the task objective"
         )
     pooling = modules[kinds.index(_POOLING)]
-    pooling_file = root / str(pooling.get("path", "")) / "config.json"
+    # The module's folder is named in modules.json: data, not a place to go (../x, /etc, a link out are refused).
+    folder = str(pooling.get("path", ""))
+    path_inside(root, folder, named_in=root / MODULES_FILE)
+    pooling_file = path_inside(root, Path(folder) / "config.json", named_in=root / MODULES_FILE)
     if not pooling_file.is_file():
         raise ModelLoadError(f"{pooling_file} is missing; a sentence-transformers Pooling module needs its config")
-    modes = pooling_modes(_read_json(pooling_file), str(pooling_file))
-    st_config = root / "sentence_bert_config.json"
+    pooling_config = _read_json(pooling_file)
+    if not isinstance(pooling_config, dict):
+        raise ModelLoadError(f"{pooling_file} must hold a JSON object (the pooling modes); repair or remove it")
+    modes = pooling_modes(pooling_config, str(pooling_file))
+    st_config = root / SENTENCE_CONFIG
     extra = _read_json(st_config) if st_config.is_file() else {}
+    if not isinstance(extra, dict):
+        raise ModelLoadError(f"{st_config} must hold a JSON object (max_seq_length, do_lower_case); repair or remove "
+                             "it")
     return SentenceConfig(
         modes=modes,
         normalize=_NORMALIZE in kinds[kinds.index(_POOLING):],
-        max_seq_length=int(extra["max_seq_length"]) if extra.get("max_seq_length") else None,
+        max_seq_length=check_max_seq_length(extra.get("max_seq_length"), st_config),
         do_lower_case=bool(extra.get("do_lower_case", False)),
         source=str(root),
     )
@@ -196,7 +209,8 @@ def _read_surgery_file(root: Path) -> SentenceConfig:
         raise ModelLoadError(f"{root / SURGERY_FILE} must hold a mapping")
     modes = pooling_modes({"pooling_mode": data.get("modes") or "mean"}, str(root / SURGERY_FILE))
     return SentenceConfig(modes=modes, normalize=bool(data.get("normalize", False)),
-                          max_seq_length=data.get("max_seq_length"), do_lower_case=bool(data.get("do_lower_case")),
+                          max_seq_length=check_max_seq_length(data.get("max_seq_length"), root / SURGERY_FILE),
+                          do_lower_case=bool(data.get("do_lower_case")),
                           source=str(root))
 
 

@@ -181,6 +181,52 @@ def check_length(config: Any, length: int, flag: str, name: str | Path) -> None:
         raise ConfigError(f"{flag} {length} exceeds the {limit} positions {name} supports; use {flag} {limit} or less")
 
 
+#: sentence-transformers' settings of the Transformer module: the length texts are cut to, lower-casing.
+SENTENCE_CONFIG = "sentence_bert_config.json"
+
+
+def check_max_seq_length(value: Any, where: Path | str, field: str = "max_seq_length") -> int | None:
+    """``value`` as a sentence-transformers ``max_seq_length``: None when absent, else a positive integer.
+
+    sentence-transformers cuts every text at this many tokens; ``"abc"`` would end in a traceback and
+    ``-5`` or ``0`` would be dropped silently (serving then cuts somewhere else than the file says).
+
+    Example:
+        >>> check_max_seq_length(256, "m/sentence_bert_config.json"), check_max_seq_length(None, "m")
+        (256, None)
+        >>> check_max_seq_length(-5, "m/sentence_bert_config.json")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: m/sentence_bert_config.json: max_seq_length must be a positive integer...
+    """
+    if value is None:
+        return None
+    if not _is_int(value) or value <= 0:
+        raise ModelLoadError(f"{where}: {field} must be a positive integer (the tokens sentence-transformers cuts "
+                             f"texts at), got {value!r} ({type(value).__name__}); fix it or remove the key")
+    return int(value)
+
+
+def sentence_max_seq_length(directory: str | os.PathLike[str]) -> int | None:
+    """``max_seq_length`` of ``directory/sentence_bert_config.json``, checked; None without the file or the key.
+
+    Example:
+        >>> import json, tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / SENTENCE_CONFIG).write_text(json.dumps({"max_seq_length": 128}))
+        >>> sentence_max_seq_length(d), sentence_max_seq_length(d / "none")
+        (128, None)
+    """
+    file = Path(directory) / SENTENCE_CONFIG
+    if not file.is_file():
+        return None
+    raw = read_json_file(file, what=SENTENCE_CONFIG, fix="fix or remove it")
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file} must hold a JSON object (max_seq_length, do_lower_case), not a "
+                             f"{type(raw).__name__}; fix or remove it")
+    return check_max_seq_length(raw.get("max_seq_length"), file)
+
+
 #: Config keys that point at Python files of the source directory: surgery never runs them and never copies them,
 #: so a saved config.json must not name them (transformers would look for files that are not there).
 REMOTE_CODE_KEYS = ("auto_map",)

@@ -39,7 +39,7 @@ import transformers
 from torch import nn
 from transformers import PretrainedConfig
 
-from surgery.core.errors import ModelLoadError
+from surgery.core.errors import ConfigError, ModelLoadError
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -268,6 +268,61 @@ def loaded_class_name(directory: str | Path, config: PretrainedConfig) -> str | 
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         return named[0]
     return choose_class(directory, config, cls, explicit=False).cls.__name__
+
+
+#: What surgery judges task data with: the accuracy of a single-label sequence classifier's argmax.
+SUPPORTED_HEADS = ("a single-label sequence classifier (...ForSequenceClassification, 2 or more labels), or an "
+                   "encoder without a trained head (a new classifier is made from the data's labels)")
+
+
+def unjudged_head(class_name: str | None, config: Any) -> str | None:
+    """What a model's head is when task data cannot be judged on it by argmax accuracy; None when it can.
+
+    Multi-label (``problem_type``), regression (``num_labels == 1`` or ``problem_type``) and per-token
+    or span heads predict something else than one class per text: an argmax "accuracy" on them is
+    meaningless, and their labels are not the data's.
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> unjudged_head("BertForSequenceClassification", BertConfig(num_labels=1))
+        'a regression head (num_labels 1)'
+        >>> unjudged_head("BertForSequenceClassification", BertConfig(num_labels=3)) is None
+        True
+        >>> unjudged_head("BertForTokenClassification", BertConfig())
+        'a token classifier (BertForTokenClassification: one label per token, not per text)'
+    """
+    name = str(class_name or "")
+    problem = getattr(config, "problem_type", None)
+    if name.endswith("ForTokenClassification"):
+        return f"a token classifier ({name}: one label per token, not per text)"
+    if name.endswith(("ForQuestionAnswering", "ForMultipleChoice")):
+        return f"a {name.rsplit('For', 1)[-1]} head ({name})"
+    if not name.endswith("ForSequenceClassification"):
+        return None  # a bare encoder or a pre-training head: a new classifier comes from the data
+    if problem == "multi_label_classification":
+        return "a multi-label classifier (problem_type multi_label_classification)"
+    if problem == "regression":
+        return "a regression head (problem_type regression)"
+    if int(getattr(config, "num_labels", 2) or 0) < 2:
+        return f"a regression head (num_labels {getattr(config, 'num_labels', None)})"
+    return None
+
+
+def check_judged_head(where: str | Path, class_name: str | None, config: Any) -> None:
+    """Refuse, in one line, task data for a model whose head is not a single-label classifier (:func:`unjudged_head`).
+
+    Example:
+        >>> from transformers import BertConfig
+        >>> check_judged_head("m", "BertForSequenceClassification",
+        ...                   BertConfig(problem_type="multi_label_classification"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: m is a multi-label classifier (...); surgery judges labelled data by ...
+    """
+    what = unjudged_head(class_name, config)
+    if what is not None:
+        raise ConfigError(f"{where} is {what}; surgery judges labelled data by single-label accuracy, which "
+                          f"supports {SUPPORTED_HEADS}; use such a model, or drop --data")
 
 
 def record_new_head(model: nn.Module, keys: list[str]) -> None:

@@ -201,6 +201,84 @@ def check_regular_files(path: Path) -> None:
             raise ModelLoadError(f"{entry} is not a regular file ({_kind(mode)}); replace it with the real file")
 
 
+#: How deep :func:`check_links_inside` looks for links in a model directory (sentence-transformers nests 1 level).
+LINK_DEPTH = 4
+#: The most entries it looks at: a model directory holds tens of files, not a file system.
+LINK_ENTRIES = 10_000
+
+
+def outside_message(named_in: Path | str, path: str | os.PathLike[str], root: Path) -> str:
+    """The one-line refusal of ``path``, named in ``named_in``, that leads outside the model directory ``root``."""
+    return (f"{named_in} names {str(path)!r}, which leads outside the model directory {root}; surgery reads nothing "
+            "outside a model directory (links included): put the file inside it and name it by a relative path")
+
+
+def path_inside(root: str | os.PathLike[str], path: str | os.PathLike[str], *, named_in: Path | str) -> Path:
+    """``root / path`` with links resolved, refused in one line unless it lies inside ``root`` (resolved too).
+
+    A path read from a file of a model directory (``modules.json``'s module ``path``, a shard name) is
+    data, not a place to go: ``../elsewhere``, an absolute path or a link out of the directory would
+    make surgery read (and echo in its errors) files the model's author chose anywhere on the
+    machine. Nothing is opened here, so nothing outside is read.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> path_inside(d, "1_Pooling", named_in=d / "modules.json") == (d / "1_Pooling").resolve()
+        True
+        >>> path_inside(d, "../outside", named_in=d / "modules.json")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: .../modules.json names '../outside', which leads outside the model ...
+    """
+    base = Path(root).resolve()
+    given = Path(path)
+    target = (base / given).resolve()
+    if given.is_absolute() or not target.is_relative_to(base):
+        raise ModelLoadError(outside_message(named_in, path, base))
+    return target
+
+
+def check_links_inside(root: str | os.PathLike[str]) -> None:
+    """Refuse a model directory holding a link (at any of its first :data:`LINK_DEPTH` levels) that leads out of it.
+
+    ``config.json``, the tokenizer files, ``sentence_bert_config.json`` ... are read by their fixed
+    names, so a link is the one way such a name could point at a file elsewhere; links within the
+    directory are fine. Links are not followed while looking (a loop cannot trap the walk).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> (d / "tokenizer.json").symlink_to("/etc/hostname")
+        >>> check_links_inside(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: .../tokenizer.json is a link to /etc/hostname, outside the model ...
+    """
+    base = Path(root).resolve()
+    if not base.is_dir():
+        return
+    pending, seen = [(base, 0)], 0
+    while pending:
+        folder, depth = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # unreadable: whoever needs a file in it reports it
+        for entry in entries:
+            seen += 1
+            if seen > LINK_ENTRIES:
+                return
+            if entry.is_symlink():
+                target = Path(entry.path).resolve()
+                if not target.is_relative_to(base):
+                    raise ModelLoadError(f"{entry.path} is a link to {target}, outside the model directory {base}; "
+                                         "surgery reads nothing outside a model directory: copy the file in instead "
+                                         "of linking it")
+            elif entry.is_dir(follow_symlinks=False) and depth + 1 < LINK_DEPTH:
+                pending.append((Path(entry.path), depth + 1))
+
+
 def _json_file(file: Path) -> dict[str, Any]:
     if not file.exists():
         return {}
@@ -226,6 +304,7 @@ def refuse_custom_code(path: Path) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     check_regular_files(path)  # before anything in it is read
+    check_links_inside(path)
     model_type = _json_file(path / "config.json").get("model_type")
     if isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES:
         return  # transformers' own classes are used and any auto_map is ignored (trust_remote_code=False)
@@ -246,6 +325,49 @@ def pickled_weights(path: Path) -> list[Path]:
                   and not p.name.startswith("training_args"))
 
 
+#: The files of an OpenVINO IR directory, as surgery.deploy.openvino_export writes them (OV_XML, OV_INFO).
+OPENVINO_XML = "openvino_model.xml"
+OPENVINO_RECORD = "surgery-openvino.json"
+
+
+def openvino_ir(path: Path) -> bool:
+    """Whether ``path`` is an OpenVINO IR directory (``openvino_model.xml``), surgery's export or another's.
+
+    Example:
+        >>> openvino_ir(Path("/nonexistent"))
+        False
+    """
+    return (Path(path) / OPENVINO_XML).is_file()
+
+
+def refuse_openvino_ir(path: Path) -> None:
+    """Refuse an OpenVINO IR directory where a PyTorch model is needed, saying what it is and how it is used.
+
+    Its weights are ``openvino_model.bin``, which is no pickle: calling it one (and suggesting
+    ``torch.load`` of a file that does not exist) sent users the wrong way.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "openvino_model.xml").write_text("<net/>")
+        >>> _ = (d / "surgery-openvino.json").write_text("{}")
+        >>> refuse_openvino_ir(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ModelLoadError: ... is an OpenVINO IR written by `surgery export` (openvino_model.xml + ...
+    """
+    if not openvino_ir(path):
+        return
+    whose = "written by `surgery export`" if (path / OPENVINO_RECORD).is_file() else "(openvino_model.xml)"
+    raise ModelLoadError(
+        f"{path} is an OpenVINO IR {whose} (openvino_model.xml + .bin), a graph for the OpenVINO runtime, not "
+        "PyTorch weights surgery reads: serve it with openvino (Core().compile_model of openvino_model.xml) or "
+        f"optimum-intel's OVModelFor*.from_pretrained, time it alone with OpenVINO's `benchmark_app -m "
+        f"{path / OPENVINO_XML}`, and give surgery (inspect, apply, compress, export, bench --runtime openvino) the "
+        "model it was exported from"
+    )
+
+
 def require_safetensors(path: Path, *, allow_pickle: bool = False) -> None:
     """Refuse a directory whose weights exist only as pickles (unless ``allow_pickle``).
 
@@ -260,6 +382,7 @@ def require_safetensors(path: Path, *, allow_pickle: bool = False) -> None:
     """
     if any((path / name).exists() for name in SAFETENSORS):
         return
+    refuse_openvino_ir(path)  # openvino_model.bin is OpenVINO's weights, not a pickle
     pickles = pickled_weights(path)
     if pickles and not allow_pickle:
         raise ModelLoadError(f"{path} holds only pickled weights ({', '.join(p.name for p in pickles[:3])}), which "
@@ -342,9 +465,7 @@ def check_safetensors_dir(path: Path) -> None:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise ModelLoadError(f"{index} is damaged (no weight_map); re-download or re-save the model") from None
         for shard in shards:
-            file = (path / str(shard)).resolve()
-            if file.parent != path.resolve():
-                raise ModelLoadError(f"{index} names a shard outside the model directory ({shard!r})")
+            file = path_inside(path, str(shard), named_in=index)
             if not file.exists():
                 raise ModelLoadError(f"{index} names the shard {shard}, which is missing; re-download the model")
             files.append(file)
