@@ -63,7 +63,14 @@ from surgery.cli.teacher import teacher_path
 from surgery.core import registry
 from surgery.core.distributed import end_process, is_main_process, leave_process_group
 from surgery.core.errors import ConfigError, SurgeryError
-from surgery.data.data_diagnosis import CALIBRATION_FORMATS, check_input_file
+from surgery.data.data_diagnosis import (
+    CALIBRATION_FORMATS,
+    DATA_FORMATS,
+    TABLE_FORMATS,
+    TABLE_SUFFIXES,
+    TEXT_SUFFIXES,
+    check_input_file,
+)
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.atomic import atomic_write, saved_outputs
@@ -355,6 +362,8 @@ def apply_command(
     target, report_file = outputs.directory, outputs.file("--report")
     if eval_data is not None and data is None:
         raise ConfigError("--eval-data needs --data (the training data it goes with)")
+    for flag, given in (("--data", data), ("--eval-data", eval_data)):  # a typo: one line, before torch is imported
+        check_input_file(given, flag, DATA_FORMATS, TABLE_SUFFIXES + TEXT_SUFFIXES)
     strategy_class = registry.get_method(strategy)
     settings = strategy_settings(config, sets or [])
     recovery = recovery_settings(recover_epochs, max_drop, batch_size, seed, has_data=data is not None, refit=refit)
@@ -469,6 +478,7 @@ def bench_command(
     for path in paths:
         check_batch_memory(resolve_model_path(path), batch_size, seq_len, ("--batch-size", "--seq-len"))
     check_input_file(calibration, "--calibration", CALIBRATION_FORMATS)
+    check_input_file(data, "--data", TABLE_FORMATS, TABLE_SUFFIXES)
     if (too_many := threads_warning(threads)) is not None:
         note(too_many)
     json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],

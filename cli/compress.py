@@ -33,6 +33,7 @@ from surgery.cli.options import (
 )
 from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError, SurgeryError
+from surgery.data.data_diagnosis import DATA_FORMATS, TABLE_SUFFIXES, TEXT_SUFFIXES, check_input_file
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_batch_memory, check_max_drop, check_speedup, threads_warning
 
@@ -323,6 +324,8 @@ def compress_command(
     if out is None and not dry_run:
         raise ConfigError("--out is required: the directory to save the compressed model to (or pass --dry-run)")
     source = resolve_model_path(model_dir)
+    for flag, given in (("--data", data), ("--eval-data", eval_data)):  # a typo: one line, before torch is imported
+        check_input_file(given, flag, DATA_FORMATS, TABLE_SUFFIXES + TEXT_SUFFIXES)
     check_batch_memory(source, batch or batch_size, seq_len or max_length or 1)  # unknown length: a lower bound
     if (too_many := threads_warning(threads)) is not None:
         note(too_many)

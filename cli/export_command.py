@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -43,7 +44,14 @@ from surgery.cli.options import (
 )
 from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError
-from surgery.data.data_diagnosis import CALIBRATION_FORMATS, check_input_file
+from surgery.data.data_diagnosis import (
+    CALIBRATION_FORMATS,
+    TABLE_FORMATS,
+    TABLE_SUFFIXES,
+    DataWarning,
+    calibration_warning,
+    check_input_file,
+)
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_length, check_opset, check_tolerance, threads_warning
@@ -194,6 +202,8 @@ def export_command(
     check_input_file(calibration, "--calibration", CALIBRATION_FORMATS)
     if (too_many := threads_warning(threads)) is not None:
         note(too_many)
+    for flag, given in (("--data", data), ("--eval-data", eval_data)):  # a typo: one line, before torch is imported
+        check_input_file(given, flag, TABLE_FORMATS, TABLE_SUFFIXES)
     if format == "stock":
         export_stock(model_dir, out, overwrite=overwrite,
                      onnx_flags=[flag for flag, given in (("--runtime", runtime != DEFAULT_RUNTIME),
@@ -373,7 +383,11 @@ def calibration_texts_batches(ctx: typer.Context, calibration: str | None, token
 
     with quiet_datasets(ctx.ensure_object(CliState).debug):
         texts = read_texts(calibration, text_column=text_column)
-    return text_calibration_batches(texts, tokenizer, max_texts=max_texts, max_length=max_length)
+    batches = text_calibration_batches(texts, tokenizer, max_texts=max_texts, max_length=max_length)
+    given = sum(len(b["input_ids"]) for b in batches)
+    if (few := calibration_warning(given, sum(int(b["attention_mask"].sum()) for b in batches))) is not None:
+        warnings.warn(few, DataWarning, stacklevel=2)
+    return batches
 
 
 def bench_tokenizer(paths: list[str], needed_by: str = "--calibration") -> object:

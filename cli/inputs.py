@@ -19,7 +19,7 @@ import surgery
 from surgery.core.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.core.manifest import MANIFEST_NAME
 from surgery.core.registry import adapter_class_for
-from surgery.persist.atomic import check_creatable, prepare_output
+from surgery.persist.atomic import check_creatable, output_lock, prepare_output
 from surgery.persist.tokenizer_files import TOKENIZER_FILES, has_tokenizer, read_tokenizer
 from surgery.persist.untrusted import read_regular, refuse_custom_code
 
@@ -183,7 +183,31 @@ def check_output_dir(out: str | Path, *, overwrite: bool, flag: str = "--out") -
         ...
         surgery.core.errors.OutputPathError: --out ... holds files surgery did not write (no surgery.json, ...); ...
     """
-    return prepare_output(out, overwrite=overwrite, flag=flag)
+    target = prepare_output(out, overwrite=overwrite, flag=flag)
+    check_not_being_written(target)
+    return target
+
+
+def check_not_being_written(target: Path) -> None:
+    """Refuse, before any work, an output that a live process is writing (it holds the save's lock).
+
+    The save takes the lock only at its end, so without this a run would spend its whole search
+    (an hour with ``--budget 60``) before hearing that another job writes the same ``--out``. The
+    check takes the lock and lets it go at once (:func:`surgery.persist.atomic.output_lock`, whose
+    refusal names the process); an output whose parent cannot hold a lock yet is left to the save.
+
+    Example:
+        >>> import tempfile
+        >>> check_not_being_written(Path(tempfile.mkdtemp()) / "m") is None
+        True
+    """
+    if not target.parent.is_dir():
+        return
+    try:
+        with output_lock(target):
+            pass
+    except OSError:
+        return  # an unwritable parent: the output checks and the save report it in their own words
 
 
 def check_writable_file(path: Path | None, flag: str) -> Path | None:

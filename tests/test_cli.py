@@ -202,7 +202,7 @@ def _bad_cases(ws: dict[str, Path], tmp: Path) -> list[tuple[list[str], str]]:
         (["apply", str(ws["gpt2"]), *hp, "-o", str(tmp / "a")], "unsupported model type 'gpt2'"),
         (["apply", bare, *hp, "--data", data, "--text-column", "nope", "-o", str(tmp / "a")],
          "missing column(s) ['nope']"),
-        (["apply", bare, *hp, "--data", str(tmp / "none.csv"), "-o", str(tmp / "a")], "data file"),
+        (["apply", bare, *hp, "--data", str(tmp / "none.csv"), "-o", str(tmp / "a")], "none.csv does not exist"),
         (["apply", bare, *hp, "--data", str(ws["data_fifo"]), "-o", str(tmp / "a")],
          "fifo.csv is not a regular file (a pipe, socket or device)"),
         (["apply", bare, *hp, "--data", str(ws["nonempty"]), "-o", str(tmp / "a")], "is a directory; pass a regular"),

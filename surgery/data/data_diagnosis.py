@@ -28,10 +28,59 @@ MAX_DATA_DEPTH = 64
 #: What ``--calibration`` reads, said where a calibration file is missing.
 CALIBRATION_FORMATS = ("texts like the ones the model will serve: a .txt file (one text per line), or a table "
                        "(.csv/.tsv/.json/.jsonl/.parquet) whose --text-column holds them")
+#: What labelled ``--data`` reads.
+TABLE_FORMATS = "a .csv, .tsv, .json, .jsonl or .parquet file with a text and a label column"
+#: What ``--data`` reads where plain texts also serve (the embedding objective of apply and compress).
+DATA_FORMATS = ("labelled data (.csv/.tsv/.json/.jsonl/.parquet with a text and a label column), or for a "
+                "sentence-embedding model any texts (also .txt, one per line)")
+#: The table formats ``datasets`` reads, by file suffix (before any compression suffix).
+TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
+#: Plain text, one text per line (the embedding objective and --calibration).
+TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2")
 
 
-def check_input_file(path: str | None, flag: str, formats: str) -> None:
-    """Refuse, before any work, an input file that does not exist, naming its flag and the formats it takes.
+#: NNCF's default calibration subset (``nncf.quantize``'s ``subset_size``): the examples its int8 ranges are set on.
+QUANTIZER_SUBSET = 300
+
+
+class DataWarning(UserWarning):
+    """Data that is read, but probably not what its author meant (some texts empty, too few to calibrate ...)."""
+
+
+def calibration_warning(texts: int, tokens: int, flag: str = "--calibration") -> str | None:
+    """Why ``texts`` calibration texts of ``tokens`` tokens in all are too few for int8 ranges; None if enough.
+
+    The int8 runtimes set each activation's range (and SmoothQuant its scales) from these texts; NNCF
+    samples :data:`QUANTIZER_SUBSET` of them by default. A handful of short texts leaves the ranges to
+    chance: the graph is written, and its drift measured, but on texts it never saw the ranges are wrong.
+
+    Example:
+        >>> calibration_warning(1, 3)  # doctest: +ELLIPSIS
+        '--calibration gave 1 text (3 tokens in all): int8 ranges set on so few ... NNCF calibrates on 300 ...'
+        >>> calibration_warning(512, 20_000) is None
+        True
+    """
+    if texts >= QUANTIZER_SUBSET:
+        return None
+    return (f"{flag} gave {texts} text{'s' if texts != 1 else ''} ({tokens:,} tokens in all): int8 ranges set on so "
+            f"few are left to chance (NNCF calibrates on {QUANTIZER_SUBSET} examples by default); pass a few hundred "
+            "texts like the ones the model will serve")
+
+
+def data_suffix(path: Path) -> str:
+    """The suffix that says a data file's format, compression suffixes set aside (``.csv`` of ``d.csv.gz``).
+
+    Example:
+        >>> data_suffix(Path("train.jsonl.gz")), data_suffix(Path("notes"))
+        ('.jsonl', '')
+    """
+    suffixes = [s for s in path.suffixes if s not in COMPRESSION]
+    return suffixes[-1].lower() if suffixes else ""
+
+
+def check_input_file(path: str | None, flag: str, formats: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Refuse, before any work (torch is not imported), an input file that does not exist, is not a regular
+    file or (with ``suffixes``) is in a format that will not be read, naming its flag and the formats it takes.
 
     Embedded dataset names (``rotten-tomatoes``) count as existing.
 
@@ -49,6 +98,11 @@ def check_input_file(path: str | None, flag: str, formats: str) -> None:
     file = Path(path).expanduser()
     if not file.exists():
         raise DataError(f"{flag} {path} does not exist; pass {formats} (or one of: {', '.join(DATASETS)})")
+    if not file.is_file():
+        kind = "a directory" if file.is_dir() else "not a regular file (a pipe, socket or device)"
+        raise DataError(f"{flag} {path} is {kind}; pass a regular file: {formats}")
+    if suffixes is not None and not (data_suffix(file) in suffixes or file.name.lower().endswith(suffixes)):
+        raise DataError(f"{flag} {path}: unsupported format {data_suffix(file) or '(no suffix)'}; pass {formats}")
 
 
 def _root_cause(exc: BaseException) -> BaseException:

@@ -23,25 +23,20 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
-from surgery.data.data_diagnosis import check_json_data, diagnose
+from surgery.data.data_diagnosis import TABLE_SUFFIXES, DataWarning, check_json_data, data_suffix, diagnose
 from surgery.persist.assets import DATASETS, resolve_data_path
 from surgery.persist.config_values import SENTENCE_CONFIG
 
-
-class DataWarning(UserWarning):
-    """Data that is read, but probably not what its author meant (some texts empty ...)."""
-
-
-_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_BUILDERS = dict(zip(TABLE_SUFFIXES, ("csv", "csv", "json", "json", "parquet"), strict=True))
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 
 
 def _builder(path: Path) -> tuple[str, dict[str, Any]]:
-    suffixes = [s for s in path.suffixes if s not in (".bz2", ".gz", ".xz", ".zst")]
-    kind = _BUILDERS.get(suffixes[-1] if suffixes else "")
+    suffix = data_suffix(path)
+    kind = _BUILDERS.get(suffix)
     if kind is None:
         raise DataError(f"data file {path}: unsupported format; use .csv, .tsv, .json, .jsonl or .parquet")
-    return kind, ({"delimiter": "\t"} if suffixes[-1] == ".tsv" else {})
+    return kind, ({"delimiter": "\t"} if suffix == ".tsv" else {})
 
 
 def read_table(name_or_path: str | Path) -> datasets.Dataset:

@@ -20,6 +20,7 @@ from surgery.core.report import ParamCount
 from surgery.core.run import count_params
 from surgery.deploy.runtime import OnnxRuntimeModel
 from surgery.measure.flops import count_flops
+from surgery.measure.memory import memory_use
 
 
 class BenchedRuntimeModel(nn.Module):
@@ -50,9 +51,19 @@ class BenchedRuntimeModel(nn.Module):
     def forward(self, **inputs: Any) -> Any:
         return self.served(**inputs)
 
-    def bench_counts(self, inputs: Mapping[str, torch.Tensor]) -> tuple[ParamCount, int, int, None, None, str]:
-        """Parameters and FLOPs of the source model, and the artefact's size (the hook bench_models calls)."""
+    def bench_counts(self, inputs: Mapping[str, torch.Tensor]
+                     ) -> tuple[ParamCount, int, int, int | None, int | None, str]:
+        """Parameters and FLOPs of the source model, and the artefact's size (the hook bench_models calls).
+
+        A runtime that serves a torch copy in memory (``torch-bf16``) writes no artefact: its tensors
+        are measured as a PyTorch model's are (weights plus the forward's allocator peak), not read
+        as an empty artefact (which showed 0.0 MiB).
+        """
         flops = count_flops(self._source, inputs)
+        if next(self.served.parameters(), None) is not None:
+            device = next(iter(inputs.values())).device
+            weights, peak, total, method = memory_use(self.served, inputs, device)
+            return self.params, flops, weights, peak, total, f"{self.runtime}: {method}"
         return self.params, flops, self.artefact_bytes, None, None, f"{self.runtime} artefact size; memory not measured"
 
 

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from surgery.core.errors import DataError
 from surgery.core.requirements import describe_data
+from surgery.data.data_diagnosis import TEXT_SUFFIXES
 from surgery.data.task_data import TaskData, TextLength, choose_text_length, read_table
 from surgery.embedding.pooling import SentenceConfig
 from surgery.persist.assets import resolve_data_path
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from surgery.core.progress import ProgressCallback
 
 MIN_HELD_OUT = 2000  # retrieval agreement (recall@10) needs a corpus of this size to mean much
-TEXT_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2")
 
 
 def read_texts(name_or_path: str | os.PathLike[str], *, text_column: str = "text") -> list[str]:
