@@ -213,8 +213,10 @@ def test_export_data_is_judged_at_the_length_the_tokenizer_ships(tmp_path: Path,
                                                                  flags: list[str], expected: int) -> None:
     clf = tmp_path / "clf"
     saved_classifier(clf)
-    if limit is not None:  # served by sentence-transformers at 12 tokens
-        (clf / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": limit}))
+    if limit is not None:  # the tokenizer's own limit: what `tokenizer(texts, truncation=True)` cuts at
+        tokenizer = tiny_tokenizer()
+        tokenizer.model_max_length = limit
+        tokenizer.save_pretrained(clf)
     rows = [{**row, "text": " ".join([str(row["text"])] * 6)} for row in labelled_rows(40)]  # 18 to 54 words
     data = write_rows(tmp_path / "long.csv", rows)
     result = runner.invoke(app, ["export", str(clf), "-o", str(tmp_path / "o"), "--seq", "8", "--data", str(data),
