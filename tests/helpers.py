@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -30,6 +33,7 @@ WORDS = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
 #: 48 unlabelled sentences of the tiny vocabulary, for the embedding objective.
 EMBEDDING_TEXTS = [" ".join(WORDS[(i * 7 + j * 13) % len(WORDS)] for j in range(2 + i % 7)) for i in range(48)]
 runner = CliRunner(env={"COLUMNS": "200"})  # wide tables, so assertions do not depend on wrapping
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def tiny_tokenizer() -> BertTokenizer:
@@ -128,3 +132,15 @@ def uneven_model(family: str, *, routed: bool = True) -> tuple[nn.Module, TinySp
         surgery.convert(model, ExpertAttentionStrategy(layers=[1]))
         surgery.convert(model, SoftPromptStrategy(length=3))
     return model, spec
+
+
+def run_cli(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
+    """Run the CLI in a new interpreter; its exit code, stderr and which heavy modules it had imported by then."""
+    probe = ("import sys\nfrom surgery.cli import main\nsys.argv = ['surgery'] + sys.argv[1:]\ntry:\n    main()\n"
+             "except SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
+             "print('IMPORTED', [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules])\n"
+             "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    imported = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("IMPORTED ").replace("'", '"'))
+    return done.returncode, done.stderr, imported

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -34,9 +32,8 @@ from surgery.persist.tokenizer_files import read_tokenizer
 from surgery.persist.untrusted import check_safetensors_dir
 from surgery.runtimes.torch_runtime import TorchBf16Runtime
 from surgery.testing import TinySpec, tiny_model
-from tests.helpers import labelled_rows, runner, saved_classifier, st_dir, tiny_tokenizer, write_rows
+from tests.helpers import labelled_rows, run_cli, runner, saved_classifier, st_dir, tiny_tokenizer, write_rows
 
-ROOT = Path(__file__).resolve().parents[1]
 #: Content of the config.json outside the model directory: it must never be read, so never echoed.
 SECRET = "SECRET-OUTSIDE-CONTENT"
 
@@ -102,6 +99,24 @@ def test_no_link_out_of_a_model_directory_is_followed(tmp_path: Path) -> None:
     (model / "st.json").write_text(json.dumps({"max_seq_length": 8}))
     (model / "sentence_bert_config.json").symlink_to(model / "st.json")
     assert read_tokenizer(model) is not None
+
+
+def test_a_hub_cache_snapshot_links_to_its_own_blobs(tmp_path: Path) -> None:
+    """The Hugging Face cache layout: every file of snapshots/<rev> is a link to ../../blobs/<hash>."""
+    built = st_dir(tmp_path / "built", {"pooling_mode_cls_token": True}, normalize=False)
+    repo = tmp_path / "hub" / "models--org--st"
+    snapshot, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    blobs.mkdir(parents=True)
+    for number, file in enumerate(sorted(p for p in built.rglob("*") if p.is_file())):
+        blob = blobs / f"{number:040x}"
+        shutil.copyfile(file, blob)
+        link = snapshot / file.relative_to(built)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    assert read_sentence_config(snapshot).modes == ("cls",) and read_tokenizer(snapshot) is not None
+    (snapshot / "stray.json").symlink_to(tmp_path / "built" / "modules.json")  # not one of its blobs
+    with pytest.raises(ModelLoadError, match=r"stray\.json is a link to"):
+        read_tokenizer(snapshot)
 
 
 def test_tokenizer_and_shard_names_cannot_lead_out(tmp_path: Path, outside: Path) -> None:
@@ -228,18 +243,6 @@ def test_export_data_is_judged_at_the_length_the_tokenizer_ships(tmp_path: Path,
 
 
 # -- 4. flag errors before torch is imported; 5. a live lock up front ----------------------------------
-def run_probe(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
-    """The CLI in a fresh interpreter: exit code, stderr, and which heavy modules it had imported by then."""
-    probe = ("import sys\nfrom surgery.cli import main\nsys.argv = ['surgery'] + sys.argv[1:]\ntry:\n    main()\n"
-             "except SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
-             "print('IMPORTED', [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules])\n"
-             "sys.exit(code)\n")
-    done = subprocess.run([sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    imported = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("IMPORTED ").replace("'", '"'))
-    return done.returncode, done.stderr, imported
-
-
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("classifier")
@@ -262,7 +265,7 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_missing_or_unreadable_data_file_is_refused_before_torch(classifier: Path, command: str,
                                                                    flags: list[str], message: str) -> None:
     out = [] if command == "bench" else ["-o", str(classifier / "out")]
-    code, err, imported = run_probe([command, str(classifier / "clf"), *out, *flags], classifier)
+    code, err, imported = run_cli([command, str(classifier / "clf"), *out, *flags], classifier)
     assert code == 2 and err.strip().startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert message in err, err
     assert imported == [], f"imported {imported} before refusing {flags}"
@@ -273,7 +276,7 @@ def test_a_missing_or_unreadable_data_file_is_refused_before_torch(classifier: P
 def test_a_live_lock_on_out_is_found_before_any_work(classifier: Path) -> None:
     out = classifier / "locked"
     with output_lock(out):  # this test's own process is the live writer
-        code, err, imported = run_probe(["apply", str(classifier / "clf"), "-s", "head-prune", "--set", "ratio=0.5",
+        code, err, imported = run_cli(["apply", str(classifier / "clf"), "-s", "head-prune", "--set", "ratio=0.5",
                                          "-o", str(out)], classifier)
     assert code == 2 and f"is being written by process {os.getpid()}" in err, err
     assert imported == [] and not out.exists()

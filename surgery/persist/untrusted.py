@@ -207,6 +207,24 @@ LINK_DEPTH = 4
 LINK_ENTRIES = 10_000
 
 
+def within(target: Path, base: Path) -> bool:
+    """Whether the resolved ``target`` belongs to the resolved model directory ``base``.
+
+    Inside ``base``, or, for a snapshot of the Hugging Face hub cache (``.../models--X/snapshots/<rev>``,
+    whose files are links to ``../../blobs/<hash>``), one of that same cached repository's blobs.
+
+    Example:
+        >>> within(Path("/c/models--x/blobs/ab12"), Path("/c/models--x/snapshots/r1"))
+        True
+        >>> within(Path("/c/models--x/snapshots/other"), Path("/c/models--x/snapshots/r1"))
+        False
+    """
+    if target.is_relative_to(base):
+        return True
+    repo = base.parent.parent
+    return base.parent.name == "snapshots" and repo.name.startswith("models--") and target.parent == repo / "blobs"
+
+
 def outside_message(named_in: Path | str, path: str | os.PathLike[str], root: Path) -> str:
     """The one-line refusal of ``path``, named in ``named_in``, that leads outside the model directory ``root``."""
     return (f"{named_in} names {str(path)!r}, which leads outside the model directory {root}; surgery reads nothing "
@@ -234,7 +252,7 @@ def path_inside(root: str | os.PathLike[str], path: str | os.PathLike[str], *, n
     base = Path(root).resolve()
     given = Path(path)
     target = (base / given).resolve()
-    if given.is_absolute() or not target.is_relative_to(base):
+    if given.is_absolute() or not within(target, base):
         raise ModelLoadError(outside_message(named_in, path, base))
     return target
 
@@ -271,7 +289,7 @@ def check_links_inside(root: str | os.PathLike[str]) -> None:
                 return
             if entry.is_symlink():
                 target = Path(entry.path).resolve()
-                if not target.is_relative_to(base):
+                if not within(target, base):
                     raise ModelLoadError(f"{entry.path} is a link to {target}, outside the model directory {base}; "
                                          "surgery reads nothing outside a model directory: copy the file in instead "
                                          "of linking it")
