@@ -483,7 +483,7 @@ def bench_command(
         note(too_many)
     json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],
                                files=[("--json", json_file)], overwrite=overwrite).file("--json")
-    from surgery.measure.bench import bench_models, check_device, check_seq_len, load_dirs, model_names
+    from surgery.measure.bench import bench_models, check_device, check_seq_len, model_names
 
     check_device(device)
     model_names(paths)
@@ -518,7 +518,7 @@ def bench_command(
             report = bench_runtimes(paths, runtimes=runtimes or ["torch"], options=options, calibration=smoothing,
                                     data=batches, **settings)
     else:
-        models = load_dirs(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle)
+        models = bench_rows(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle, threads=threads)
         check_seq_len(models, seq_len)
         if not console.is_terminal:
             note(waiting)
@@ -527,6 +527,27 @@ def bench_command(
     if json_file is not None:
         report.write_json(json_file, overwrite=overwrite)
     stdout().print(render.bench_view(report))
+
+
+def bench_rows(paths: list[str], *, allow_pickle: bool, threads: int | None) -> dict[str, Any]:
+    """The bench row of each path by name: a model directory loaded by surgery, or an OpenVINO IR directory
+    (``surgery export --runtime openvino``) served by the openvino runtime's own loader."""
+    from surgery.measure.bench import load_dirs, model_names
+    from surgery.persist.untrusted import openvino_ir
+
+    rows: dict[str, Any] = {}
+    for name, path in zip(model_names(paths), paths, strict=True):
+        where = resolve_model_path(path)
+        if not openvino_ir(where):
+            rows.update(load_dirs([path], [name], allow_pickle=allow_pickle))
+            continue
+        from surgery.deploy.openvino_ir_bench import OpenVinoIrRow
+        from surgery.persist.config_values import load_config
+        from surgery.runtimes import get_runtime
+
+        served = get_runtime("openvino").load(where, config=load_config(where), threads=threads)
+        rows[name] = OpenVinoIrRow(served, where)
+    return rows
 
 
 # Last, so that a plugin cannot take the name of a built-in command: the commands of every installed

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+import torch
 import typer
 from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
 
@@ -196,15 +197,30 @@ def test_empty_texts_are_named_not_called_numbers(tmp_path: Path) -> None:
 
 @pytest.mark.openvino
 @pytest.mark.slow
-def test_an_openvino_ir_is_said_to_be_one(tmp_path: Path) -> None:
+def test_an_openvino_ir_is_said_to_be_one_and_benches_as_it_is(tmp_path: Path) -> None:
+    from surgery.deploy.export import export_target
+    from surgery.measure.flops import count_flops
     from surgery.runtimes.openvino_runtime import OpenVinoRuntime
 
-    model = tiny_model(TinySpec("bert"))
+    model = tiny_model(TinySpec("distilbert", heads=4))  # no pooler: the IR holds every parameter of the model
+    source = tmp_path / "source"
+    model.save_pretrained(source)
     ir = OpenVinoRuntime().write_artefact(model, tmp_path / "ir", threads=1).directory
-    for args in (["inspect", str(ir)], ["bench", str(ir)],
-                 ["apply", str(ir), "-s", "head-prune", "--set", "ratio=0.5", "-o", str(tmp_path / "o")]):
-        line = one_error(runner.invoke(app, args), "is an OpenVINO IR written by `surgery export`", "benchmark_app")
+    for args in (["inspect", str(ir)], ["apply", str(ir), "-s", "head-prune", "--set", "ratio=0.5", "-o",
+                                        str(tmp_path / "o")]):
+        line = one_error(runner.invoke(app, args), "is an OpenVINO IR written by `surgery export`", "surgery bench")
         assert "pickle" not in line and "torch.load" not in line
+    result = runner.invoke(app, ["bench", str(ir), "--against", str(source), "--batch-size", "2", "--seq-len", "8",
+                                 "--repeats", "2", "--warmup", "0", "--json", str(tmp_path / "b.json")])
+    assert result.exit_code == 0, result.output
+    rows = {row["runtime"]: row for row in json.loads((tmp_path / "b.json").read_text())["models"]}
+    torch_row, ir_row = rows["torch"], rows["openvino"]
+    # Counted off the graph: the same parameters and FLOPs as the model it was exported from.
+    assert ir_row["params"] == torch_row["params"]
+    target, _, _ = export_target(model, "auto")
+    inputs = {"input_ids": torch.ones(2, 8, dtype=torch.long), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    assert ir_row["flops_per_batch"] == torch_row["flops_per_batch"] == count_flops(target, inputs)
+    assert ir_row["throughput"] > 0
 
 
 def test_bf16_rows_measure_their_memory(tmp_path: Path) -> None:

@@ -380,9 +380,8 @@ def refuse_openvino_ir(path: Path) -> None:
     raise ModelLoadError(
         f"{path} is an OpenVINO IR {whose} (openvino_model.xml + .bin), a graph for the OpenVINO runtime, not "
         "PyTorch weights surgery reads: serve it with openvino (Core().compile_model of openvino_model.xml) or "
-        f"optimum-intel's OVModelFor*.from_pretrained, time it alone with OpenVINO's `benchmark_app -m "
-        f"{path / OPENVINO_XML}`, and give surgery (inspect, apply, compress, export, bench --runtime openvino) the "
-        "model it was exported from"
+        f"optimum-intel's OVModelFor*.from_pretrained, time it with `surgery bench {path}` (no --runtime or --data: "
+        "it runs as it is), and give inspect, apply, compress and export the model it was exported from"
     )
 
 
