@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 import surgery
+from surgery.core.distributed import is_main_process
 from surgery.core.errors import ConfigError, DataError, ModelLoadError, OutputPathError
 from surgery.core.manifest import MANIFEST_NAME
 from surgery.core.registry import adapter_class_for
@@ -194,14 +195,15 @@ def check_not_being_written(target: Path) -> None:
     The save takes the lock only at its end, so without this a run would spend its whole search
     (an hour with ``--budget 60``) before hearing that another job writes the same ``--out``. The
     check takes the lock and lets it go at once (:func:`surgery.persist.atomic.output_lock`, whose
-    refusal names the process); an output whose parent cannot hold a lock yet is left to the save.
+    refusal names the process); an output whose parent cannot hold a lock yet is left to the save. Only
+    the process that writes results looks: the ranks of one torchrun job share their ``--out``.
 
     Example:
         >>> import tempfile
         >>> check_not_being_written(Path(tempfile.mkdtemp()) / "m") is None
         True
     """
-    if not target.parent.is_dir():
+    if not target.parent.is_dir() or not is_main_process():
         return
     try:
         with output_lock(target):

@@ -20,7 +20,8 @@ MODULES = sorted({p.__name__ for p in PACKAGES} | {
 
 
 #: Modules whose examples need an optional extra (module -> import name): skipped where it is not installed.
-NEEDS_EXTRA = {"surgery.deploy.openvino_export": "openvino", "surgery.runtimes.openvino_runtime": "openvino"}
+NEEDS_EXTRA = {"surgery.deploy.openvino_export": "openvino", "surgery.runtimes.openvino_runtime": "openvino",
+               "surgery.deploy.openvino_ir_bench": "openvino"}
 
 
 #: Modules whose examples export, train or time models (over ~5 s): they run in the slow lane only.
@@ -28,7 +29,7 @@ SLOW = {"surgery.compress.latency_measure", "surgery.deploy.export", "surgery.de
         "surgery.deploy.sentence_interop", "surgery.embedding.objective", "surgery.runtimes.export_config",
         "surgery.runtimes.onnx_runtime", "surgery.runtimes.openvino_runtime", "surgery.strategies.doe.doe",
         "surgery.strategies.shrp.shrp", "surgery.training.recover", "surgery.training.trainer",
-        "surgery.runtimes.bench", "surgery.cli.export_command"}
+        "surgery.runtimes.bench", "surgery.cli.export_command", "surgery.deploy.openvino_ir_bench"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODULES])

@@ -56,7 +56,7 @@ def calibration_warning(texts: int, tokens: int, flag: str = "--calibration") ->
 
     Example:
         >>> calibration_warning(1, 3)  # doctest: +ELLIPSIS
-        '--calibration gave 1 text (3 tokens in all): int8 ranges set on so few ... NNCF calibrates on 300 ...'
+        '--calibration gave 1 text (3 tokens in all): int8 ranges set on so few are left to chance (NNCF ...'
         >>> calibration_warning(512, 20_000) is None
         True
     """
