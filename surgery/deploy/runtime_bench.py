@@ -28,15 +28,21 @@ class BenchedRuntimeModel(nn.Module):
 
     The artefact computes the same products as its source, so FLOPs per batch are counted on the source;
     its size is the artefact's files (int8 weights take a quarter of fp32); memory inside a runtime
-    other than PyTorch is not measured.
+    other than PyTorch is not measured. A served model holding torch tensors (``torch-bf16``'s copy) is
+    measured as PyTorch models are.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
         >>> spec = TinySpec("bert")
-        >>> row = BenchedRuntimeModel(tiny_model(spec), tiny_model(spec), runtime="mine", artefact_bytes=10)
+        >>> class Outside(nn.Module):  # a runtime whose weights torch cannot see
+        ...     def forward(self, **inputs): return None
+        >>> row = BenchedRuntimeModel(Outside(), tiny_model(spec), runtime="mine", artefact_bytes=10)
         >>> counts = row.bench_counts(tiny_inputs(spec))
         >>> counts[2], counts[5], row.runtime
         (10, 'mine artefact size; memory not measured', 'mine')
+        >>> copy = BenchedRuntimeModel(tiny_model(spec), tiny_model(spec), runtime="mine", artefact_bytes=0)
+        >>> copy.bench_counts(tiny_inputs(spec))[5]
+        'mine: torch.profiler allocator events during one forward (tensor bytes), plus weights'
     """
 
     def __init__(self, served: nn.Module, source: nn.Module, *, runtime: str, artefact_bytes: int) -> None:
