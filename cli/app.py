@@ -483,6 +483,14 @@ def bench_command(
         note(too_many)
     json_file = decide_outputs([*(resolve_model_path(p) for p in paths), data, calibration],
                                files=[("--json", json_file)], overwrite=overwrite).file("--json")
+    if runtimes or int8_fp32 or calibration is not None:  # each runtime's flags, from its class: before torch
+        from surgery.runtimes import get_runtime
+        from surgery.runtimes.registry import check_calibration_use
+
+        named = [get_runtime(name) for name in dict.fromkeys(runtimes or ["torch"])]  # unknown or unavailable
+        if int8_fp32 and not any("int8_fp32" in r.export_settings for r in named):
+            raise ConfigError("--int8-fp32 (parts kept in fp32) belongs to --runtime onnxruntime-int8; add it")
+        check_calibration_use(named, calibration is not None)
     from surgery.measure.bench import bench_models, check_device, check_seq_len, model_names
 
     check_device(device)
@@ -503,8 +511,6 @@ def bench_command(
 
         # --int8-fp32 and --smooth-alpha go to the runtimes that read int8_fp32 (onnxruntime-int8).
         readers = [n for n in runtimes or [] if "int8_fp32" in runtime_class(n).export_settings]
-        if int8_fp32 and not readers:
-            raise ConfigError("--int8-fp32 (parts kept in fp32) belongs to --runtime onnxruntime-int8; add it")
         options = {n: {"int8_fp32": list(int8_fp32 or ()), "smooth_alpha": smooth_alpha} for n in readers}
         resolve_runtimes(runtimes or ["torch"], options)  # unknown or unavailable here: one line, before exporting
         batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,

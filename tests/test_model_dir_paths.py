@@ -277,8 +277,13 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("compress", ["--speedup", "2", "--data", "texts.txt", "--eval-data", "missing.csv"],
      "--eval-data missing.csv does not exist"),
     ("bench", ["--data", "missing.csv"], "--data missing.csv does not exist"),
+    # each runtime's own flag rules, read off its class
+    ("export", ["--runtime", "openvino-int8"], "runtime 'openvino-int8' calibrates int8 activations"),
+    ("bench", ["--runtime", "openvino-int8"], "runtime 'openvino-int8' calibrates int8 activations"),
+    ("bench", ["--calibration", "texts.txt"], "bench: --calibration feeds the int8 runtimes"),
+    ("bench", ["--int8-fp32", "ffn"], "--int8-fp32 (parts kept in fp32) belongs to --runtime onnxruntime-int8"),
 ])
-def test_a_missing_or_unreadable_data_file_is_refused_before_torch(classifier: Path, command: str,
+def test_a_bad_data_file_or_runtime_flag_is_refused_before_torch(classifier: Path, command: str,
                                                                    flags: list[str], message: str) -> None:
     out = [] if command == "bench" else ["-o", str(classifier / "out")]
     code, err, imported = run_cli([command, str(classifier / "clf"), *out, *flags], classifier)

@@ -23,7 +23,7 @@ from surgery.core.errors import ConfigError
 from surgery.deploy.runtime_bench import BenchedRuntimeModel, accuracy_of
 from surgery.measure.bench import BenchReport, bench_models
 from surgery.runtimes.base import Batch, Runtime
-from surgery.runtimes.registry import get_runtime, runtime_class
+from surgery.runtimes.registry import check_calibration_use, get_runtime, runtime_class
 
 
 def runtime_label(name: str, runtime: str) -> str:
@@ -128,11 +128,7 @@ def bench_runtimes(
     if elsewhere := [n for n, r in resolved.items() if not r.runs_on(device)]:
         raise ConfigError(f"bench: {', '.join(elsewhere)} cannot run on {kwargs['device']}; drop --device or those "
                           "--runtime names")
-    if calibration is not None and not any(r.needs_calibration for r in resolved.values()):
-        raise ConfigError("bench: --calibration feeds the int8 runtimes; add --runtime onnxruntime-int8 or "
-                          "openvino-int8")
-    for runtime in resolved.values():
-        runtime.check_calibration(calibration)
+    check_calibration_use(list(resolved.values()), calibration)
     threads = threads or torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="surgery-bench-") as tmp:
         models: dict[str, nn.Module] = {}

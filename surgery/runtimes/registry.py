@@ -199,3 +199,22 @@ def available_runtimes() -> dict[str, str | None]:
         except ConfigError as exc:
             found[name] = str(exc)
     return found
+
+
+def check_calibration_use(runtimes: list[Runtime], calibration: object, what: str = "bench") -> None:
+    """Refuse calibration texts no named runtime uses, and a runtime that needs them without them (one line each).
+
+    Reads only the runtimes' class attributes and checks, so the command line asks it before torch is imported.
+
+    Example:
+        >>> check_calibration_use([get_runtime("torch")], ["texts"])
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: bench: --calibration feeds the int8 runtimes; add --runtime onnxruntime-int8 \
+or openvino-int8
+    """
+    if calibration is not None and calibration is not False and not any(r.needs_calibration for r in runtimes):
+        raise ConfigError(f"{what}: --calibration feeds the int8 runtimes; add --runtime onnxruntime-int8 or "
+                          "openvino-int8")
+    for runtime in runtimes:
+        runtime.check_calibration(calibration)
