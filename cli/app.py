@@ -438,6 +438,25 @@ def _require_out(out: Path | None) -> Path:
 
 
 # -- bench -------------------------------------------------------------------------------
+def bench_estimate(models: dict[str, Any], *, batch_size: int, seq_len: int, rounds: int, threads: int | None,
+                   device: str) -> str:
+    """What the rounds will take, estimated from a short timed forward of each model (CPU only), as a phrase;
+    beyond reason (:func:`surgery.measure.cost.cap_length`) it is also noted: the shape is the user's, so it
+    runs as asked, but the cost is said before it is spent."""
+    if device != "cpu":
+        return ""
+    from surgery.measure.cost import cap_length, forward_cost
+
+    costs = [forward_cost(model, batch_size, seq_len, threads=threads) for model in models.values()]
+    total = sum(rounds * c.seconds_at(batch_size, seq_len) for c in costs)
+    slowest = max(costs, key=lambda c: c.seconds_at(batch_size, seq_len))
+    cap = cap_length(slowest, batch=batch_size, seq_len=seq_len, forwards=rounds * len(costs), what="bench",
+                     ask_more="", given=True)
+    if cap.message is not None:
+        note(cap.message)
+    return f" (about {total / 60:.1f} min estimated)" if total >= 60 else f" (about {total:.0f} s estimated)"
+
+
 @app.command("bench")
 def bench_command(
     ctx: typer.Context,
@@ -526,6 +545,8 @@ def bench_command(
     else:
         models = bench_rows(paths, allow_pickle=ctx.ensure_object(CliState).allow_pickle, threads=threads)
         check_seq_len(models, seq_len)
+        waiting += bench_estimate(models, batch_size=batch_size, seq_len=seq_len, rounds=warmup + repeats,
+                                  threads=threads, device=device)
         if not console.is_terminal:
             note(waiting)
         with console.status("benchmarking (interleaved rounds)"):

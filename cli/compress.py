@@ -13,6 +13,7 @@ serve it; ``surgery inspect OUT`` prints the same) and ``pareto.png`` (when matp
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -268,6 +269,51 @@ def summary_lines(report: Any) -> list[str]:
     return lines
 
 
+def capped_length(model: Any, data: Any, target: Any, *, batch: int, seq_len: int, threads: int | None,
+                  given: bool, budget_minutes: float | None = None) -> int | None:
+    """The length to read the data at when ``batch`` x ``seq_len`` would run beyond reason here; None: as it is.
+
+    One forward is estimated from a short timed one (:func:`surgery.measure.cost.forward_cost`) and
+    multiplied by the forwards the job runs (:func:`surgery.compress.job_estimate.forward_equivalents`);
+    beyond :data:`~surgery.measure.cost.MAX_JOB_SECONDS` (or the budget, when shorter) the length is
+    capped. A length the user gave (``given``) is kept and only warned about. What was decided is noted.
+    """
+    from surgery.compress.job_estimate import forward_equivalents
+    from surgery.measure.cost import MAX_JOB_SECONDS, cap_length, forward_cost
+
+    dev = len(getattr(data, "eval", None) or []) or len(getattr(data, "eval_texts", None) or [])
+    forwards = forward_equivalents(model, target, dev_examples=dev, batch_size=batch, fisher_batches=16)
+    cap = cap_length(forward_cost(model, batch, seq_len, threads=threads), batch=batch, seq_len=seq_len,
+                     forwards=forwards, what="compress", ask_more=f"--max-length {seq_len}", given=given,
+                     max_seconds=min(MAX_JOB_SECONDS, 60.0 * budget_minutes) if budget_minutes else MAX_JOB_SECONDS)
+    if cap.message is not None:
+        note(cap.message)
+    return cap.seq_len if cap.capped else None
+
+
+def estimate_line(info: dict[str, Any]) -> str:
+    """The plan printed before the work, from the ``compress: estimate`` event's figures.
+
+    Example:
+        >>> estimate_line({"estimate": "0.5 min", "latency": "3.0 min", "total": "3.5 min", "candidates_planned": 7})
+        'plan (estimated from timed steps): estimate 0.5 min, latency 3.0 min; total 3.5 min, 7 candidates planned'
+    """
+    phases = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("total", "candidates_planned", "scaled"))
+    line = (f"plan (estimated from timed steps): {phases}; total {info.get('total')}, "
+            f"{info.get('candidates_planned')} candidates planned")
+    return line + (f"; to fit the budget: {info['scaled']}" if info.get("scaled") else "")
+
+
+def announcing(display: Any) -> Any:
+    """A progress callback that prints the up-front plan as a line of its own and passes the rest to ``display``."""
+    def show(event: Any) -> None:
+        if event.task == "compress: estimate":
+            note(estimate_line(event.info))
+        else:
+            display(event)
+    return show
+
+
 def compress_command(
     ctx: typer.Context,
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
@@ -342,6 +388,17 @@ def compress_command(
     inputs = prepare_inputs(ctx.ensure_object(CliState), source, {"data": DataFiles(data, eval_data)}, options,
                             required_by="--data", strategy=CompressObjectives, requested_objective=objective)
     task_data = inputs.data["data"]
+    if (length := seq_len or int(task_data.info.get("max_length") or 0)) > 0:
+        capped = capped_length(inputs.model, task_data, target, batch=batch or batch_size, seq_len=length,
+                               threads=threads, given=max_length is not None or seq_len is not None,
+                               budget_minutes=budget)
+        if capped is not None:  # read again at the capped length: judged and timed as it will be served
+            from surgery.cli.inputs import read_model_config
+            from surgery.cli.prepare import load_data_set
+
+            task_data = load_data_set(ctx.ensure_object(CliState), DataFiles(data, eval_data), inputs.tokenizer,
+                                      dataclasses.replace(options, max_length=capped), inputs.objective,
+                                      model=(source, read_model_config(source)))
     from surgery.cli import render
     from surgery.compress.compress_run import compress
     from surgery.compress.config import CompressConfig
@@ -352,7 +409,8 @@ def compress_command(
                                   objective=inputs.objective.name if inputs.objective else None, batch_size=batch,
                                   seq_len=seq_len, stock=stock, threads=threads, budget_minutes=budget, seed=seed,
                                   train=not no_train)
-    with render.ProgressDisplay(stderr()) as progress:
+    with render.ProgressDisplay(stderr()) as display:
+        progress = announcing(display)
         if out_dir is None:  # --dry-run
             if config.auto:
                 typer.echo(json.dumps(auto_preview(inputs.model, task_data, config), indent=2))

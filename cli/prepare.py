@@ -155,6 +155,18 @@ def data_note(label: str, data: Any) -> str:
     return f"{label}: {data.info['train_size']:,} train / {data.info['eval_size']:,} eval examples, {labels}"
 
 
+def load_data_set(state: CliState, files: DataFiles, tokenizer: Any, options: DataOptions, objective: Any, *,
+                  model: tuple[Path, Any], labels_from_head: bool = True) -> Any:
+    """One data set read as :func:`prepare_inputs` reads it: texts for an embedding ``objective``, else task data
+    (``compress`` reads it again when its length is capped)."""
+    with quiet_datasets(state.debug):
+        if objective is not None and objective.is_embedding:
+            return load_embedding_data(files.train, tokenizer, objective, eval_data=files.eval,
+                                       text_column=options.text_column, max_length=options.max_length,
+                                       seed=options.seed, max_train=options.max_train, batch_size=options.batch_size)
+        return load_task(files, tokenizer, options, model=model, labels_from_head=labels_from_head)
+
+
 def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles], options: DataOptions, *,
                    required_by: str, strategy: type | None = None, requested_objective: str | None = None,
                    data_label: str = "{name}", check: Callable[[nn.Module, dict[str, Any]], None] | None = None,
@@ -186,16 +198,9 @@ def prepare_inputs(state: CliState, source: Path, data: Mapping[str, DataFiles],
     embedding = objective is not None and objective.is_embedding
     torch.manual_seed(options.seed)
     tokenizer = load_tokenizer(source, required_by=required_by if data else None)
-    loaded: dict[str, Any] = {}
-    if data:
-        with quiet_datasets(state.debug):
-            for name, files in data.items():
-                loaded[name] = load_embedding_data(
-                    files.train, tokenizer, objective, eval_data=files.eval, text_column=options.text_column,
-                    max_length=options.max_length, seed=options.seed, max_train=options.max_train,
-                    batch_size=options.batch_size,
-                ) if embedding else load_task(files, tokenizer, options, model=(source, model_config),
-                                              labels_from_head=labels_from_head)
+    loaded: dict[str, Any] = {name: load_data_set(state, files, tokenizer, options, objective,
+                                                  model=(source, model_config), labels_from_head=labels_from_head)
+                              for name, files in data.items()}
     first = next(iter(loaded.values()), None)
     model = load_model(source, model_config, None if embedding else first, allow_pickle=state.allow_pickle)
     if check is not None:

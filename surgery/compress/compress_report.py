@@ -87,6 +87,9 @@ class CompressReport(BaseModel):
     why: str = ""
     training: dict[str, Any] | None = None
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per phase")
+    estimate: dict[str, Any] = Field(default_factory=dict, description="seconds per phase estimated before the "
+                                     "work from small timed steps, against the actual; what a budget scaled down")
+    peak_rss_bytes: int | None = Field(default=None, description="the process's peak resident memory (ru_maxrss)")
     seconds: float = 0.0
     warnings: list[str] = Field(default_factory=list, description="the target or the guard missed")
     notes: list[str] = Field(default_factory=list)

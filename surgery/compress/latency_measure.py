@@ -521,12 +521,8 @@ def measure_latency_table(
     threads = threads or torch.get_num_threads()
     shape = model_shape(model)
     machine = machine_info().model_copy(update={"torch_threads": threads})
-    key = {"shape": shape, "runtime": runtime, "batch_size": batch_size, "seq_len": seq_len, "threads": threads,
-           "repeats": repeats, "probe_layers": probe_layers, "heads_grid": list(HEAD_FRACTIONS),
-           "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
-           "machine": machine.fingerprint, "versions": machine.versions,
-           "graph_format": (runtime_key := resolve_runtime(runtime).cache_key())["graph_format"],
-           "runtime_key": runtime_key}
+    key = table_key(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
+                    probe_layers=probe_layers, reference_runtime=reference_runtime)
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
     stale = None
     if cache:
@@ -548,6 +544,43 @@ def measure_latency_table(
                                                   "cache_file": str(path) if cache and not cache_note else None,
                                                   **({"cache_note": cache_note} if cache_note else {}),
                                                   **({"replaced_cache": stale} if stale else {})}})
+
+
+def table_key(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
+              repeats: int = REPEATS, probe_layers: int = PROBE_LAYERS, reference_runtime: str | None = None
+              ) -> dict[str, Any]:
+    """What a latency table measured here depends on: the key of its cache file.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> key = table_key(tiny_model(TinySpec("bert")), runtime="torch", batch_size=2, seq_len=8, threads=1)
+        >>> key["runtime"], key["seq_len"], key["repeats"]
+        ('torch', 8, 7)
+    """
+    threads = threads or torch.get_num_threads()
+    machine = machine_info().model_copy(update={"torch_threads": threads})
+    return {"shape": model_shape(model), "runtime": runtime, "batch_size": batch_size, "seq_len": seq_len,
+            "threads": threads, "repeats": repeats, "probe_layers": probe_layers, "heads_grid": list(HEAD_FRACTIONS),
+            "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
+            "machine": machine.fingerprint, "versions": machine.versions,
+            "graph_format": (runtime_key := resolve_runtime(runtime).cache_key())["graph_format"],
+            "runtime_key": runtime_key}
+
+
+def table_cached(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
+                 repeats: int = REPEATS, cache_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Whether a cached table for this model, runtime and batch shape is on file here (the estimate's question:
+    a cached table costs a check of the model's own time, not a measurement).
+
+    Example:
+        >>> import tempfile
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> table_cached(tiny_model(TinySpec("bert")), runtime="torch", batch_size=2, seq_len=8, threads=1,
+        ...              cache_dir=tempfile.mkdtemp())
+        False
+    """
+    key = table_key(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats)
+    return cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key).is_file()
 
 
 def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int, repeats: int,

@@ -19,6 +19,9 @@ from surgery.compress.latency_table import LatencyTable
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError
 
+#: Side-by-side rounds of each measured speedup.
+SPEEDUP_REPEATS = 20
+
 
 class LatencySource(Protocol):
     """What compression asks about time: a model's latency table, and a measured speedup."""
@@ -42,14 +45,16 @@ class MeasuredLatency:
     seq_len: int
     threads: int | None = None
     cache_dir: Path | None = None
-    repeats: int = 20
+    repeats: int = SPEEDUP_REPEATS
     write_cache: bool = True  # False: a cached table is still read, nothing is written (--dry-run)
+    table_repeats: int | None = None  # the latency table's timing rounds (None: its default; a budget asks fewer)
 
     def table(self, model: nn.Module, runtime: str) -> LatencyTable:
         from surgery.compress.latency_measure import measure_latency_table
 
         return measure_latency_table(model, runtime=runtime, batch_size=self.batch_size, seq_len=self.seq_len,
-                                     threads=self.threads, cache_dir=self.cache_dir, write_cache=self.write_cache)
+                                     threads=self.threads, cache_dir=self.cache_dir, write_cache=self.write_cache,
+                                     **({"repeats": self.table_repeats} if self.table_repeats else {}))
 
     def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
                 served: nn.Module | None = None) -> tuple[float, list[float] | None]:

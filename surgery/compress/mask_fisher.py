@@ -36,6 +36,56 @@ from surgery.scoring.importance import batches_on, linear_input_scores, loss_obj
 
 ObjectiveName = Literal["task", "embedding"]
 
+#: Bytes of activations one Fisher micro-batch may keep for its backward pass: batches are split into
+#: rows that fit (a BERT-base batch of 32 x 512 tokens kept about 25 GB whole; the Fisher is a sum
+#: over examples, so the split changes no figure).
+FISHER_ACTIVATION_BYTES = 2 * 2**30
+
+
+def backward_bytes_per_row(model: nn.Module, seq_len: int) -> int:
+    """Bytes one sequence of ``seq_len`` tokens keeps for a backward pass through ``model`` (fp32, an estimate).
+
+    Per layer and token: about a dozen hidden-size vectors (projections, norms, residuals), three
+    FFN-width ones (up projection, activation, its gradient) and three rows of attention scores.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> backward_bytes_per_row(tiny_model(TinySpec("bert")), 8)
+        37824
+    """
+    adapter = adapter_for(model)
+    hidden = int(getattr(model.config, "hidden_size", 0) or getattr(model.config, "dim", 0) or 0)
+    total = 0
+    for i in range(adapter.num_layers):
+        parts = adapter.layer(i)
+        total += seq_len * (12 * hidden + 3 * parts.count("neurons") + 3 * parts.count("heads") * seq_len)
+    return 4 * total
+
+
+def micro_batches(batches: Sequence[Mapping[str, Any]], rows: int) -> list[dict[str, Any]]:
+    """``batches`` split into batches of at most ``rows`` examples, trailing padding columns cut off.
+
+    Example:
+        >>> batch = {"input_ids": torch.ones(5, 6, dtype=torch.long),
+        ...          "attention_mask": torch.tensor([[1] * 6] + [[1, 1, 0, 0, 0, 0]] * 4), "labels": torch.arange(5)}
+        >>> [tuple(b["input_ids"].shape) for b in micro_batches([batch], 2)]
+        [(2, 6), (2, 2), (1, 2)]
+    """
+    out: list[dict[str, Any]] = []
+    for batch in batches:
+        size = int(batch["input_ids"].shape[0])
+        for start in range(0, size, max(rows, 1)):
+            part = {k: v[start:start + rows] if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == size else v
+                    for k, v in batch.items()}
+            mask = part.get("attention_mask")
+            if torch.is_tensor(mask) and mask.dim() == 2 and mask.shape[1] > 0:
+                used = int(mask.any(0).nonzero().max()) + 1 if bool(mask.any()) else mask.shape[1]
+                width = mask.shape[1]
+                part = {k: v[:, :used] if torch.is_tensor(v) and v.dim() >= 2 and v.shape[:2] == (mask.shape[0], width)
+                        else v for k, v in part.items()}
+            out.append(part)
+    return out
+
 
 def summed_task_loss(outputs: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The task loss summed over the batch's examples (HF models return the mean), so per-example
@@ -103,6 +153,9 @@ def mask_fisher(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, objec
             linears[("neurons", i)] = parts.ffn.down
             groups[("neurons", i)] = 1
     examples = sum(int(b["input_ids"].shape[0]) for b in batches)
+    if batches:  # bounded memory: the backward of a long batch is taken a few rows at a time
+        longest = max(int(b["input_ids"].shape[1]) for b in batches)
+        batches = micro_batches(batches, max(1, FISHER_ACTIVATION_BYTES // backward_bytes_per_row(model, longest)))
     if examples == 0:
         raise DataError("compress: the calibration data holds no examples; pass training data")
     chosen = importance_objective if objective == "embedding" else summed_task_loss
@@ -189,7 +242,8 @@ def layer_removal_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], 
 def unit_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, objective: ObjectiveName,
                importance_objective: Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
                pooled: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
-               layer_batches: int = 4, max_seconds: float | None = None) -> UnitCosts:
+               layer_batches: int = 4, max_seconds: float | None = None, max_batches: int | None = None,
+               first: FisherBatch | None = None) -> UnitCosts:
     """Every structure's estimated cost: mask Fisher of heads and neurons, measured layer removal.
 
     With ``max_seconds`` the Fisher reads only as many of ``batches`` as its first batch's time says
@@ -206,12 +260,15 @@ def unit_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, object
     """
     start = time.perf_counter()
     batches = list(batches)
-    heads, neurons, examples = mask_fisher(model, batches[:1], objective=objective,
-                                           importance_objective=importance_objective)
-    first = time.perf_counter() - start
-    more = len(batches) - 1
+    if not batches:
+        raise DataError("compress: the calibration data holds no examples; pass training data")
+    earlier = 0.0 if first is None else first.seconds  # timed by the estimate, before this phase's clock
+    if first is None:
+        first = fisher_batch(model, batches[0], objective=objective, importance_objective=importance_objective)
+    heads, neurons, examples = first.heads, first.neurons, first.examples
+    more = len(batches) - 1 if max_batches is None else min(len(batches), max(max_batches, 1)) - 1
     if max_seconds is not None:
-        more = min(more, int(max(max_seconds - first, 0.0) / max(first, 1e-9)))
+        more = min(more, int(max(max_seconds - first.seconds, 0.0) / max(first.seconds, 1e-9)))
     if more > 0:
         rest_heads, rest_neurons, rest = mask_fisher(model, batches[1:1 + more], objective=objective,
                                                      importance_objective=importance_objective)
@@ -222,4 +279,34 @@ def unit_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, object
         examples = total
     layers = layer_removal_costs(model, batches[:layer_batches], objective=objective, pooled=pooled)
     return UnitCosts(objective=objective, examples=examples, heads=heads, neurons=neurons, layers=layers,
-                     seconds=time.perf_counter() - start)
+                     seconds=time.perf_counter() - start + earlier)
+
+
+@dataclass
+class FisherBatch:
+    """The mask Fisher of one batch and the seconds it took: the importance phase's first step, timed
+    by the job's estimate and then reused rather than computed twice."""
+
+    heads: dict[int, torch.Tensor]
+    neurons: dict[int, torch.Tensor]
+    examples: int
+    seconds: float
+
+
+def fisher_batch(model: nn.Module, batch: Mapping[str, Any], *, objective: ObjectiveName,
+                 importance_objective: Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
+                 ) -> FisherBatch:
+    """The mask Fisher of one batch, timed (the estimate's probe of the importance phase).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> spec = TinySpec("bert", task="seq-cls")
+        >>> step = fisher_batch(tiny_model(spec), {**tiny_inputs(spec), "labels": torch.tensor([0, 1, 2])},
+        ...                     objective="task")
+        >>> step.examples, step.seconds > 0
+        (3, True)
+    """
+    start = time.perf_counter()
+    heads, neurons, examples = mask_fisher(model, [batch], objective=objective,
+                                           importance_objective=importance_objective)
+    return FisherBatch(heads, neurons, examples, time.perf_counter() - start)

@@ -15,9 +15,10 @@ from typing import Any
 from torch import nn
 
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
-from surgery.compress.latency_source import LatencySource, MeasuredLatency
+from surgery.compress.job_estimate import JobEstimate, plan_settings
+from surgery.compress.latency_source import SPEEDUP_REPEATS, LatencySource, MeasuredLatency
 from surgery.compress.latency_table import LatencyTable
-from surgery.compress.mask_fisher import ObjectiveName, UnitCosts, unit_costs
+from surgery.compress.mask_fisher import FisherBatch, ObjectiveName, UnitCosts, fisher_batch, unit_costs
 from surgery.compress.removal_path import RemovalPath, describe_cut, search_path
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError, DataError, StockFormatError
@@ -110,6 +111,8 @@ class CompressPlan:
     calibration: list[Any]  # what the refit reads
     smoothing: list[Any]  # what int8 smoothing reads (as many texts as `surgery export --calibration`)
     phases: dict[str, float]
+    #: seconds per phase estimated before the work, and what a budget scaled down (None: times not measured here)
+    estimate: JobEstimate | None = None
 
     def families(self) -> dict[str, RemovalPath]:
         """Every search path by its candidates' origin: ``path``, ``units-path``, ``uniform-path``."""
@@ -131,7 +134,13 @@ class CompressPlan:
                 "would_cut": describe_cut(self.path, k) if k is not None else None,
                 "reachable": k is not None or isinstance(target, DropTarget),
                 "max_predicted_speedup": round(self.path.speedup_at(len(self.path.steps)), 4),
-                "speed_points": points}
+                "speed_points": points,
+                **({"estimate": self.estimate.report(self.phases)} if self.estimate is not None else {})}
+
+    @property
+    def speedup_repeats(self) -> int:
+        """Side-by-side rounds of each candidate's speedup (fewer when a budget scaled them down)."""
+        return self.estimate.settings.speedup_repeats if self.estimate is not None else SPEEDUP_REPEATS
 
 
 def _speed_points(path: RemovalPath, every: float = 0.25) -> list[int]:
@@ -184,11 +193,18 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
                   against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
                   threads: int | None = None, progress: ProgressCallback | None = None,
-                  clock: Clock | None = None, write_cache: bool = True, costs: UnitCosts | None = None) -> CompressPlan:
+                  clock: Clock | None = None, write_cache: bool = True, costs: UnitCosts | None = None,
+                  dev_examples: int | None = None, train: bool = False) -> CompressPlan:
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
 
     ``costs``: what every unit carries, when already measured (``--runtime auto`` plans several
     runtimes on one model: the mask Fisher does not depend on the runtime).
+
+    When times are measured here (no ``latency`` given), the job is estimated first
+    (:mod:`surgery.compress.job_estimate`): small timed steps of each phase give seconds per phase,
+    emitted as the ``compress: estimate`` progress event before any phase runs, and with a budget the
+    phases are scaled down to fit it. ``dev_examples`` (the dev set's size) and ``train`` (distillation
+    allowed) inform that estimate.
 
     Example:
         >>> from surgery.compress.latency_source import TableLatency
@@ -213,21 +229,50 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     clock.phase("data", since)
     emit(ProgressEvent("compress: batch shape", 1, 1, {"batch": batch_size, "seq_len": seq_len,
                                                        "objective": chosen}))
+    importance_objective = data.importance_objective() if chosen == "embedding" else None
+    first: FisherBatch | None = None
+    estimate, served, held = None, None, None
+    if latency is None:  # times are measured here: estimate the job before spending it
+        since = time.perf_counter()
+
+        def fisher() -> FisherBatch:
+            nonlocal first
+            if costs is not None:  # measured already (--runtime auto): nothing to spend
+                return FisherBatch({}, {}, 0, 0.0)
+            first = fisher_batch(model, calibration[0], objective=chosen, importance_objective=importance_objective)
+            return first
+
+        budget = None if clock.deadline is None else max(clock.left(), 0.0)
+        estimate, served, held = plan_settings(
+            model, data, target, runtime=runtime, against_runtime=against_runtime, batch_size=batch_size,
+            seq_len=seq_len, threads=threads, calibration=calibration, fisher_batches=len(calibration),
+            refit_batches=max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH)),
+            dev_examples=dev_examples if dev_examples is not None else len(getattr(data, "eval", None) or []),
+            removable_layers=0 if costs is not None else len(Structure.from_model(model).layers),
+            budget_seconds=budget, train=train, fisher=fisher)
+        clock.phase("estimate", since)
+        emit(ProgressEvent("compress: estimate", 1, 1, estimate.info()))
     since = time.perf_counter()
     # write_cache=False: --dry-run reads a cached latency table but writes nothing, the cache included.
-    source = latency or MeasuredLatency(batch_size=batch_size, seq_len=seq_len, threads=threads,
-                                        write_cache=write_cache)
+    source = latency or MeasuredLatency(
+        batch_size=batch_size, seq_len=seq_len, threads=threads, write_cache=write_cache,
+        table_repeats=estimate.settings.table_repeats if estimate is not None else None,
+        repeats=estimate.settings.speedup_repeats if estimate is not None else SPEEDUP_REPEATS)
     table = source.table(model, runtime)
     unchanged = 1.0
     if runtime != against_runtime:  # the runtime alone is worth something (int8): the path starts from it
-        unchanged, _ = source.speedup(model, model, runtime=runtime, reference_runtime=against_runtime)
+        # The estimate's artefact of the model is the one timed (written once, with the user's calibration).
+        unchanged, _ = source.speedup(model, model, runtime=runtime, reference_runtime=against_runtime,
+                                      served=served)
+    served = None
+    if held is not None:
+        held.cleanup()
     clock.phase("latency", since)
     start = Structure.from_model(model)
     emit(ProgressEvent("compress: latency table", 1, 1, {"runtime": runtime,
                                                          "predicted_ms": round(table.predict_ms(start), 3),
                                                          "unchanged_speedup": round(unchanged, 3)}))
     since = time.perf_counter()
-    importance_objective = data.importance_objective() if chosen == "embedding" else None
     pooled = None
     if chosen == "embedding":
         from surgery.embedding.evaluate import embed_batch
@@ -242,7 +287,8 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     share = None if clock.deadline is None else IMPORTANCE_SHARE * max(clock.left(), 0.0)
     if costs is None:
         costs = unit_costs(model, calibration, objective=chosen, importance_objective=importance_objective,
-                           pooled=pooled, max_seconds=share)
+                           pooled=pooled, max_seconds=share, first=first,
+                           max_batches=estimate.settings.fisher_batches if estimate is not None else None)
     clock.phase("importance", since)
     emit(ProgressEvent("compress: importance", 1, 1, {"examples": costs.examples,
                                                       "seconds": round(costs.seconds, 1)}))
@@ -262,4 +308,5 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
     return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path,
                         start=start, unchanged_speedup=unchanged, batch_size=batch_size, seq_len=seq_len,
-                        objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases)
+                        objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases,
+                        estimate=estimate)

@@ -25,6 +25,7 @@ from surgery.compress.plan import CALIBRATION_BATCH, Clock, check_arguments, dat
 from surgery.core.errors import DataError
 from surgery.core.progress import ProgressCallback, no_progress
 from surgery.data.task_data import check_label_order
+from surgery.measure.memory import peak_rss_bytes
 
 
 def dev_source(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int) -> tuple[list[Any], list[str]]:
@@ -63,8 +64,11 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         plan = plan_compress(model, data, target=config.target, runtime=runtime,
                              against_runtime=config.against_runtime, objective=config.objective,
                              batch_size=config.batch_size, seq_len=config.seq_len, stock=config.stock,
-                             latency=latency, threads=config.threads, progress=progress, clock=clock, costs=costs)
-        source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=config.threads)
+                             latency=latency, threads=config.threads, progress=progress, clock=clock, costs=costs,
+                             dev_examples=sum(int(b["input_ids"].shape[0]) for b in dev) or len(texts),
+                             train=config.train)
+        source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=config.threads,
+                                            repeats=plan.speedup_repeats)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
             judge = Judge(original=model, objective=plan.objective, runtime=runtime, calibration=plan.calibration,
                           smoothing=plan.smoothing, workdir=Path(tmp), dev=dev, texts=texts,
@@ -82,6 +86,10 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         report.text_length = dict((getattr(data, "info", None) or {}).get("text_length") or {})
         report.config = config.model_dump(mode="json")
         report.artefact = dict(report.winner_result().artefact) if report.winner_result() else {}
+        if plan.estimate is not None:  # estimated before the work, against what each phase took
+            report.estimate = plan.estimate.report(report.phases)
+            report.notes.extend(f"budget: {n}" for n in plan.estimate.notes)
+        report.peak_rss_bytes = peak_rss_bytes()
     finally:
         model.train(was_training)
     result = CompressResult(final_model, report, plan.smoothing, artefact)

@@ -93,3 +93,20 @@ def memory_use(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: tor
     else:
         peak, method = None, f"not measured on {device.type}"
     return weights, peak, (weights + peak if peak is not None else None), method
+
+
+def peak_rss_bytes() -> int | None:
+    """The process's peak resident memory so far, in bytes (``getrusage``'s ``ru_maxrss``; None where absent).
+
+    Example:
+        >>> (peak_rss_bytes() or 1) > 0
+        True
+    """
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kibibytes, macOS bytes.
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+

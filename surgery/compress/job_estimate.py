@@ -1,0 +1,348 @@
+"""The cost of a ``compress`` job, estimated before the work from small timed steps, and fitted to a budget.
+
+:func:`time_probes` times one small step of each phase on this machine, at the job's batch shape:
+
+* the original in PyTorch (one batch: the unit of the Fisher, the refit and the layer costs), and on
+  the target runtime, its artefact written as a candidate's is (int8 calibrated on the user's
+  batches): that export is a candidate's export, and its artefact is then reused to time the
+  unchanged model, so it is not spent twice;
+* one latency probe (two full layers of the model's widest layer) written and timed on the runtime;
+* the mask Fisher of one calibration batch (kept: it is the importance phase's first batch).
+
+:func:`estimate_job` turns these into seconds per phase by counting what each phase does with them
+(probes x rounds for the latency table, batches for the Fisher, per candidate a refit over its
+projections, an export, a pass over the dev data and the side-by-side rounds), and, when a budget
+is given, scales phases down until the sum fits: fewer timing rounds (latency table and speedups),
+a Fisher subsample, fewer candidates; every reduction is said in ``notes``.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from surgery.compress.compress_report import SpeedupTarget, Target
+from surgery.compress.latency_measure import REPEATS as TABLE_REPEATS
+from surgery.compress.latency_source import SPEEDUP_REPEATS
+from surgery.compress.mask_fisher import FisherBatch
+from surgery.compress.structure import Structure
+
+#: The fewest timing rounds a budget may leave the latency table (its median polish needs 3; default
+#: :data:`~surgery.compress.latency_measure.REPEATS`) and each speedup (default
+#: :data:`~surgery.compress.latency_source.SPEEDUP_REPEATS`).
+MIN_TABLE_REPEATS, MIN_SPEEDUP_REPEATS = 3, 6
+#: Candidates a --speedup search judges at most: the unchanged model, the path at the target and 10%
+#: either side, the units-only and the uniform paths' points, a uniform layer-drop.
+SPEEDUP_CANDIDATES = 7
+#: Points a --max-drop bisection judges per path (log2 of a path of about a hundred removals), for 3 paths.
+BISECTION_POINTS = 7
+#: The share of the budget the Fisher may take (as :data:`surgery.compress.plan.IMPORTANCE_SHARE`).
+IMPORTANCE_SHARE = 0.15
+#: The estimate's phases, in the order they run (the names of the report's ``phases``).
+PHASES = ("estimate", "latency", "importance", "candidates", "training")
+
+
+@dataclass
+class Probes:
+    """Seconds of the small steps timed before the work (see the module doc)."""
+
+    forward: float
+    runtime_forward: float
+    export: float
+    probe_export: float
+    probe_forward: float
+    fisher_batch: float
+    seconds: float = 0.0
+
+
+@dataclass
+class JobShape:
+    """The counts the estimate multiplies the probes by (all known before the work)."""
+
+    layers: int
+    removable_layers: int
+    probes: int  # latency probes, the model included
+    probe_fraction: float  # a probe's mean time against the timed probe's
+    fisher_batches: int
+    layer_batches: int
+    refit_batches: int
+    dev_batches: float  # passes over the dev data, in timed batches
+    train_batches: int
+    target: float  # the speedup the candidates are near (--speedup, else 2)
+    drop_search: bool  # --max-drop: bisection along three paths
+    cached_table: bool
+    runtime_differs: bool  # the runtime is not the reference one: the unchanged model is timed too
+
+
+@dataclass
+class Settings:
+    """What the job will do: rounds, Fisher batches, candidates (the defaults, or scaled to a budget)."""
+
+    table_repeats: int = TABLE_REPEATS
+    speedup_repeats: int = SPEEDUP_REPEATS
+    fisher_batches: int = 16
+    candidates: int = SPEEDUP_CANDIDATES
+    training: bool = False
+
+
+@dataclass
+class JobEstimate:
+    """Seconds per phase before the work, the settings they assume, and what a budget scaled down."""
+
+    phases: dict[str, float]
+    settings: Settings
+    probes: Probes
+    budget_seconds: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.phases.values())
+
+    def info(self) -> dict[str, Any]:
+        """Minutes per phase, for the progress event the CLI prints before the work."""
+        out: dict[str, Any] = {name: f"{seconds / 60:.1f} min" for name, seconds in self.phases.items()}
+        out["total"] = f"{self.total / 60:.1f} min"
+        out["candidates_planned"] = self.settings.candidates
+        if self.notes:
+            out["scaled"] = "; ".join(self.notes)
+        return out
+
+    def report(self, actual: dict[str, float]) -> dict[str, Any]:
+        """Estimate against actual seconds per phase (``actual``: the report's ``phases``), for compress.json."""
+        rows = {}
+        for name, estimated in self.phases.items():
+            spent = actual.get(name)
+            if name == "latency":  # the clock's data phase (batch shape, calibration batches) runs before it
+                spent = None if spent is None else spent + actual.get("data", 0.0)
+            if name == "importance":
+                spent = None if spent is None else spent + actual.get("search", 0.0)
+            rows[name] = {"estimated_s": round(estimated, 1), "actual_s": None if spent is None else round(spent, 1),
+                          "ratio": None if not spent or not estimated else round(spent / estimated, 3)}
+        return {"phases": rows, "total_estimated_s": round(self.total, 1), "settings": asdict(self.settings),
+                "probes_s": {k: round(v, 3) for k, v in asdict(self.probes).items()},
+                "budget_seconds": self.budget_seconds, "scaled": list(self.notes)}
+
+
+def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None = None) -> dict[str, float]:
+    """Seconds per phase for probes ``p``, counts ``shape`` and settings ``s`` (the model of the module doc)."""
+    # A candidate near the target: its speedup is against the original in PyTorch, on whatever runtime.
+    small = small_rt = p.forward / max(shape.target, 1.0)
+    model_export = p.probe_export * max(1.0, shape.layers / 2)
+    # `repeated` runs each probe twice before the rounds, the table one warm-up round.
+    rounds = s.table_repeats + 3
+    if shape.cached_table:
+        latency = model_export + 6 * p.runtime_forward
+    else:
+        latency = (shape.probes * p.probe_export + model_export
+                   + rounds * (shape.probes * shape.probe_fraction * p.probe_forward + p.runtime_forward))
+    if shape.runtime_differs:  # the unchanged model against the original, side by side (its export is the probe's)
+        latency += (2 + s.speedup_repeats) * (p.forward + p.runtime_forward)
+    fisher = max(s.fisher_batches - 1, 0) * p.fisher_batch
+    importance = fisher + (1 + shape.removable_layers) * shape.layer_batches * p.forward
+    # One candidate: objective before/after the refit, the refit (each cut projection reads the refit
+    # batches through the student and the teacher up to it: half a model each, on average), its artefact,
+    # the dev pass on the runtime, and the side-by-side rounds.
+    refit = 2 * shape.layers * shape.refit_batches * 0.5 * (p.forward + small)
+    objective = 2 * shape.refit_batches * small
+    judged = p.export + shape.dev_batches * small_rt
+    timed = (2 + s.speedup_repeats) * (p.forward + small_rt)
+    unchanged = p.export + shape.dev_batches * p.runtime_forward + (
+        (2 + s.speedup_repeats) * (p.forward + p.runtime_forward) if shape.runtime_differs else 0.0)
+    if shape.drop_search:  # judged along three paths, then a few timed
+        others = max(s.candidates - 1, 0)
+        timed_share = min(4, others)
+        candidates = unchanged + others * (refit + objective + judged) + timed_share * timed
+    else:
+        cut = max(s.candidates - 2, 0)  # with a refit; then the layer-drop without one
+        candidates = unchanged + cut * (refit + objective + judged + timed) + (
+            (objective + judged + timed) if s.candidates >= 2 else 0.0)
+    phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
+    if s.training and epoch is not None:
+        phases["training"] = epoch + judged
+    return phases
+
+
+def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | None, train: bool) -> JobEstimate:
+    """Seconds per phase, and with a budget the settings scaled down until the phases fit (each reduction said).
+
+    Example:
+        >>> p = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1,
+        ...            fisher_batch=3.0, seconds=30.0)
+        >>> shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
+        ...                  layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
+        ...                  drop_search=False, cached_table=False, runtime_differs=True)
+        >>> full = estimate_job(p, shape, budget_seconds=None, train=False)
+        >>> full.settings.table_repeats, full.notes
+        (7, [])
+        >>> tight = estimate_job(p, shape, budget_seconds=0.5 * full.total, train=False)
+        >>> tight.total <= full.total, tight.settings.speedup_repeats < 20, len(tight.notes) > 0
+        (True, True, True)
+    """
+    settings = Settings(fisher_batches=shape.fisher_batches,
+                        candidates=3 * BISECTION_POINTS + 4 if shape.drop_search else SPEEDUP_CANDIDATES,
+                        training=train and budget_seconds is not None)
+    # An epoch: the student's forward and backward (the Fisher batch is one) and the teacher's forward, per batch.
+    epoch = shape.train_batches * (probes.fisher_batch + probes.forward) * 1.1
+    phases = phase_seconds(probes, shape, settings, epoch)
+    notes: list[str] = []
+    if budget_seconds is None:
+        return JobEstimate(phases, settings, probes, None, notes)
+
+    def fits(s: Settings) -> bool:
+        cost = phase_seconds(probes, shape, s)
+        return sum(cost.values()) <= budget_seconds
+
+    base = replace(settings)
+    if not fits(settings):
+        settings = replace(settings, table_repeats=MIN_TABLE_REPEATS, speedup_repeats=MIN_SPEEDUP_REPEATS)
+        notes.append(f"latency table timed in {MIN_TABLE_REPEATS} rounds (not {base.table_repeats}) and each "
+                     f"speedup in {MIN_SPEEDUP_REPEATS} (not {base.speedup_repeats})")
+    share = IMPORTANCE_SHARE * budget_seconds
+    if probes.fisher_batch > 0 and settings.fisher_batches * probes.fisher_batch > share:
+        fewer = max(1, min(settings.fisher_batches, int(share / probes.fisher_batch)))
+        if fewer < settings.fisher_batches:
+            notes.append(f"the Fisher reads {fewer} of {settings.fisher_batches} calibration batches "
+                         f"({IMPORTANCE_SHARE:.0%} of the budget)")
+            settings = replace(settings, fisher_batches=fewer)
+    while settings.candidates > 2 and not fits(settings):
+        settings = replace(settings, candidates=settings.candidates - 1)
+    if settings.candidates < base.candidates:
+        notes.append(f"about {settings.candidates} of the {base.candidates} candidates fit (the rest are skipped "
+                     "and said so)")
+    phases = phase_seconds(probes, shape, settings)
+    if settings.training:
+        left = budget_seconds - sum(phases.values())
+        whole = math.floor(max(left, 0.0) / epoch) if epoch > 0 else 0
+        phases["training"] = min(whole, 6) * epoch
+        if whole < 1:
+            notes.append(f"no distillation: an epoch takes about {epoch / 60:.1f} min and about "
+                         f"{max(left, 0) / 60:.1f} min would be left")
+    if sum(phases.values()) > budget_seconds:
+        notes.append(f"even scaled down the job is estimated at {sum(phases.values()) / 60:.1f} min, beyond the "
+                     f"budget of {budget_seconds / 60:.1f} min: candidates stop when it runs out")
+    return JobEstimate(phases, settings, probes, budget_seconds, notes)
+
+
+def probe_fraction(model: nn.Module) -> tuple[int, float]:
+    """How many latency probes the table times (the model included), and their mean cost against two full
+    layers (attention weighed by its projections, the FFN by its two matrices)."""
+    from surgery.compress.latency_measure import PROBE_LAYERS, probes, template_layer
+
+    shape = Structure.from_model(model).kept[template_layer(model)]
+    plan = probes(shape.heads, shape.ffn_width, PROBE_LAYERS)
+    hidden = float(getattr(model.config, "hidden_size", 0) or getattr(model.config, "dim", 0) or 1)
+    attention, ffn = 4 * hidden * hidden, 2 * hidden * max(shape.ffn_width, 1)
+
+    def cost(p: Any) -> float:
+        return p.layers * (attention * p.heads / max(shape.heads, 1) + ffn * p.ffn_width / max(shape.ffn_width, 1))
+
+    full = PROBE_LAYERS * (attention + ffn)
+    return len(plan) + 1, sum(cost(p) for p in plan) / (len(plan) * full)
+
+
+def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
+                calibration: list[Any], fisher: Any, workdir: Path) -> tuple[Probes, nn.Module | None]:
+    """Time the small steps of the module doc; returns them and the model's runtime artefact, loaded (None for
+    ``torch``), for the unchanged model's timing to reuse. ``fisher()`` computes and returns the first Fisher batch.
+    """
+    from surgery.compress.latency_measure import (
+        PROBE_LAYERS,
+        Probe,
+        build_probe,
+        probe_calibration_batches,
+        runtime_model,
+        template_layer,
+    )
+    from surgery.measure.bench import make_inputs, time_rounds, torch_threads
+
+    started = time.perf_counter()
+    device = next(model.parameters()).device
+    inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
+
+    def once(target: nn.Module) -> float:
+        return time_rounds({"m": target}, inputs, repeats=1, warmup=1, device=device)["m"][0]
+
+    with torch_threads(threads):
+        forward = once(model)
+        served = None
+        export = 0.0
+        runtime_forward = forward
+        if runtime != "torch":
+            since = time.perf_counter()
+            served = runtime_model(model, runtime, workdir / "model", threads=threads, calibration=calibration)
+            export = time.perf_counter() - since
+            runtime_forward = once(served)
+        template = template_layer(model)
+        shape = Structure.from_model(model).kept[template]
+        since = time.perf_counter()
+        probe = runtime_model(build_probe(model, Probe("heads all", PROBE_LAYERS, shape.heads, shape.ffn_width),
+                                          template), runtime, workdir / "probe", threads=threads,
+                              calibration=probe_calibration_batches(model, seq_len))
+        probe_export = time.perf_counter() - since
+        probe_forward = once(probe)
+        del probe
+        first: FisherBatch = fisher()
+    probes = Probes(forward=forward, runtime_forward=runtime_forward, export=export, probe_export=probe_export,
+                    probe_forward=probe_forward, fisher_batch=first.seconds,
+                    seconds=time.perf_counter() - started)
+    return probes, served
+
+
+def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: str, against_runtime: str,
+                  batch_size: int, seq_len: int, threads: int | None, calibration: list[Any], fisher_batches: int,
+                  refit_batches: int, dev_examples: int, removable_layers: int, budget_seconds: float | None,
+                  train: bool, fisher: Any) -> tuple[JobEstimate, nn.Module | None, tempfile.TemporaryDirectory[str]]:
+    """Time the probes and estimate the job (see the module doc). Returns the estimate, the model's runtime
+    artefact (loaded) and the temporary directory that holds it (removed when dropped)."""
+    from surgery.compress.latency_measure import table_cached
+
+    work = tempfile.TemporaryDirectory(prefix="surgery-estimate-")
+    probes, served = time_probes(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
+                                 calibration=calibration, fisher=fisher, workdir=Path(work.name))
+    count, fraction = probe_fraction(model)
+    train_rows = len(getattr(data, "train", None) or [])
+    shape = JobShape(layers=len(Structure.from_model(model).layers), removable_layers=removable_layers,
+                     probes=count, probe_fraction=fraction, fisher_batches=fisher_batches, layer_batches=4,
+                     refit_batches=refit_batches, dev_batches=dev_examples / max(batch_size, 1),
+                     train_batches=math.ceil(train_rows / max(min(batch_size, 32), 1)),
+                     target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
+                     drop_search=not isinstance(target, SpeedupTarget),
+                     cached_table=table_cached(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
+                                               threads=threads),
+                     runtime_differs=runtime != against_runtime)
+    return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), served, work
+
+
+def forward_equivalents(model: nn.Module, target: Target, *, dev_examples: int, batch_size: int,
+                        fisher_batches: int) -> float:
+    """How many forwards of the timed batch a job runs by the estimate's own counts, exports left out: what one
+    forward's estimate (:func:`surgery.measure.cost.forward_cost`) is multiplied by to judge a runaway job.
+
+    A backward counts as two forwards (a Fisher batch as three); a latency probe as its share of the layers.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> n = forward_equivalents(tiny_model(TinySpec("bert")), SpeedupTarget(speedup=2), dev_examples=64,
+        ...                         batch_size=32, fisher_batches=16)
+        >>> 100 < n < 2000
+        True
+    """
+    from surgery.compress.latency_measure import PROBE_LAYERS
+
+    count, fraction = probe_fraction(model)
+    layers = len(Structure.from_model(model).layers)
+    unit = Probes(forward=1.0, runtime_forward=1.0, export=0.0, probe_export=0.0,
+                  probe_forward=PROBE_LAYERS / max(layers, 1), fisher_batch=3.0)
+    shape = JobShape(layers=layers, removable_layers=layers, probes=count, probe_fraction=fraction,
+                     fisher_batches=fisher_batches, layer_batches=4, refit_batches=8,
+                     dev_batches=dev_examples / max(batch_size, 1), train_batches=0,
+                     target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
+                     drop_search=not isinstance(target, SpeedupTarget), cached_table=False, runtime_differs=True)
+    return estimate_job(unit, shape, budget_seconds=None, train=False).total

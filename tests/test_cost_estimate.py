@@ -1,0 +1,149 @@
+"""A job announces its cost before it spends it (issues 35 and 39): the estimate, the budget, the cap, memory.
+
+* ``compress`` times a small step of each phase and emits the plan (seconds per phase) before any phase;
+* a budget too small for the defaults scales phases down (rounds, Fisher batches, candidates) and says so;
+* a batch x length whose estimate is beyond reason (a tiny model at its 8192-token limit on long texts)
+  is capped before the work, and the note says how to ask for more;
+* the Fisher's backward is taken a few rows at a time with the same figures; the peak RSS is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from surgery.compress import mask_fisher as fisher_module
+from surgery.compress.compress_report import SpeedupTarget
+from surgery.compress.job_estimate import JobShape, Probes, estimate_job
+from surgery.compress.mask_fisher import mask_fisher
+from surgery.compress.plan import Clock, plan_compress
+from surgery.core.progress import ProgressEvent
+from surgery.measure.cost import ForwardCost, cap_length, forward_cost
+from surgery.testing import TinySpec, tiny_inputs, tiny_model, tiny_task_data
+from tests.helpers import WORDS, runner, tiny_tokenizer, write_rows
+
+PROBES = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1, fisher_batch=3.0,
+                seconds=30.0)
+SHAPE = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16, layer_batches=4,
+                 refit_batches=8, dev_batches=10, train_batches=100, target=8.0, drop_search=False,
+                 cached_table=False, runtime_differs=True)
+
+
+def test_the_estimate_is_emitted_before_any_phase_runs(timed_by_tables: None) -> None:
+    events: list[ProgressEvent] = []
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    plan = plan_compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), progress=events.append)
+    tasks = [e.task for e in events]
+    assert "compress: estimate" in tasks
+    # Only the batch shape (read off the data) comes first: no latency, importance or search yet.
+    assert tasks.index("compress: estimate") < tasks.index("compress: latency table") < tasks.index(
+        "compress: importance")
+    info = events[tasks.index("compress: estimate")].info
+    assert {"latency", "importance", "candidates", "total"} <= set(info) and info["total"].endswith("min")
+    assert plan.estimate is not None and plan.estimate.phases["candidates"] > 0
+    # The estimate's Fisher batch is the importance phase's first: every calibration example read once.
+    assert plan.costs.examples == sum(int(b["input_ids"].shape[0]) for b in plan.smoothing)
+    preview = plan.preview(SpeedupTarget(speedup=1.5))
+    assert set(preview["estimate"]["phases"]) >= {"estimate", "latency", "importance", "candidates"}
+
+
+def test_a_small_budget_scales_the_phases_down_and_says_so() -> None:
+    full = estimate_job(PROBES, SHAPE, budget_seconds=None, train=False)
+    assert full.notes == [] and full.settings.table_repeats == 7 and full.settings.fisher_batches == 16
+    tight = estimate_job(PROBES, SHAPE, budget_seconds=0.1 * full.total, train=False)
+    assert tight.settings.table_repeats < 7 and tight.settings.speedup_repeats < 20
+    assert tight.settings.fisher_batches < 16 and tight.settings.candidates < full.settings.candidates
+    assert tight.total < full.total
+    said = " ".join(tight.notes)
+    assert "rounds" in said and "Fisher reads" in said and "candidates fit" in said
+    # A budget the defaults fit changes nothing.
+    assert estimate_job(PROBES, SHAPE, budget_seconds=2 * full.total, train=False).notes == []
+
+
+def test_a_budget_reads_fewer_fisher_batches_in_the_run(timed_by_tables: None) -> None:
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    data = tiny_task_data(n=96)
+    plan = plan_compress(model, data, target=SpeedupTarget(speedup=1.5), clock=Clock(budget_minutes=1e-4))
+    assert plan.estimate is not None and any("Fisher reads 1 of" in n for n in plan.estimate.notes)
+    assert plan.costs.examples == int(plan.smoothing[0]["input_ids"].shape[0])  # one batch, as announced
+    assert plan.estimate.report(plan.phases)["phases"]["latency"]["actual_s"] is not None
+
+
+def test_a_job_beyond_reason_is_capped_and_says_how_to_ask_for_more() -> None:
+    cost = ForwardCost(batch=32, seq_len=64, seconds=0.2, flops_linear=2e4, flops_square=250.0)
+    cap = cap_length(cost, batch=32, seq_len=8192, forwards=600, what="compress", ask_more="--max-length 8192")
+    assert cap.capped and 16 <= cap.seq_len < 8192 and cap.seq_len % 8 == 0
+    assert cap.estimated_seconds <= 2 * 3600 < cap.asked_seconds
+    assert "texts capped at" in cap.message and "--max-length 8192" in cap.message
+    given = cap_length(cost, batch=32, seq_len=8192, forwards=600, what="compress", ask_more="", given=True)
+    assert not given.capped and given.seq_len == 8192 and "running as asked" in given.message
+
+
+def test_forward_cost_extrapolates_within_a_factor_of_the_real_time() -> None:
+    model = tiny_model(TinySpec("bert"), max_position_embeddings=512).eval()
+    cost = forward_cost(model, 8, 512, least=0.02)
+    inputs = {"input_ids": torch.randint(5, 99, (8, 512)), "attention_mask": torch.ones(8, 512, dtype=torch.long)}
+    with torch.inference_mode():
+        model(**inputs)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            model(**inputs)
+            times.append(time.perf_counter() - start)
+    ratio = cost.seconds_at(8, 512) / min(times)
+    assert 0.2 < ratio < 5.0, ratio  # wide: the point is hours against seconds, on a shared machine
+
+
+@pytest.mark.slow
+def test_compress_dry_run_on_an_8192_token_model_caps_the_length_quickly(tmp_path: Path,
+                                                                          timed_by_tables: None) -> None:
+    from surgery.cli.app import app
+
+    model = tiny_model(TinySpec("bert", task="seq-cls"), max_position_embeddings=8192, num_labels=2,
+                       id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    model.save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    rng = random.Random(0)
+    rows = [{"text": " ".join(rng.choices(WORDS, k=9000)), "label": ["neg", "pos"][i % 2]} for i in range(48)]
+    data = write_rows(tmp_path / "long.csv", rows)
+    result = runner.invoke(app, ["compress", str(tmp_path / "model"), "--data", str(data), "--speedup", "2",
+                                 "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "texts cut at 8192 tokens" in result.stderr  # what the data asked for
+    assert "a forward of batch 32 x 8192 tokens is estimated at" in result.stderr
+    assert "texts capped at" in result.stderr and "pass --max-length 8192 to ask for more" in result.stderr
+    assert "plan (estimated from timed steps)" in result.stderr
+    preview = json.loads(result.stdout)
+    assert preview["seq_len"] < 8192
+
+
+def test_the_fisher_in_micro_batches_gives_the_same_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = TinySpec("bert", task="seq-cls")
+    model = tiny_model(spec)
+    batch = {**tiny_inputs(spec, batch=6, seq=9), "labels": torch.tensor([0, 1, 2, 0, 1, 2])}
+    batch["attention_mask"][3:, 6:] = 0  # padded rows: their trailing columns are cut in their micro-batch
+    whole_heads, whole_neurons, n = mask_fisher(model, [batch], objective="task")
+    monkeypatch.setattr(fisher_module, "FISHER_ACTIVATION_BYTES", 1)  # one row at a time
+    heads, neurons, m = mask_fisher(model, [batch], objective="task")
+    assert n == m == 6
+    for i in whole_heads:
+        assert torch.allclose(heads[i], whole_heads[i], rtol=1e-4, atol=1e-12)
+        assert torch.allclose(neurons[i], whole_neurons[i], rtol=1e-4, atol=1e-12)
+
+
+def test_compress_reports_estimate_against_actual_and_peak_rss(timed_by_tables: None) -> None:
+    from surgery.compress.compress_run import compress
+
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    result = compress(model, tiny_task_data(), speedup=1.5)
+    report = result.report
+    assert report.peak_rss_bytes is not None and report.peak_rss_bytes > 2**20
+    phases = report.estimate["phases"]
+    assert {"estimate", "latency", "importance", "candidates"} <= set(phases)
+    assert all(row["actual_s"] is not None for row in phases.values())
+    assert report.phases["estimate"] > 0
