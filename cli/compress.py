@@ -309,6 +309,9 @@ def announcing(display: Any) -> Any:
     def show(event: Any) -> None:
         if event.task == "compress: estimate":
             note(estimate_line(event.info))
+        elif event.task == "compress: estimate after the search" and event.info:
+            note(f"plan after the search: {event.info['candidates_planned']} candidate(s) to judge, about "
+                 f"{event.info['candidates']}")
         else:
             display(event)
     return show

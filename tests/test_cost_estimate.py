@@ -46,6 +46,9 @@ def test_the_estimate_is_emitted_before_any_phase_runs(timed_by_tables: None) ->
     info = events[tasks.index("compress: estimate")].info
     assert {"latency", "importance", "candidates", "total"} <= set(info) and info["total"].endswith("min")
     assert plan.estimate is not None and plan.estimate.phases["candidates"] > 0
+    # Once the search has said which cuts it judges, the candidates phase is estimated again.
+    assert tasks.index("compress: search") < tasks.index("compress: estimate after the search")
+    assert 1 <= plan.estimate.refined["candidates"] <= plan.estimate.settings.candidates
     # The estimate's Fisher batch is the importance phase's first: every calibration example read once.
     assert plan.costs.examples == sum(int(b["input_ids"].shape[0]) for b in plan.smoothing)
     preview = plan.preview(SpeedupTarget(speedup=1.5))

@@ -100,6 +100,19 @@ class JobEstimate:
     probes: Probes
     budget_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
+    shape: JobShape | None = None
+    #: the candidates phase again once the search has said which cuts it will judge (:meth:`refine`)
+    refined: dict[str, Any] = field(default_factory=dict)
+
+    def refine(self, cuts: int, unchanged_meets: bool) -> dict[str, Any]:
+        """The candidates phase re-estimated for ``cuts`` distinct cuts the run will judge (a --speedup search,
+        known after the search; ``unchanged_meets``: the runtime alone reaches the target, one candidate)."""
+        if self.shape is None:
+            return {}
+        count = 1 if unchanged_meets else min(self.settings.candidates, 1 + cuts)
+        seconds = phase_seconds(self.probes, self.shape, replace(self.settings, candidates=count))["candidates"]
+        self.refined = {"candidates": count, "candidates_s": round(seconds, 1)}
+        return {"candidates": f"{seconds / 60:.1f} min", "candidates_planned": count}
 
     @property
     def total(self) -> float:
@@ -125,6 +138,8 @@ class JobEstimate:
                 spent = None if spent is None else spent + actual.get("search", 0.0)
             rows[name] = {"estimated_s": round(estimated, 1), "actual_s": None if spent is None else round(spent, 1),
                           "ratio": None if not spent or not estimated else round(spent / estimated, 3)}
+            if name == "candidates" and self.refined:
+                rows[name]["after_search_s"] = self.refined["candidates_s"]
         return {"phases": rows, "total_estimated_s": round(self.total, 1), "settings": asdict(self.settings),
                 "probes_s": {k: round(v, 3) for k, v in asdict(self.probes).items()},
                 "budget_seconds": self.budget_seconds, "scaled": list(self.notes)}
@@ -193,7 +208,7 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
     phases = phase_seconds(probes, shape, settings, epoch)
     notes: list[str] = []
     if budget_seconds is None:
-        return JobEstimate(phases, settings, probes, None, notes)
+        return JobEstimate(phases, settings, probes, None, notes, shape)
 
     def fits(s: Settings) -> bool:
         cost = phase_seconds(probes, shape, s)
@@ -227,7 +242,7 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
     if sum(phases.values()) > budget_seconds:
         notes.append(f"even scaled down the job is estimated at {sum(phases.values()) / 60:.1f} min, beyond the "
                      f"budget of {budget_seconds / 60:.1f} min: candidates stop when it runs out")
-    return JobEstimate(phases, settings, probes, budget_seconds, notes)
+    return JobEstimate(phases, settings, probes, budget_seconds, notes, shape)
 
 
 def probe_fraction(model: nn.Module) -> tuple[int, float]:

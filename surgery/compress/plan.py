@@ -154,6 +154,30 @@ def _speed_points(path: RemovalPath, every: float = 0.25) -> list[int]:
     return out
 
 
+def distinct_cuts(paths: list[RemovalPath], goal: float) -> int:
+    """How many different cuts a --speedup run judges: the points of the first path at each factor of
+    :data:`AROUND_TARGET`, the others' at the target, and a layer-drop (equal cuts are judged once).
+
+    Example:
+        >>> from surgery.compress.shape_table import shape_latency_table
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
+        >>> from surgery.compress.latency_source import TableLatency
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> plan = plan_compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5),
+        ...                      latency=TableLatency({"torch": shape_latency_table(model)}))
+        >>> 1 <= distinct_cuts(list(plan.families().values()), 1.5) <= 6
+        True
+    """
+    cuts = []
+    for n, path in enumerate(paths):
+        for factor in AROUND_TARGET if n == 0 else AROUND_TARGET[:1]:
+            k = path.first_reaching(goal * factor)
+            if k:
+                cuts.append(path.removal_at(k).effective())
+    unique = [c for i, c in enumerate(cuts) if c not in cuts[:i]]
+    return len(unique) + (1 if unique else 0)  # the layer-drop beside them
+
+
 class Clock:
     """The job's deadline, and phase timings."""
 
@@ -305,6 +329,10 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     clock.phase("search", since)
     emit(ProgressEvent("compress: search", 1, 1, {"steps": len(path.steps),
                                                   "max_speedup": round(path.speedup_at(len(path.steps)), 3)}))
+    if estimate is not None and isinstance(target, SpeedupTarget):  # the cuts are known now: say it again
+        paths = [p for p in (path, units_path, uniform_path) if p is not None]
+        emit(ProgressEvent("compress: estimate after the search", 1, 1, estimate.refine(
+            distinct_cuts(paths, target.speedup), unchanged >= target.speedup)))
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
     return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path,
                         start=start, unchanged_speedup=unchanged, batch_size=batch_size, seq_len=seq_len,

@@ -37,6 +37,8 @@ from surgery.training.distill import default_layer_map
 
 #: The projections a refit solves, by the anatomy's names: attention output, then FFN down.
 PROJECTIONS = ("o", "down")
+#: Tokens whose normal equations are formed at once (bounded memory; the sums are the same).
+CHUNK_TOKENS = 4096
 
 
 class RefitResult(BaseModel):
@@ -107,8 +109,14 @@ class _Normal:
         self.tokens = 0
 
     def add(self, x: torch.Tensor, y: torch.Tensor, bias: bool) -> None:
-        # One batch's products in float32 (a float64 product of a 1537-wide Gram costs 4x more on a
-        # CPU), summed across batches in float64, where the rounding of a long sum would build up.
+        # A few thousand tokens at a time: the copies below (float, the bias column) of a whole long batch
+        # (32 x 512 tokens x an FFN of 3072) held several hundred MB at once.
+        for start in range(0, len(x), CHUNK_TOKENS):
+            self._add(x[start:start + CHUNK_TOKENS], y[start:start + CHUNK_TOKENS], bias)
+
+    def _add(self, x: torch.Tensor, y: torch.Tensor, bias: bool) -> None:
+        # One chunk's products in float32 (a float64 product of a 1537-wide Gram costs 4x more on a
+        # CPU), summed across chunks in float64, where the rounding of a long sum would build up.
         x, y = x.float(), y.float()
         if bias:
             x = torch.cat([x, x.new_ones(len(x), 1)], dim=1)
