@@ -298,10 +298,10 @@ def estimate_line(info: dict[str, Any]) -> str:
         >>> estimate_line({"estimate": "0.5 min", "latency": "3.0 min", "total": "3.5 min", "candidates_planned": 7})
         'plan (estimated from timed steps): estimate 0.5 min, latency 3.0 min; total 3.5 min, 7 candidates planned'
     """
-    phases = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("total", "candidates_planned", "scaled"))
+    phases = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("total", "candidates_planned", "notes"))
     line = (f"plan (estimated from timed steps): {phases}; total {info.get('total')}, "
             f"{info.get('candidates_planned')} candidates planned")
-    return line + (f"; to fit the budget: {info['scaled']}" if info.get("scaled") else "")
+    return line + (f"; {info['notes']}" if info.get("notes") else "")
 
 
 def announcing(display: Any) -> Any:

@@ -87,6 +87,7 @@ def test_a_job_beyond_reason_is_capped_and_says_how_to_ask_for_more() -> None:
     assert not given.capped and given.seq_len == 8192 and "running as asked" in given.message
 
 
+@pytest.mark.slow
 def test_forward_cost_extrapolates_within_a_factor_of_the_real_time() -> None:
     model = tiny_model(TinySpec("bert"), max_position_embeddings=512).eval()
     cost = forward_cost(model, 8, 512, least=0.02)
@@ -139,6 +140,7 @@ def test_the_fisher_in_micro_batches_gives_the_same_figures(monkeypatch: pytest.
         assert torch.allclose(neurons[i], whole_neurons[i], rtol=1e-4, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_compress_reports_estimate_against_actual_and_peak_rss(timed_by_tables: None) -> None:
     from surgery.compress.compress_run import compress
 
@@ -150,3 +152,14 @@ def test_compress_reports_estimate_against_actual_and_peak_rss(timed_by_tables: 
     assert {"estimate", "latency", "importance", "candidates"} <= set(phases)
     assert all(row["actual_s"] is not None for row in phases.values())
     assert report.phases["estimate"] > 0
+
+
+def test_bench_says_its_estimate_before_the_rounds(tmp_path: Path) -> None:
+    from surgery.cli.app import app
+
+    model = tiny_model(TinySpec("bert"))
+    model.save_pretrained(tmp_path / "model")
+    result = runner.invoke(app, ["bench", str(tmp_path / "model"), "--batch-size", "2", "--seq-len", "8",
+                                 "--repeats", "2", "--warmup", "0", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "interleaved rounds (about" in result.stderr and "estimated)" in result.stderr

@@ -32,6 +32,7 @@ from surgery.compress.latency_measure import REPEATS as TABLE_REPEATS
 from surgery.compress.latency_source import SPEEDUP_REPEATS
 from surgery.compress.mask_fisher import FisherBatch
 from surgery.compress.structure import Structure
+from surgery.measure.cost import MAX_JOB_SECONDS
 
 #: The fewest timing rounds a budget may leave the latency table (its median polish needs 3; default
 #: :data:`~surgery.compress.latency_measure.REPEATS`) and each speedup (default
@@ -124,7 +125,7 @@ class JobEstimate:
         out["total"] = f"{self.total / 60:.1f} min"
         out["candidates_planned"] = self.settings.candidates
         if self.notes:
-            out["scaled"] = "; ".join(self.notes)
+            out["notes"] = "; ".join(self.notes)
         return out
 
     def report(self, actual: dict[str, float]) -> dict[str, Any]:
@@ -142,7 +143,7 @@ class JobEstimate:
                 rows[name]["after_search_s"] = self.refined["candidates_s"]
         return {"phases": rows, "total_estimated_s": round(self.total, 1), "settings": asdict(self.settings),
                 "probes_s": {k: round(v, 3) for k, v in asdict(self.probes).items()},
-                "budget_seconds": self.budget_seconds, "scaled": list(self.notes)}
+                "budget_seconds": self.budget_seconds, "notes": list(self.notes)}
 
 
 def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None = None) -> dict[str, float]:
@@ -208,6 +209,9 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
     phases = phase_seconds(probes, shape, settings, epoch)
     notes: list[str] = []
     if budget_seconds is None:
+        if sum(phases.values()) > MAX_JOB_SECONDS:  # said before the work: the caller may stop it here
+            notes.append(f"the job is estimated at {sum(phases.values()) / 3600:.1f} h, beyond "
+                         f"{MAX_JOB_SECONDS / 3600:.0f} h: a shorter max length or a budget makes it faster")
         return JobEstimate(phases, settings, probes, None, notes, shape)
 
     def fits(s: Settings) -> bool:

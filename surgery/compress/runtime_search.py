@@ -88,7 +88,7 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         report.artefact = dict(report.winner_result().artefact) if report.winner_result() else {}
         if plan.estimate is not None:  # estimated before the work, against what each phase took
             report.estimate = plan.estimate.report(report.phases)
-            report.notes.extend(f"budget: {n}" for n in plan.estimate.notes)
+            report.notes.extend(f"estimate: {n}" for n in plan.estimate.notes)
         report.peak_rss_bytes = peak_rss_bytes()
     finally:
         model.train(was_training)
