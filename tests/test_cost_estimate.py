@@ -115,8 +115,9 @@ def test_compress_dry_run_on_an_8192_token_model_caps_the_length_quickly(tmp_pat
     rng = random.Random(0)
     rows = [{"text": " ".join(rng.choices(WORDS, k=9000)), "label": ["neg", "pos"][i % 2]} for i in range(48)]
     data = write_rows(tmp_path / "long.csv", rows)
+    # A budget of one minute: the cap fits the job to it (without one, to 2 hours: hundreds of tokens here).
     result = runner.invoke(app, ["compress", str(tmp_path / "model"), "--data", str(data), "--speedup", "2",
-                                 "--dry-run"])
+                                 "--budget", "1", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "texts cut at 8192 tokens" in result.stderr  # what the data asked for
     assert "a forward of batch 32 x 8192 tokens is estimated at" in result.stderr
