@@ -7,12 +7,14 @@ state dict; :func:`surgery.save_pretrained` writes them to ``surgery.json``.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from surgery.core.errors import ModelLoadError
+from surgery.core.errors import ConfigError, ModelLoadError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -22,6 +24,10 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "surgery.json"
 _STEPS_ATTR = "_surgery_steps"
 _SOURCE_ATTR = "_surgery_source_dir"
+_INT8_FLOAT_ATTR = "_surgery_int8_float"
+#: How an op group is spelled in an int8 precision map: ``layer.3.ffn-down``, or ``classifier``
+#: (:func:`surgery.deploy.weight_products.precision_groups` lists a model's groups).
+PRECISION_GROUP_PATTERN = r"^(layer\.[0-9]+\.(attention|ffn-up|ffn-down)|classifier)$"
 
 
 def steps_of(model: nn.Module) -> list[dict[str, Any]]:
@@ -50,6 +56,28 @@ def source_dir_of(model: nn.Module) -> str | None:
 
 def set_source_dir(model: nn.Module, path: str) -> None:
     object.__setattr__(model, _SOURCE_ATTR, path)
+
+
+def int8_float_of(model: nn.Module) -> list[str]:
+    """The op groups an int8 export of ``model`` leaves in float (its recorded precision map; empty: all int8).
+
+    Example:
+        >>> from torch import nn
+        >>> model = nn.Linear(2, 2)
+        >>> set_int8_float(model, ["layer.1.ffn-down", "classifier"])
+        >>> int8_float_of(model)
+        ['classifier', 'layer.1.ffn-down']
+    """
+    return list(getattr(model, _INT8_FLOAT_ATTR, []))
+
+
+def set_int8_float(model: nn.Module, groups: Sequence[str]) -> None:
+    """Record the op groups an int8 export of ``model`` leaves in float; saved in ``surgery.json``, replayed on load."""
+    bad = [g for g in groups if not re.match(PRECISION_GROUP_PATTERN, g)]
+    if bad:
+        raise ConfigError(f"int8 precision map: {bad[0]!r} is not an op group (layer.N.attention, layer.N.ffn-up, "
+                          "layer.N.ffn-down or classifier)")
+    object.__setattr__(model, _INT8_FLOAT_ATTR, sorted(set(groups)))
 
 
 def to_jsonable(value: Any) -> Any:
@@ -99,6 +127,8 @@ a valid dictionary or instance of ManifestStep (got 'x'); re-save the model, or 
     # (see surgery.persist.model_io.from_pretrained).
     dtype: Literal["float32", "float16", "bfloat16", "float64"] | None = None
     steps: list[ManifestStep]
+    # Op groups an int8 export leaves in float (compress's precision search chose them); every export replays them.
+    int8_float: list[Annotated[str, StringConstraints(pattern=PRECISION_GROUP_PATTERN)]] = Field(default_factory=list)
 
 
 def _one_line_errors(exc: ValidationError) -> str:

@@ -48,7 +48,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 
 from surgery.anatomy.empty_ffn import fill_empty_ffns_
 from surgery.core.errors import ConfigError
-from surgery.core.manifest import source_dir_of
+from surgery.core.manifest import int8_float_of, source_dir_of
 from surgery.deploy.export import (
     Agreement,
     ExportParityError,
@@ -201,6 +201,9 @@ class OpenVinoExportReport(ExportRecord):
     parity: Agreement = Field(description="the fp32 IR in OpenVINO (f32) against fp32 PyTorch")
     int8: bool = False
     int8_quantization: QuantizationInfo | None = None
+    int8_float: list[str] = Field(default_factory=list, description="op groups left out of quantization (the "
+                                  "precision map; they run in inference_precision_hint)")
+    int8_float_nodes: int = Field(default=0, description="IR products NNCF left out of quantization for int8_float")
     int8_drift: Agreement | None = Field(default=None, description="the int8 IR against fp32 PyTorch, on the "
                                          "parity batch's real tokens (padded positions left out)")
     bf16_drift: Agreement | None = Field(default=None, description="the IR run in bf16 against fp32 PyTorch, on "
@@ -276,16 +279,22 @@ def calibration_examples(batches: Iterable[Mapping[str, torch.Tensor]], names: S
     return items
 
 
-def quantize(model: Any, items: Sequence[Mapping[str, Any]], *, alpha: float = SMOOTH_QUANT_ALPHA) -> tuple[Any,
-                                                                                                         QuantizationInfo]:
-    """NNCF post-training int8 of the IR ``model`` on ``items`` (:func:`calibration_examples`), transformer recipe."""
+def quantize(model: Any, items: Sequence[Mapping[str, Any]], *, alpha: float = SMOOTH_QUANT_ALPHA,
+             ignored: Sequence[str] = ()) -> tuple[Any, QuantizationInfo]:
+    """NNCF post-training int8 of the IR ``model`` on ``items`` (:func:`calibration_examples`), transformer recipe.
+
+    ``ignored`` names IR nodes NNCF leaves out of quantization (``nncf.IgnoredScope``): they run in
+    the compiled model's inference precision.
+    """
     import nncf
 
     advanced = nncf.AdvancedQuantizationParameters(
         smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=alpha))
+    scope = nncf.IgnoredScope(names=list(ignored)) if ignored else None
     with _quiet():
         quantized = nncf.quantize(model, nncf.Dataset(list(items)), model_type=nncf.ModelType.TRANSFORMER,
-                                  subset_size=len(items), fast_bias_correction=True, advanced_parameters=advanced)
+                                  subset_size=len(items), fast_bias_correction=True, advanced_parameters=advanced,
+                                  ignored_scope=scope)
     info = QuantizationInfo(preset="mixed", smooth_quant_alpha=alpha, calibration_texts=len(items),
                             calibration_tokens=int(sum(item["input_ids"].size for item in items)))
     return quantized, info
@@ -305,6 +314,134 @@ def check_bf16(expected: torch.Tensor, runtime: OpenVinoModel, inputs: Mapping[s
                                 f"example's cosine is {found.min_cosine:.6f} < {min_cosine:g} (max abs "
                                 f"{found.max_abs_diff:.3g}); use --runtime openvino (f32)")
     return found
+
+
+def product_nodes(ov_model: Any, modules: Iterable[str], *, optional: Iterable[str] = ()) -> dict[str, str]:
+    """The IR MatMul node of each torch Linear module (qualified names under the exported module).
+
+    ``openvino.convert_model`` names a traced Linear's product ``__module.model.<module>/aten::linear/MatMul``
+    (the export wraps the module as ``model``); a module whose product is not in the IR is refused,
+    unless it is ``optional`` (a pooler the exported output does not use is not in the IR).
+    """
+    found: dict[str, str] = {}
+    for op in ov_model.get_ordered_ops():
+        if op.get_type_name() == "MatMul":
+            name = op.get_friendly_name()
+            found.setdefault(name.split("/", 1)[0].removeprefix("__module.model."), name)
+    skip = set(optional)
+    wanted = [m for m in modules if m in found or m not in skip]
+    missing = [m for m in wanted if m not in found]
+    if missing:
+        raise ExportParityError(f"export: no product of {missing[0]!r} in the OpenVINO IR; the precision map cannot "
+                                "leave it in float")
+    return {m: found[m] for m in wanted}
+
+
+def float_group_modules(module: nn.Module, groups: Sequence[str]) -> list[str]:
+    """The Linear modules of the precision map's float ``groups`` in ``module`` (refused in one line if unknown).
+
+    A ``classifier`` group is ignored when ``module`` has no head (a bare encoder without a pooler).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> float_group_modules(tiny_model(TinySpec("bert", layers=2)), ["layer.1.ffn-down", "classifier"])
+        ['encoder.layer.1.output.dense', 'pooler.dense']
+    """
+    from surgery.deploy.weight_products import CLASSIFIER_GROUP, precision_groups
+
+    known = precision_groups(module)
+    unknown = [g for g in groups if g not in known and g != CLASSIFIER_GROUP]
+    if unknown:
+        raise ConfigError(f"export: the int8 precision map names {unknown[0]!r}, which this model does not have (its "
+                          f"groups: {', '.join(list(known)[:4])}, ...); record the map again for this model")
+    return [name for g in groups for name in known.get(g, ())]
+
+
+def head_modules(module: nn.Module) -> tuple[str, ...]:
+    """The Linear modules of ``module``'s ``classifier`` op group (pooler, task head); none for a bare encoder."""
+    from surgery.deploy.weight_products import CLASSIFIER_GROUP, precision_groups
+
+    return precision_groups(module).get(CLASSIFIER_GROUP, ())
+
+
+def _smoothing(activation: Any) -> Any:
+    """The per-input-channel factor NNCF's SmoothQuant multiplied a product's input by (None: not smoothed)."""
+    node = activation.get_node()
+    if node.get_type_name() != "Multiply":
+        return None
+    for port in node.inputs():
+        source = port.get_source_output().get_node()
+        if source.get_type_name() == "Constant":
+            return torch.from_numpy(source.get_data().copy()).float().reshape(-1)
+    return None
+
+
+def with_float_groups(quantized: Any, module: nn.Module, groups: Sequence[str]) -> Any:
+    """A copy of the int8 IR ``quantized`` (of ``module``) with ``groups``' products back in float.
+
+    Each product of the groups reads its input before the activation FakeQuantize and the module's
+    own fp32 weights (scaled by the SmoothQuant factor NNCF folded into the int8 ones): what NNCF's
+    accuracy control does when it reverts a quantizer group, without quantizing again. The biases keep
+    NNCF's bias correction (a small shift). This ranks groups cheaply; the artefact a map is deployed
+    as is quantized again with the groups in ``nncf.IgnoredScope`` (:func:`export_openvino`).
+    """
+    import openvino as ov
+
+    model = quantized.clone()
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    linears = dict(module.named_modules())
+    for name, node in product_nodes(model, float_group_modules(module, groups),
+                                    optional=head_modules(module)).items():
+        matmul = ops[node]
+        weight = linears[name].weight.detach().float()
+        activation = matmul.input_value(0)
+        if activation.get_node().get_type_name() == "FakeQuantize":
+            activation = activation.get_node().input_value(0)
+            matmul.input(0).replace_source_output(activation)
+        factor = _smoothing(activation)
+        if factor is not None and factor.numel() == weight.shape[1]:
+            weight = weight / factor  # x·(1/s) times W·s: the product unchanged
+        if not matmul.get_attributes().get("transpose_b", False):
+            weight = weight.T
+        matmul.input(1).replace_source_output(ov.opset13.constant(weight.contiguous().numpy()).output(0))
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+def quantized_product_inputs(quantized: Any, module: nn.Module, names: Sequence[str], *,
+                             threads: int | None = None) -> Any:
+    """A function of a batch giving the inputs the int8 IR ``quantized`` feeds the products of ``names``.
+
+    For each Linear module named, the IR's activation FakeQuantize output in front of its product,
+    divided back by the SmoothQuant factor: the int8 values the quantized model actually multiplies,
+    in the torch module's units (``[batch, seq, in_features]``). Every earlier layer's int8 error is
+    in them: what a quantization-aware refit (GPTQ-style) solves against.
+    """
+    import openvino as ov
+
+    model = quantized.clone()
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    taps: dict[str, tuple[Any, Any]] = {}
+    for name, node in product_nodes(model, names).items():
+        activation = ops[node].input_value(0)
+        source = activation.get_node().input_value(0) if activation.get_node().get_type_name() == "FakeQuantize" \
+            else activation
+        taps[name] = (activation, _smoothing(source))
+    first = len(model.outputs)
+    model.add_outputs([tap for tap, _ in taps.values()])
+    compiled = ov.Core().compile_model(model, "CPU", compile_config(threads))
+    request = compiled.create_infer_request()
+    feeds_names = [port.get_any_name() for port in model.inputs]
+
+    def inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        result = request.infer(graph_feeds(batch, feeds_names))
+        found = {}
+        for j, (name, (_, factor)) in enumerate(taps.items()):
+            value = torch.from_numpy(result[compiled.outputs[first + j]].copy()).float()
+            found[name] = value / factor if factor is not None and factor.numel() == value.shape[-1] else value
+        return found
+
+    return inputs
 
 
 def _versions() -> dict[str, str]:
@@ -344,6 +481,7 @@ def export_openvino(
     threads: int | None = None,
     overwrite: bool = False,
     max_length: int | None = None,
+    int8_float: Sequence[str] | None = None,
 ) -> OpenVinoExportReport:
     """Export ``model`` to an OpenVINO IR in ``out_dir``, check it against PyTorch, optionally NNCF int8.
 
@@ -368,6 +506,9 @@ def export_openvino(
         threads: OpenVINO threads for the checks (default: torch's).
         overwrite: replace a non-empty ``out_dir``.
         max_length: the tokens the saved tokenizer truncates at (as :func:`surgery.deploy.export_onnx`).
+        int8_float: with ``int8``, op groups left out of quantization (``layer.N.attention``,
+            ``layer.N.ffn-up``, ``layer.N.ffn-down``, ``classifier``: the precision map); default: the
+            map recorded on the model (:func:`surgery.core.manifest.int8_float_of`, saved with it).
 
     Example:
         >>> import tempfile
@@ -405,11 +546,17 @@ def export_openvino(
         raise ConfigError("export: OpenVINO int8 (NNCF) sets static activation scales from your texts: pass "
                           "--calibration FILE (a few hundred representative texts)")
     target, output, task = export_target(model, task)
+    float_groups = sorted(int8_float_of(model) if int8_float is None else set(int8_float))
+    if float_groups and not int8:
+        if int8_float is not None:
+            raise ConfigError("export: int8_float (op groups left in float) needs int8 (--runtime openvino-int8)")
+        float_groups = []  # a recorded map means nothing to a float export
     source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     was_training = model.training
     model.eval()
     try:
         module = copy.deepcopy(target).float().eval()
+        float_modules = float_group_modules(module, float_groups)
         fill_empty_ffns_(module)  # OpenVINO returns nothing for a zero-sized product: one zero neuron instead
         names = input_names(module)
         wrapper = SingleOutput(module, output, names).eval()
@@ -434,10 +581,12 @@ def export_openvino(
             runtime = served(path, "f32")  # the conversion itself is checked in f32, whatever the IR runs at
             parity = check_parity(expected, runtime, inputs, tolerance=tolerance, what="OpenVINO (f32)")
             drift = quantization = quantize_seconds = bf16_drift = None
+            ignored: list[str] = []
             if int8 and calibration:
                 start = time.perf_counter()
+                ignored = list(product_nodes(ov_model, float_modules, optional=head_modules(module)).values())
                 quantized, quantization = quantize(ov_model, calibration_examples(calibration, names),
-                                                   alpha=smooth_quant_alpha)
+                                                   alpha=smooth_quant_alpha, ignored=ignored)
                 quantize_seconds = time.perf_counter() - start
                 del runtime
                 quantized.set_rt_info(precision, list(PRECISION_KEY))
@@ -464,7 +613,8 @@ def export_openvino(
                 **export_record(model, module, task=task, source_dtype=source_dtype, inputs=names, output=output,
                                 versions=_versions(), parity_batch=(batch, seq), tolerance=tolerance),
                 precision="int8" if int8 else precision, inference_precision_hint=precision, parity=parity,
-                int8=int8, int8_quantization=quantization, int8_drift=drift, bf16_drift=bf16_drift,
+                int8=int8, int8_quantization=quantization, int8_float=float_groups, int8_float_nodes=len(ignored),
+                int8_drift=drift, bf16_drift=bf16_drift,
                 bf16_min_cosine=bf16_min_cosine if precision == "bf16" else None, accuracy_torch=accuracy_torch,
                 accuracy_openvino=accuracy_openvino, ir_bytes=runtime.file_bytes(), export_seconds=seconds,
                 quantize_seconds=quantize_seconds)

@@ -68,3 +68,38 @@ def part_modules(root: nn.Module, parts: Sequence[str]) -> set[str]:
     if not parts:
         return set()
     return {name for group in product_groups(root) if _SELECTED_BY[group.part] & set(parts) for name in group.names}
+
+
+#: The parts of a layer an int8 precision map names (a layer's attention projections, its FFN up, its FFN down).
+PRECISION_PARTS = ("attention", "ffn-up", "ffn-down")
+#: The op group of the task head's products (pooler and classifier): outside every layer.
+CLASSIFIER_GROUP = "classifier"
+
+
+def precision_groups(root: nn.Module) -> dict[str, tuple[str, ...]]:
+    """The op groups an int8 precision map chooses between int8 and float, with their Linear modules.
+
+    One group per layer part (``layer.{i}.attention``: query, key, value, position and output
+    projections; ``layer.{i}.ffn-up``; ``layer.{i}.ffn-down``), found through
+    :func:`product_groups`, and ``classifier``: every other Linear product outside the embeddings (the
+    pooler and the task head), when the model has one.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> groups = precision_groups(tiny_model(TinySpec("bert", layers=1, task="seq-cls")))
+        >>> {name: len(modules) for name, modules in groups.items()}
+        {'layer.0.attention': 4, 'layer.0.ffn-up': 1, 'layer.0.ffn-down': 1, 'classifier': 2}
+    """
+    from surgery.anatomy import adapter_for
+
+    layers = adapter_for(root).layers()
+    layer_of = {id(m): index for index, layer in enumerate(layers) for m in layer.modules()}
+    modules = dict(root.named_modules())
+    found: dict[str, list[str]] = {}
+    for group in product_groups(root):
+        found.setdefault(f"layer.{layer_of[id(modules[group.names[0]])]}.{group.part}", []).extend(group.names)
+    head = [name for name, m in root.named_modules() if isinstance(m, nn.Linear) and id(m) not in layer_of
+            and "embeddings" not in name.split(".")]
+    if head:
+        found[CLASSIFIER_GROUP] = head
+    return {name: tuple(members) for name, members in found.items()}

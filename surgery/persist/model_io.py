@@ -34,7 +34,9 @@ from surgery.core.manifest import (
     MANIFEST_NAME,
     Manifest,
     ManifestStep,
+    int8_float_of,
     parse_manifest,
+    set_int8_float,
     set_source_dir,
     set_steps,
     source_dir_of,
@@ -85,6 +87,7 @@ def build_manifest(model: nn.Module) -> dict[str, Any]:
         # Restored on reload: modules that replayed steps create start in torch's default dtype.
         "dtype": weights_dtype(model),
         "steps": steps_of(model),
+        **({"int8_float": int8_float_of(model)} if int8_float_of(model) else {}),
     }
 
 
@@ -362,5 +365,6 @@ def from_pretrained(
     model.eval()
     steps = [step.model_dump(mode="json") for step in manifest.steps]
     set_steps(model, steps)
+    set_int8_float(model, manifest.int8_float)
     set_source_dir(model, str(where))
     return model

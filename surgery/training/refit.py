@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -96,6 +96,47 @@ def changed_projections(student: nn.Module, teacher: nn.Module, layer_map: Mappi
             if mine is not None and theirs is not None and mine.in_features != theirs.in_features:
                 pairs.append((s, name))
     return pairs
+
+
+def projection_name(model: nn.Module, layer: int, name: str) -> str:
+    """The qualified module name of layer ``layer``'s projection ``name`` (``"o"`` or ``"down"``) in ``model``.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> projection_name(tiny_model(TinySpec("bert", layers=2)), 1, "down")
+        'encoder.layer.1.output.dense'
+    """
+    linear = projection(model, layer, name)
+    found = next((n for n, m in model.named_modules() if m is linear), None) if linear is not None else None
+    if found is None:
+        raise ValueError(f"refit: layer {layer} of this model has no {name!r} projection")
+    return found
+
+
+def refit_targets(student: nn.Module, teacher: nn.Module, *, layer_map: Mapping[int, int] | None = None,
+                  only_changed: bool = True) -> tuple[dict[int, int], list[tuple[int, str]]]:
+    """The layer map (default: through any dropped layers) and the (layer, projection) pairs a refit solves.
+
+    Example:
+        >>> import copy
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> teacher = tiny_model(TinySpec("bert", layers=2))
+        >>> student = copy.deepcopy(teacher)
+        >>> adapter_for(student).remove_units(0, {"neurons": [1]})
+        >>> refit_targets(student, teacher)
+        ({0: 0, 1: 1}, [(0, 'down')])
+    """
+    layer_map = dict(layer_map) if layer_map is not None else default_layer_map(
+        adapter_for(student).num_layers, adapter_for(teacher).num_layers, steps_of(student)[len(steps_of(teacher)):])
+    targets = changed_projections(student, teacher, layer_map) if only_changed else [
+        (s, n) for s in sorted(layer_map) for n in PROJECTIONS
+        if projection(student, s, n) is not None and projection(teacher, layer_map[s], n) is not None]
+    return layer_map, targets
+
+
+#: What a quantization-aware refit reads: a batch -> the inputs the quantized model feeds each projection,
+#: by the student's qualified module name (``[batch, seq, in_features]``).
+ProductInputs = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
 
 class _Normal:
@@ -188,9 +229,44 @@ def _accumulate(student: nn.Module, teacher: nn.Module, batches: Iterable[Mappin
     return normal
 
 
+def _accumulate_given(student: nn.Module, teacher: nn.Module, batches: Iterable[Mapping[str, Any]],
+                      targets: list[tuple[int, str]], layer_map: Mapping[int, int],
+                      inputs: ProductInputs) -> dict[tuple[int, str], _Normal]:
+    """One pass over ``batches``: each target's input as ``inputs`` gives it, against the teacher's output."""
+    names = {target: projection_name(student, *target) for target in targets}
+    normals = {target: _Normal() for target in targets}
+    outputs: dict[tuple[int, str], torch.Tensor] = {}
+    handles = []
+    for layer, name in targets:
+        theirs = projection(teacher, layer_map[layer], name)
+        assert theirs is not None
+
+        def keep(_m: nn.Module, _args: Any, output: Any, key: tuple[int, str] = (layer, name)) -> None:
+            outputs[key] = output.detach()
+
+        handles.append(theirs.register_forward_hook(keep))
+    device = next(teacher.parameters()).device
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                features = {k: v.to(device) for k, v in batch.items() if k != "labels" and torch.is_tensor(v)}
+                teacher(**features)
+                given = inputs(features)
+                mask = features.get("attention_mask")
+                for target in targets:
+                    linear = projection(student, *target)
+                    assert linear is not None
+                    normals[target].add(_token_rows(given[names[target]].to(device), mask),
+                                        _token_rows(outputs[target], mask), bias=linear.bias is not None)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return normals
+
+
 def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[Mapping[str, Any]], *,
                       layer_map: Mapping[int, int] | None = None, only_changed: bool = True,
-                      ridge: float = 1e-2) -> RefitResult:
+                      ridge: float = 1e-2, quantized_inputs: ProductInputs | None = None) -> RefitResult:
     """Re-solve ``student``'s output projections so they reproduce ``teacher``'s on ``batches``, in place.
 
     ``batches`` holds model inputs (``input_ids``, ``attention_mask``, ...) and must be re-iterable
@@ -198,6 +274,11 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
     ``only_changed`` (default) solves the projections whose input width surgery changed; with False
     every projection is refitted. ``ridge`` is λ relative to the mean diagonal of the Gram
     matrix. A projection whose solve would not lower the calibration error keeps its weights.
+
+    ``quantized_inputs`` makes it quantization-aware (GPTQ-style): each projection is solved against
+    the inputs the int8 model actually feeds it (:func:`surgery.deploy.quantized_refit.quantization_aware_refit`
+    reads them off the quantized OpenVINO IR), so the cut's error and the int8 error upstream are
+    compensated together; all projections are then solved from one pass (the inputs are fixed).
 
     Example:
         >>> import copy
@@ -214,15 +295,13 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
     student_was, teacher_was = student.training, teacher.training
     student.eval()
     teacher.eval()
-    layer_map = dict(layer_map) if layer_map is not None else default_layer_map(
-        adapter_for(student).num_layers, adapter_for(teacher).num_layers, steps_of(student)[len(steps_of(teacher)):])
-    targets = changed_projections(student, teacher, layer_map) if only_changed else [
-        (s, n) for s in sorted(layer_map) for n in PROJECTIONS
-        if projection(student, s, n) is not None and projection(teacher, layer_map[s], n) is not None]
+    layer_map, targets = refit_targets(student, teacher, layer_map=layer_map, only_changed=only_changed)
     result = RefitResult()
     try:
+        given = _accumulate_given(student, teacher, batches, targets, layer_map, quantized_inputs) \
+            if quantized_inputs is not None and targets else {}
         for layer, name in targets:  # in layer order: each pass sees the layers below as already refitted
-            normal = _accumulate(student, teacher, batches, layer, name, layer_map[layer])
+            normal = given.get((layer, name)) or _accumulate(student, teacher, batches, layer, name, layer_map[layer])
             linear = projection(student, layer, name)
             assert linear is not None
             current = linear.weight.detach().double()

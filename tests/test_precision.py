@@ -1,0 +1,167 @@
+"""Precision as a search dimension on OpenVINO int8: a precision map left out of quantization in the IR,
+recorded with the saved model and replayed on export; the float variants that rank groups; the
+quantization-aware refit.
+
+Skipped in one line where the ``openvino`` extra (openvino, nncf) is not installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("openvino", reason="the openvino extra is not installed: pip install 'encoder-surgery[openvino]'")
+pytest.importorskip("nncf", reason="the openvino extra is not installed: pip install 'encoder-surgery[openvino]'")
+
+import openvino as ov
+
+import surgery
+from surgery.anatomy import adapter_for
+from surgery.core.errors import ConfigError
+from surgery.core.manifest import int8_float_of, set_int8_float
+from surgery.deploy.openvino_export import (
+    OV_INFO,
+    OV_XML,
+    export_openvino,
+    quantized_product_inputs,
+    with_float_groups,
+)
+from surgery.deploy.quantized_refit import quantization_aware_refit
+from surgery.deploy.runtime import graph_feeds
+from surgery.deploy.weight_products import precision_groups
+from surgery.testing import TinySpec, tiny_inputs, tiny_model
+from surgery.training.refit import projection_name, refit_projections
+
+pytestmark = pytest.mark.openvino
+
+
+def calibration(spec: TinySpec) -> list[dict[str, torch.Tensor]]:
+    return [tiny_inputs(spec, batch=8, seq=12, seed=seed) for seed in range(3)]
+
+
+def fake_quantized_products(xml) -> dict[str, bool]:
+    """Each torch module's product in the IR file -> whether a FakeQuantize feeds its activation input."""
+    return fake_quantized_products_of(ov.Core().read_model(str(xml)))
+
+
+def fake_quantized_products_of(ir) -> dict[str, bool]:
+    found = {}
+    for op in ir.get_ordered_ops():
+        if op.get_type_name() == "MatMul" and "aten::linear" in op.get_friendly_name():
+            module = op.get_friendly_name().split("/", 1)[0].removeprefix("__module.model.")
+            found[module] = op.input_value(0).get_node().get_type_name() == "FakeQuantize"
+    return found
+
+
+@pytest.mark.slow
+def test_a_fallback_map_is_left_out_of_quantization_recorded_saved_and_replayed(tmp_path) -> None:
+    spec = TinySpec("bert", task="seq-cls", layers=2)
+    model = tiny_model(spec).eval()
+    set_int8_float(model, ["layer.1.ffn-down", "classifier"])
+    report = export_openvino(model, tmp_path / "ir", int8=True, calibration=calibration(spec), batch=2, seq=8)
+    # The IR: no FakeQuantize before the fallback's products, one before every other product.
+    quantized = fake_quantized_products(tmp_path / "ir" / OV_XML)
+    floats = {"bert.encoder.layer.1.output.dense", "bert.pooler.dense", "classifier"}
+    assert {m for m, q in quantized.items() if not q} == floats
+    assert quantized["bert.encoder.layer.0.output.dense"] and quantized["bert.encoder.layer.1.intermediate.dense"]
+    # The artefact's manifest records the map.
+    info = json.loads((tmp_path / "ir" / OV_INFO).read_text())
+    assert info["int8_float"] == ["classifier", "layer.1.ffn-down"] and info["int8_float_nodes"] == 3
+    # Saved with the model and replayed when it is exported again from the saved directory.
+    surgery.save_pretrained(model, tmp_path / "model")
+    assert json.loads((tmp_path / "model" / "surgery.json").read_text())["int8_float"] == ["classifier",
+                                                                                          "layer.1.ffn-down"]
+    again = surgery.from_pretrained(tmp_path / "model")
+    assert int8_float_of(again) == ["classifier", "layer.1.ffn-down"]
+    replayed = export_openvino(again, tmp_path / "again", int8=True, calibration=calibration(spec), batch=2, seq=8)
+    assert replayed.int8_float == report.int8_float
+    assert fake_quantized_products(tmp_path / "again" / OV_XML) == quantized
+    # An explicit empty map quantizes everything (the recorded one is not forced).
+    every = export_openvino(again, tmp_path / "all", int8=True, calibration=calibration(spec), batch=2, seq=8,
+                            int8_float=[])
+    assert every.int8_float == [] and all(fake_quantized_products(tmp_path / "all" / OV_XML).values())
+
+
+def test_a_precision_map_names_real_groups_and_needs_int8(tmp_path) -> None:
+    spec = TinySpec("bert", layers=2)
+    model = tiny_model(spec)
+    assert list(precision_groups(model)) == [*(f"layer.{i}.{p}" for i in range(2) for p in ("attention", "ffn-up",
+                                                                                            "ffn-down")),
+                                             "classifier"]  # a bare BERT's pooler
+    with pytest.raises(ConfigError, match="not an op group"):
+        set_int8_float(model, ["layer.1.mlp"])
+    with pytest.raises(ConfigError, match=r"layer\.7\.ffn-up"):
+        export_openvino(model, tmp_path / "a", int8=True, calibration=calibration(spec), int8_float=["layer.7.ffn-up"])
+    with pytest.raises(ConfigError, match="needs int8"):
+        export_openvino(model, tmp_path / "b", int8_float=["layer.0.ffn-up"])
+    set_int8_float(model, ["layer.0.ffn-up"])  # a recorded map means nothing to a float export
+    assert export_openvino(model, tmp_path / "c", batch=2, seq=8).int8_float == []
+
+
+@pytest.mark.slow
+def test_a_float_variant_of_the_int8_ir_runs_like_the_ir_quantized_without_those_groups(tmp_path) -> None:
+    spec = TinySpec("bert", layers=2)
+    model = tiny_model(spec).eval()
+    every = list(precision_groups(model))
+    export_openvino(model, tmp_path / "ir", int8=True, calibration=calibration(spec), batch=2, seq=8)
+    export_openvino(model, tmp_path / "float", int8=True, calibration=calibration(spec), batch=2, seq=8,
+                    int8_float=every)
+    quantized = ov.Core().read_model(str(tmp_path / "ir" / OV_XML))
+    inputs = tiny_inputs(spec, batch=4, seq=12, seed=7)
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+
+    def run(ir) -> torch.Tensor:
+        compiled = ov.Core().compile_model(ir, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        return torch.from_numpy(compiled(graph_feeds(inputs, [p.get_any_name() for p in ir.inputs]))[
+            compiled.outputs[0]])
+
+    variant = with_float_groups(quantized, model, every)
+    assert not any(fake_quantized_products_of(variant).values())
+    # Each product's weights back in fp32 with the SmoothQuant factor NNCF folded in: the variant runs as
+    # the IR that NNCF quantized with every group ignored, far closer than the int8 IR is to either.
+    ignored = run(ov.Core().read_model(str(tmp_path / "float" / OV_XML)))
+    int8_gap = float((run(quantized) - ignored).square().mean())
+    assert float((run(variant) - ignored).square().mean()) < 0.2 * int8_gap
+    assert float((run(variant) - expected).square().mean()) < float((run(quantized) - expected).square().mean())
+
+
+@pytest.mark.slow
+def test_quantization_aware_refit_lowers_the_int8_models_layer_error(tmp_path) -> None:
+    spec = TinySpec("bert", layers=3, ffn=37)
+    teacher = tiny_model(spec).eval()
+    student = copy.deepcopy(teacher)
+    for layer in range(3):
+        adapter_for(student).remove_units(layer, {"neurons": list(range(0, 37, 3)), "heads": [0]})
+    batches = [tiny_inputs(spec, batch=16, seq=12, seed=s) for s in range(3)]
+    held = [tiny_inputs(spec, batch=16, seq=12, seed=s) for s in range(10, 12)]
+    plain = copy.deepcopy(student)
+    refit_projections(plain, teacher, batches)
+    aware = copy.deepcopy(plain)
+    quantization_aware_refit(aware, teacher, batches, calibration=batches, threads=1)
+
+    def int8_error(model: torch.nn.Module) -> float:
+        """Relative error of the int8 artefact's last layer's FFN-down output against the teacher's, on held text."""
+        out = tmp_path / f"ir-{id(model)}"
+        export_openvino(model, out, int8=True, calibration=batches, batch=2, seq=8)
+        quantized = ov.Core().read_model(str(out / OV_XML))
+        name = projection_name(model, 2, "down")
+        read = quantized_product_inputs(quantized, model, [name], threads=1)
+        down = adapter_for(model).layer(2).ffn.down
+        target = {}
+        handle = adapter_for(teacher).layer(2).ffn.down.register_forward_hook(
+            lambda _m, _a, o: target.__setitem__("y", o.detach()))
+        total = norm = 0.0
+        with torch.no_grad():
+            for batch in held:
+                teacher(**batch)
+                y = down(read(batch)[name])
+                total += float((y - target["y"]).square().sum())
+                norm += float((target["y"] - target["y"].mean((0, 1))).square().sum())
+        handle.remove()
+        return total / norm
+
+    assert int8_error(aware) < int8_error(plain)
