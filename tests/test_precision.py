@@ -165,3 +165,39 @@ def test_quantization_aware_refit_lowers_the_int8_models_layer_error(tmp_path) -
         return total / norm
 
     assert int8_error(aware) < int8_error(plain)
+
+
+@pytest.mark.slow
+def test_compress_buys_a_fallback_and_records_its_map_in_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import precision
+    from surgery.compress.compress_run import compress
+    from surgery.compress.config import CompressConfig
+    from surgery.compress.latency_source import TableLatency
+    from surgery.compress.latency_table import FallbackCosts
+    from surgery.compress.shape_table import shape_latency_table
+    from surgery.testing import tiny_task_data
+
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    # Tiny random models give noise-sized gains: the measured figures are replaced by ones that make one
+    # fallback clearly worth the cuts that pay for it, and one clearly not.
+    def gains(_served, cut_model, *_a, **_k) -> dict[str, float]:
+        groups = list(precision_groups(cut_model))
+        last_down = [g for g in groups if g.endswith("ffn-down")][-1]
+        return {g: 10.0 if g == last_down else -1.0 for g in groups}
+
+    monkeypatch.setattr(precision, "fallback_gains", gains)
+    monkeypatch.setattr("surgery.compress.latency_measure.measure_fallback_costs", lambda *_a, **_k: FallbackCosts(
+        runtime="openvino-int8", precision="f32", per_unit_ms={"ffn-down": 0.01, "attention": 0.01}))
+    tables = TableLatency({"torch": shape_latency_table(model), "openvino-int8": shape_latency_table(
+        model, "openvino-int8", scale=1 / 1.5)})
+    result = compress(model, tiny_task_data(), CompressConfig(speedup=2.0, runtime="openvino-int8", threads=1),
+                      latency=tables)
+    chosen = [c for c in result.report.candidates if c.origin == "precision"]
+    assert len(chosen) == 1 and len(chosen[0].int8_float) == 1 and chosen[0].int8_float[0].endswith(".ffn-down")
+    assert any(n.startswith("precision map: layer.") for n in chosen[0].notes)
+    assert any(n.startswith("quantization-aware refit: ") for n in chosen[0].notes)
+    recorded = json.loads(result.report.model_dump_json())["candidates"]
+    assert [c["int8_float"] for c in recorded if c["origin"] == "precision"] == [chosen[0].int8_float]
+    assert any("precision pass" in note and "1 fallback(s)" in note for note in result.report.notes)
+    others = [c for c in result.report.candidates if c.origin != "precision"]
+    assert all(c.int8_float == [] for c in others)

@@ -20,6 +20,7 @@ from surgery.compress.candidates import (
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
 from surgery.compress.latency_source import LatencySource
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
+from surgery.compress.precision import PRECISION_RUNTIMES, precision_build, precision_choice
 from surgery.compress.removal_path import Removal, RemovalPath
 from surgery.core.errors import SurgeryError
 from surgery.core.progress import ProgressEvent
@@ -74,14 +75,15 @@ class CandidateRun:
 
     # -- one candidate --------------------------------------------------------------------
     def candidate(self, name: str, origin: str, removal: Removal, *, path_step: int | None = None,
-                  timed: bool = True, refit: bool = True, path: RemovalPath | None = None) -> CandidateResult | None:
+                  timed: bool = True, refit: bool = True, path: RemovalPath | None = None,
+                  int8_float: list[str] | None = None) -> CandidateResult | None:
         """Build, judge and (if ``timed``) time one candidate, if the budget still has room for it."""
         if any(r.name == name for r in self.results):
             return next(r for r in self.results if r.name == name)
         # Two paths often reach a speed by the same cut (no layer is worth removing yet): judge it once.
         cut = removal.effective()
-        same = next((r for r in self.results if r.removal == cut and (timed <= (r.measured_speedup is not None))),
-                    None)
+        same = next((r for r in self.results if r.removal == cut and r.int8_float == (int8_float or [])
+                     and (timed <= (r.measured_speedup is not None))), None)
         if same is not None:
             twin = same.model_copy(update={"name": name, "origin": origin, "path_step": path_step, "seconds": 0.0,
                                            "notes": [f"the same cut as {same.name}: built, judged and timed once"]})
@@ -95,6 +97,8 @@ class CandidateRun:
             return None
         started = time.perf_counter()
         model, refitted, build_notes = self.judge.build(removal, refit=refit)
+        if int8_float:
+            build_notes += precision_build(model, self.judge, int8_float)
         try:
             served = self.judge.serve(model)  # the runtime's artefact, written and loaded: judged and timed as is
         except (RuntimeError, ValueError, SurgeryError) as exc:
@@ -115,6 +119,7 @@ class CandidateRun:
                            figures=figures, started=started, path_step=path_step, estimated_loss=estimated,
                            tier="refit" if refitted is not None else "none", notes=build_notes)
         result.artefact = served.digests
+        result.int8_float = list(int8_float or [])
         if timed:
             self.time(result, model, served)
         result.seconds = round(time.perf_counter() - started, 3)
@@ -187,7 +192,30 @@ class CandidateRun:
                     self.path_point(found, family=family)
         if anchor > 0:
             self.layer_drop(path.speedup_at(anchor))
+        if isinstance(self.target, SpeedupTarget) and self.runtime in PRECISION_RUNTIMES:
+            self.precision(self.target.speedup)
         self.clock.phase("candidates", since)
+
+    def precision(self, goal: float) -> None:
+        """The precision pass (:mod:`surgery.compress.precision`): at the path point that reaches ``goal``,
+        measure each op group's gain in float and its cost, trade them against further cuts, and try
+        the cut it lands on with that precision map (when a fallback was worth its cuts)."""
+        path = self.plan.path
+        k = path.first_reaching(goal)
+        base = next((r for r in self.results if r.origin == "path" and r.path_step == k), None)
+        if k is None or base is None or self.artefacts.get(base.name) is None:
+            return
+        if not self.clock.fits(2 * self.last_cost):  # gains + costs take about one candidate's time
+            self.notes.append("precision pass skipped: the budget has no room for it")
+            return
+        choice, rows = precision_choice(path, k, self.models[base.name], self.artefacts[base.name], self.judge,
+                                        self.plan, goal)
+        self.notes.append(f"precision pass at {base.name}: {len(choice.bought)} fallback(s) worth their cuts "
+                          f"({', '.join(b['group'] for b in choice.bought) or 'none'}; best gain per ms: "
+                          f"{', '.join(str(r['group']) for r in rows[:3])})")
+        if choice.int8_float:
+            self.candidate(f"precision-{choice.step}@{path.speedup_at(choice.step):.2f}x", "precision",
+                           path.removal_at(choice.step), path_step=choice.step, int8_float=choice.int8_float)
 
     def around(self, goal: float, family: str, *, factors: tuple[float, ...] = AROUND_TARGET) -> None:
         """The points of one path that first reach each factor of ``goal`` (the target first)."""

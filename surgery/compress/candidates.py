@@ -34,7 +34,7 @@ from surgery.training.task_accuracy import accuracy
 #: ``path``: the search with whole layers; ``units-path``: heads and neurons only; ``uniform-path``: every
 #: layer cut alike; ``unchanged``: the original on the runtime; ``uniform-layer-drop``: every-other
 #: layers at the same predicted speed.
-Origin = Literal["path", "units-path", "uniform-path", "unchanged", "uniform-layer-drop"]
+Origin = Literal["path", "units-path", "uniform-path", "unchanged", "uniform-layer-drop", "precision"]
 Tier = Literal["none", "refit", "distil"]
 
 
@@ -59,6 +59,8 @@ class CandidateResult(BaseModel):
     seconds: float = 0.0
     artefact: dict[str, str] = Field(default_factory=dict, description="SHA-256 of each file of the runtime "
                                      "artefact it was judged and timed on (empty for torch)")
+    int8_float: list[str] = Field(default_factory=list, description="op groups its int8 artefact left in float "
+                                  "(the precision map; empty: all int8)")
     notes: list[str] = Field(default_factory=list)
 
 

@@ -73,7 +73,7 @@ from surgery.compress.latency_cache import (
     read_cached,
     try_write_cached,
 )
-from surgery.compress.latency_table import LatencyTable, round_up
+from surgery.compress.latency_table import FallbackCosts, LatencyTable, round_up
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
@@ -743,3 +743,55 @@ def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runti
         value, interval = timing.speedup(name)
         out[name] = [value, interval.low, interval.high]
     return {name: out[name] for name in runtimes if name in out}
+
+
+def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: int, seq_len: int,
+                           threads: int | None, repeats: int = REPEATS) -> FallbackCosts:
+    """What each op group costs in float on top of int8, measured on the int8 OpenVINO artefact of ``model``.
+
+    Probes (as the latency table's: interleaved rounds, :data:`MIN_TIMED_SECONDS` per call, median
+    polish of log times): the artefact itself, and per part (``attention``, ``ffn-up``, ``ffn-down``,
+    ``classifier``) the artefact with that part back in float in every layer
+    (:func:`surgery.deploy.openvino_export.with_float_groups`), compiled as the artefact is. A part's
+    extra time, divided by the heads or neurons of all layers together, is its cost per unit
+    (:class:`~surgery.compress.latency_table.FallbackCosts`). Noise can make a part look free: a cost
+    is at least 0.
+    """
+    import openvino as ov
+
+    from surgery.compress.latency_table import FALLBACK_UNITS
+    from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, compile_config, with_float_groups
+    from surgery.deploy.weight_products import precision_groups
+
+    groups = precision_groups(model)
+    structure = Structure.from_model(model)
+    quantized = ov.Core().read_model(str(Path(served_dir) / OV_XML))
+    device = torch.device("cpu")
+    with tempfile.TemporaryDirectory(prefix="surgery-fallback-") as tmp, torch_threads(threads or 1):
+        timed: dict[str, nn.Module] = {"int8": OpenVinoModel(Path(served_dir) / OV_XML, config=model.config,
+                                                             threads=threads)}
+        for part in FALLBACK_UNITS:
+            members = [g for g in groups if g == part or g.endswith(f".{part}")]
+            if not members:
+                continue
+            path = Path(tmp) / f"{part}.xml"
+            ov.save_model(with_float_groups(quantized, model, members), str(path), compress_to_fp16=False)
+            timed[part] = OpenVinoModel(path, config=model.config, threads=threads)
+        inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len)
+        units = repeated(timed, inputs, device=device)
+        times = time_rounds(units, inputs, repeats=repeats, warmup=WARMUP, device=device)
+        times = {name: [t / units[name].times for t in values] for name, values in times.items()}
+        del timed, units
+    seconds, round_load = steady_times(times)
+    per_unit = {}
+    for part in (p for p in FALLBACK_UNITS if p in seconds):
+        extra_ms = max(0.0, seconds[part] - seconds["int8"]) * 1000
+        kind = FALLBACK_UNITS[part]
+        count = 1 if kind == "whole" else sum(s.heads if kind == "heads" else s.ffn_width for s in structure.kept)
+        per_unit[part] = extra_ms / max(count, 1)
+    return FallbackCosts(runtime="openvino-int8", precision=compile_config(threads)["INFERENCE_PRECISION_HINT"],
+                         per_unit_ms=per_unit,
+                         measured={"int8_ms": seconds["int8"] * 1000,
+                                   "float_part_ms": {p: seconds[p] * 1000 for p in seconds if p != "int8"},
+                                   "repeats": repeats, "round_load": round_load, "batch_size": batch_size,
+                                   "seq_len": seq_len, "threads": threads, "load_average": _load()})

@@ -129,3 +129,49 @@ class LatencyTable(BaseModel):
     def saving_ms(self, before: LayerShape | None, after: LayerShape | None) -> float:
         """Time saved by changing one layer from ``before`` to ``after`` (``None``: the layer removed)."""
         return self.layer_ms(before) - self.layer_ms(after)
+
+
+#: The op-group parts a precision map names, and the unit their fallback cost scales with.
+FALLBACK_UNITS = {"attention": "heads", "ffn-up": "neurons", "ffn-down": "neurons", "classifier": "whole"}
+
+
+class FallbackCosts(BaseModel):
+    """What leaving one op group in float costs on an int8 runtime, measured: milliseconds per unit.
+
+    ``per_unit_ms`` holds, per part, the extra milliseconds per head (``attention``: its q, k, v and
+    output projections), per FFN neuron (``ffn-up``, ``ffn-down``) or for the whole ``classifier``,
+    measured as the extra time of the int8 model with that part in float in every layer, split over
+    the layers by their widths (the products scale with them). ``precision`` is what a float group
+    runs in there (the compiled model's inference precision).
+
+    Example:
+        >>> costs = FallbackCosts(runtime="openvino-int8", precision="f32",
+        ...                       per_unit_ms={"attention": 0.01, "ffn-down": 0.001, "classifier": 0.2})
+        >>> structure = Structure((LayerShape(12, 1536), LayerShape(8, 512)))
+        >>> costs.cost("layer.1.attention", structure), costs.cost("layer.0.ffn-down", structure)
+        (0.08, 1.536)
+        >>> costs.cost("classifier", structure), costs.cost("layer.1.ffn-up", structure)
+        (0.2, None)
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: str
+    precision: str = Field(description="what a float group runs in (the runtime's inference precision)")
+    per_unit_ms: dict[str, float] = Field(description="part -> ms per head / per neuron / whole classifier")
+    measured: dict[str, Any] = Field(default_factory=dict, description="how it was measured")
+
+    def cost(self, group: str, structure: Structure) -> float | None:
+        """Extra milliseconds of ``group`` (``layer.N.part`` or ``classifier``) in float at ``structure``.
+
+        None when the group is not there (its layer removed) or its part was not measured.
+        """
+        if group == "classifier":
+            return self.per_unit_ms.get("classifier")
+        _, index, part = group.split(".", 2)
+        layer = int(index)
+        shape = structure.layers[layer] if layer < len(structure.layers) else None
+        if shape is None or part not in self.per_unit_ms:
+            return None
+        units = shape.heads if FALLBACK_UNITS[part] == "heads" else shape.ffn_width
+        return round(self.per_unit_ms[part] * units, 9)

@@ -312,3 +312,111 @@ def describe_cut(path: RemovalPath, k: int) -> dict[str, Any]:
             "structure": structure.to_json(), "removed_layers": removal.layers,
             "heads_removed": sum(map(len, removal.heads.values())),
             "neurons_removed": sum(map(len, removal.neurons.values()))}
+
+
+class PrecisionChoice(BaseModel):
+    """The precision pass's answer: how far along the path to cut, and which op groups to leave in float.
+
+    ``int8_float`` names groups by the layers of the cut model (a removed layer renumbers the ones
+    above it); ``bought`` lists, per group taken (by the starting model's layers), its measured loss
+    gain, its cost in ms and the estimated loss of the extra cuts that pay for it.
+    """
+
+    step: int
+    int8_float: list[str] = Field(default_factory=list)
+    predicted_ms: float
+    bought: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def _renumbered(group: str, removal: Removal) -> str:
+    """``layer.N.part`` of the starting model as the cut model numbers its layers (removed ones gone)."""
+    if not group.startswith("layer."):
+        return group
+    _, index, part = group.split(".", 2)
+    below = sum(1 for gone in removal.effective().layers if gone < int(index))
+    return f"layer.{int(index) - below}.{part}"
+
+
+def start_indexed(gains: dict[str, float], removal: Removal) -> dict[str, float]:
+    """Per-group figures of the cut model (its layers renumbered) keyed by the starting model's layers.
+
+    Example:
+        >>> start_indexed({"layer.1.ffn-up": 0.5, "classifier": 0.1}, Removal(layers=[0]))
+        {'layer.2.ffn-up': 0.5, 'classifier': 0.1}
+    """
+    gone = set(removal.effective().layers)
+    out = {}
+    for group, value in gains.items():
+        if group.startswith("layer."):
+            _, index, part = group.split(".", 2)
+            kept = int(index)
+            layer = next(i for i in range(kept + len(gone) + 1) if i not in gone and
+                         sum(1 for j in range(i) if j not in gone) == kept)
+            group = f"layer.{layer}.{part}"
+        out[group] = value
+    return out
+
+
+def buy_fallbacks(path: RemovalPath, start_step: int, gains: dict[str, float], costs: Any, *,
+                  target_speedup: float) -> PrecisionChoice:
+    """Trade float fallbacks against further cuts along ``path``, by loss per millisecond.
+
+    A fallback is the opposite of a cut: it costs milliseconds and buys loss back. The path (all
+    int8) reaches the target at ``start_step``; a fallback ``g`` with measured loss gain ``gains[g]``
+    (the objective's drop on calibration batches when that group alone is float, at the model of
+    ``start_step``) and cost ``costs.cost(g, structure)`` (:class:`~surgery.compress.latency_table.FallbackCosts`)
+    is paid for by walking further along the path until the predicted time is back under the target.
+    It is taken when its gain exceeds the estimated loss of the extra cuts it needs: exactly when
+    buying it back is better per millisecond than the marginal cuts it displaces. Fallbacks are tried
+    best gain per millisecond first; the slack a path point already has under the target is free.
+    Groups are named by the starting model's layers in ``gains``; a group whose layer the extra cuts
+    remove is skipped.
+
+    Example:
+        >>> from surgery.compress.latency_table import FallbackCosts
+        >>> path = RemovalPath(start=[{"heads": 2, "ffn_width": 4}], reference_ms=10.0, start_ms=10.0, steps=[
+        ...     PathStep(kind="neurons", layers=[0], units=[[0]], loss=0.01, saving_ms=1.0, cumulative_loss=0.01,
+        ...              predicted_ms=9.0, predicted_speedup=10 / 9),
+        ...     PathStep(kind="neurons", layers=[0], units=[[1]], loss=0.02, saving_ms=1.0, cumulative_loss=0.03,
+        ...              predicted_ms=8.0, predicted_speedup=1.25)])
+        >>> costs = FallbackCosts(runtime="demo", precision="f32", per_unit_ms={"ffn-down": 0.3, "attention": 0.5})
+        >>> choice = buy_fallbacks(path, 1, {"layer.0.ffn-down": 0.05, "layer.0.attention": 0.001}, costs,
+        ...                        target_speedup=10 / 9)
+        >>> choice.step, choice.int8_float
+        (2, ['layer.0.ffn-down'])
+    """
+    budget_ms = path.reference_ms / target_speedup
+
+    def ms_at(k: int) -> float:
+        return path.start_ms if k == 0 else path.steps[k - 1].predicted_ms
+
+    def loss_at(k: int) -> float:
+        return path.steps[k - 1].cumulative_loss if k else 0.0
+
+    def spent_at(k: int, groups: list[str]) -> float | None:
+        structure = path.structure_at(k)
+        found = [costs.cost(g, structure) for g in groups]
+        return None if any(c is None for c in found) else float(sum(found))  # type: ignore[arg-type]
+
+    start = path.structure_at(start_step)
+    ranked = sorted(((gain / cost, g) for g, gain in gains.items() if gain > 0
+                     for cost in [costs.cost(g, start)] if cost is not None and cost > 0), reverse=True)
+    step, chosen, bought = start_step, [], []
+    for _, group in ranked:
+        trial = [*chosen, group]
+        for k in range(step, len(path.steps) + 1):
+            spent = spent_at(k, trial)
+            if spent is None:
+                break  # the extra cuts remove a chosen group's layer: not this fallback
+            if ms_at(k) + spent <= budget_ms + 1e-12:
+                extra = loss_at(k) - loss_at(step)
+                if gains[group] > extra:
+                    bought.append({"group": group, "gain": round(gains[group], 6),
+                                   "cost_ms": round(float(costs.cost(group, path.structure_at(k))), 6),
+                                   "extra_cut_loss": round(extra, 6), "steps": k - step})
+                    step, chosen = k, trial
+                break
+    removal = path.removal_at(step)
+    spent = spent_at(step, chosen) or 0.0
+    return PrecisionChoice(step=step, int8_float=sorted(_renumbered(g, removal) for g in chosen),
+                           predicted_ms=ms_at(step) + spent, bought=bought)

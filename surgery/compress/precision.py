@@ -1,0 +1,141 @@
+"""Precision as a search dimension on an int8 runtime: which op groups to leave in float, at what cost.
+
+Per op group (a layer's attention projections, its FFN up, its FFN down, the classifier:
+:func:`surgery.deploy.weight_products.precision_groups`), int8 or float. NNCF's accuracy control
+(``quantize_with_accuracy_control``) ranks quantizer groups by their effect on the user's metric and
+reverts the worst to float until the model is within ``max_drop``, for an unchanged model. Here the
+ranking is measured the same way on the cut model and put on the same scale as the cuts:
+
+* **gain** (:func:`fallback_gains`): the objective on calibration batches (mean task loss, or mean
+  squared embedding distance to the original: the units of the removal path's estimates) of the int8
+  artefact, minus the same with that group alone back in float
+  (:func:`surgery.deploy.openvino_export.with_float_groups`, the NNCF revert without quantizing again);
+* **cost** (:func:`surgery.compress.latency_measure.measure_fallback_costs`): milliseconds, measured
+  in the runtime on the artefact, per head or neuron of the part;
+* **trade** (:func:`surgery.compress.removal_path.buy_fallbacks`): a fallback is bought back when its
+  gain beats the estimated loss of the further cuts along the path that pay for its milliseconds.
+
+The chosen map is recorded on the model (:func:`surgery.core.manifest.set_int8_float`): the artefact is
+quantized with those groups in ``nncf.IgnoredScope``, its manifest and the saved model record them,
+and every later export replays them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def task_loss(batches: Sequence[Mapping[str, torch.Tensor]]) -> Callable[[nn.Module], float]:
+    """The mean per-example cross-entropy of a served classifier's logits on labelled ``batches``.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> spec = TinySpec("bert", task="seq-cls")
+        >>> batch = {**tiny_inputs(spec), "labels": torch.tensor([0, 1, 2])}
+        >>> task_loss([batch])(tiny_model(spec).eval()) > 0
+        True
+    """
+    def measure(model: nn.Module) -> float:
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in batches:
+                logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+                total += float(torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum"))
+                count += int(batch["input_ids"].shape[0])
+        return total / max(count, 1)
+
+    return measure
+
+
+def fallback_gains(served_dir: str | Path, model: nn.Module, objective: Callable[[nn.Module], float], *,
+                   groups: Sequence[str] | None = None, threads: int | None = None) -> dict[str, float]:
+    """Objective drop when each op group alone goes back to float in the int8 artefact ``served_dir``.
+
+    ``objective(served)`` is the objective of a served model on calibration batches (:func:`task_loss`,
+    or the embedding distance to the original's); ``groups`` default to every op group of ``model``.
+    Positive: the group's int8 error costs that much objective.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> from surgery.deploy.openvino_export import export_openvino
+        >>> spec = TinySpec("bert", task="seq-cls", layers=1)
+        >>> model = tiny_model(spec).eval()
+        >>> batches = [{**tiny_inputs(spec, batch=8, seq=12), "labels": torch.zeros(8, dtype=torch.long)}]
+        >>> out = Path(tempfile.mkdtemp()) / "ir"
+        >>> _ = export_openvino(model, out, int8=True, calibration=batches, batch=2, seq=8)
+        >>> sorted(fallback_gains(out, model, task_loss(batches), threads=1))
+        ['classifier', 'layer.0.attention', 'layer.0.ffn-down', 'layer.0.ffn-up']
+    """
+    import openvino as ov
+
+    from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, read_openvino_info, with_float_groups
+    from surgery.deploy.weight_products import precision_groups
+
+    info = read_openvino_info(served_dir)
+    chosen = list(groups) if groups is not None else list(precision_groups(model))
+
+    def load(path: Path) -> nn.Module:
+        return OpenVinoModel(path, config=model.config, output=info.output, threads=threads, task=info.task)
+
+    base = objective(load(Path(served_dir) / OV_XML))
+    quantized = ov.Core().read_model(str(Path(served_dir) / OV_XML))
+    gains: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="surgery-precision-") as tmp:
+        for group in chosen:
+            path = Path(tmp) / f"{group}.xml"
+            ov.save_model(with_float_groups(quantized, model, [group]), str(path), compress_to_fp16=False)
+            gains[group] = base - objective(load(path))
+    return gains
+
+
+def describe_choice(gains: Mapping[str, float], costs: Any, structure: Any) -> list[dict[str, Any]]:
+    """Every group's measured gain, cost and gain per millisecond, best first (for reports)."""
+    rows = []
+    for group, gain in gains.items():
+        cost = costs.cost(group, structure)
+        rows.append({"group": group, "gain": round(gain, 6), "cost_ms": None if cost is None else round(cost, 6),
+                     "gain_per_ms": None if not cost else round(gain / cost, 6)})
+    return sorted(rows, key=lambda r: -(r["gain_per_ms"] or 0.0))
+
+
+#: The runtimes whose artefacts take a precision map (op groups left out of quantization).
+PRECISION_RUNTIMES = ("openvino-int8",)
+
+
+def precision_build(model: nn.Module, judge: Any, int8_float: Sequence[str]) -> list[str]:
+    """Prepare a precision candidate: record its map on ``model`` and refit it against its int8 inputs.
+
+    The quantization-aware refit (:func:`surgery.deploy.quantized_refit.quantization_aware_refit`)
+    quantizes the cut model with its map as the artefact will be, and solves the cut projections
+    against the inputs that int8 model feeds them. Returns notes for the candidate.
+    """
+    from surgery.core.manifest import set_int8_float
+    from surgery.deploy.quantized_refit import quantization_aware_refit
+
+    set_int8_float(model, int8_float)
+    result = quantization_aware_refit(model, judge.original, judge.calibration,
+                                      calibration=judge.smoothing or judge.calibration, threads=judge.threads)
+    solved = ", ".join(result.projections) or "none"
+    return [f"precision map: {', '.join(int8_float)} in float", f"quantization-aware refit: {solved}"]
+
+
+def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, judge: Any, plan: Any,
+                     goal: float) -> tuple[Any, list[dict[str, Any]]]:
+    """The precision pass at path point ``step`` (its model and int8 artefact): measured gains and costs,
+    traded along ``path`` (:func:`surgery.compress.removal_path.buy_fallbacks`); also the ranked groups."""
+    from surgery.compress.latency_measure import measure_fallback_costs
+    from surgery.compress.removal_path import buy_fallbacks, start_indexed
+
+    objective = task_loss(judge.calibration) if judge.objective == "task" else judge.calibration_objective
+    gains = start_indexed(fallback_gains(served_dir, model, objective, threads=judge.threads),
+                          path.removal_at(step))
+    costs = measure_fallback_costs(served_dir, model, batch_size=plan.batch_size, seq_len=plan.seq_len,
+                                   threads=judge.threads)
+    choice = buy_fallbacks(path, step, gains, costs, target_speedup=goal)
+    return choice, describe_choice(gains, costs, path.structure_at(step))

@@ -1,0 +1,55 @@
+"""The precision pass of the search (no runtime needed): fallbacks bought back against cuts by loss per ms."""
+
+from __future__ import annotations
+
+import torch
+
+from surgery.compress.latency_table import FallbackCosts, LatencyTable
+from surgery.compress.mask_fisher import UnitCosts
+from surgery.compress.removal_path import Removal, buy_fallbacks, search_path, start_indexed
+from surgery.compress.structure import LayerShape, Structure
+
+START = Structure((LayerShape(4, 8), LayerShape(4, 8), LayerShape(4, 8)))
+
+
+def path():
+    costs = UnitCosts("task", 8, heads={i: torch.full((4,), 0.01 * (i + 1)) for i in range(3)},
+                      neurons={i: torch.full((8,), 0.001 * (i + 1)) for i in range(3)}, layers={0: 0.5, 1: 0.3, 2: 0.2})
+    table = LatencyTable(runtime="openvino-int8", batch_size=1, seq_len=8, model_key="demo", base_ms=1.0,
+                         overhead_ms=0.2, attention_ms={h: 0.5 * h for h in range(1, 5)},
+                         ffn_ms={w: 0.25 * w for w in range(1, 9)})
+    return search_path(costs, table, START, groups=4)
+
+
+COSTS = FallbackCosts(runtime="openvino-int8", precision="f32", per_unit_ms={"attention": 0.05, "ffn-down": 0.02})
+
+
+def test_a_fallback_worth_more_than_the_cuts_that_pay_for_it_is_bought_and_costs_its_time() -> None:
+    p = path()
+    k0 = p.first_reaching(1.5)
+    choice = buy_fallbacks(p, k0, {"layer.2.ffn-down": 5.0}, COSTS, target_speedup=1.5)
+    assert choice.int8_float and choice.step >= k0
+    # The pick still meets the target once the fallback's milliseconds are counted.
+    assert p.reference_ms / choice.predicted_ms >= 1.5 - 1e-9
+    bought = choice.bought[0]
+    assert bought["gain"] > bought["extra_cut_loss"] and choice.predicted_ms > p.steps[choice.step - 1].predicted_ms
+
+
+def test_a_fallback_worth_less_than_the_cuts_it_needs_is_not_bought() -> None:
+    p = path()
+    k0 = p.first_reaching(1.5)
+    slack = p.reference_ms / 1.5 - p.steps[k0 - 1].predicted_ms
+    # costs more than the slack, gains less than any further cut loses
+    gain = 1e-9
+    choice = buy_fallbacks(p, k0, {"layer.2.attention": gain}, COSTS.model_copy(
+        update={"per_unit_ms": {"attention": slack + 1.0}}), target_speedup=1.5)
+    assert choice.int8_float == [] and choice.step == k0 and choice.bought == []
+
+
+def test_nothing_is_bought_with_no_gain_and_groups_are_renumbered_by_the_cut_model() -> None:
+    p = path()
+    k0 = p.first_reaching(1.5)
+    assert buy_fallbacks(p, k0, {"layer.2.ffn-down": -1.0}, COSTS, target_speedup=1.5).int8_float == []
+    removal = Removal(layers=[0])
+    assert start_indexed({"layer.0.ffn-down": 1.0, "layer.1.attention": 2.0}, removal) == {
+        "layer.1.ffn-down": 1.0, "layer.2.attention": 2.0}
