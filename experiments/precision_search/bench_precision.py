@@ -182,14 +182,15 @@ def run(args: argparse.Namespace, task_name: str, seed: int, speedups: list[floa
 
 
 def save(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    out: Path = args.out
+    results = json.loads(out.read_text()) if out.exists() else {"runs": {}}
     for row in rows:
         results["runs"][f"{row['task']}|{row['seed']}|{row['speedup_target']}"] = row
     results["machine"] = machine_info()
     results["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
     results["threads"] = 1
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def main() -> None:
@@ -199,6 +200,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--speedups", nargs="+", type=float, default=[8.0, 12.0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for task in args.tasks:
