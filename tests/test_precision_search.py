@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from surgery.compress.latency_table import FallbackCosts, LatencyTable
@@ -53,3 +54,28 @@ def test_nothing_is_bought_with_no_gain_and_groups_are_renumbered_by_the_cut_mod
     removal = Removal(layers=[0])
     assert start_indexed({"layer.0.ffn-down": 1.0, "layer.1.attention": 2.0}, removal) == {
         "layer.1.ffn-down": 1.0, "layer.2.attention": 2.0}
+
+
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_onnx_runtime_int8_replays_a_recorded_precision_map(tmp_path) -> None:
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed: pip install 'encoder-surgery[onnx]'")
+    import onnx
+
+    from surgery.core.manifest import set_int8_float
+    from surgery.deploy import export_onnx
+    from surgery.testing import TinySpec, tiny_model
+
+    model = tiny_model(TinySpec("bert", layers=2))
+    plain = export_onnx(model, tmp_path / "all", task="base", int8=True, batch=2, seq=8)
+    set_int8_float(model, ["layer.1.ffn-down", "layer.0.attention"])
+    mixed = export_onnx(model, tmp_path / "map", task="base", int8=True, batch=2, seq=8)
+    assert plain.int8_fp32_nodes == 0 and plain.int8_float == []
+    # layer 0's q, k, v and output projections and layer 1's FFN down: 5 products left as plain MatMuls
+    assert mixed.int8_float == ["layer.0.attention", "layer.1.ffn-down"] and mixed.int8_fp32_nodes == 5
+
+    def matmuls(name: str) -> int:
+        return sum(n.op_type == "MatMul" for n in onnx.load(str(tmp_path / name / "model.onnx")).graph.node)
+
+    assert matmuls("map") - matmuls("all") == 5
+    assert export_onnx(model, tmp_path / "fp32", task="base", batch=2, seq=8).int8_float == []

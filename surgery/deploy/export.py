@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from surgery.core.errors import ConfigError, SurgeryError
-from surgery.core.manifest import source_dir_of, steps_of
+from surgery.core.manifest import int8_float_of, source_dir_of, steps_of
 from surgery.deploy.fused_attention import FusedAttentionInfo, fused_attention, fusion_info
 from surgery.deploy.names import INFO_NAME, ONNX_NAME, TASKS
 from surgery.deploy.runtime import (
@@ -47,7 +47,7 @@ from surgery.deploy.runtime import (
 from surgery.deploy.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
 from surgery.deploy.static_int8 import check_int8_mode, quantize_static_int8
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
-from surgery.deploy.weight_products import INT8_FP32_PARTS, part_modules
+from surgery.deploy.weight_products import INT8_FP32_PARTS, float_group_modules, part_modules
 from surgery.persist.config_values import check_model_argument, check_opset, check_tolerance
 from surgery.persist.model_io import atomic_directory
 
@@ -121,7 +121,9 @@ class ExportReport(ExportRecord):
     int8_per_channel: bool | None = Field(default=None, description="int8 weight scales per output channel "
                                           "(False: per tensor; None: no int8)")
     int8_fp32: list[str] = Field(default_factory=list, description="parts whose products stayed in fp32")
-    int8_fp32_nodes: int = Field(default=0, description="weight products left in fp32 by int8_fp32")
+    int8_fp32_nodes: int = Field(default=0, description="weight products left in fp32 by int8_fp32 and int8_float")
+    int8_float: list[str] = Field(default_factory=list, description="op groups of the model's recorded precision "
+                                  "map, left in fp32")
     int8_smoothing: SmoothingInfo | None = Field(default=None, description="activation smoothing before int8 "
                                                  "(None: activations quantized as they are)")
     int8_drift: Agreement | None = Field(default=None, description="int8 ONNX Runtime against fp32 PyTorch, on "
@@ -450,7 +452,9 @@ def export_onnx(
         wrapper = SingleOutput(module, output, names).eval()
         inputs = parity_inputs(module.config, names, batch=batch, seq=seq, tokenizer=tokenizer)
         expected = _run_torch(wrapper, inputs)
-        fp32_modules = part_modules(module, int8_fp32)
+        # The model's recorded precision map (compress's, surgery.core.manifest) is replayed: its groups stay fp32.
+        float_groups = int8_float_of(model) if int8 else []
+        fp32_modules = part_modules(module, int8_fp32) | set(float_group_modules(module, float_groups))
         smoothing = None
         if calibration is not None:
             # Smoothed before the trace, so the fp32 parity check below also proves it changed nothing.
@@ -514,7 +518,7 @@ def export_onnx(
                 optimized=optimized, optimized_parity=optimized_parity,
                 int8=int8, int8_mode=int8_mode if int8 else None,
                 int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
-                int8_fp32_nodes=len(fp32_nodes), int8_smoothing=smoothing, int8_drift=drift,
+                int8_float=float_groups, int8_fp32_nodes=len(fp32_nodes), int8_smoothing=smoothing, int8_drift=drift,
                 accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
                 onnx_bytes=path.stat().st_size, export_seconds=seconds,
             )

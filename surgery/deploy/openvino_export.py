@@ -65,6 +65,7 @@ from surgery.deploy.export import (
 )
 from surgery.deploy.runtime import MissingDependencyError, graph_feeds, quiet_loggers
 from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
+from surgery.deploy.weight_products import float_group_modules
 from surgery.persist.model_io import atomic_directory
 
 #: The IR file names optimum-intel and sentence-transformers' OpenVINO backend look for.
@@ -335,26 +336,6 @@ def product_nodes(ov_model: Any, modules: Iterable[str], *, optional: Iterable[s
         raise ExportParityError(f"export: no product of {missing[0]!r} in the OpenVINO IR; the precision map cannot "
                                 "leave it in float")
     return {m: found[m] for m in wanted}
-
-
-def float_group_modules(module: nn.Module, groups: Sequence[str]) -> list[str]:
-    """The Linear modules of the precision map's float ``groups`` in ``module`` (refused in one line if unknown).
-
-    A ``classifier`` group is ignored when ``module`` has no head (a bare encoder without a pooler).
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> float_group_modules(tiny_model(TinySpec("bert", layers=2)), ["layer.1.ffn-down", "classifier"])
-        ['encoder.layer.1.output.dense', 'pooler.dense']
-    """
-    from surgery.deploy.weight_products import CLASSIFIER_GROUP, precision_groups
-
-    known = precision_groups(module)
-    unknown = [g for g in groups if g not in known and g != CLASSIFIER_GROUP]
-    if unknown:
-        raise ConfigError(f"export: the int8 precision map names {unknown[0]!r}, which this model does not have (its "
-                          f"groups: {', '.join(list(known)[:4])}, ...); record the map again for this model")
-    return [name for g in groups for name in known.get(g, ())]
 
 
 def head_modules(module: nn.Module) -> tuple[str, ...]:

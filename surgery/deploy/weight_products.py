@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 from torch import nn
 
+from surgery.core.errors import ConfigError
+
 #: Parts of every encoder layer that ``int8_fp32`` can keep in fp32.
 INT8_FP32_PARTS = ("attention", "ffn", "ffn-up", "ffn-down")
 #: Which :data:`INT8_FP32_PARTS` names select a product group's part.
@@ -103,3 +105,21 @@ def precision_groups(root: nn.Module) -> dict[str, tuple[str, ...]]:
     if head:
         found[CLASSIFIER_GROUP] = head
     return {name: tuple(members) for name, members in found.items()}
+
+
+def float_group_modules(module: nn.Module, groups: Sequence[str]) -> list[str]:
+    """The Linear modules of the precision map's float ``groups`` in ``module`` (refused in one line if unknown).
+
+    A ``classifier`` group is ignored when ``module`` has no head (a bare encoder without a pooler).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> float_group_modules(tiny_model(TinySpec("bert", layers=2)), ["layer.1.ffn-down", "classifier"])
+        ['encoder.layer.1.output.dense', 'pooler.dense']
+    """
+    known = precision_groups(module)
+    unknown = [g for g in groups if g not in known and g != CLASSIFIER_GROUP]
+    if unknown:
+        raise ConfigError(f"export: the int8 precision map names {unknown[0]!r}, which this model does not have (its "
+                          f"groups: {', '.join(list(known)[:4])}, ...); record the map again for this model")
+    return [name for g in groups for name in known.get(g, ())]
