@@ -2,10 +2,9 @@
 
 Shared plain helpers are in tests/helpers.py; no test module imports another.
 
-Under pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadgroup``) every module is one unit of work
-unless it names a group (``pytestmark = pytest.mark.xdist_group("...")``): module- and session-scoped
-fixtures are then built once per worker, and modules that share a session fixture (the uneven exports
-below) can ask to run on the same worker by naming the same group.
+Under pytest-xdist (``scripts/test.sh`` runs ``-n 2 --dist loadfile``) every module is one unit of work, so
+module- and session-scoped fixtures are built once per worker; modules that share a session fixture (the
+uneven exports below) are one unit together (SHARED_WORKER).
 """
 
 from __future__ import annotations
@@ -60,13 +59,27 @@ def timed_by_tables(monkeypatch: pytest.MonkeyPatch) -> None:
                                               reference_runtime=reference_runtime))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test without an ``xdist_group`` joins its module's group, so ``--dist loadgroup`` keeps a module on one
-    worker (as ``loadfile`` would) while modules that name one group share a worker and its session fixtures."""
-    for item in items:
-        if not any(item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+#: Test modules that must share a worker (and so its session fixtures) under ``--dist loadfile``: module -> group.
+SHARED_WORKER = {"test_deploy.py": "uneven-exports", "test_fused_attention.py": "uneven-exports"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, except that the modules of one SHARED_WORKER group are one unit of work.
+
+    Not ``--dist loadgroup`` with ``xdist_group`` marks: pytest-xdist 3.8 writes the group into
+    ``item._nodeid``, which pytest 9.2 no longer reads, so every test became its own unit.
+    """
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedModules(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return SHARED_WORKER.get(Path(module).name, module)
+
+    return SharedModules(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -31,7 +31,6 @@ from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_m
 
 TOLERANCE = 1e-4
 
-pytestmark = pytest.mark.xdist_group("uneven-exports")  # the worker that exports them for test_fused_attention
 
 
 def assert_parity_on_new_shape(model, graph, spec: TinySpec, output: str) -> None:

@@ -29,7 +29,6 @@ UNFUSED_FAMILIES = ("mpnet", "deberta-v2")
 #: Heads left per layer after pruning layer 0 to 1 head and layer 2 to 3 (of 4).
 KEPT_HEADS = [1, 4, 3]
 
-pytestmark = pytest.mark.xdist_group("uneven-exports")  # the worker that exports them for tests/test_deploy.py
 
 
 def fused_nodes(path) -> list[onnx.NodeProto]:
