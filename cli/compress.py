@@ -263,9 +263,13 @@ def summary_lines(report: Any) -> list[str]:
         figure = f"acc {c.accuracy:.4f}" if c.accuracy is not None else (
             f"cos {c.mean_cosine:.4f} r@10 {c.recall_at_10:.3f}" if c.mean_cosine is not None else "-")
         measured = "-" if c.measured_speedup is None else f"{c.measured_speedup:.2f}x"
+        held = "" if c.held_out is None else (f"  held-out drop {c.held_out.drop:.2f} "
+                                              f"[{c.held_out.drop_interval[0]:.2f}, {c.held_out.drop_interval[1]:.2f}]")
         lines.append(f"{'*' if c.name == report.winner else ' '} {c.name:<28} predicted {c.predicted_speedup:.2f}x  "
-                     f"measured {measured:>6}  {figure}  drop {c.drop:.2f}  {c.tier}  {c.seconds:.0f}s")
+                     f"measured {measured:>6}  {figure}  drop {c.drop:.2f}{held}  {c.tier}  {c.seconds:.0f}s")
     lines.append(f"winner: {report.winner} ({report.why}); against {report.reference}")
+    if rule := report.judging.get("max_drop_rule"):
+        lines.append(f"--max-drop {rule}")
     return lines
 
 
@@ -345,6 +349,9 @@ def compress_command(
     seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence to time (default: "
                                                 "the data's padded length).")] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="CPU threads to time with.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="Processes candidates are built and judged "
+                                                "in, in parallel (timing stays one at a time). Default: one per "
+                                                "available core up to 4 (one for a tiny model).")] = None,
     eval_data: EvalData = None,
     text_column: TextColumn = "text",
     text_pair_column: TextPairColumn = None,
@@ -410,8 +417,8 @@ def compress_command(
     # One config, validated once: the Python API takes the same object and the report carries its fields.
     config = CompressConfig.build(target=target, runtime=runtime, against_runtime=against_runtime,
                                   objective=inputs.objective.name if inputs.objective else None, batch_size=batch,
-                                  seq_len=seq_len, stock=stock, threads=threads, budget_minutes=budget, seed=seed,
-                                  train=not no_train)
+                                  seq_len=seq_len, stock=stock, threads=threads, workers=workers,
+                                  budget_minutes=budget, seed=seed, train=not no_train)
     with render.ProgressDisplay(stderr()) as display:
         progress = announcing(display)
         if out_dir is None:  # --dry-run

@@ -1,30 +1,41 @@
-"""Phases 5 and 6 of ``surgery.compress``: build, judge and time candidates in the budget, pick, train the winner."""
+"""Phases 5 and 6 of ``surgery.compress``: build, judge and time candidates in the budget, pick, train the winner.
+
+The dev data is split once (:mod:`surgery.compress.held_out`): the search decides on its part only,
+every candidate screened on a subset of it first and only the contenders judged on the rest
+(successive halving); the finalists are judged on the held-out pick part, whose paired interval
+holds ``--max-drop``. Candidates are built and judged in worker processes
+(:class:`~surgery.compress.candidate_pool.CandidatePool`); timing is done here, one at a time, only
+for the candidates the pick may choose, fastest predicted first, until no untimed one can win.
+"""
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from surgery.compress.candidate_pool import BuildJob, Built, CandidatePool, JudgeJob
 from surgery.compress.candidates import (
+    INT8_CALIBRATION_EXAMPLES,
     CandidateResult,
     Judge,
-    Served,
+    PartScores,
     layer_drop_removal,
     reference_label,
     result_of,
 )
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
+from surgery.compress.held_out import CONFIDENCE, DevSplit
 from surgery.compress.latency_source import LatencySource
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
-from surgery.compress.precision import PRECISION_RUNTIMES, precision_build, precision_choice
+from surgery.compress.precision import PRECISION_RUNTIMES, precision_choice
 from surgery.compress.removal_path import Removal, RemovalPath
-from surgery.core.errors import SurgeryError
 from surgery.core.progress import ProgressEvent
-from surgery.runtimes import runtime_class
 
 #: Predicted and measured speedups further apart than this are reported.
 PREDICTION_TOLERANCE = 0.05
@@ -58,143 +69,344 @@ def _steps(path: RemovalPath) -> list[dict[str, Any]]:
             for s in path.steps]
 
 
+@dataclass
+class Want:
+    """A candidate to build: its name, where it comes from and its cut."""
+
+    name: str
+    origin: str
+    removal: Removal
+    path_step: int | None = None
+    path: RemovalPath | None = None
+    #: op groups kept in float in the int8 artefact (the precision pass, :mod:`surgery.compress.precision`)
+    int8_float: list[str] | None = None
+
+
+def same_cut(a: Want, b: Want) -> bool:
+    """Whether two wants build the same model (the same cut, the same op groups in float)."""
+    return a.removal.effective() == b.removal.effective() and (a.int8_float or []) == (b.int8_float or [])
+
+
+def guided_step(path: RemovalPath, lo: int, hi: int, judged: dict[int, float], max_drop: float) -> int:
+    """The next point of a search for the last step within ``max_drop``, between ``lo`` (holds) and ``hi``.
+
+    Bisection, steered by the Fisher estimates: the judged drops (step -> points) around the bracket
+    scale the path's estimated losses, and the step whose scaled estimate meets ``max_drop`` is probed
+    (regula falsi on the estimates). The probe stays in the middle half of the bracket, so a poor
+    estimate costs at most a few more points than plain bisection, and a good one ends it in a few.
+
+    Example:
+        >>> from surgery.compress.removal_path import PathStep
+        >>> steps = [PathStep(kind="ffn", layers=[0], units=[[k]], loss=0.1, saving_ms=0.1,
+        ...                   cumulative_loss=0.1 * (k + 1), predicted_ms=10.0 - k / 10, predicted_speedup=1.0)
+        ...          for k in range(64)]
+        >>> path = RemovalPath(start=[], reference_ms=10.0, start_ms=10.0, steps=steps)
+        >>> guided_step(path, 0, 64, {0: 0.0}, 1.0)  # nothing to scale the estimates by yet: the middle
+        32
+        >>> guided_step(path, 0, 31, {0: 0.0, 32: 3.2}, 1.0)  # drop = estimate: the last step estimated at 1.0
+        10
+    """
+    middle = (lo + hi + 1) // 2
+    below = max((k for k in judged if k <= lo), default=None)
+    above = min((k for k in judged if k > hi), default=None)
+    if below is None:
+        return middle
+    loss = [0.0, *(s.cumulative_loss for s in path.steps)]
+    if above is not None and judged[above] > judged[below] and loss[above] > loss[below]:
+        slope = (judged[above] - judged[below]) / (loss[above] - loss[below])
+    elif below > 0 and judged[below] > judged.get(0, 0.0) and loss[below] > 0:
+        slope = (judged[below] - judged.get(0, 0.0)) / loss[below]
+    else:
+        return middle
+    wanted = loss[below] + (max_drop - judged[below]) / slope
+    guess = bisect.bisect_right(loss, wanted) - 1  # the last step whose estimate stays within
+    quarter = max(1, (hi - lo) // 4)
+    return min(max(guess, lo + quarter), max(lo + quarter, hi - quarter + 1), hi)
+
+
 class CandidateRun:
     """Phase 5 and 6: build, judge and time candidates within the budget, pick, train the winner."""
 
     def __init__(self, plan: CompressPlan, judge: Judge, source: LatencySource, clock: Clock,
-                 emit: Callable[[ProgressEvent], None], target: Target, runtime: str, against: str) -> None:
+                 emit: Callable[[ProgressEvent], None], target: Target, runtime: str, against: str, *,
+                 split: DevSplit | None = None, workers: int = 1, threads: int | None = None) -> None:
         self.plan, self.judge, self.source, self.clock, self.emit = plan, judge, source, clock, emit
         self.target, self.runtime, self.against = target, runtime, against
+        self.split = split
         self.results: list[CandidateResult] = []
-        self.models: dict[str, Any] = {}
         #: candidate name -> the directory of the runtime artefact it was judged and timed on (None: torch)
         self.artefacts: dict[str, Path | None] = {}
         self.notes: list[str] = []
         self.last_cost = 0.0
         self.reference = judge.reference()
+        self.pool = CandidatePool(judge, workers, threads)
+        self.built: dict[str, Built] = {}
+        self.scores: dict[str, dict[str, PartScores]] = {}
+        self.search_log: list[dict[str, Any]] = []
+        self.timing: dict[str, Any] = {}
+        #: examples judged per rung: how many candidates read each part
+        self.judged = {"screen": 0, "rest": 0, "pick": 0}
+        self.index = 0
+        self.trained: dict[str, nn.Module] = {}
 
-    # -- one candidate --------------------------------------------------------------------
-    def candidate(self, name: str, origin: str, removal: Removal, *, path_step: int | None = None,
-                  timed: bool = True, refit: bool = True, path: RemovalPath | None = None,
-                  int8_float: list[str] | None = None) -> CandidateResult | None:
-        """Build, judge and (if ``timed``) time one candidate, if the budget still has room for it."""
-        if any(r.name == name for r in self.results):
-            return next(r for r in self.results if r.name == name)
-        # Two paths often reach a speed by the same cut (no layer is worth removing yet): judge it once.
-        cut = removal.effective()
-        same = next((r for r in self.results if r.removal == cut and r.int8_float == (int8_float or [])
-                     and (timed <= (r.measured_speedup is not None))), None)
-        if same is not None:
-            twin = same.model_copy(update={"name": name, "origin": origin, "path_step": path_step, "seconds": 0.0,
-                                           "notes": [f"the same cut as {same.name}: built, judged and timed once"]})
-            self.results.append(twin)
-            self.models[name] = self.models[same.name]
-            self.artefacts[name] = self.artefacts.get(same.name)
-            return twin
-        if self.results and not self.clock.fits(self.last_cost):  # the first (the unchanged model) always runs
-            self.notes.append(f"skipped candidate {name}: the budget has {max(self.clock.left(), 0):.0f} s left and "
-                              f"a candidate took {self.last_cost:.0f} s")
+    # -- building and judging -------------------------------------------------------------
+    def parts(self, *names: str) -> tuple[str, ...]:
+        """The named dev parts that hold examples (a small dev split may leave ``rest`` empty)."""
+        return tuple(n for n in names if self.judge.parts.get(n))
+
+    def evaluate(self, wants: Sequence[Want]) -> list[CandidateResult | None]:
+        """Build and judge ``wants`` (in parallel where the pool has workers): the screen for every one, the
+        rest of the search part for the contenders; None for one out of budget or that the runtime cannot run."""
+        out: list[CandidateResult | None] = [None] * len(wants)
+        jobs: list[tuple[int, BuildJob]] = []
+        for i, want in enumerate(wants):
+            known = self.find(want)
+            if known is not None:
+                out[i] = known
+                continue
+            if any(same_cut(w, want) for w in wants[:i]):
+                continue  # the same cut as one before it in this batch: made a twin below
+            # The first (unchanged) always runs; a batch runs in rounds of `workers` candidates at once.
+            rounds = -(-(len(jobs) + 1) // self.pool.workers)
+            if self.results and not self.clock.fits(self.last_cost * rounds):
+                self.notes.append(f"skipped candidate {want.name}: the budget has {max(self.clock.left(), 0):.0f} s "
+                                  f"left and a candidate took {self.last_cost:.0f} s")
+                continue
+            self.index += 1
+            jobs.append((i, BuildJob(self.index, want.removal.effective().model_dump(), True, self.parts("screen"),
+                                     list(want.int8_float or []))))
+        answers = self.pool.build([job for _, job in jobs])
+        self.last_cost = max([self.last_cost, *(a.seconds for a in answers)])
+        fresh: list[CandidateResult] = []
+        for (i, _), built in zip(jobs, answers, strict=True):
+            want = wants[i]
+            if built.error is not None:
+                self.notes.append(f"skipped candidate {want.name}: {self.runtime} could not run it ({built.error})")
+                continue
+            out[i] = self.record(want, built)
+            fresh.append(out[i])  # type: ignore[arg-type]
+        self.judge_rest(fresh)
+        for i, want in enumerate(wants):  # twins within the batch
+            if out[i] is None and any(same_cut(w, want) for w in wants[:i]):
+                out[i] = self.find(want)
+        return out
+
+    def find(self, want: Want) -> CandidateResult | None:
+        """``want`` judged already: by its name, or by its cut (then a twin under the new name)."""
+        named = next((r for r in self.results if r.name == want.name), None)
+        if named is not None:
+            return named
+        cut = want.removal.effective()
+        same = next((r for r in self.results if r.removal == cut and r.int8_float == (want.int8_float or [])), None)
+        if same is None:
             return None
-        started = time.perf_counter()
-        model, refitted, build_notes = self.judge.build(removal, refit=refit)
-        if int8_float:
-            build_notes += precision_build(model, self.judge, int8_float)
-        try:
-            served = self.judge.serve(model)  # the runtime's artefact, written and loaded: judged and timed as is
-        except (RuntimeError, ValueError, SurgeryError) as exc:
-            if removal.units() == 0:  # the unchanged model must run: nothing to compare with otherwise
-                raise
-            # A structure the runtime cannot run (an FFN cut to width 0 on OpenVINO): skipped and said so.
-            self.notes.append(f"skipped candidate {name}: {self.runtime} could not run it "
-                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
-            return None
-        if removal.units() == 0 and runtime_class(self.runtime).as_is:  # the original itself: its own figures
-            figures = {**self.reference, "drop": 0.0}
-        else:
-            figures = self.judge.judge(served.model)
-        structure = removal.structure(self.plan.start)
+        twin = same.model_copy(update={"name": want.name, "origin": want.origin, "path_step": want.path_step,
+                                       "seconds": 0.0,
+                                       "notes": [f"the same cut as {same.name}: built, judged and timed once"]})
+        self.results.append(twin)
+        self.built[want.name] = self.built[same.name]
+        self.scores[want.name] = self.scores[same.name]
+        self.artefacts[want.name] = self.artefacts.get(same.name)
+        return twin
+
+    def record(self, want: Want, built: Built) -> CandidateResult:
+        """The result of a built candidate, from its screen scores."""
+        structure = want.removal.structure(self.plan.start)
         predicted = self.plan.path.reference_ms / self.plan.table.predict_ms(structure)
-        estimated = (path or self.plan.path).steps[path_step - 1].cumulative_loss if path_step else None
-        result = result_of(name, origin, self.runtime, removal, self.plan.start, predicted=predicted,  # type: ignore[arg-type]
-                           figures=figures, started=started, path_step=path_step, estimated_loss=estimated,
-                           tier="refit" if refitted is not None else "none", notes=build_notes)
-        result.artefact = served.digests
-        result.int8_float = list(int8_float or [])
-        if timed:
-            self.time(result, model, served)
-        result.seconds = round(time.perf_counter() - started, 3)
-        self.last_cost = max(self.last_cost, result.seconds)
+        estimated = (want.path or self.plan.path).steps[want.path_step - 1].cumulative_loss if want.path_step else None
+        self.scores[want.name] = dict(built.scores)
+        self.judged["screen"] += sum(len(s.values) for s in built.scores.values())
+        judged, figures = self.judge.figures(list(built.scores.values()), list(built.scores))
+        result = result_of(want.name, want.origin, self.runtime, want.removal, self.plan.start,  # type: ignore[arg-type]
+                           predicted=predicted, figures=figures, started=time.perf_counter() - built.seconds,
+                           path_step=want.path_step, estimated_loss=estimated,
+                           tier="refit" if built.refitted else "none", notes=built.notes)
+        result.search = judged
+        result.artefact = built.digests
+        result.int8_float = list(want.int8_float or [])
+        self.built[want.name] = built
+        self.artefacts[want.name] = None if built.directory is None else Path(built.directory)
         self.results.append(result)
-        self.models[name] = model
-        self.artefacts[name] = served.directory
         self.emit(ProgressEvent("compress: candidates", len(self.results), None,
-                                {"name": name, "predicted": f"{result.predicted_speedup:.2f}x",
-                                 "measured": "-" if result.measured_speedup is None
-                                 else f"{result.measured_speedup:.2f}x",
-                                 "drop": f"{result.drop:.2f}"}))
+                                {"name": want.name, "predicted": f"{result.predicted_speedup:.2f}x",
+                                 "drop": f"{result.drop:.2f}", "examples": judged.examples}))
         return result
 
-    def time(self, result: CandidateResult, model: nn.Module, served: Served) -> None:
+    def contender(self, result: CandidateResult) -> bool:
+        """Whether a screened candidate may still matter: its drop's interval reaches within --max-drop (or,
+        for --speedup, below the best screened candidate's upper end)."""
+        assert result.search is not None
+        low = result.search.drop_interval[0]
+        if not isinstance(self.target, SpeedupTarget) and self.target.max_drop is not None:
+            return low <= self.target.max_drop
+        # Against the others: the unchanged model is no rival (it cannot meet a --speedup).
+        rivals = [r for r in self.results if r.search is not None and r.origin != "unchanged"]
+        return low <= min((r.search.drop_interval[1] for r in rivals), default=low)  # type: ignore[union-attr]
+
+    def judge_rest(self, fresh: Sequence[CandidateResult]) -> None:
+        """Successive halving's second rung: the contenders judged on the rest of the search part."""
+        rest = self.parts("rest")
+        if not rest:
+            return
+        contenders = [r for r in fresh if self.contender(r)]
+        for r in fresh:
+            if r not in contenders:
+                r.notes.append(f"screened out on {r.search.examples if r.search else 0} examples: its drop's "
+                               f"interval cannot meet the target")
+        answers = self.pool.judge_more([self.judge_job(r.name, rest) for r in contenders])
+        for result, scores in zip(contenders, answers, strict=True):
+            self.scores[result.name].update(scores)
+            self.judged["rest"] += sum(len(s.values) for s in scores.values())
+            names = self.parts("screen", "rest")
+            judged, figures = self.judge.figures([self.scores[result.name][n] for n in names], names)
+            self.update(result, judged, figures)
+
+    def judge_job(self, name: str, parts: tuple[str, ...]) -> JudgeJob:
+        built = self.built[name]
+        result = next(r for r in self.results if r.name == name)
+        return JudgeJob(built.index, result.removal.model_dump(), built.directory, built.weights, parts,
+                        list(result.int8_float))
+
+    @staticmethod
+    def update(result: CandidateResult, judged: Any, figures: dict[str, float]) -> None:
+        result.search = judged
+        result.drop = float(figures["drop"])
+        result.accuracy = figures.get("accuracy")
+        result.mean_cosine = figures.get("mean_cosine")
+        result.recall_at_10 = figures.get("recall_at_10")
+
+    def hold_out(self, finalists: Sequence[CandidateResult]) -> None:
+        """The finalists judged on the held-out pick part, each paired with the original on those examples."""
+        pick = self.parts("pick")
+        if not pick:
+            return
+        todo, seen = [], set()
+        for r in finalists:  # one per built model: twins share its files and figures
+            if r.held_out is None and r.tier != "distil" and self.built[r.name].index not in seen:
+                seen.add(self.built[r.name].index)
+                todo.append(r)
+        answers = self.pool.judge_more([self.judge_job(r.name, pick) for r in todo])
+        for result, scores in zip(todo, answers, strict=True):
+            self.scores[result.name].update(scores)
+            self.judged["pick"] += sum(len(s.values) for s in scores.values())
+            result.held_out = self.judge.figures([scores[p] for p in pick], pick)[0]
+        for result in finalists:  # twins share their judged twin's figures
+            if result.held_out is None:
+                index = self.built[result.name].index
+                twin = next((r for r in self.results if r.held_out is not None and r.tier != "distil"
+                             and self.built[r.name].index == index), None)
+                result.held_out = None if twin is None else twin.held_out
+
+    def model_of(self, name: str) -> nn.Module:
+        """A candidate's torch model (kept in this process, or read back from the weights its worker wrote)."""
+        if name in self.trained:
+            return self.trained[name]
+        built = self.built[name]
+        result = next(r for r in self.results if r.name == name)
+        return self.pool.model(built.index, result.removal, built.weights, result.int8_float)
+
+    # -- timing ---------------------------------------------------------------------------
+    def time(self, result: CandidateResult, why: str) -> None:
         """Measure ``result``'s speedup side by side with the original on the reference runtime: the
         artefact it was judged on is the one timed (``torch``: the model itself)."""
+        result.timed_because = why
+        if result.measured_speedup is not None:
+            return
         if result.removal.units() == 0 and self.runtime == self.against:
             result.measured_speedup = 1.0  # the original itself
             return
+        model = self.model_of(result.name)
+        directory = self.artefacts.get(result.name)
+        served = self.judge.load(directory, model) if directory is not None else None
         value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime,
-                                              reference_runtime=self.against,
-                                              served=served.model if served.directory is not None else None)
+                                              reference_runtime=self.against, served=served)
         result.measured_speedup = round(value, 4)
         result.speedup_interval = interval
+        for twin in self.results:  # the same cut under another name: the same files, the same time
+            if twin is not result and twin.removal == result.removal and twin.measured_speedup is None:
+                twin.measured_speedup, twin.speedup_interval = result.measured_speedup, interval
         if abs(value - result.predicted_speedup) > PREDICTION_TOLERANCE * value:
             result.notes.append(f"predicted {result.predicted_speedup:.2f}x but measured {value:.2f}x "
                                 f"(more than {PREDICTION_TOLERANCE:.0%} apart)")
 
-    def path_point(self, k: int, *, timed: bool = True, family: str = "path") -> CandidateResult | None:
+    def prediction_error(self) -> float:
+        """The latency table's observed error: the largest |measured / predicted - 1| so far (at least
+        :data:`PREDICTION_TOLERANCE`)."""
+        seen = [abs(r.measured_speedup / r.predicted_speedup - 1.0) for r in self.results
+                if r.measured_speedup is not None and r.predicted_speedup > 0 and r.removal.units() > 0]
+        return max([PREDICTION_TOLERANCE, *seen])
+
+    def time_fastest(self, eligible: Sequence[CandidateResult]) -> None:
+        """Time ``eligible`` fastest predicted first, until the best measured cannot be beaten by any untimed
+        one's prediction with the table's observed error added; what was timed, and why, is recorded."""
+        order = sorted(eligible, key=lambda r: (-r.predicted_speedup, r.name))
+        log: list[dict[str, Any]] = []
+        stopped = None
+        for r in order:
+            best = max((x.measured_speedup for x in eligible if x.measured_speedup is not None), default=None)
+            margin = self.prediction_error()
+            if best is not None and r.measured_speedup is None and r.predicted_speedup * (1 + margin) < best:
+                stopped = (f"stopped before {r.name}: predicted {r.predicted_speedup:.2f}x, even {margin:.1%} faster "
+                           f"(the table's observed error) it cannot beat {best:.2f}x measured")
+                break
+            if r.measured_speedup is None:
+                self.time(r, f"within the drop, predicted {r.predicted_speedup:.2f}x: among the fastest predicted")
+                log.append({"name": r.name, "predicted": r.predicted_speedup, "measured": r.measured_speedup})
+        for r in order:
+            if r.timed_because is None:
+                r.timed_because = ("not timed: " + stopped) if stopped else "not timed"
+        self.timing = {"eligible": len(order), "timed": [e["name"] for e in log],
+                       "order": [r.name for r in order], "margin": round(self.prediction_error(), 4),
+                       "stopped": stopped or "every eligible candidate timed"}
+
+    def path_want(self, k: int, family: str = "path") -> Want:
         path = self.plan.families()[family]
         prefix = family.removesuffix("-path")
-        return self.candidate(f"{prefix}-{k}@{path.speedup_at(k):.2f}x", family, path.removal_at(k), path_step=k,
-                              timed=timed, path=path)
+        return Want(f"{prefix}-{k}@{path.speedup_at(k):.2f}x", family, path.removal_at(k), k, path)
 
     # -- the candidates -------------------------------------------------------------------
     def try_all(self) -> None:
-        path = self.plan.path
-        others = [name for name in self.plan.families() if name != "path"]
         since = time.perf_counter()
-        self.candidate("unchanged", "unchanged", Removal())
-        if isinstance(self.target, SpeedupTarget):
-            goal = self.target.speedup
-            self.around(goal, "path")
-            for family in others:
-                self.around(goal, family, factors=AROUND_TARGET[:1])
-            # Predictions are off by what the table misses: walk on along the path while no point measured fast enough.
-            for _ in range(2):
-                met = [r for r in self.results if (r.measured_speedup or 0) >= goal]
-                timed = [r for r in self.results if r.origin == "path" and r.measured_speedup]
-                if met or not timed:
-                    break
-                fastest = max(timed, key=lambda r: r.measured_speedup or 0)
-                wanted = fastest.predicted_speedup * goal / (fastest.measured_speedup or 1) * 1.02
-                k = path.first_reaching(wanted)
-                if k is None or any(r.origin == "path" and r.path_step == k for r in self.results):
-                    break
-                self.path_point(k)
-            anchor = path.first_reaching(goal) or len(path.steps)
-        else:
-            anchor = self.bisect(self.target.max_drop, "path")
-            if anchor > 0:
-                best = self.path_point(anchor)
-                lower = path.first_reaching(path.speedup_at(anchor) * 0.9)
-                if best is not None and lower is not None and 0 < lower < anchor:
-                    self.path_point(lower)
-            for family in others:
-                found = self.bisect(self.target.max_drop, family)
-                if found > 0:
-                    self.path_point(found, family=family)
-        if anchor > 0:
-            self.layer_drop(path.speedup_at(anchor))
-        if isinstance(self.target, SpeedupTarget) and self.runtime in PRECISION_RUNTIMES:
-            self.precision(self.target.speedup)
-        self.clock.phase("candidates", since)
+        try:
+            first = self.evaluate([Want("unchanged", "unchanged", Removal())])[0]
+            assert first is not None
+            self.time(first, "the unchanged model on the runtime: what every candidate is weighed against")
+            if isinstance(self.target, SpeedupTarget):
+                self.speedup_candidates(self.target.speedup)
+            else:
+                self.drop_candidates(self.target.max_drop)
+        finally:
+            self.clock.phase("candidates", since)
+
+    def speedup_candidates(self, goal: float) -> None:
+        path = self.plan.path
+        wants = [self.path_want(k, family) for family in self.plan.families()
+                 for factor in (AROUND_TARGET if family == "path" else AROUND_TARGET[:1])
+                 if (k := self.plan.families()[family].first_reaching(goal * factor))]
+        for r in self.evaluate(wants):
+            if r is not None:
+                self.time(r, f"--speedup {goal:g}: every candidate is timed to know which reach it")
+        # Predictions are off by what the table misses: walk on along the path while no point measured fast enough.
+        for _ in range(2):
+            met = [r for r in self.results if (r.measured_speedup or 0) >= goal]
+            timed = [r for r in self.results if r.origin == "path" and r.measured_speedup]
+            if met or not timed:
+                break
+            fastest = max(timed, key=lambda r: r.measured_speedup or 0)
+            wanted = fastest.predicted_speedup * goal / (fastest.measured_speedup or 1) * 1.02
+            k = path.first_reaching(wanted)
+            if k is None or any(r.origin == "path" and r.path_step == k for r in self.results):
+                break
+            found = self.evaluate([self.path_want(k)])[0]
+            if found is not None:
+                self.time(found, "the path walked on: no point measured fast enough")
+        anchor = path.first_reaching(goal) or len(path.steps)
+        if anchor > 0 and (drop := self.layer_drop_want(path.speedup_at(anchor))) is not None:
+            for r in self.evaluate([drop]):
+                if r is not None:
+                    self.time(r, "the uniform layer-drop at the chosen point's predicted speed")
+        if self.runtime in PRECISION_RUNTIMES:
+            self.precision(goal)
 
     def precision(self, goal: float) -> None:
         """The precision pass (:mod:`surgery.compress.precision`): at the path point that reaches ``goal``,
@@ -208,39 +420,53 @@ class CandidateRun:
         if not self.clock.fits(2 * self.last_cost):  # gains + costs take about one candidate's time
             self.notes.append("precision pass skipped: the budget has no room for it")
             return
-        choice, rows = precision_choice(path, k, self.models[base.name], self.artefacts[base.name], self.judge,
+        choice, rows = precision_choice(path, k, self.model_of(base.name), self.artefacts[base.name], self.judge,
                                         self.plan, goal)
         self.notes.append(f"precision pass at {base.name}: {len(choice.bought)} fallback(s) worth their cuts "
                           f"({', '.join(b['group'] for b in choice.bought) or 'none'}; best gain per ms: "
                           f"{', '.join(str(r['group']) for r in rows[:3])})")
         if choice.int8_float:
-            self.candidate(f"precision-{choice.step}@{path.speedup_at(choice.step):.2f}x", "precision",
-                           path.removal_at(choice.step), path_step=choice.step, int8_float=choice.int8_float)
+            want = Want(f"precision-{choice.step}@{path.speedup_at(choice.step):.2f}x", "precision",
+                        path.removal_at(choice.step), choice.step, path, list(choice.int8_float))
+            for r in self.evaluate([want]):
+                if r is not None:
+                    self.time(r, f"--speedup {goal:g}: the precision pass's candidate")
 
-    def around(self, goal: float, family: str, *, factors: tuple[float, ...] = AROUND_TARGET) -> None:
-        """The points of one path that first reach each factor of ``goal`` (the target first)."""
-        path = self.plan.families()[family]
-        for factor in factors:
-            k = path.first_reaching(goal * factor)
-            if k is not None and k > 0:
-                self.path_point(k, family=family)
+    def drop_candidates(self, max_drop: float) -> None:
+        """Bisection along every path at once (one probe per path per round, judged together), then the
+        points beside the main path's boundary; nothing is timed here (the pick times what it may pick)."""
+        families = self.plan.families()
+        bracket = {family: [0, len(path.steps)] for family, path in families.items()}
+        judged: dict[str, dict[int, float]] = {family: {0: self.results[0].drop} for family in families}
+        while active := [f for f, (lo, hi) in bracket.items() if lo < hi]:
+            wants = []
+            for family in active:
+                lo, hi = bracket[family]
+                wants.append(self.path_want(guided_step(families[family], lo, hi, judged[family], max_drop), family))
+            for family, want, result in zip(active, wants, self.evaluate(wants), strict=True):
+                k = want.path_step or 0
+                self.search_log.append({"family": family, "step": k, "bracket": list(bracket[family]),
+                                        "drop": None if result is None else result.drop})
+                if result is None:  # out of budget or not runnable: keep what is known to hold
+                    bracket[family][1] = bracket[family][0]
+                    continue
+                judged[family][k] = result.drop
+                if result.drop <= max_drop:
+                    bracket[family][0] = k
+                else:
+                    bracket[family][1] = k - 1
+        anchor = bracket["path"][0]
+        path = self.plan.path
+        extra: list[Want] = []
+        if anchor > 0:
+            lower = path.first_reaching(path.speedup_at(anchor) * 0.9)
+            if lower is not None and 0 < lower < anchor:
+                extra.append(self.path_want(lower))
+            if (drop := self.layer_drop_want(path.speedup_at(anchor))) is not None:
+                extra.append(drop)
+        self.evaluate(extra)
 
-    def bisect(self, max_drop: float, family: str) -> int:
-        """The most steps along a path whose refitted candidate stays within ``max_drop`` (judged, not timed)."""
-        path = self.plan.families()[family]
-        lo, hi = 0, len(path.steps)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            result = self.path_point(mid, timed=False, family=family)
-            if result is None:  # out of budget: keep what is known to hold
-                break
-            if result.drop <= max_drop:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def layer_drop(self, speedup: float) -> None:
+    def layer_drop_want(self, speedup: float) -> Want | None:
         """The uniform layer-drop candidate at (at least) the predicted speed of the chosen path point."""
         path = self.plan.path
 
@@ -248,52 +474,89 @@ class CandidateRun:
             return path.reference_ms / self.plan.table.predict_ms(removal.structure(self.plan.start))
 
         removal = layer_drop_removal(len(self.plan.start.layers), predicted, speedup, sorted(self.plan.costs.layers))
-        if removal is not None:
-            self.candidate(f"layer-drop-{len(removal.layers)}@{predicted(removal):.2f}x", "uniform-layer-drop",
-                           removal)
+        if removal is None:
+            return None
+        return Want(f"layer-drop-{len(removal.layers)}@{predicted(removal):.2f}x", "uniform-layer-drop", removal)
 
     # -- the pick -------------------------------------------------------------------------
+    @staticmethod
+    def held_drop(result: CandidateResult) -> float:
+        """The drop the pick reads: on the held-out examples when judged there, else on the search's."""
+        return result.held_out.drop if result.held_out is not None else result.drop
+
+    @staticmethod
+    def held_high(result: CandidateResult) -> float:
+        """The upper end of the held-out drop's interval (the retained figure's lower end)."""
+        if result.held_out is not None:
+            return result.held_out.drop_interval[1]
+        return result.search.drop_interval[1] if result.search is not None else result.drop
+
     def pick(self) -> tuple[CandidateResult, str, list[str]]:
-        timed = [r for r in self.results if r.measured_speedup is not None]
+        since = time.perf_counter()
+        try:
+            return self.choose()
+        finally:
+            self.clock.phase("pick", since)
+
+    def choose(self) -> tuple[CandidateResult, str, list[str]]:
         warnings: list[str] = []
         metric = "accuracy" if self.plan.objective == "task" else "fidelity (mean cosine)"
+        held = f"{CONFIDENCE:.0%} interval"
         if isinstance(self.target, SpeedupTarget):
             goal = self.target.speedup
+            timed = [r for r in self.results if r.measured_speedup is not None]
             met = [r for r in timed if meets(r, goal)]
+            self.hold_out(met)
             if met:
-                winner = min(met, key=lambda r: (r.drop, -(r.measured_speedup or 0)))
-                why = (f"the smallest {metric} drop ({winner.drop:.2f} points) among the {len(met)} candidate(s) "
-                       f"measured at least {goal:g}x faster (less {MEET_TOLERANCE:.1%})")
+                winner = min(met, key=lambda r: (self.held_drop(r), -(r.measured_speedup or 0)))
+                why = (f"the smallest held-out {metric} drop ({self.held_drop(winner):.2f} points) among the "
+                       f"{len(met)} candidate(s) measured at least {goal:g}x faster (less {MEET_TOLERANCE:.1%})")
                 if (winner.measured_speedup or 0) < goal:
                     why += (f" (its {winner.measured_speedup:.3f}x is below {goal:g}x, within the "
                             f"{MEET_TOLERANCE:.1%} a measurement may miss by)")
             else:
                 winner = max(timed, key=lambda r: (r.measured_speedup or 0, -r.drop))
+                self.hold_out([winner])
                 why = f"no candidate measured {goal:g}x faster; the fastest measured ({winner.measured_speedup:.2f}x)"
                 end = self.plan.path.speedup_at(len(self.plan.path.steps))
                 warnings.append(f"target missed: the fastest candidate measured {winner.measured_speedup:.2f}x, "
                                 f"not {goal:g}x (the path ends at {end:.2f}x predicted, or the budget ran out)")
             limit = self.target.max_drop
+            if limit is not None and self.held_drop(winner) > limit:
+                warnings.append(f"the chosen model loses {self.held_drop(winner):.2f} points of {metric} on the "
+                                f"held-out examples, more than --max-drop {limit:g}")
+            return winner, why, warnings
+        limit = self.target.max_drop
+        # The search's finalists: within the drop on the search's examples; judged again on held-out ones.
+        finalists = [r for r in self.results if r.drop <= limit]
+        self.hold_out(finalists)
+        within = [r for r in finalists if self.held_high(r) <= limit]
+        self.time_fastest(within)
+        timed = [r for r in within if r.measured_speedup is not None]
+        if timed:
+            winner = max(timed, key=lambda r: (r.measured_speedup or 0, -self.held_drop(r)))
+            why = (f"the fastest ({winner.measured_speedup:.2f}x measured) among the {len(within)} candidate(s) whose "
+                   f"held-out {metric} drop stays within {limit:g} points at the upper end of its {held} "
+                   f"({self.held_high(winner):.2f}; {len(timed)} timed, fastest predicted first)")
         else:
-            limit = self.target.max_drop
-            within = [r for r in timed if r.drop <= limit]
-            if within:
-                winner = max(within, key=lambda r: (r.measured_speedup or 0, -r.drop))
-                why = (f"the fastest ({winner.measured_speedup:.2f}x measured) among the {len(within)} candidate(s) "
-                       f"within {limit:g} points of {metric}")
-            else:
-                winner = min(timed, key=lambda r: r.drop)
-                why = f"no candidate within {limit:g} points; the one that lost least ({winner.drop:.2f})"
-        if limit is not None and winner.drop > limit:
-            warnings.append(f"the chosen model loses {winner.drop:.2f} points of {metric} against the original, "
-                            f"more than --max-drop {limit:g}")
+            pool = finalists or [self.results[0]]
+            self.hold_out(pool)
+            winner = min(pool, key=lambda r: (self.held_high(r), -r.predicted_speedup))
+            if winner.measured_speedup is None:
+                self.time(winner, "the one that lost least: no candidate held the drop")
+            why = (f"no candidate within {limit:g} points at the upper end of its held-out {held}; the one that "
+                   f"lost least ({self.held_drop(winner):.2f}, interval up to {self.held_high(winner):.2f})")
+        if self.held_high(winner) > limit:
+            warnings.append(f"the chosen model loses {self.held_drop(winner):.2f} points of {metric} on the held-out "
+                            f"examples (up to {self.held_high(winner):.2f} at its {held}'s end), more than --max-drop "
+                            f"{limit:g}")
         return winner, why, warnings
 
     # -- the training tier ----------------------------------------------------------------
     def train_winner(self, winner: CandidateResult, data: Any, budget_minutes: float | None,
                      seed: int, *, train: bool = True) -> tuple[nn.Module, str, dict[str, Any] | None]:
         """Distil the original into the winner for the whole epochs the budget has left (its name after it)."""
-        model = self.models[winner.name]
+        model = self.model_of(winner.name)
         if not train:
             self.notes.append("training turned off: the refit tier only")
             return model, winner.name, None
@@ -322,16 +585,19 @@ class CandidateRun:
         result = distil(model, self.judge.original, data, epochs=epochs, batch_size=batch, seed=seed,
                         progress=self.emit)
         training.update(steps=result.steps, seconds=round(result.seconds, 2))
-        served = self.judge.serve(model)
-        figures = self.judge.judge(served.model)
+        served = self.judge.serve(model, self.judge.workdir / "distilled")
+        search, pick = self.parts("screen", "rest"), self.parts("pick")
+        judged, figures = self.judge.figures([self.judge.scores(served.model, p) for p in search], search)
+        held = self.judge.figures([self.judge.scores(served.model, p) for p in pick], pick)[0] if pick else None
         trained_result = winner.model_copy(update={
             "name": f"{winner.name}+distil", "tier": "distil", "accuracy": figures.get("accuracy"),
             "mean_cosine": figures.get("mean_cosine"), "recall_at_10": figures.get("recall_at_10"),
             "drop": float(figures["drop"]), "seconds": round(time.perf_counter() - since, 3),
-            "artefact": served.digests,
+            "artefact": served.digests, "search": judged, "held_out": held,
             "notes": [*winner.notes, f"distilled from the original for {epochs} epoch(s); same structure, so the "
                       "same measured speed"]})
         self.results.append(trained_result)
+        self.trained[trained_result.name] = model
         self.artefacts[trained_result.name] = served.directory
         self.clock.phase("training", since)
         return model, trained_result.name, training
@@ -343,9 +609,9 @@ class CandidateRun:
         if final.tier == "distil":
             why += "; then distilled from the original"
             warnings = [w for w in warnings if "more than --max-drop" not in w]
-            if limit is not None and final.drop > limit:
-                warnings.append(f"the chosen model loses {final.drop:.2f} points against the original, more than "
-                                f"--max-drop {limit:g}")
+            if limit is not None and self.held_drop(final) > limit:
+                warnings.append(f"the chosen model loses {self.held_drop(final):.2f} points against the original on "
+                                f"the held-out examples, more than --max-drop {limit:g}")
         notes = list(self.notes)
         if isinstance(cache_note := self.plan.table.measured.get("cache_note"), str):  # the cache was unusable
             notes.append(cache_note)
@@ -364,4 +630,24 @@ class CandidateRun:
             path=_steps(path), units_path=_steps(self.plan.units_path) if self.plan.units_path else [],
             uniform_path=_steps(self.plan.uniform_path) if self.plan.uniform_path else [],
             candidates=self.results, winner=winner, why=why, training=training, phases=clock.phases,
-            seconds=round(time.perf_counter() - clock.start, 3), warnings=warnings, notes=notes)
+            seconds=round(time.perf_counter() - clock.start, 3), warnings=warnings, notes=notes,
+            judging=self.judging_summary(), timing=self.timing, workers=self.pool.workers,
+            worker_threads=self.pool.threads if self.pool.workers > 1 else None)
+
+    def judging_summary(self) -> dict[str, Any]:
+        """How many candidates were judged on what (successive halving and the held-out pick), for the report."""
+        sizes = {name: len(self.judge.reference_scores(name).values) for name in self.parts("screen", "rest", "pick")}
+        built = len({b.index for b in self.built.values()})
+        full = built * (sizes.get("screen", 0) + sizes.get("rest", 0))
+        return {"split": {"search": sizes.get("screen", 0) + sizes.get("rest", 0), "screen": sizes.get("screen", 0),
+                          "pick": sizes.get("pick", 0), "seed": 0, "disjoint": True},
+                "built": built, "screened": self.judged["screen"] // max(sizes.get("screen", 1), 1),
+                "contenders": self.judged["rest"] // max(sizes.get("rest", 1), 1) if sizes.get("rest") else built,
+                "held_out": self.judged["pick"] // max(sizes.get("pick", 1), 1),
+                "examples_judged": {"search": self.judged["screen"] + self.judged["rest"],
+                                    "pick": self.judged["pick"], "every_candidate_on_the_whole_search_part": full},
+                "search_log": self.search_log,
+                "int8_calibration_examples": INT8_CALIBRATION_EXAMPLES if self.runtime.endswith("int8") else None,
+                "max_drop_rule": (None if self.target.max_drop is None else
+                                  f"held by the upper end of the held-out drop's {CONFIDENCE:.0%} paired bootstrap "
+                                  "interval (the retained accuracy's lower end)")}

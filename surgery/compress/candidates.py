@@ -26,10 +26,15 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from surgery.compress.held_out import Judged, paired_drop
 from surgery.compress.removal_path import Removal
 from surgery.compress.structure import Structure
 from surgery.training.refit import RefitResult, refit_projections
-from surgery.training.task_accuracy import accuracy
+from surgery.training.task_accuracy import accuracy, example_correct
+
+#: Examples int8 calibration reads: NNCF's own ``subset_size`` default (``nncf.quantize``), which its
+#: authors size for the statistics the quantizer needs; more only costs time per candidate.
+INT8_CALIBRATION_EXAMPLES = 300
 
 #: ``path``: the search with whole layers; ``units-path``: heads and neurons only; ``uniform-path``: every
 #: layer cut alike; ``unchanged``: the original on the runtime; ``uniform-layer-drop``: every-other
@@ -55,7 +60,13 @@ class CandidateResult(BaseModel):
     accuracy: float | None = Field(default=None, description="dev accuracy (task objective), a fraction")
     mean_cosine: float | None = Field(default=None, description="embedding objective: against the original")
     recall_at_10: float | None = None
-    drop: float = Field(description="points lost against the original: accuracy, or 100 x (1 - mean cosine)")
+    drop: float = Field(description="points lost against the original on the examples the search read: accuracy, "
+                        "or 100 x (1 - mean cosine)")
+    search: Judged | None = Field(default=None, description="the figures the search decided on, on the search's "
+                                  "examples (the screen only, when it was no contender), with the drop's interval")
+    held_out: Judged | None = Field(default=None, description="the figures on the held-out pick examples (finalists "
+                                    "only): what the pick and --max-drop read")
+    timed_because: str | None = Field(default=None, description="why it was timed, or why not")
     seconds: float = 0.0
     artefact: dict[str, str] = Field(default_factory=dict, description="SHA-256 of each file of the runtime "
                                      "artefact it was judged and timed on (empty for torch)")
@@ -113,11 +124,56 @@ class Served:
 
 
 @dataclass
+class PartScores:
+    """One model's per-example scores on one part of the dev data (plain data: it crosses processes).
+
+    ``values``: 1 or 0 per example (labelled right, task) or the cosine to the original's embedding
+    (embedding); ``recall``: recall@10 of the part's nearest neighbours (embedding only).
+    """
+
+    values: list[float]
+    recall: float | None = None
+
+
+def joined(parts: Sequence[PartScores]) -> PartScores:
+    """Several parts' scores as one (recall: weighted by each part's examples).
+
+    Example:
+        >>> joined([PartScores([1.0, 0.0], 1.0), PartScores([1.0], 0.7)]).values
+        [1.0, 0.0, 1.0]
+    """
+    values = [v for p in parts for v in p.values]
+    recalls = [(p.recall, len(p.values)) for p in parts if p.recall is not None]
+    recall = sum(r * n for r, n in recalls) / sum(n for _, n in recalls) if recalls else None
+    return PartScores(values, recall)
+
+
+def int8_calibration(batches: Sequence[Mapping[str, torch.Tensor]],
+                     examples: int = INT8_CALIBRATION_EXAMPLES) -> list[Mapping[str, torch.Tensor]]:
+    """The first batches of ``batches`` that hold at least ``examples`` examples (all if they hold fewer).
+
+    Example:
+        >>> batches = [{"input_ids": torch.zeros(32, 4)}] * 16
+        >>> len(int8_calibration(batches))
+        10
+    """
+    kept, seen = [], 0
+    for batch in batches:
+        if seen >= examples:
+            break
+        kept.append(batch)
+        seen += int(batch["input_ids"].shape[0])
+    return kept
+
+
+@dataclass
 class Judge:
     """Everything a candidate is built and judged with: the original, the data, the runtime.
 
     ``dev`` is the labelled dev batches (task objective), ``texts`` the held-out texts (embedding);
-    ``calibration`` the training batches the refit reads, ``smoothing`` those int8 smoothing reads.
+    ``calibration`` the training batches the refit reads, ``smoothing`` those int8 calibration reads
+    (the first :data:`INT8_CALIBRATION_EXAMPLES` of them). ``parts`` splits the dev data
+    (:mod:`surgery.compress.held_out`): part name -> its batches (task) or texts (embedding).
     """
 
     original: nn.Module
@@ -132,9 +188,11 @@ class Judge:
     sentence: Any = None
     max_length: int | None = None
     threads: int | None = None
+    parts: dict[str, list[Any]] = field(default_factory=dict)
     _teacher_cache: Any = None
     _calibration_reference: list[torch.Tensor] | None = None
     _reference: dict[str, float] | None = None
+    _reference_parts: dict[str, PartScores] = field(default_factory=dict)
     _exports: int = 0
 
     def reference(self) -> dict[str, float]:
@@ -186,28 +244,35 @@ class Judge:
         value, _ = objective_value(model, self.calibration, self.objective, pooled, self._calibration_reference)
         return value
 
-    def serve(self, model: nn.Module) -> Served:
+    def serve(self, model: nn.Module, out: Path | None = None) -> Served:
         """``model`` as it will run: itself where the runtime runs it as is (``torch``), else the runtime's artefact
         written and loaded.
 
         The artefact (ONNX graph, OpenVINO IR, bf16 weights ...) is written by the runtime
-        (:meth:`surgery.runtimes.Runtime.write_artefact`, int8 ones calibrated on ``smoothing``, the
-        user's training batches) into its own directory under ``workdir`` and loaded from there, so the
-        candidate is judged and timed on exactly the files a user would deploy; their SHA-256 digests
-        are kept, and the winner's directory is the one ``compress`` hands back.
+        (:meth:`surgery.runtimes.Runtime.write_artefact`, int8 ones calibrated on the first
+        :data:`INT8_CALIBRATION_EXAMPLES` of ``smoothing``, the user's training batches) into ``out``
+        (default: its own directory under ``workdir``) and loaded from there, so the candidate is
+        judged and timed on exactly the files a user would deploy; their SHA-256 digests are kept,
+        and the winner's directory is the one ``compress`` hands back.
         """
         from surgery.runtimes import get_runtime
 
         runtime = get_runtime(self.runtime)
         if runtime.as_is:
             return Served(model, None, {})
-        self._exports += 1
-        out = self.workdir / f"candidate-{self._exports}"
-        calibration = (self.smoothing or self.calibration) if runtime.needs_calibration else None
+        if out is None:
+            self._exports += 1
+            out = self.workdir / f"candidate-{self._exports}"
+        calibration = int8_calibration(self.smoothing or self.calibration) if runtime.needs_calibration else None
         artefact = runtime.write_artefact(model, out, task="base" if self.objective == "embedding" else "auto",
                                           calibration=calibration, threads=self.threads)
-        loaded = runtime.load(artefact.directory, config=model.config, threads=self.threads)
-        return Served(loaded, artefact.directory, file_digests(artefact.directory))
+        return Served(self.load(artefact.directory, model), artefact.directory, file_digests(artefact.directory))
+
+    def load(self, directory: Path, model: nn.Module) -> nn.Module:
+        """The runtime artefact in ``directory`` (written for ``model``) loaded to run, on this judge's threads."""
+        from surgery.runtimes import get_runtime
+
+        return get_runtime(self.runtime).load(directory, config=model.config, threads=self.threads)
 
     def on_runtime(self, model: nn.Module) -> nn.Module:
         """``model`` as it will run (:meth:`serve`), without the artefact's whereabouts."""
@@ -218,17 +283,58 @@ class Judge:
         if self.objective == "task":
             acc = accuracy(model, self.dev)
             return {"accuracy": acc, "drop": round(100.0 * (self.reference()["accuracy"] - acc), 4)}
-        from surgery.embedding.evaluate import TeacherCache, evaluate_embeddings
-        from surgery.embedding.pooling import SentenceConfig
+        from surgery.embedding.evaluate import evaluate_embeddings
 
-        config = self.sentence or SentenceConfig()
-        if self._teacher_cache is None:
-            self._teacher_cache = TeacherCache(self.original, self.tokenizer, config, self.max_length)
         k = max(1, min(10, len(self.texts) - 1))
-        report = evaluate_embeddings(model, self._teacher_cache, self.tokenizer, self.texts, config, k=k,
-                                     max_length=self.max_length)
+        report = evaluate_embeddings(model, self.teacher_cache(), self.tokenizer, self.texts, self.sentence_config(),
+                                     k=k, max_length=self.max_length)
         return {"mean_cosine": report.mean_cosine, "recall_at_10": report.recall_at_k,
                 "drop": round(100.0 * (1.0 - report.mean_cosine), 4)}
+
+    def sentence_config(self) -> Any:
+        from surgery.embedding.pooling import SentenceConfig
+
+        return self.sentence or SentenceConfig()
+
+    def teacher_cache(self) -> Any:
+        """The original's embeddings, computed once per text for every candidate judged here."""
+        from surgery.embedding.evaluate import TeacherCache
+
+        if self._teacher_cache is None:
+            self._teacher_cache = TeacherCache(self.original, self.tokenizer, self.sentence_config(), self.max_length)
+        return self._teacher_cache
+
+    def scores(self, model: nn.Module, part: str) -> PartScores:
+        """Per-example scores of ``model`` (already on its runtime) on the dev part ``part``."""
+        if self.objective == "task":
+            return PartScores(example_correct(model, self.parts[part]).float().tolist())
+        from surgery.embedding.evaluate import TeacherCache, retrieval_agreement
+
+        texts = self.parts[part]
+        student = TeacherCache(model, self.tokenizer, self.sentence_config(), self.max_length).embed(texts)
+        teacher = self.teacher_cache().embed(texts)
+        cosines = torch.nn.functional.cosine_similarity(student.float(), teacher.float(), dim=1)
+        k = min(10, len(texts) - 1)
+        return PartScores(cosines.tolist(), retrieval_agreement(student, teacher, k) if k >= 1 else None)
+
+    def reference_scores(self, part: str) -> PartScores:
+        """The original's own per-example scores on ``part`` (PyTorch fp32; 1 per text for embeddings)."""
+        if part not in self._reference_parts:
+            if self.objective == "task":
+                self._reference_parts[part] = self.scores(self.original, part)
+            else:
+                self._reference_parts[part] = PartScores([1.0] * len(self.parts[part]), 1.0)
+        return self._reference_parts[part]
+
+    def figures(self, scores: Sequence[PartScores], parts: Sequence[str]) -> tuple[Judged, dict[str, float]]:
+        """``scores`` of ``parts`` against the original's on the same examples: the paired drop with its
+        interval, and the figures a :class:`CandidateResult` carries."""
+        mine, base = joined(scores), joined([self.reference_scores(p) for p in parts])
+        judged = paired_drop(base.values, mine.values)
+        if self.objective == "task":
+            return judged, {"accuracy": judged.value, "drop": judged.drop}
+        recall = mine.recall if mine.recall is not None else math.nan
+        return judged, {"mean_cosine": judged.value, "recall_at_10": recall, "drop": judged.drop}
 
 
 def layer_drop_removal(num_layers: int, structure_speedup: Callable[[Removal], float], target: float,

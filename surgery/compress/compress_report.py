@@ -100,6 +100,13 @@ class CompressReport(BaseModel):
                                            "whether it was searched and what its search found")
     artefact: dict[str, str] = Field(default_factory=dict, description="SHA-256 of each file of the winner's runtime "
                                      "artefact, the one judged and timed and the one saved (empty for torch)")
+    judging: dict[str, Any] = Field(default_factory=dict, description="the dev split (search, its screen, the "
+                                    "held-out pick part), how many candidates were judged on what, the search's "
+                                    "probes, and the rule --max-drop is held by")
+    timing: dict[str, Any] = Field(default_factory=dict, description="--max-drop: the candidates within the drop in "
+                                   "order of predicted speed, which were timed, and why timing stopped")
+    workers: int = Field(default=1, description="processes candidates were built and judged in (timing: this one)")
+    worker_threads: int | None = Field(default=None, description="threads each worker ran with")
 
     def winner_result(self) -> CandidateResult | None:
         return next((c for c in self.candidates if c.name == self.winner), None)

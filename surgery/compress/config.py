@@ -81,6 +81,9 @@ class CompressConfig(BaseModel):
     threads: int | None = Field(default=None, ge=1, description="CPU threads every runtime is held to")
     stock: bool = Field(default=False, description="keep to what a stock transformers config can say")
     seed: int = Field(default=0, description="seed of the training tier")
+    workers: int | None = Field(default=None, ge=1, description="processes candidates are built and judged in "
+                                "(timing stays in one); default: one per available core up to 4, one for a tiny "
+                                "model; each worker gets cores // workers threads")
     max_cut: float = Field(default=4.0, gt=1.0, description="--runtime auto: the largest structural cut (its "
                            "speedup in one runtime) searched for; a runtime whose unchanged ratio times this cannot "
                            "reach --speedup is not searched")

@@ -7,6 +7,7 @@ import it from here, so neither imports the other.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import weakref
@@ -15,10 +16,12 @@ from typing import Any
 
 from torch import nn
 
+from surgery.compress.candidate_pool import default_workers
 from surgery.compress.candidate_run import CandidateRun
 from surgery.compress.candidates import Judge
 from surgery.compress.compress_report import CompressResult
 from surgery.compress.config import CompressConfig
+from surgery.compress.held_out import DevSplit, split_dev
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
 from surgery.compress.mask_fisher import ObjectiveName, UnitCosts
 from surgery.compress.plan import CALIBRATION_BATCH, Clock, check_arguments, data_objective, plan_compress
@@ -44,6 +47,30 @@ def dev_source(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: 
     return list(source.loader(split, batch_size=batch_size)), []
 
 
+def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int,
+              dev: list[Any], texts: list[str]) -> tuple[dict[str, list[Any]], DevSplit]:
+    """The dev data split (:func:`surgery.compress.held_out.split_dev`) into the search's screen, the rest of
+    the search's part and the held-out pick part: texts (embedding) or batches of those examples (task)."""
+    if objective == "embedding":
+        split = split_dev(len(texts))
+        return {name: [texts[i] for i in getattr(split, name)] for name in ("screen", "rest", "pick")}, split
+    source = eval_data if eval_data is not None else data
+    name = "eval" if getattr(source, "eval", None) is not None else "train"
+    table = getattr(source, name)
+    if dataclasses.is_dataclass(source) and hasattr(table, "select"):  # TaskData: the examples themselves
+        split = split_dev(len(table))
+
+        def batches(indices: tuple[int, ...]) -> list[Any]:
+            if not indices:
+                return []
+            part = dataclasses.replace(source, **{name: table.select(list(indices))})
+            return list(part.loader(name, batch_size=batch_size))
+
+        return {part: batches(getattr(split, part)) for part in ("screen", "rest", "pick")}, split
+    split = split_dev(len(dev))  # a loader only: whole batches split
+    return {part: [dev[i] for i in getattr(split, part)] for part in ("screen", "rest", "pick")}, split
+
+
 def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime: str, eval_data: Any = None,
                 latency: LatencySource | None = None, progress: ProgressCallback | None = None,
                 clock: Clock, costs: UnitCosts | None = None) -> tuple[CompressResult, UnitCosts]:
@@ -56,8 +83,10 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
     model.eval()
     try:
         # The held-out data is checked before any work: without it no candidate can be judged.
-        dev, texts = dev_source(data, eval_data, data_objective(data, config.objective),
-                                 config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH)))
+        objective = data_objective(data, config.objective)
+        batch = config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
+        dev, texts = dev_source(data, eval_data, objective, batch)
+        parts, split = dev_parts(data, eval_data, objective, batch, dev, texts)
         if type(model).__name__.endswith("ForSequenceClassification"):  # ids numbered as the head reads them
             for name, source in (("compress: the data", data), ("compress: the eval data", eval_data)):
                 check_label_order(model.config, getattr(source, "label_names", None) or [], name)
@@ -73,10 +102,16 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
             judge = Judge(original=model, objective=plan.objective, runtime=runtime, calibration=plan.calibration,
                           smoothing=plan.smoothing, workdir=Path(tmp), dev=dev, texts=texts,
                           tokenizer=getattr(data, "tokenizer", None), sentence=getattr(data, "sentence_config", None),
-                          max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=config.threads)
-            run = CandidateRun(plan, judge, source, clock, emit, config.target, runtime, config.against_runtime)
-            run.try_all()
-            winner, why, warnings = run.pick()
+                          max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=config.threads,
+                          parts=parts)
+            workers = config.workers or default_workers(model)
+            run = CandidateRun(plan, judge, source, clock, emit, config.target, runtime, config.against_runtime,
+                               split=split, workers=workers, threads=config.threads)
+            try:
+                run.try_all()
+                winner, why, warnings = run.pick()
+            finally:
+                run.pool.close()
             final_model, winner_name, training = run.train_winner(winner, data, budget_minutes, config.seed,
                                                                   train=config.train)
             # The judged files themselves leave the work directory (moved, never written again).

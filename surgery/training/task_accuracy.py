@@ -15,6 +15,41 @@ ClassLogits = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
 
 
 @torch.no_grad()
+def example_correct(model: nn.Module, loader: Iterable[Mapping[str, Any]], *,
+                    progress: Callable[[int, int | None], None] | None = None,
+                    prepare: Prepare | None = None, class_logits: ClassLogits | None = None) -> torch.Tensor:
+    """Whether ``model`` labels each example of ``loader`` right: a bool tensor, one entry per example in order.
+
+    The per-example form of :func:`accuracy` (same arguments): a paired comparison of two models on
+    the same examples, or a bootstrap over them, needs the examples, not only their mean.
+
+    Example:
+        >>> import datasets
+        >>> from surgery.data.task_data import TaskData
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
+        >>> loader = TaskData(rows, rows, ["a", "b", "c"]).loader()
+        >>> example_correct(tiny_model(TinySpec("bert", task="seq-cls")), loader).shape
+        torch.Size([4])
+    """
+    was_training = model.training
+    model.eval()
+    found: list[torch.Tensor] = []
+    n_batches = len(loader) if hasattr(loader, "__len__") else None
+    try:
+        for n, batch in enumerate(batches_on(loader, model_device(model))):
+            if prepare is not None:
+                batch = prepare(batch)
+            outputs = model(**{k: v for k, v in batch.items() if k != "labels"})
+            logits = class_logits(outputs, batch) if class_logits is not None else outputs.logits
+            found.append((logits.argmax(-1) == batch["labels"]).flatten().cpu())
+            if progress is not None:
+                progress(n + 1, n_batches)
+    finally:
+        model.train(was_training)
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.bool)
+
+
 def accuracy(model: nn.Module, loader: Iterable[Mapping[str, Any]], *,
              progress: Callable[[int, int | None], None] | None = None,
              prepare: Prepare | None = None, class_logits: ClassLogits | None = None) -> float:
@@ -33,20 +68,5 @@ def accuracy(model: nn.Module, loader: Iterable[Mapping[str, Any]], *,
         >>> 0.0 <= accuracy(tiny_model(TinySpec("bert", task="seq-cls")), loader) <= 1.0
         True
     """
-    was_training = model.training
-    model.eval()
-    correct = total = 0
-    n_batches = len(loader) if hasattr(loader, "__len__") else None
-    try:
-        for n, batch in enumerate(batches_on(loader, model_device(model))):
-            if prepare is not None:
-                batch = prepare(batch)
-            outputs = model(**{k: v for k, v in batch.items() if k != "labels"})
-            logits = class_logits(outputs, batch) if class_logits is not None else outputs.logits
-            correct += int((logits.argmax(-1) == batch["labels"]).sum())
-            total += int(batch["labels"].numel())
-            if progress is not None:
-                progress(n + 1, n_batches)
-    finally:
-        model.train(was_training)
-    return correct / total if total else float("nan")
+    correct = example_correct(model, loader, progress=progress, prepare=prepare, class_logits=class_logits)
+    return float(correct.float().mean()) if correct.numel() else float("nan")

@@ -1,0 +1,112 @@
+"""`surgery compress --max-drop 1 --runtime openvino-int8` on MiniLM-L6 with --workers 1 and --workers 2.
+
+Issue 39's targets for the candidate phase: ``--workers 2`` at least 1.6x faster than ``--workers 1``
+with the chosen model unchanged, and the whole job within 8 minutes. Issue 36's held-out pick: the
+winner's **test** accuracy (a split that chose nothing) against the fine-tuned model's, beside the
+held-out interval compress reported.
+
+The fine-tuned model comes from the suite (experiments/compress/README.md's first command, for one
+task and seed). The runs go one after another in this process, the latency table cached by the first
+(the second reads it: compare the ``candidates`` phase, and the whole job of the second). The machine
+is shared: the 1-minute load average is recorded before and after each run, with the CPU.
+
+Run from the repository root::
+
+    nice python experiments/suite/bench_suite.py --steps train --methods finetuned --tasks rt-sentiment \\
+        --max-train 2000 --max-dev 400 --max-test 1000 --seeds 0 --baseline-epochs 2 --threads 1 \\
+        --work WORK --out WORK/finetuned.json
+    nice python experiments/compress_cost/pick_workers.py --work WORK --workers 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
+import surgery
+from experiments.compress.bench_compress import _commit
+from experiments.compress_runtimes.bench_compress_runtimes import log_progress, served_artefact
+from experiments.tasks import load_suite_task
+from surgery.compress.config import CompressConfig
+from surgery.measure.machine import machine_info
+from surgery.persist.assets import resolve_model_path
+from surgery.training import accuracy
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "experiments" / "compress_cost" / "pick_workers.json"
+
+
+def one_run(args: argparse.Namespace, workers: int, task: Any, original: Any, base_test: float) -> dict[str, Any]:
+    """One compress run with ``workers``: its phases, winner, judging counts and the winner's test accuracy."""
+    torch.manual_seed(args.seed)
+    config = CompressConfig(max_drop=args.max_drop, runtime=args.runtime, threads=args.threads, workers=workers,
+                            seed=args.seed, train=False)
+    load_before = list(os.getloadavg())
+    start = time.perf_counter()
+    result = surgery.compress(original, task.data, config, progress=log_progress)
+    seconds = time.perf_counter() - start
+    load_after = list(os.getloadavg())
+    report = result.report
+    winner = report.winner_result()
+    test = accuracy(served_artefact(result, args.threads or 1), task.test_data().loader("eval"))
+    return {"workers": workers, "worker_threads": report.worker_threads, "seconds": round(seconds, 1),
+            "phases": report.phases, "winner": report.winner,
+            "winner_measured_speedup": winner.measured_speedup if winner else None,
+            "winner_held_out": winner.held_out.model_dump() if winner and winner.held_out else None,
+            "finetuned_test": base_test, "test": test, "retained_test": 100.0 * test / base_test,
+            "candidates": len(report.candidates), "judging": {k: v for k, v in report.judging.items()
+                                                               if k != "search_log"},
+            "timing": report.timing, "load_average_before": load_before, "load_average_after": load_after,
+            "warnings": report.warnings}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True, help="the suite's WORK (TASK/SEED/finetuned)")
+    parser.add_argument("--task", default="rt-sentiment")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--max-drop", type=float, default=1.0)
+    parser.add_argument("--runtime", default="openvino-int8")
+    parser.add_argument("--threads", type=int, default=None, help="timing threads (default: every core)")
+    parser.add_argument("--max-train", type=int, default=2000)
+    parser.add_argument("--max-dev", type=int, default=400)
+    parser.add_argument("--max-test", type=int, default=1000)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
+    task = load_suite_task(args.task, tokenizer, seed=args.seed, max_train=args.max_train, max_dev=args.max_dev,
+                           max_test=args.max_test)
+    original = surgery.from_pretrained(args.work / args.task / str(args.seed) / "finetuned",
+                                       model_class="AutoModelForSequenceClassification").eval()
+    base_test = accuracy(original, task.test_data().loader("eval"))
+    runs = [one_run(args, w, task, original, base_test) for w in args.workers]
+    by = {r["workers"]: r for r in runs}
+    summary: dict[str, Any] = {}
+    if 1 in by and 2 in by:
+        one, two = by[1], by[2]
+        summary = {"candidate_phase_speedup": round(one["phases"]["candidates"] / two["phases"]["candidates"], 3),
+                   "candidate_phase_target": ">= 1.6x",
+                   "same_winner": one["winner"] == two["winner"],
+                   "whole_job_minutes_workers_2": round(two["seconds"] / 60, 2), "whole_job_target": "<= 8 minutes"}
+    out = {"command": f"compress --max-drop {args.max_drop:g} --runtime {args.runtime} --no-train "
+                      f"(task {args.task}, seed {args.seed}, {args.max_train} training examples, {args.max_dev} dev, "
+                      f"{args.max_test} test)",
+           "commit": _commit(), "machine": machine_info().model_dump(mode="json"), "cores": os.cpu_count(),
+           "summary": summary, "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Candidates built and judged in parallel worker processes; timing stays in the parent, one at a time.
+
+Candidates are independent: each is cut, refitted, written as the runtime's artefact (NNCF int8 for
+``openvino-int8``) and judged on the dev data. :class:`CandidatePool` runs those jobs in a
+:class:`concurrent.futures.ProcessPoolExecutor` with the ``spawn`` start method (a fork of a process
+holding OpenMP/OpenVINO threads is unsafe), each worker held to ``cores // workers`` threads. Timing
+is never done here: the parent times one candidate at a time so measurements stay clean.
+
+What crosses processes: the original and every built model as safetensors files in the run's own
+temporary directory (saved by :func:`surgery.persist.model_io.save_pretrained`, read back by
+:func:`surgery.persist.model_io.from_pretrained`: no pickle of a module), the batches as one
+safetensors file, the texts and settings as JSON; jobs and answers are plain data classes.
+With one worker the jobs run in this process, on the caller's objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgery.compress.candidates import Judge, PartScores, apply_removal
+from surgery.compress.removal_path import Removal
+from surgery.core.errors import SurgeryError
+
+#: The most workers chosen by default: each holds a copy of the model and its quantizer's statistics.
+MAX_DEFAULT_WORKERS = 4
+#: Below this many parameters one candidate costs less than starting a worker (importing torch and the
+#: runtime): the default is then one process.
+POOL_MIN_PARAMS = 2_000_000
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and ``taskset`` narrow).
+
+    Example:
+        >>> available_cores() >= 1
+        True
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def default_workers(model: nn.Module, cores: int | None = None) -> int:
+    """Workers when none are asked for: one per core up to :data:`MAX_DEFAULT_WORKERS`; one for a tiny model.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> default_workers(tiny_model(TinySpec("bert")), cores=8)
+        1
+    """
+    if sum(p.numel() for p in model.parameters()) < POOL_MIN_PARAMS:
+        return 1
+    return max(1, min(cores or available_cores(), MAX_DEFAULT_WORKERS))
+
+
+def worker_threads(workers: int, threads: int | None, cores: int | None = None) -> int:
+    """Threads each worker runs with: the cores shared out (``threads`` caps it when given).
+
+    Example:
+        >>> worker_threads(2, None, cores=16), worker_threads(4, 2, cores=16), worker_threads(8, None, cores=2)
+        (8, 2, 1)
+    """
+    share = max(1, (cores or available_cores()) // max(workers, 1))
+    return min(share, threads) if threads is not None else share
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """Build candidate ``index`` (cut, refit, the runtime's artefact) and judge it on ``parts``."""
+
+    index: int
+    removal: dict[str, Any]
+    refit: bool
+    parts: tuple[str, ...]
+    int8_float: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class JudgeJob:
+    """Judge the already built candidate ``index`` on more ``parts`` (its artefact, or its weights for torch)."""
+
+    index: int
+    removal: dict[str, Any]
+    directory: str | None
+    weights: str | None
+    parts: tuple[str, ...]
+    int8_float: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Built:
+    """What a build job hands back: scores per part, where the files are, what happened."""
+
+    index: int
+    scores: dict[str, PartScores] = field(default_factory=dict)
+    refitted: bool = False
+    notes: list[str] = field(default_factory=list)
+    directory: str | None = None
+    digests: dict[str, str] = field(default_factory=dict)
+    weights: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple[Built, nn.Module | None]:
+    """Cut, refit, serve and judge one candidate with ``judge``; its torch model saved to a file or returned."""
+    started = time.perf_counter()
+    removal = Removal.model_validate(job.removal)
+    model, refitted, notes = judge.build(removal, refit=job.refit)
+    if job.int8_float:  # the precision pass's map: those op groups stay float in the int8 artefact
+        from surgery.compress.precision import precision_build
+
+        notes += precision_build(model, judge, job.int8_float)
+    out = judge.workdir / f"candidate-{job.index}"
+    try:
+        served = judge.serve(model, out / "artefact")
+    except (RuntimeError, ValueError, SurgeryError) as exc:
+        if removal.units() == 0:  # the unchanged model must run: nothing to compare with otherwise
+            raise
+        # A structure the runtime cannot run (an FFN cut to width 0 on OpenVINO): skipped and said so.
+        return Built(job.index, error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}",
+                     seconds=time.perf_counter() - started), None
+    scores = {part: judge.scores(served.model, part) for part in job.parts}
+    built = Built(job.index, scores, refitted is not None, notes,
+                  None if served.directory is None else str(served.directory), served.digests)
+    if save_weights:
+        from safetensors.torch import save_model
+
+        out.mkdir(parents=True, exist_ok=True)
+        built.weights = str(out / "weights.safetensors")
+        save_model(model, built.weights)
+        model = None
+    built.seconds = time.perf_counter() - started
+    return built, model
+
+
+def rebuilt(original: nn.Module, removal: Removal, weights: str, int8_float: Sequence[str] = ()) -> nn.Module:
+    """The candidate a worker built: the original cut by ``removal`` (the same registered steps), its weights
+    read, and its precision map recorded again (the weights file holds tensors only)."""
+    from safetensors.torch import load_model
+
+    model = copy.deepcopy(original)
+    apply_removal(model, removal)
+    load_model(model, weights)
+    if int8_float:
+        from surgery.core.manifest import set_int8_float
+
+        set_int8_float(model, list(int8_float))
+    return model.eval()
+
+
+def judge_candidate(judge: Judge, job: JudgeJob, model: nn.Module | None = None) -> dict[str, PartScores]:
+    """Scores of an already built candidate on more parts, read back from its files (or ``model``, in process)."""
+    if model is None:
+        assert job.weights is not None
+        model = rebuilt(judge.original, Removal.model_validate(job.removal), job.weights, job.int8_float)
+    served = model if job.directory is None else judge.load(Path(job.directory), model)
+    return {part: judge.scores(served, part) for part in job.parts}
+
+
+# -- the worker side ----------------------------------------------------------------------------
+_WORKER: dict[str, Judge] = {}
+
+
+def write_shared(judge: Judge, directory: Path) -> Path:
+    """The files a worker rebuilds ``judge`` from: the original (safetensors), the batches, the settings."""
+    from safetensors.torch import save_file
+
+    from surgery.persist.model_io import save_pretrained
+
+    save_pretrained(judge.original, directory / "original")
+    if judge.tokenizer is not None and judge.objective == "embedding":
+        judge.tokenizer.save_pretrained(directory / "tokenizer")
+    tensors: dict[str, torch.Tensor] = {}
+    groups = {"calibration": judge.calibration, "smoothing": judge.smoothing}
+    if judge.objective == "task":
+        groups.update({f"part.{name}": batches for name, batches in judge.parts.items()})
+    for group, batches in groups.items():
+        for i, batch in enumerate(batches):
+            for key, value in batch.items():
+                tensors[f"{group}/{i}/{key}"] = value.contiguous()
+    save_file(tensors, str(directory / "batches.safetensors"))
+    settings = {"objective": judge.objective, "runtime": judge.runtime, "workdir": str(judge.workdir),
+                "max_length": judge.max_length, "parts": list(judge.parts),
+                "texts": judge.parts if judge.objective == "embedding" else {},
+                "sentence": judge.sentence.to_dict() if judge.sentence is not None else None}
+    (directory / "settings.json").write_text(json.dumps(settings))
+    return directory
+
+
+def read_shared(directory: Path, threads: int) -> Judge:
+    """The :class:`Judge` :func:`write_shared` wrote, for a worker held to ``threads`` threads."""
+    from safetensors.torch import load_file
+
+    from surgery.persist.model_io import from_pretrained
+    from surgery.persist.tokenizer_files import read_tokenizer
+
+    settings = json.loads((directory / "settings.json").read_text())
+    flat = load_file(str(directory / "batches.safetensors"))
+    groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for key, value in flat.items():
+        group, index, name = key.split("/")
+        groups.setdefault(group, {}).setdefault(int(index), {})[name] = value
+
+    def batches(group: str) -> list[dict[str, torch.Tensor]]:
+        found = groups.get(group, {})
+        return [found[i] for i in sorted(found)]
+
+    sentence = None
+    if settings["sentence"] is not None:
+        from surgery.embedding.pooling import SentenceConfig
+
+        raw = settings["sentence"]
+        sentence = SentenceConfig(**{**raw, "modes": tuple(raw["modes"])})
+    parts: dict[str, list[Any]] = ({name: batches(f"part.{name}") for name in settings["parts"]}
+                                   if settings["objective"] == "task" else dict(settings["texts"]))
+    original = from_pretrained(directory / "original").eval()
+    tokenizer = read_tokenizer(directory / "tokenizer") if (directory / "tokenizer").exists() else None
+    return Judge(original=original, objective=settings["objective"], runtime=settings["runtime"],
+                 calibration=batches("calibration"), workdir=Path(settings["workdir"]),
+                 smoothing=batches("smoothing"), tokenizer=tokenizer, sentence=sentence,
+                 max_length=settings["max_length"], threads=threads, parts=parts)
+
+
+def start_worker(shared: str, threads: int) -> None:
+    """A worker's start: its thread count, then the judge from the shared files (once per process)."""
+    torch.set_num_threads(threads)
+    _WORKER["judge"] = read_shared(Path(shared), threads)
+
+
+def worker_build(job: BuildJob) -> Built:
+    return build_candidate(_WORKER["judge"], job, save_weights=True)[0]
+
+
+def worker_judge(job: JudgeJob) -> dict[str, PartScores]:
+    return judge_candidate(_WORKER["judge"], job)
+
+
+class CandidatePool:
+    """Build and judge jobs, in this process (one worker) or in ``workers`` spawned processes.
+
+    Answers come back in the order of the jobs whatever order they finish in, so the search that
+    reads them decides the same way with any number of workers.
+    """
+
+    def __init__(self, judge: Judge, workers: int, threads: int | None = None) -> None:
+        self.judge, self.workers = judge, max(1, workers)
+        self.threads = worker_threads(self.workers, threads)
+        self.executor: ProcessPoolExecutor | None = None
+        #: candidate index -> its torch model, for jobs run in this process
+        self.models: dict[int, nn.Module] = {}
+
+    def start(self) -> None:
+        if self.workers == 1 or self.executor is not None:
+            return
+        shared = write_shared(self.judge, self.judge.workdir / "shared")
+        self.executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
+                                            initializer=start_worker, initargs=(str(shared), self.threads))
+
+    def build(self, jobs: Sequence[BuildJob]) -> list[Built]:
+        if not jobs:
+            return []
+        if self.workers == 1 or (len(jobs) == 1 and self.executor is None):
+            answers = []
+            for job in jobs:
+                built, model = build_candidate(self.judge, job, save_weights=False)
+                if model is not None:
+                    self.models[job.index] = model
+                answers.append(built)
+            return answers
+        self.start()
+        assert self.executor is not None
+        return list(self.executor.map(worker_build, jobs))
+
+    def judge_more(self, jobs: Sequence[JudgeJob]) -> list[dict[str, PartScores]]:
+        if not jobs:
+            return []
+        if self.executor is None or len(jobs) == 1:
+            return [judge_candidate(self.judge, job, self.models.get(job.index)) for job in jobs]
+        return list(self.executor.map(worker_judge, jobs))
+
+    def model(self, index: int, removal: Removal, weights: str | None, int8_float: Sequence[str] = ()) -> nn.Module:
+        """Candidate ``index``'s torch model: kept in this process, or read back from its weights."""
+        if index not in self.models:
+            assert weights is not None
+            self.models[index] = rebuilt(self.judge.original, removal, weights, int8_float)
+        return self.models[index]
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+            self.executor = None
+

@@ -1,0 +1,122 @@
+"""The dev data split in two: a part the search fits, a held-out part that only judges the finalists.
+
+A pick fitted to the examples that also chose it lands under the bar on new data (the failure NNCF's
+accuracy control is known for on small data). So the dev examples are split once, by a seeded
+permutation, into the *search* part (bisection, screening, every decision of the search) and the
+*pick* part (read only for the finalists). Figures on the pick part carry a paired bootstrap
+interval of the drop against the original on the same examples, and ``--max-drop`` is held by its
+upper end (the retained accuracy's lower end).
+
+Successive halving reads the search part in two rungs: every candidate on a *screen* subset first,
+only the contenders on the whole search part.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, Field
+
+#: The share of the dev examples held out for the pick (the rest is the search's).
+PICK_SHARE = 0.5
+#: The two-sided confidence of the drop's interval (its upper end is a one-sided 95% bound).
+CONFIDENCE = 0.9
+#: Bootstrap resamples of the paired per-example differences.
+BOOTSTRAP_ROUNDS = 2000
+#: The share of the search part every candidate is screened on, and the fewest examples a screen reads.
+SCREEN_SHARE = 0.3
+MIN_SCREEN = 32
+
+
+@dataclass(frozen=True)
+class DevSplit:
+    """Indices of the dev examples: ``screen`` ⊂ ``search``, ``pick`` disjoint from both."""
+
+    search: tuple[int, ...]
+    pick: tuple[int, ...]
+    screen: tuple[int, ...]
+
+    @property
+    def rest(self) -> tuple[int, ...]:
+        """The search examples a screen did not read (a contender's second rung)."""
+        seen = set(self.screen)
+        return tuple(i for i in self.search if i not in seen)
+
+
+def split_dev(n: int, *, seed: int = 0, pick_share: float | None = None, screen_share: float | None = None,
+              min_screen: int | None = None) -> DevSplit:
+    """Split ``n`` dev examples into the search's part (with its screen) and the pick's, disjoint and seeded.
+
+    Fewer than 2 examples cannot be split: both parts are then the same examples (and say nothing
+    held out); callers note it.
+
+    Example:
+        >>> s = split_dev(10, screen_share=0.5, min_screen=1)
+        >>> len(s.search), len(s.pick), len(s.screen), set(s.search) & set(s.pick)
+        (5, 5, 3, set())
+        >>> set(s.screen) <= set(s.search), sorted(s.search + s.pick) == list(range(10))
+        (True, True)
+    """
+    pick_share = PICK_SHARE if pick_share is None else pick_share  # read now: settings a caller may change
+    screen_share = SCREEN_SHARE if screen_share is None else screen_share
+    min_screen = MIN_SCREEN if min_screen is None else min_screen
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    if n < 2:
+        every = tuple(order)
+        return DevSplit(every, every, every)
+    held = min(n - 1, max(1, round(n * pick_share)))
+    search, pick = sorted(order[held:]), sorted(order[:held])
+    size = min(len(search), max(min_screen, math.ceil(screen_share * len(search))))
+    screen = tuple(sorted(order[held: held + size]))
+    return DevSplit(tuple(search), tuple(pick), screen)
+
+
+class Judged(BaseModel):
+    """A candidate's figures on one set of examples, paired with the original on the same examples."""
+
+    examples: int
+    value: float = Field(description="accuracy (task) or mean cosine (embedding) on these examples, a fraction")
+    reference: float = Field(description="the original's own figure on the same examples")
+    drop: float = Field(description="points lost against the original on these examples")
+    drop_interval: list[float] = Field(description="the drop's paired bootstrap interval, points [low, high]")
+    retained: float | None = Field(default=None, description="value / reference, percent")
+    retained_low: float | None = Field(default=None, description="the retained share at the drop interval's high end")
+
+
+def paired_drop(reference: Sequence[float] | torch.Tensor, candidate: Sequence[float] | torch.Tensor, *,
+                confidence: float = CONFIDENCE, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> Judged:
+    """The drop of ``candidate`` against ``reference`` (per-example scores: 1/0 correct, or cosines), with a
+    paired percentile bootstrap interval over the examples.
+
+    Paired: each resample draws the same examples for both, so only where they differ moves the
+    interval (the original and a faithful cut agree on most examples).
+
+    Example:
+        >>> j = paired_drop([1.0] * 90 + [0.0] * 10, [1.0] * 88 + [0.0] * 12)
+        >>> j.drop, j.drop_interval[0] <= 2.0 <= j.drop_interval[1], j.examples
+        (2.0, True, 100)
+        >>> paired_drop([1.0, 0.0], [1.0, 0.0]).drop_interval
+        [0.0, 0.0]
+    """
+    ref = torch.as_tensor(reference, dtype=torch.float64).flatten()
+    cand = torch.as_tensor(candidate, dtype=torch.float64).flatten()
+    if ref.shape != cand.shape or ref.numel() == 0:
+        raise ValueError(f"paired_drop: {ref.numel()} reference and {cand.numel()} candidate scores; need the "
+                         "same examples, at least one")
+    diff = 100.0 * (ref - cand)
+    n = diff.numel()
+    draws = torch.randint(n, (rounds, n), generator=torch.Generator().manual_seed(seed))
+    means = diff[draws].mean(dim=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+    value, base = float(cand.mean()), float(ref.mean())
+    drop = float(diff.mean())
+    retained = 100.0 * value / base if base > 0 else None
+    retained_low = 100.0 * (base - high / 100.0) / base if base > 0 else None
+    return Judged(examples=n, value=round(value, 6), reference=round(base, 6), drop=round(drop, 4),
+                  drop_interval=[round(low, 4), round(high, 4)],
+                  retained=None if retained is None else round(retained, 3),
+                  retained_low=None if retained_low is None else round(retained_low, 3))

@@ -1,0 +1,183 @@
+"""compress's pick: what it times, the held-out split it judges finalists on, the interval --max-drop reads,
+successive halving, and candidates built in worker processes.
+
+Times come from shape latency tables (:class:`TableLatency`), skewed where a test needs the measured
+speed to differ from the prediction, so nothing here depends on this machine's load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from surgery.compress import held_out
+from surgery.compress.candidate_run import CandidateRun, Want
+from surgery.compress.candidates import Judge
+from surgery.compress.compress_report import DropTarget
+from surgery.compress.compress_run import compress
+from surgery.compress.held_out import Judged, paired_drop, split_dev
+from surgery.compress.latency_source import TableLatency
+from surgery.compress.plan import Clock, plan_compress
+from surgery.compress.runtime_search import dev_parts, dev_source
+from surgery.compress.structure import Structure
+from surgery.core.progress import no_progress
+from surgery.testing import TinySpec, tiny_model, tiny_task_data
+from tests.helpers import tables_for
+
+
+@dataclass
+class SkewedLatency:
+    """Shape-table latency whose *measured* speedups miss the prediction by a factor fixed per structure."""
+
+    inner: TableLatency
+
+    def table(self, model: torch.nn.Module, runtime: str) -> Any:
+        return self.inner.table(model, runtime)
+
+    def speedup(self, original: torch.nn.Module, candidate: torch.nn.Module, *, runtime: str, reference_runtime: str,
+                served: torch.nn.Module | None = None) -> tuple[float, list[float] | None]:
+        value, _ = self.inner.speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime)
+        structure = Structure.from_model(candidate)
+        skew = 0.8 + 0.4 * (hash(str(structure.to_json())) % 997) / 997  # 0.8-1.2, the same for the same cut
+        return value * skew, None
+
+
+def task_model() -> torch.nn.Module:
+    return tiny_model(TinySpec("bert", task="seq-cls", layers=3))
+
+
+def make_run(model: torch.nn.Module, data: Any, max_drop: float, tmp_path: Path,
+             latency: Any = None) -> CandidateRun:
+    """A CandidateRun on a tiny classifier, the way compress_on builds one (one worker)."""
+    latency = latency or tables_for(model)
+    plan = plan_compress(model, data, target=DropTarget(max_drop=max_drop), latency=latency)
+    dev, texts = dev_source(data, None, "task", 8)
+    parts, split = dev_parts(data, None, "task", 8, dev, texts)
+    judge = Judge(original=model.eval(), objective="task", runtime="torch", calibration=plan.calibration,
+                  workdir=tmp_path, dev=dev, parts=parts)
+    return CandidateRun(plan, judge, latency, Clock(None), no_progress, DropTarget(max_drop=max_drop), "torch",
+                        "torch", split=split)
+
+
+# -- the split -----------------------------------------------------------------------------------
+def test_the_pick_split_is_disjoint_from_the_search_split() -> None:
+    for n in (2, 7, 48, 301):
+        split = split_dev(n)
+        assert not set(split.search) & set(split.pick), n
+        assert set(split.screen) <= set(split.search) and sorted(split.search + split.pick) == list(range(n))
+    data = tiny_task_data(96)
+    dev, texts = dev_source(data, None, "task", 8)
+    parts, split = dev_parts(data, None, "task", 8, dev, texts)
+    rows = {name: [tuple(r[m.bool()].tolist()) for b in batches for r, m in zip(b["input_ids"], b["attention_mask"],
+                                                                                strict=True)]
+            for name, batches in parts.items()}
+    table = data.eval
+    assert rows["pick"] == [tuple(table[i]["input_ids"]) for i in split.pick]  # the very examples, none other
+    assert sorted(rows["screen"] + rows["rest"]) == sorted(tuple(table[i]["input_ids"]) for i in split.search)
+
+
+def test_the_search_never_reads_the_pick_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[tuple[str, str]] = []
+    original = Judge.scores
+    phase = {"now": "search"}
+
+    def spy(self: Judge, model: torch.nn.Module, part: str) -> Any:
+        read.append((phase["now"], part))
+        return original(self, model, part)
+
+    monkeypatch.setattr(Judge, "scores", spy)
+    model = task_model()
+    run = make_run(model, tiny_task_data(96), 3.0, tmp_path)
+    run.try_all()
+    assert read and all(part != "pick" for _, part in read)
+    phase["now"] = "pick"
+    winner, _, _ = run.pick()
+    pick_reads = [p for when, p in read if when == "pick" and p == "pick"]
+    finalists = [r for r in run.results if r.drop <= 3.0]
+    # the held-out part is read for the finalists only (and the original's own scores once), each once
+    assert 1 <= len(pick_reads) <= len({r.removal.model_dump_json() for r in finalists}) + 1
+    assert winner.held_out is not None and winner.held_out.examples == len(run.split.pick)
+
+
+# -- the interval ----------------------------------------------------------------------------------
+def test_paired_interval_is_narrow_where_models_agree_and_covers_the_drop() -> None:
+    ref = [1.0] * 150 + [0.0] * 50
+    same_but_two = [1.0] * 148 + [0.0] * 52
+    j = paired_drop(ref, same_but_two)
+    assert j.drop == pytest.approx(1.0) and j.drop_interval[0] >= 0.0 and j.drop_interval[1] <= 2.5
+    # unpaired-size noise: a model that swaps 20 right for 20 wrong answers has the same mean, a wide interval
+    swapped = [0.0] * 20 + [1.0] * 130 + [1.0] * 20 + [0.0] * 30
+    wide = paired_drop(ref, swapped)
+    assert wide.drop == pytest.approx(0.0) and wide.drop_interval[1] - wide.drop_interval[0] > 5.0
+    assert j.retained_low is not None and j.retained_low <= j.retained  # type: ignore[operator]
+
+
+def test_max_drop_is_held_by_the_intervals_upper_end(tmp_path: Path) -> None:
+    model = task_model()
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path)
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    fast, slow = run.evaluate([run.path_want(len(run.plan.path.steps) // 2), run.path_want(2)])
+    assert fast is not None and slow is not None and fast.predicted_speedup > slow.predicted_speedup
+    for result in run.results:  # the search's figures: every one within the drop
+        result.drop = 0.0
+    # the fastest holds the drop on average, but not at its interval's upper end; the slower one does
+    fast.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.5, drop_interval=[-0.5, 1.5])
+    slow.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.25, drop_interval=[0.0, 0.75])
+    run.results[0].held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.0, drop_interval=[0.0, 0.0])
+    winner, why, warnings = run.pick()
+    assert winner.name == slow.name and not warnings
+    assert "upper end" in why and fast.measured_speedup is None
+    assert fast.timed_because is None or fast.timed_because.startswith("not timed")
+
+
+# -- what the pick times ---------------------------------------------------------------------------
+def test_the_timed_set_covers_the_fastest_predicted_within_the_drop() -> None:
+    model = task_model()
+    latency = SkewedLatency(tables_for(model))
+    report = compress(model, tiny_task_data(96), max_drop=6.0, latency=latency).report  # type: ignore[arg-type]
+    within = [c for c in report.candidates if c.held_out is not None and c.held_out.drop_interval[1] <= 6.0]
+    assert len(within) >= 3, "the case must have several candidates within the drop"
+    timed = [c for c in within if c.measured_speedup is not None]
+    fastest = max(within, key=lambda c: c.predicted_speedup)
+    assert fastest.measured_speedup is not None, "the fastest predicted within the drop was never timed"
+    best = max(c.measured_speedup for c in timed)  # type: ignore[type-var]
+    margin = report.timing["margin"]
+    for c in within:  # every untimed one could not have won, even with the table's observed error
+        if c.measured_speedup is None:
+            assert c.predicted_speedup * (1 + margin) < best and c.timed_because.startswith("not timed")
+    assert report.winner_result().measured_speedup == best
+    assert report.timing["timed"] and report.timing["order"][0] == fastest.name
+
+
+# -- successive halving --------------------------------------------------------------------------
+def test_successive_halving_judges_fewer_examples_and_keeps_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = task_model()
+    data = tiny_task_data(400)
+    halved = compress(model, data, max_drop=2.0, latency=tables_for(model)).report
+    monkeypatch.setattr(held_out, "SCREEN_SHARE", 1.0)  # every candidate on the whole search part
+    full = compress(model, data, max_drop=2.0, latency=tables_for(model)).report
+    assert halved.judging["split"]["screen"] < halved.judging["split"]["search"]
+    assert full.judging["split"]["screen"] == full.judging["split"]["search"]
+    used, everything = halved.judging["examples_judged"]["search"], full.judging["examples_judged"]["search"]
+    assert used < everything, (used, everything)
+    assert halved.judging["contenders"] < halved.judging["screened"]
+    assert halved.winner == full.winner
+
+
+# -- workers ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_workers_choose_the_same_winner_as_one() -> None:
+    model = task_model()
+    data = tiny_task_data(96)
+    one = compress(model, data, max_drop=3.0, workers=1, latency=tables_for(model)).report
+    two = compress(model, data, max_drop=3.0, workers=2, latency=tables_for(model)).report
+    assert one.workers == 1 and two.workers == 2 and two.worker_threads is not None
+    assert two.winner == one.winner
+    assert [(c.name, c.drop) for c in two.candidates] == [(c.name, c.drop) for c in one.candidates]
+    assert two.winner_result().held_out == one.winner_result().held_out
