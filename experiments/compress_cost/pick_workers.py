@@ -24,7 +24,9 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 import surgery
-from experiments.compress.bench_compress import _commit
+from experiments.compress.bench_compress import _commit, embedding_split
 from experiments.compress_runtimes.bench_compress_runtimes import log_progress, served_artefact
 from experiments.tasks import load_suite_task
 from surgery.compress.config import CompressConfig
@@ -45,33 +47,69 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "compress_cost" / "pick_workers.json"
 
 
-def one_run(args: argparse.Namespace, workers: int, task: Any, original: Any, base_test: float) -> dict[str, Any]:
-    """One compress run with ``workers``: its phases, winner, judging counts and the winner's test accuracy."""
+def one_run(args: argparse.Namespace, workers: int, data: Any, original: Any,
+            test: Callable[[Any], dict[str, float]]) -> dict[str, Any]:
+    """One compress run with ``workers``: its phases, winner, judging counts and the winner's test figures."""
     torch.manual_seed(args.seed)
     config = CompressConfig(max_drop=args.max_drop, runtime=args.runtime, threads=args.threads, workers=workers,
                             seed=args.seed, train=False)
     load_before = list(os.getloadavg())
     start = time.perf_counter()
-    result = surgery.compress(original, task.data, config, progress=log_progress)
+    result = surgery.compress(original, data, config, progress=log_progress)
     seconds = time.perf_counter() - start
     load_after = list(os.getloadavg())
     report = result.report
     winner = report.winner_result()
-    test = accuracy(served_artefact(result, args.threads or 1), task.test_data().loader("eval"))
     return {"workers": workers, "worker_threads": report.worker_threads, "seconds": round(seconds, 1),
             "phases": report.phases, "winner": report.winner,
             "winner_measured_speedup": winner.measured_speedup if winner else None,
+            "winner_search": winner.search.model_dump() if winner and winner.search else None,
             "winner_held_out": winner.held_out.model_dump() if winner and winner.held_out else None,
-            "finetuned_test": base_test, "test": test, "retained_test": 100.0 * test / base_test,
-            "candidates": len(report.candidates), "judging": {k: v for k, v in report.judging.items()
-                                                               if k != "search_log"},
-            "timing": report.timing, "load_average_before": load_before, "load_average_after": load_after,
-            "warnings": report.warnings}
+            "test": test(result), "candidates": len(report.candidates),
+            "judging": {k: v for k, v in report.judging.items() if k != "search_log"},
+            "probes": report.judging.get("search_log"), "timing": report.timing,
+            "load_average_before": load_before, "load_average_after": load_after, "warnings": report.warnings}
+
+
+def task_inputs(args: argparse.Namespace) -> tuple[Any, Any, Callable[[Any], dict[str, float]]]:
+    """The suite classifier and its task; test: accuracy of the winner's artefact, retained against the original."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
+    task = load_suite_task(args.task, tokenizer, seed=args.seed, max_train=args.max_train, max_dev=args.max_dev,
+                           max_test=args.max_test)
+    original = surgery.from_pretrained(args.work / args.task / str(args.seed) / "finetuned",
+                                       model_class="AutoModelForSequenceClassification").eval()
+    base = accuracy(original, task.test_data().loader("eval"))
+
+    def test(result: Any) -> dict[str, float]:
+        acc = accuracy(served_artefact(result, args.threads or 1), task.test_data().loader("eval"))
+        return {"finetuned_test": base, "test": acc, "retained_test": 100.0 * acc / base}
+
+    return task.data, original, test
+
+
+def embedding_inputs(args: argparse.Namespace) -> tuple[Any, Any, Callable[[Any], dict[str, float]]]:
+    """all-MiniLM-L6-v2 on the embedding study's split; test: the winner's artefact on texts that chose nothing."""
+    from surgery.compress.candidates import Judge
+
+    split = embedding_split("minilm-l6", args.seed)
+    texts = split["test_texts"][: args.max_test]
+
+    def test(result: Any) -> dict[str, float]:
+        with tempfile.TemporaryDirectory(prefix="pick-test-") as tmp:
+            judge = Judge(original=split["original"], objective="embedding", runtime=result.report.runtime,
+                          calibration=[], workdir=Path(tmp), texts=texts, tokenizer=split["tokenizer"],
+                          sentence=split["sentence"], max_length=64, threads=args.threads)
+            figures = judge.judge(served_artefact(result, args.threads or 1))
+        return {"test_texts": len(texts), "mean_cosine": figures["mean_cosine"],
+                "recall_at_10": figures["recall_at_10"], "drop": figures["drop"]}
+
+    return split["data"], split["original"], test
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, required=True, help="the suite's WORK (TASK/SEED/finetuned)")
+    parser.add_argument("--objective", choices=["task", "embedding"], default="embedding")
+    parser.add_argument("--work", type=Path, help="the suite's WORK (TASK/SEED/finetuned), for --objective task")
     parser.add_argument("--task", default="rt-sentiment")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
@@ -83,13 +121,8 @@ def main() -> None:
     parser.add_argument("--max-test", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
-    task = load_suite_task(args.task, tokenizer, seed=args.seed, max_train=args.max_train, max_dev=args.max_dev,
-                           max_test=args.max_test)
-    original = surgery.from_pretrained(args.work / args.task / str(args.seed) / "finetuned",
-                                       model_class="AutoModelForSequenceClassification").eval()
-    base_test = accuracy(original, task.test_data().loader("eval"))
-    runs = [one_run(args, w, task, original, base_test) for w in args.workers]
+    data, original, test = task_inputs(args) if args.objective == "task" else embedding_inputs(args)
+    runs = [one_run(args, w, data, original, test) for w in args.workers]
     by = {r["workers"]: r for r in runs}
     summary: dict[str, Any] = {}
     if 1 in by and 2 in by:
@@ -97,10 +130,11 @@ def main() -> None:
         summary = {"candidate_phase_speedup": round(one["phases"]["candidates"] / two["phases"]["candidates"], 3),
                    "candidate_phase_target": ">= 1.6x",
                    "same_winner": one["winner"] == two["winner"],
-                   "whole_job_minutes_workers_2": round(two["seconds"] / 60, 2), "whole_job_target": "<= 8 minutes"}
-    out = {"command": f"compress --max-drop {args.max_drop:g} --runtime {args.runtime} --no-train "
-                      f"(task {args.task}, seed {args.seed}, {args.max_train} training examples, {args.max_dev} dev, "
-                      f"{args.max_test} test)",
+                   "whole_job_minutes": {w: round(r["seconds"] / 60, 2) for w, r in by.items()},
+                   "whole_job_target": "<= 8 minutes"}
+    what = f"task {args.task}" if args.objective == "task" else "all-MiniLM-L6-v2 embeddings"
+    out = {"command": f"compress --max-drop {args.max_drop:g} --runtime {args.runtime} --no-train ({what}, seed "
+                      f"{args.seed})",
            "commit": _commit(), "machine": machine_info().model_dump(mode="json"), "cores": os.cpu_count(),
            "summary": summary, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)

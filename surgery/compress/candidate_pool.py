@@ -191,7 +191,7 @@ def write_shared(judge: Judge, directory: Path) -> Path:
     for group, batches in groups.items():
         for i, batch in enumerate(batches):
             for key, value in batch.items():
-                tensors[f"{group}/{i}/{key}"] = value.contiguous()
+                tensors[f"{group}/{i}/{key}"] = value.clone()  # own storage: one batch may be in two groups
     save_file(tensors, str(directory / "batches.safetensors"))
     settings = {"objective": judge.objective, "runtime": judge.runtime, "workdir": str(judge.workdir),
                 "max_length": judge.max_length, "parts": list(judge.parts),
@@ -288,9 +288,14 @@ class CandidatePool:
     def judge_more(self, jobs: Sequence[JudgeJob]) -> list[dict[str, PartScores]]:
         if not jobs:
             return []
-        if self.executor is None or len(jobs) == 1:
-            return [judge_candidate(self.judge, job, self.models.get(job.index)) for job in jobs]
-        return list(self.executor.map(worker_judge, jobs))
+        # Jobs of models built in this process (the first, alone) run here: no worker has their weights.
+        here = [j for j in jobs if self.executor is None or len(jobs) == 1 or j.weights is None]
+        answers = {j.index: judge_candidate(self.judge, j, self.models.get(j.index)) for j in here}
+        away = [j for j in jobs if j not in here]
+        if away:
+            assert self.executor is not None
+            answers.update(zip((j.index for j in away), self.executor.map(worker_judge, away), strict=True))
+        return [answers[j.index] for j in jobs]
 
     def model(self, index: int, removal: Removal, weights: str | None, int8_float: Sequence[str] = ()) -> nn.Module:
         """Candidate ``index``'s torch model: kept in this process, or read back from its weights."""
