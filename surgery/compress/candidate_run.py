@@ -97,7 +97,7 @@ def guided_step(path: RemovalPath, lo: int, hi: int, judged: dict[int, float], m
 
     Example:
         >>> from surgery.compress.removal_path import PathStep
-        >>> steps = [PathStep(kind="ffn", layers=[0], units=[[k]], loss=0.1, saving_ms=0.1,
+        >>> steps = [PathStep(kind="neurons", layers=[0], units=[[k]], loss=0.1, saving_ms=0.1,
         ...                   cumulative_loss=0.1 * (k + 1), predicted_ms=10.0 - k / 10, predicted_speedup=1.0)
         ...          for k in range(64)]
         >>> path = RemovalPath(start=[], reference_ms=10.0, start_ms=10.0, steps=steps)
