@@ -88,7 +88,7 @@ def test_an_unavailable_runtime_is_refused_in_one_line_before_any_work() -> None
         compress(model, tiny_task_data(), CompressConfig(speedup=2, runtime="missing-fast-test"),
                  latency=tables(model, {"torch": 1.0, "missing-fast-test": 9.0}))
     assert "pip install missing-fast" in str(err.value) and "\n" not in str(err.value)
-    result = runner.invoke(app, ["compress", "minilm-l6", "--data", "nowhere.csv", "--speedup", "2", "--runtime",
+    result = runner.invoke(app, ["compress", "minilm-l6", "--data", "rotten-tomatoes", "--speedup", "2", "--runtime",
                                  "missing-fast-test", "--out", "x"])
     assert result.exit_code == 2 and "pip install missing-fast" in result.output
     assert "Traceback" not in result.output
