@@ -267,6 +267,11 @@ def summary_lines(report: Any) -> list[str]:
                                               f"[{c.held_out.drop_interval[0]:.2f}, {c.held_out.drop_interval[1]:.2f}]")
         lines.append(f"{'*' if c.name == report.winner else ' '} {c.name:<28} predicted {c.predicted_speedup:.2f}x  "
                      f"measured {measured:>6}  {figure}  drop {c.drop:.2f}{held}  {c.tier}  {c.seconds:.0f}s")
+    for t in (report.training or {}).get("tiers", []):
+        before, after = t.get("accuracy_before"), t.get("accuracy_after")
+        change = f", dev acc {before:.4f} -> {after:.4f} (PyTorch)" if before is not None and after is not None else ""
+        lines.append(f"  recovery tier {t['tier']}: estimated {t['estimated_seconds']:.0f}s, took {t['seconds']:.0f}s"
+                     f"{change}")
     lines.append(f"winner: {report.winner} ({report.why}); against {report.reference}")
     if rule := report.judging.get("max_drop_rule"):
         lines.append(f"--max-drop {rule}")

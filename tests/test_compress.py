@@ -190,6 +190,12 @@ def test_the_budget_bounds_the_candidates_and_the_training() -> None:
     assert roomy.training is not None and roomy.training["epochs"] >= 1
     assert roomy.winner.endswith("+distil") and roomy.winner_result().tier == "distil"
     assert roomy.training["epochs"] * roomy.training["epoch_seconds_estimated"] <= roomy.training["seconds_left"]
+    # compress.json says which tiers ran, each one's estimate and actual time, and dev accuracy before and after.
+    assert roomy.training["tiers_run"] and [t["tier"] for t in roomy.training["tiers"]] == roomy.training["tiers_run"]
+    for tier in roomy.training["tiers"]:
+        assert tier["estimated_seconds"] > 0 and tier["seconds"] > 0
+        assert tier["accuracy_before"] is not None and tier["accuracy_after"] is not None
+    assert roomy.training["judged_after"] == roomy.winner_result().accuracy
     assert roomy.seconds <= 120.0
     untrained = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=2.0,
                          latency=tables_for(model), train=False).report

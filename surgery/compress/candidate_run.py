@@ -42,8 +42,6 @@ PREDICTION_TOLERANCE = 0.05
 #: How far below a --speedup target a measured candidate may be and still meet it (issue 24 accepts
 #: 1.95x for 2x): timing noise must not pass over a candidate that is as fast as asked.
 MEET_TOLERANCE = 0.025
-#: Distillation epochs at most, however long the budget (the recovery runs this project measured used 2-4).
-MAX_EPOCHS = 6
 
 def meets(result: CandidateResult, goal: float) -> bool:
     """Whether ``result`` measured ``goal`` times faster, within :data:`MEET_TOLERANCE` of it (median ratio).
@@ -555,7 +553,7 @@ class CandidateRun:
     # -- the training tier ----------------------------------------------------------------
     def train_winner(self, winner: CandidateResult, data: Any, budget_minutes: float | None,
                      seed: int, *, train: bool = True) -> tuple[nn.Module, str, dict[str, Any] | None]:
-        """Distil the original into the winner for the whole epochs the budget has left (its name after it)."""
+        """Recover the winner from the original on the tiers the budget has left time for (its name after them)."""
         model = self.model_of(winner.name)
         if not train:
             self.notes.append("training turned off: the refit tier only")
@@ -566,35 +564,30 @@ class CandidateRun:
             return model, winner.name, None
         if winner.removal.units() == 0:
             return model, winner.name, None
-        from surgery.compress.training_tier import distil, epochs_that_fit, seconds_per_epoch
+        from surgery.compress.training_tier import train_tiers
 
         since = time.perf_counter()
-        batch = min(self.plan.batch_size, 32)
-        epoch = seconds_per_epoch(model, self.judge.original, data, batch)
         # Kept back: judging (and exporting) the trained model once more.
-        spare = self.clock.left() - winner.seconds
-        epochs = epochs_that_fit(spare, epoch, MAX_EPOCHS)
-        training: dict[str, Any] = {"epoch_seconds_estimated": round(epoch, 2), "seconds_left": round(spare, 1),
-                                    "epochs": epochs}
-        if epochs == 0:
-            self.notes.append(f"no distillation: one epoch takes about {epoch:.0f} s and the budget has "
-                              f"{max(spare, 0):.0f} s left")
+        training = train_tiers(model, self.judge.original, data, self.clock.left() - winner.seconds,
+                               batch_size=min(self.plan.batch_size, 32), seed=seed, progress=self.emit)
+        tiers = training["tiers_run"]
+        if not tiers:
+            self.notes.append(training["note"])
             self.clock.phase("training", since)
             return model, winner.name, training
-        self.emit(ProgressEvent("compress: distillation", 0, epochs, {"candidate": winner.name}))
-        result = distil(model, self.judge.original, data, epochs=epochs, batch_size=batch, seed=seed,
-                        progress=self.emit)
-        training.update(steps=result.steps, seconds=round(result.seconds, 2))
         served = self.judge.serve(model, self.judge.workdir / "distilled")
         search, pick = self.parts("screen", "rest"), self.parts("pick")
         judged, figures = self.judge.figures([self.judge.scores(served.model, p) for p in search], search)
         held = self.judge.figures([self.judge.scores(served.model, p) for p in pick], pick)[0] if pick else None
+        # Judged as served (the runtime's artefact), against the refit winner's figures before training.
+        training.update(judged_before=winner.accuracy if winner.accuracy is not None else winner.mean_cosine,
+                        judged_after=figures.get("accuracy", figures.get("mean_cosine")))
         trained_result = winner.model_copy(update={
-            "name": f"{winner.name}+distil", "tier": "distil", "accuracy": figures.get("accuracy"),
+            "name": "+".join([winner.name, *tiers]), "tier": tiers[-1], "accuracy": figures.get("accuracy"),
             "mean_cosine": figures.get("mean_cosine"), "recall_at_10": figures.get("recall_at_10"),
             "drop": float(figures["drop"]), "seconds": round(time.perf_counter() - since, 3),
             "artefact": served.digests, "search": judged, "held_out": held,
-            "notes": [*winner.notes, f"distilled from the original for {epochs} epoch(s); same structure, so the "
+            "notes": [*winner.notes, f"recovered from the original ({', '.join(tiers)}); same structure, so the "
                       "same measured speed"]})
         self.results.append(trained_result)
         self.trained[trained_result.name] = model
@@ -606,8 +599,8 @@ class CandidateRun:
                budget_minutes: float | None, threads: int | None, stock: bool, clock: Clock) -> CompressReport:
         final = next(r for r in self.results if r.name == winner)
         limit = self.target.max_drop
-        if final.tier == "distil":
-            why += "; then distilled from the original"
+        if final.tier in ("distil", "blockwise"):
+            why += f"; then recovered from the original ({', '.join((training or {}).get('tiers_run', []))})"
             warnings = [w for w in warnings if "more than --max-drop" not in w]
             if limit is not None and self.held_drop(final) > limit:
                 warnings.append(f"the chosen model loses {self.held_drop(final):.2f} points against the original on "

@@ -40,7 +40,7 @@ INT8_CALIBRATION_EXAMPLES = 300
 #: layer cut alike; ``unchanged``: the original on the runtime; ``uniform-layer-drop``: every-other
 #: layers at the same predicted speed.
 Origin = Literal["path", "units-path", "uniform-path", "unchanged", "uniform-layer-drop", "precision"]
-Tier = Literal["none", "refit", "distil"]
+Tier = Literal["none", "refit", "blockwise", "distil"]
 
 
 class CandidateResult(BaseModel):

@@ -1,8 +1,18 @@
-"""The training tier: distillation from the original, as many epochs as the time left allows.
+"""The training tier: recovery from the original in the time the budget has left, on the tier that pays most.
 
-The epoch time is estimated from one timed training step (the student's forward and backward and
-the teacher's forward on one batch) times the steps of an epoch, with the Trainer's overhead on top;
-the number of epochs is what fits the seconds left, never more than ``max_epochs``.
+Two tiers follow the least-squares refit (which every candidate already had):
+
+* ``blockwise``: block-wise reconstruction (:mod:`surgery.training.blockwise`): each layer of the
+  cut model trained to reproduce the original layer's output on cached calibration batches;
+* ``distil``: end-to-end distillation from the original with the HF Trainer
+  (:func:`surgery.training.recover`), the teacher's logits computed once per run, in as many
+  optimiser steps as fit (a budget may end inside an epoch), at most :data:`MAX_EPOCHS` epochs.
+
+Both train in bf16 autocast where the CPU multiplies bf16 natively (the same check the ``torch-bf16``
+runtime makes: avx512_bf16 or AMX, or CUDA), fp32 elsewhere. Each tier's time is estimated from
+timed steps on this machine and announced (a ``compress: training tier`` progress event carrying the
+estimate) before it runs; the tiers run in :data:`TIER_ORDER`, the order of accuracy won back per
+budget minute measured in experiments/recovery_tiers, each taking what it needs of the time left.
 """
 
 from __future__ import annotations
@@ -12,18 +22,105 @@ import time
 from typing import Any
 
 import torch
+from pydantic import BaseModel
 from torch import nn
 
-from surgery.core.progress import ProgressCallback
+from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.scoring.importance import batches_on, model_device
-from surgery.training import RecoveryConfig, RecoveryResult, recover
+from surgery.training import RecoveryConfig, RecoveryResult, accuracy, recover
+from surgery.training.blockwise import BlockwiseConfig, layer_step_seconds, reconstruct_layers
+from surgery.training.refit import task_calibration_batches
 
 #: The HF Trainer's cost over a bare step (data loading, optimiser, logging, evaluation each epoch).
 TRAINER_OVERHEAD = 1.3
+#: A block-wise step's cost over its timed forward and backward (Adam's update, the batch cycle).
+BLOCKWISE_OVERHEAD = 1.2
+#: Distillation epochs at most, however long the budget (the recovery runs this project measured used 2-4).
+MAX_EPOCHS = 6
+#: Fewer distillation steps than this are not worth a Trainer's setup and a re-judging of the model.
+MIN_DISTIL_STEPS = 8
+#: Calibration batches block-wise reconstruction caches (bounded memory: one layer's inputs and targets at a time).
+BLOCKWISE_BATCHES = 16
+#: The tiers, by accuracy won back per budget minute (experiments/recovery_tiers): the first gets the time first.
+TIER_ORDER: tuple[str, ...] = ("blockwise", "distil")
 
 
-def seconds_per_epoch(student: nn.Module, teacher: nn.Module, data: Any, batch_size: int) -> float:
-    """Estimated seconds of one distillation epoch of ``student`` from ``teacher`` over ``data``'s training split.
+def bf16_training() -> bool:
+    """Whether training may run in bf16 here: the ``torch-bf16`` runtime's own check (avx512_bf16 or AMX, or CUDA).
+
+    On a CPU without native bf16 products bf16 runs slower than fp32, so training stays in fp32 there.
+
+    Example:
+        >>> isinstance(bf16_training(), bool)
+        True
+    """
+    from surgery.runtimes import get_runtime
+
+    return get_runtime("torch-bf16", require_available=False).unavailable() is None
+
+
+class TierEstimate(BaseModel):
+    """A tier's time on this machine, from timed steps: ``seconds`` for the run ``steps`` describes."""
+
+    tier: str
+    seconds: float
+    step_seconds: float
+    steps: int
+    fixed_seconds: float = 0.0  # paid once whatever the steps (caching the teacher's outputs)
+    bf16: bool = False
+
+
+def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: bool = False) -> float:
+    """Seconds of one distillation step of ``student`` (forward and backward under the training's precision).
+
+    The teacher's logits are cached once per run, so its forward is not part of a step. The second of two
+    steps is timed (the first pays for allocations); gradients are cleared after.
+
+    Example:
+        >>> import datasets
+        >>> from surgery.data.task_data import TaskData
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 8, "labels": [0, 1] * 4})
+        >>> timed_distil_step(tiny_model(TinySpec("bert", task="seq-cls")), TaskData(rows, rows, ["a", "b"]), 4) > 0
+        True
+    """
+    loader = data.loader("train", batch_size=batch_size)
+    device = model_device(student)
+    batch = next(batches_on(loader, device))
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    was = student.training
+    student.train()
+    elapsed = 0.0
+    try:
+        for _ in range(2):
+            start = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = student(**inputs)
+            main = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+            main.float().square().mean().backward()
+            elapsed = time.perf_counter() - start
+    finally:
+        student.zero_grad(set_to_none=True)
+        student.train(was)
+    return elapsed
+
+
+def timed_forward(model: nn.Module, batch: dict[str, Any], *, bf16: bool = False) -> float:
+    """Seconds of one inference forward of ``model`` on ``batch`` (the second of two)."""
+    device = model_device(model)
+    inputs = {k: v.to(device) for k, v in batch.items() if k != "labels" and torch.is_tensor(v)}
+    elapsed = 0.0
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        for _ in range(2):
+            start = time.perf_counter()
+            model(**inputs)
+            elapsed = time.perf_counter() - start
+    return elapsed
+
+
+def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_size: int, *,
+                    bf16: bool = False) -> TierEstimate:
+    """One epoch of distillation: timed step x steps per epoch x Trainer overhead, plus the teacher's one pass.
 
     Example:
         >>> import copy, datasets
@@ -31,44 +128,136 @@ def seconds_per_epoch(student: nn.Module, teacher: nn.Module, data: Any, batch_s
         >>> from surgery.testing import TinySpec, tiny_model
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
         >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 8, "labels": [0, 1] * 4})
-        >>> seconds_per_epoch(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b", "c"]), 4) > 0
-        True
+        >>> estimate_distil(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b"]), 4).steps
+        2
     """
     loader = data.loader("train", batch_size=batch_size)
-    batch = next(batches_on(loader, model_device(student)))
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    was = student.training
-    student.train()
-    try:
-        elapsed = []
-        for _ in range(2):  # the first step pays for allocations; the second is the one that counts
-            start = time.perf_counter()
-            with torch.no_grad():
-                teacher(**inputs)
-            out = student(**inputs)
-            main = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
-            main.float().square().mean().backward()
-            elapsed.append(time.perf_counter() - start)
-    finally:
-        student.zero_grad(set_to_none=True)
-        student.train(was)
-    return elapsed[-1] * len(loader) * TRAINER_OVERHEAD
+    steps = len(loader)
+    step = timed_distil_step(student, data, batch_size, bf16=bf16) * TRAINER_OVERHEAD
+    teacher_pass = timed_forward(teacher, next(iter(loader)), bf16=bf16) * steps
+    return TierEstimate(tier="distil", seconds=round(step * steps + teacher_pass, 3), step_seconds=step, steps=steps,
+                        fixed_seconds=round(teacher_pass, 3), bf16=bf16)
 
 
-def epochs_that_fit(seconds_left: float, epoch_seconds: float, max_epochs: int) -> int:
-    """Whole epochs that fit in ``seconds_left`` (0 when not even one does).
+def estimate_blockwise(student: nn.Module, teacher: nn.Module, batches: list[dict[str, Any]],
+                       config: BlockwiseConfig) -> TierEstimate:
+    """Block-wise reconstruction: per layer ``config.steps`` timed layer steps, plus caching and walking up both models.
 
     Example:
-        >>> epochs_that_fit(100.0, 30.0, 5), epochs_that_fit(20.0, 30.0, 5), epochs_that_fit(1e9, 1.0, 3)
-        (3, 0, 3)
+        >>> import copy
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> model = tiny_model(TinySpec("bert", layers=2)).eval()
+        >>> estimate_blockwise(model, copy.deepcopy(model), [tiny_inputs(TinySpec("bert"))], BlockwiseConfig()).steps
+        400
     """
-    if epoch_seconds <= 0 or seconds_left <= 0:
-        return 0
-    return max(0, min(max_epochs, math.floor(seconds_left / epoch_seconds)))
+    per_layer = layer_step_seconds(student, batches[0], bf16=config.bf16)
+    layers = len(per_layer) if config.layers is None else len(config.layers)
+    step = sum(per_layer) / len(per_layer) * BLOCKWISE_OVERHEAD
+    # Each model runs about twice per batch: one pass records the layer calls, the walk up is another.
+    fixed = 2 * len(batches) * (timed_forward(student, batches[0]) + timed_forward(teacher, batches[0]))
+    steps = config.steps * layers
+    return TierEstimate(tier="blockwise", seconds=round(step * steps + fixed, 3), step_seconds=step, steps=steps,
+                        fixed_seconds=round(fixed, 3), bf16=config.bf16)
+
+
+def distil_steps_that_fit(seconds: float, estimate: TierEstimate) -> int:
+    """Optimiser steps of distillation that fit in ``seconds`` (0 when fewer than :data:`MIN_DISTIL_STEPS` do).
+
+    Example:
+        >>> e = TierEstimate(tier="distil", seconds=110.0, step_seconds=1.0, steps=100, fixed_seconds=10.0)
+        >>> distil_steps_that_fit(60.0, e), distil_steps_that_fit(15.0, e), distil_steps_that_fit(1e9, e)
+        (50, 0, 600)
+    """
+    steps = math.floor((seconds - estimate.fixed_seconds) / estimate.step_seconds) if estimate.step_seconds > 0 else 0
+    steps = min(steps, MAX_EPOCHS * estimate.steps)
+    return steps if steps >= MIN_DISTIL_STEPS else 0
 
 
 def distil(student: nn.Module, teacher: nn.Module, data: Any, *, epochs: int, batch_size: int, seed: int = 0,
-           progress: ProgressCallback | None = None) -> RecoveryResult:
-    """Distil the original into the cut model for ``epochs`` (surgery's recovery, HF Trainer)."""
-    config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed)
+           max_steps: int | None = None, bf16: bool = False, progress: ProgressCallback | None = None
+           ) -> RecoveryResult:
+    """Distil the original into the cut model (surgery's recovery, HF Trainer, teacher's logits cached once)."""
+    config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16)
     return recover(student, teacher, data, config, progress=progress)
+
+
+def dev_accuracy(model: nn.Module, data: Any) -> float | None:
+    """Accuracy on ``data``'s eval split in PyTorch (None without one, or without labels)."""
+    if getattr(data, "objective", "task") != "task" or getattr(data, "eval", None) is None:
+        return None
+    return accuracy(model, data.loader("eval", batch_size=32))
+
+
+def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left: float, *, batch_size: int,
+                seed: int = 0, progress: ProgressCallback | None = None,
+                order: tuple[str, ...] = TIER_ORDER, bf16: bool | None = None) -> dict[str, Any]:
+    """Run the recovery tiers on ``student`` in place, in ``order``, each while the time left fits its estimate.
+
+    Returns what compress.json records under ``training``: the precision, every tier's estimate, and
+    for each tier that ran its estimated and actual seconds and the dev accuracy (PyTorch) before and after
+    it; ``tiers_run`` lists them, ``note`` says why none ran. ``epochs`` and ``epoch_seconds_estimated``
+    describe the distillation tier (0 epochs when it did not run).
+
+    Example:
+        >>> import copy, datasets
+        >>> from surgery.data.task_data import TaskData
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 8, "labels": [0, 1] * 4})
+        >>> out = train_tiers(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b"]), 0.0, batch_size=4)
+        >>> out["tiers_run"], out["note"].startswith("no recovery tier fits")
+        ([], True)
+    """
+    emit = progress or no_progress
+    measuring = time.perf_counter()
+    use_bf16 = bf16_training() if bf16 is None else bf16
+    training: dict[str, Any] = {"bf16": use_bf16, "seconds_left": round(seconds_left, 1), "order": list(order),
+                                "estimates": {}, "tiers": [], "tiers_run": [], "epochs": 0}
+    blockwise_cfg = BlockwiseConfig(bf16=use_bf16, seed=seed)
+    batches = task_calibration_batches(data, BLOCKWISE_BATCHES, batch_size=batch_size)
+    estimates = {"distil": estimate_distil(student, teacher, data, batch_size, bf16=use_bf16),
+                 "blockwise": estimate_blockwise(student, teacher, batches, blockwise_cfg)}
+    training["estimates"] = {k: v.model_dump() for k, v in estimates.items()}
+    training["epoch_seconds_estimated"] = round(estimates["distil"].step_seconds * estimates["distil"].steps, 2)
+    left = seconds_left - (time.perf_counter() - measuring)  # the timed steps came out of the budget too
+    current = None
+    for index, tier in enumerate(order):
+        estimate = estimates[tier]
+        if tier == "distil":
+            steps = distil_steps_that_fit(left, estimate)
+            if steps == 0:
+                continue
+            seconds = estimate.fixed_seconds + steps * estimate.step_seconds
+        else:
+            if estimate.seconds > left:
+                continue
+            steps, seconds = estimate.steps, estimate.seconds
+        emit(ProgressEvent("compress: training tier", index, len(order),
+                           {"tier": tier, "estimated_s": round(seconds, 1), "steps": steps,
+                            "precision": "bf16" if use_bf16 else "fp32"}))
+        if current is None:
+            current = dev_accuracy(student, data)
+        started = time.perf_counter()
+        record: dict[str, Any] = {"tier": tier, "estimated_seconds": round(seconds, 2), "steps": steps,
+                                  "accuracy_before": current}
+        if tier == "blockwise":
+            result = reconstruct_layers(student, teacher, batches, blockwise_cfg, progress=emit)
+            record["error"] = result.error
+            record["kept"] = result.kept
+        else:
+            epochs = steps / estimate.steps
+            run = distil(student, teacher, data, epochs=math.ceil(epochs), batch_size=batch_size, seed=seed,
+                         max_steps=steps, bf16=use_bf16, progress=emit)
+            record["steps"] = run.steps
+            training["epochs"] = round(epochs, 3)
+        record["seconds"] = round(time.perf_counter() - started, 2)
+        current = dev_accuracy(student, data)
+        record["accuracy_after"] = current
+        left -= record["seconds"]
+        training["tiers"].append(record)
+        training["tiers_run"].append(tier)
+    if not training["tiers_run"]:
+        cheapest = min(estimates.values(), key=lambda e: e.seconds)
+        training["note"] = (f"no recovery tier fits: the cheapest ({cheapest.tier}) takes about "
+                            f"{cheapest.seconds:.0f} s and the budget has {max(seconds_left, 0):.0f} s left")
+    return training

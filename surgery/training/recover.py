@@ -46,6 +46,12 @@ class RecoveryConfig(DistillConfig):
     refit: bool = Field(default=False, description="before training, re-solve every cut output projection by "
                                                    "least squares against the teacher (surgery.training.refit)")
     refit_batches: int = Field(default=32, ge=1, description="training batches the refit reads")
+    max_steps: int | None = Field(default=None, ge=1, description="stop after this many optimiser steps (a "
+                                  "budget that ends inside an epoch); None: whole epochs")
+    bf16: bool = Field(default=False, description="the Trainer's bf16 mixed precision: only where the device "
+                       "multiplies bf16 natively (surgery.compress.training_tier.bf16_training decides)")
+    cache_teacher: bool = Field(default=True, description="compute the teacher's logits once per run rather "
+                                "than at every step (logit distillation only)")
     # The embedding objective's neighbour term (surgery.embedding.objective.neighbour_loss); a task
     # recovery refuses it rather than ignore it.
     similarity_weight: float = Field(default=0.0, ge=0.0, description="embedding objective only: weight of the "
@@ -88,9 +94,10 @@ def recovery_arguments(output_dir: str, config: RecoveryConfig) -> Any:
         >>> recovery_arguments("/tmp/x", RecoveryConfig(epochs=2, learning_rate=1e-4)).learning_rate
         0.0001
     """
+    extra = {"max_steps": config.max_steps} if config.max_steps is not None else {}
     return training_arguments(output_dir, epochs=config.epochs, batch_size=config.batch_size,
                               learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-                              warmup_ratio=config.warmup_ratio, seed=config.seed)
+                              warmup_ratio=config.warmup_ratio, seed=config.seed, bf16=config.bf16, **extra)
 
 
 def require_labelled(data: Any, who: str) -> TaskData:
@@ -148,7 +155,8 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     if cfg.epochs > 0:
         with scratch_dir("surgery-recover-") as tmp:
             args = recovery_arguments(tmp, cfg)
-            steps = fit(model, task, args, teacher=teacher, distill=distill, history=history).steps
+            steps = fit(model, task, args, teacher=teacher, distill=distill, history=history,
+                        cache_teacher=cfg.cache_teacher).steps
     after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
     if cfg.epochs == 0 and after_refit is not None:
         after = after_refit

@@ -5,6 +5,12 @@ cross-entropy on class logits and, with a frozen teacher, adds the logit KL and 
 hidden-state MSE of :mod:`surgery.training.distill`. Because it is a plain Trainer, torchrun and
 accelerate run it data-parallel unchanged (the teacher is an ordinary module on every rank).
 SHRP's trainer, recovery after surgery and DoE's prompt tuning are all this class.
+
+Two switches make recovery cheaper on a CPU: ``bf16=True`` in :func:`training_arguments` is the
+Trainer's own mixed precision (autocast to bf16 through accelerate, fp32 master weights), which the
+caller turns on only where the device multiplies bf16 natively; and :func:`with_teacher_logits`
+computes the frozen teacher's logits once per run, as a dataset column that ``compute_loss`` reads
+instead of running the teacher at every step of every epoch.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArgu
 from surgery.core.distributed import per_process_batch
 from surgery.data.task_data import MODEL_COLUMNS, PaddingCollator, TaskData
 from surgery.training.distill import DistillConfig, distillation_loss, hidden_state_loss, recording_layer_outputs
+
+#: The dataset column (and batch key) holding the teacher's cached logits.
+TEACHER_LOGITS = "teacher_logits"
 
 
 class LogitTask(Protocol):
@@ -98,6 +107,28 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
+def restore_forward(model: nn.Module) -> None:
+    """Undo accelerate's mixed-precision wrapping of ``model.forward``, in place.
+
+    With ``bf16=True`` the Trainer's accelerator replaces the model's ``forward`` by one that runs
+    under bf16 autocast (keeping the original as ``_original_forward``) and leaves it so after
+    training: every later forward (evaluation, ONNX or OpenVINO export, timing) would still run in
+    bf16. Measured: a layer's output stayed bf16 after a bf16 recovery until this was added.
+
+    Example:
+        >>> layer = nn.Linear(2, 2)
+        >>> layer._original_forward = layer.forward
+        >>> layer.forward = lambda x: x
+        >>> restore_forward(layer)
+        >>> "forward" in vars(layer), layer(torch.zeros(1, 2)).shape
+        (False, torch.Size([1, 2]))
+    """
+    inner = unwrap(model)
+    if "_original_forward" in vars(inner):
+        del inner._original_forward
+        vars(inner).pop("forward", None)
+
+
 class SurgeryTrainer(Trainer):
     """A ``Trainer`` for surgery: CE on class logits, plus distillation from ``teacher`` when given.
 
@@ -139,6 +170,13 @@ class SurgeryTrainer(Trainer):
         self.dropout = dropout
         self.stats = EpochStats()
 
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``, after which the model's forward is its own again (see :func:`restore_forward`)."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            restore_forward(self.model)
+
     def _teacher_on(self, device: torch.device) -> nn.Module:
         assert self.teacher is not None
         if next(self.teacher.parameters()).device != device:
@@ -157,6 +195,7 @@ class SurgeryTrainer(Trainer):
     def task_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False) -> Any:
         """The task cross-entropy (plus distillation, given a teacher) of one batch."""
         batch = self.task.prepare(inputs) if self.task is not None else dict(inputs)
+        cached = batch.pop(TEACHER_LOGITS, None)  # the teacher's logits, computed once (with_teacher_logits)
         labels = batch.get("labels")
         features = {k: v for k, v in batch.items() if k != "labels"}
         cfg = self.distill
@@ -166,7 +205,10 @@ class SurgeryTrainer(Trainer):
         logits = self.task.class_logits(outputs, batch) if self.task is not None else outputs["logits"]
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else logits.sum() * 0.0
         kd = None
-        if self.teacher is not None:
+        if cached is not None and not hidden:
+            kd = distillation_loss(logits, cached.to(logits.device), cfg.temperature)
+            loss = (1.0 - cfg.alpha) * loss + cfg.alpha * kd if labels is not None else kd
+        elif self.teacher is not None:
             teacher = self._teacher_on(logits.device)
             with torch.no_grad(), recording_layer_outputs(teacher) if hidden else nullcontext([]) as t_layers:
                 t_out = teacher(**features)
@@ -217,6 +259,8 @@ class EpochHistory(TrainerCallback):
         loader = kwargs.get("train_dataloader")
         self.steps_per_epoch = len(loader) if loader is not None and hasattr(loader, "__len__") else None
         self.epochs = int(args.num_train_epochs)
+        if args.max_steps > 0 and self.steps_per_epoch:  # a step budget: the epochs it starts
+            self.epochs = -(-args.max_steps // self.steps_per_epoch)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.stats.reset()
@@ -247,9 +291,13 @@ class EpochHistory(TrainerCallback):
 
 
 def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, learning_rate: float = 5e-5,
-                       weight_decay: float = 0.0, warmup_ratio: float = 0.0, seed: int = 0,
+                       weight_decay: float = 0.0, warmup_ratio: float = 0.0, seed: int = 0, bf16: bool = False,
                        **overrides: Any) -> TrainingArguments:
     """Trainer settings for surgery's runs: no checkpoints, no logging to stdout, linear decay, CPU without CUDA.
+
+    ``bf16`` is the Trainer's mixed precision (bf16 autocast, fp32 weights), on a CPU as on CUDA: turn it
+    on only where the device has native bf16 products (a CPU without them runs bf16 slower than fp32);
+    the caller decides (``surgery.compress.training_tier.bf16_training`` asks the torch-bf16 runtime).
 
     ``batch_size`` is the global batch: under ``torchrun`` each process takes its share of it, so a
     multi-process run trains like a one-process run (:mod:`surgery.core.distributed`).
@@ -266,7 +314,7 @@ def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, le
         per_device_eval_batch_size=share, learning_rate=learning_rate, weight_decay=weight_decay,
         warmup_steps=warmup_ratio, lr_scheduler_type="linear", save_strategy="no", eval_strategy="no",
         logging_strategy="no", report_to=[], seed=seed, data_seed=seed, disable_tqdm=True,
-        remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+        remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, bf16=bf16,
     )
     values.update(overrides)
     return TrainingArguments(**values)
@@ -276,6 +324,59 @@ def train_columns(task: TaskData) -> Any:
     """The training split with only the model-input columns (what the collator pads)."""
     columns = [c for c in MODEL_COLUMNS if c in task.train.column_names]
     return task.train.select_columns(columns)
+
+
+class TeacherLogitsCollator:
+    """``inner``'s batch plus the rows' cached teacher logits, stacked as ``teacher_logits`` (float32).
+
+    Example:
+        >>> rows = [{"input_ids": [2, 5], "teacher_logits": [0.5, -1.0]},
+        ...         {"input_ids": [2], "teacher_logits": [1.0, 0.0]}]
+        >>> TeacherLogitsCollator(PaddingCollator(None))(rows)["teacher_logits"].shape
+        torch.Size([2, 2])
+    """
+
+    def __init__(self, inner: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]) -> None:
+        self.inner = inner
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        logits = [r[TEACHER_LOGITS] for r in rows]
+        batch = self.inner([{k: v for k, v in r.items() if k != TEACHER_LOGITS} for r in rows])
+        batch[TEACHER_LOGITS] = torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in logits])
+        return batch
+
+
+def with_teacher_logits(teacher: nn.Module, rows: Any, collator: Callable[[list[dict[str, Any]]], Any], *,
+                        batch_size: int = 64, bf16: bool = False) -> Any:
+    """``rows`` (a ``datasets.Dataset``) with a ``teacher_logits`` column: one inference pass of ``teacher``.
+
+    The teacher is frozen and runs in eval mode, so its logits for a row are the same at every epoch:
+    computing them once costs one forward pass over the data instead of one per step of every epoch
+    (a quarter of a distillation step's time). ``bf16`` runs the pass under the same bf16 autocast the
+    training uses; the logits are stored in float32.
+
+    Example:
+        >>> import datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 6, 7, 3]], "labels": [0, 2]})
+        >>> cached = with_teacher_logits(tiny_model(TinySpec("bert", task="seq-cls")), rows, PaddingCollator(None))
+        >>> len(cached[TEACHER_LOGITS][0])
+        3
+    """
+    was = teacher.training
+    teacher.eval()
+    device = next(teacher.parameters()).device
+    out: list[list[float]] = []
+    try:
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            for start in range(0, len(rows), batch_size):
+                chunk = rows.select(range(start, min(start + batch_size, len(rows))))
+                batch = collator([dict(r) for r in chunk])
+                features = {k: v.to(device) for k, v in batch.items() if k != "labels" and torch.is_tensor(v)}
+                out.extend(teacher(**features)["logits"].float().cpu().tolist())
+    finally:
+        teacher.train(was)
+    return rows.add_column(TEACHER_LOGITS, out)
 
 
 @contextmanager
@@ -295,11 +396,21 @@ class TrainResult:
 
 def fit(model: nn.Module, task: TaskData, args: TrainingArguments, *, teacher: nn.Module | None = None,
         distill: DistillConfig | None = None, logit_task: LogitTask | None = None, dropout: bool = True,
-        optimizer: torch.optim.Optimizer | None = None, history: EpochHistory | None = None) -> TrainResult:
-    """Train ``model`` on ``task``'s training split with :class:`SurgeryTrainer`; the model ends in eval mode."""
-    trainer = SurgeryTrainer(model=model, args=args, train_dataset=train_columns(task),
-                             data_collator=PaddingCollator(task.tokenizer), teacher=teacher, distill=distill,
-                             task=logit_task, dropout=dropout, optimizers=(optimizer, None))
+        optimizer: torch.optim.Optimizer | None = None, history: EpochHistory | None = None,
+        cache_teacher: bool = False) -> TrainResult:
+    """Train ``model`` on ``task``'s training split with :class:`SurgeryTrainer`; the model ends in eval mode.
+
+    ``cache_teacher`` computes the teacher's logits once (:func:`with_teacher_logits`) where only logits
+    are distilled (no hidden-state term, no prompt ``logit_task``), instead of at every step.
+    """
+    rows, collator = train_columns(task), PaddingCollator(task.tokenizer)
+    cfg = distill or DistillConfig()
+    if cache_teacher and teacher is not None and logit_task is None and cfg.hidden_weight == 0:
+        rows = with_teacher_logits(teacher, rows, collator, batch_size=max(args.per_device_train_batch_size, 32),
+                                   bf16=bool(args.bf16))
+        collator = TeacherLogitsCollator(collator)  # type: ignore[assignment]
+    trainer = SurgeryTrainer(model=model, args=args, train_dataset=rows, data_collator=collator, teacher=teacher,
+                             distill=distill, task=logit_task, dropout=dropout, optimizers=(optimizer, None))
     if history is not None:
         history.stats = trainer.stats
         trainer.add_callback(history)

@@ -1,0 +1,162 @@
+"""Recovery tiers that fit a CPU: bf16 where the CPU has it, the teacher computed once, block-wise reconstruction,
+and each tier's estimate shown before it runs.
+
+Tiny random models; the checks are behaviours (the order of progress events, a count of teacher
+forward calls, a layer-output error that must fall, the precision a run was given), never absolute times.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+
+import pytest
+import torch
+
+from surgery.anatomy import adapter_for
+from surgery.compress import training_tier
+from surgery.core.progress import ProgressEvent
+from surgery.measure import machine
+from surgery.testing import FAMILIES, TinySpec, tiny_inputs, tiny_model, tiny_task_data
+from surgery.training import RecoveryConfig, recover
+from surgery.training.blockwise import BlockwiseConfig, output_errors, reconstruct_layers
+
+
+def cut(model: torch.nn.Module, heads: int = 2, neurons: int = 25) -> torch.nn.Module:
+    """A copy of ``model`` with ``heads`` heads and ``neurons`` FFN neurons removed from every layer."""
+    student = copy.deepcopy(model)
+    adapter = adapter_for(student)
+    for i in range(adapter.num_layers):
+        adapter.remove_units(i, {"heads": list(range(heads)), "neurons": list(range(neurons))})
+    return student
+
+
+def test_each_tier_shows_its_estimate_before_it_runs() -> None:
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    student = cut(teacher)
+    events: list[ProgressEvent] = []
+    out = training_tier.train_tiers(student, teacher, tiny_task_data(), 1e6, batch_size=8, progress=events.append,
+                                    bf16=False)
+    assert out["tiers_run"] == ["blockwise", "distil"]
+    tasks = [e.task for e in events]
+    for tier, own in (("blockwise", "block-wise reconstruction"), ("distil", "recovery epoch")):
+        shown = next(i for i, e in enumerate(events) if e.task == "compress: training tier" and e.info["tier"] == tier)
+        first_own = next(i for i, t in enumerate(tasks) if t.startswith(own))
+        assert shown < first_own, (tier, tasks)
+        assert events[shown].info["estimated_s"] > 0
+    for record in out["tiers"]:
+        assert record["estimated_seconds"] > 0 and record["seconds"] > 0
+        assert record["accuracy_before"] is not None and record["accuracy_after"] is not None
+    # The distillation tier was given whole Trainer steps within MAX_EPOCHS epochs.
+    assert 0 < out["tiers"][1]["steps"] <= training_tier.MAX_EPOCHS * out["estimates"]["distil"]["steps"]
+
+
+def test_no_tier_runs_when_none_fits_and_a_short_budget_skips_the_dearer_one() -> None:
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    student = cut(teacher)
+    none = training_tier.train_tiers(student, teacher, tiny_task_data(), 0.0, batch_size=8, bf16=False)
+    assert none["tiers_run"] == [] and none["note"].startswith("no recovery tier fits")
+    estimates = none["estimates"]
+    # Room for the distillation tier's minimum but not for block-wise reconstruction: only distillation runs.
+    d = estimates["distil"]
+    room = d["fixed_seconds"] + training_tier.MIN_DISTIL_STEPS * d["step_seconds"] * 1.5
+    if room < estimates["blockwise"]["seconds"]:
+        some = training_tier.train_tiers(student, teacher, tiny_task_data(), room, batch_size=8, bf16=False)
+        assert "blockwise" not in some["tiers_run"]
+
+
+@pytest.mark.parametrize("flags, expected", [(["avx512f", "avx512_bf16"], True), (["avx512f", "amx_bf16"], True),
+                                             (["avx2", "avx512f"], False)])
+def test_bf16_is_chosen_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                                  expected: bool) -> None:
+    info = machine.machine_info().model_copy(update={"flags": flags})
+    monkeypatch.setattr(machine, "machine_info", lambda *a, **k: info)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_tier.bf16_training() is expected
+    seen: list[bool] = []
+    recover_module = importlib.import_module("surgery.training.recover")  # the module, not the function
+    real_fit = recover_module.fit
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(bool(args[2].bf16))  # type: ignore[attr-defined]  # the Trainer's own switch
+        return real_fit(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recover_module, "fit", spy)
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    out = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 1e6, batch_size=8,
+                                    order=("distil",))
+    assert out["bf16"] is expected and seen == [expected]
+    assert out["estimates"]["distil"]["bf16"] is expected
+
+
+def count_forwards(model: torch.nn.Module) -> list[int]:
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_the_teacher_runs_once_per_run_not_once_per_step() -> None:
+    data = tiny_task_data(48, batch_size=8)
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    cached_student, live_student = cut(teacher), cut(teacher)
+    calls = count_forwards(teacher)
+    cached = recover(cached_student, teacher, data, RecoveryConfig(epochs=3, batch_size=8, cache_teacher=True))
+    once = calls[0]
+    # One inference pass over the 48 training rows (batches of 32), whatever the epochs and steps.
+    assert once == math.ceil(48 / 32) and cached.steps == 3 * 6
+    calls[0] = 0
+    live = recover(live_student, teacher, data, RecoveryConfig(epochs=3, batch_size=8, cache_teacher=False))
+    assert calls[0] == live.steps == 18
+    # The same training, numerically: the teacher is frozen and deterministic in eval mode.
+    assert [round(h["loss"], 4) for h in cached.history] == [round(h["loss"], 4) for h in live.history]
+    for a, b in zip(cached_student.parameters(), live_student.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_the_bf16_trainer_switch_trains_on_a_cpu() -> None:
+    data = tiny_task_data(32, batch_size=8)
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    student = cut(teacher)
+    dtypes: list[torch.dtype] = []
+    adapter_for(student).layer(0).ffn.down.register_forward_hook(lambda _m, _a, out: dtypes.append(out.dtype))
+    result = recover(student, teacher, data, RecoveryConfig(epochs=1, batch_size=8, bf16=True))
+    assert result.steps == 4 and math.isfinite(result.history[-1]["loss"])
+    assert torch.bfloat16 in dtypes  # the Trainer's autocast ran the student's products in bf16
+    assert all(p.dtype == torch.float32 for p in student.parameters())  # autocast: the weights stay fp32
+    # After training the model is fp32 again: accelerate's autocast wrapper of forward is removed, so the
+    # judging, export and timing that follow see the model as it is (it stayed bf16 before restore_forward).
+    dtypes.clear()
+    with torch.no_grad():
+        student(**tiny_inputs(TinySpec("bert")))
+    assert dtypes == [torch.float32]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_blockwise_reconstruction_lowers_every_cut_layers_output_error(family: str) -> None:
+    spec = TinySpec(family, layers=2, heads=4, ffn=37)
+    teacher = tiny_model(spec).eval()
+    student = cut(teacher)
+    batches = [tiny_inputs(spec, batch=8, seed=s) for s in range(3)]
+    before = output_errors(student, teacher, batches)
+    result = reconstruct_layers(student, teacher, batches, BlockwiseConfig(steps=60, learning_rate=1e-3))
+    after = output_errors(student, teacher, batches)
+    assert result.layers and all(after[s] < before[s] for s in before), (before, after, result.error)
+    for layer, (b, a) in result.error.items():
+        assert a <= b, layer
+    # Shapes never change: the cut is still the cut.
+    assert adapter_for(student).layer(0).ffn.down.in_features == 37 - 25
+
+
+def test_blockwise_follows_a_layer_drop_through_the_layer_map() -> None:
+    spec = TinySpec("bert", layers=3, heads=4, ffn=37)
+    teacher = tiny_model(spec).eval()
+    student = copy.deepcopy(teacher)
+    del adapter_for(student).layers()[1]  # layer 1 gone: student layers 0, 1 map to teacher layers 0, 2
+    student.config.num_hidden_layers = 2
+    batches = [tiny_inputs(spec, batch=8, seed=s) for s in range(2)]
+    mapping = {0: 0, 1: 2}
+    before = output_errors(student, teacher, batches, layer_map=mapping)
+    reconstruct_layers(student, teacher, batches, BlockwiseConfig(steps=60, learning_rate=1e-3), layer_map=mapping)
+    after = output_errors(student, teacher, batches, layer_map=mapping)
+    assert before[0] == 0.0 and after[1] < before[1]
