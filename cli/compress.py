@@ -345,7 +345,8 @@ def compress_command(
     against_runtime: Annotated[str, typer.Option("--against-runtime", help="What speedups are against: the original "
                                                  "on this runtime.")] = "torch",
     budget: Annotated[float | None, typer.Option("--budget", help="Wall-clock minutes for the whole job; "
-                                                 "distillation from the original runs when whole epochs fit. "
+                                                 "recovery from the original (block-wise reconstruction, then "
+                                                 "distillation) gets the time left, each tier estimated first. "
                                                  "Default: no training (least-squares refit only).")] = None,
     objective: Annotated[str | None, typer.Option("--objective", help="task or embedding (default: detected as "
                                                   "`apply` does).")] = None,

@@ -9,10 +9,10 @@ Two parts, both written to ``results/recovery_tiers.json`` (machine, load averag
 * ``tiers``: on one suite task (MiniLM-L6 fine-tuned on 2,000 examples, 2 epochs, lr 1e-4, as the suite
   does) per seed: a cut to 1/12 of the encoder's projection multiply-adds (every layer keeps its 2 heads
   and 64 FFN neurons of highest mask Fisher, compress's importance), refitted by least squares (compress's
-  free first tier). From that same refitted model, each tier alone, in this machine's precision (bf16
-  where the CPU has it, else fp32): block-wise reconstruction, one distillation epoch (teacher cached),
-  the same epoch with the teacher run at every step, block-wise then one epoch, and, on a bf16 CPU, the
-  epoch in fp32 as well. Per tier:
+  free first tier; compress's amounts of calibration). From that same refitted model, in this machine's
+  precision (bf16 where the CPU has it, else fp32): block-wise reconstruction; block-wise then one
+  distillation epoch; one distillation epoch alone (teacher cached); with ``--live-teacher`` the epoch with
+  the teacher run at every step; on a bf16 CPU the epoch in fp32 as well. Per tier:
   its estimate from timed steps (surgery.compress.training_tier), its actual seconds, dev and test accuracy,
   and dev points won back per minute. Distillation loss curves (running mean per step) are recorded.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -46,6 +47,7 @@ from experiments.tasks import load_suite_task
 from surgery.compress import training_tier
 from surgery.compress.candidates import apply_removal
 from surgery.compress.mask_fisher import mask_fisher
+from surgery.compress.plan import FISHER_EXAMPLES, REFIT_EXAMPLES
 from surgery.compress.removal_path import Removal
 from surgery.core.progress import ProgressEvent
 from surgery.data.task_data import PaddingCollator, TaskData
@@ -97,7 +99,7 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
         "labels": torch.randint(0, 2, (32 * steps,), generator=gen).tolist()})
     base = load_classifier()
     out: dict[str, Any] = {"batch": 32, "seq_len": 64, "steps_per_round": steps, "rounds": args.rounds, "threads": {}}
-    for threads in (1, 2):
+    for threads in args.speed_threads:
         torch.set_num_threads(threads)
         times: dict[str, list[float]] = {"fp32": [], "bf16": []}
         ratios = []
@@ -146,14 +148,15 @@ def finetuned(task: Any, seed: int, args: argparse.Namespace) -> torch.nn.Module
 
 def twelve_x_cut(original: torch.nn.Module, data: TaskData) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Every layer keeps its KEEP_HEADS heads and KEEP_NEURONS neurons of highest mask Fisher; then the refit."""
-    batches = task_calibration_batches(data, 16, batch_size=32)
+    # compress's own amounts: FISHER_EXAMPLES to score, the first REFIT_EXAMPLES of them to refit.
+    batches = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / 32), batch_size=32)
     heads, neurons, _ = mask_fisher(original, batches, objective="task")
     removal = Removal(heads={i: sorted(s.argsort()[:-KEEP_HEADS].tolist()) for i, s in heads.items()},
                       neurons={i: sorted(s.argsort()[:-KEEP_NEURONS].tolist()) for i, s in neurons.items()})
     model = copy.deepcopy(original)
     apply_removal(model, removal)
     started = time.perf_counter()
-    refit = refit_projections(model, original, task_calibration_batches(data, 32, batch_size=32))
+    refit = refit_projections(model, original, batches[: math.ceil(REFIT_EXAMPLES / 32)])
     cfg = original.config
     per_layer_full = 4 * cfg.hidden_size ** 2 + 2 * cfg.hidden_size * cfg.intermediate_size
     head = cfg.hidden_size // cfg.num_attention_heads
@@ -175,14 +178,15 @@ def tiers(args: argparse.Namespace, seed: int, tokenizer: Any) -> dict[str, Any]
     def tst(model: torch.nn.Module) -> float:
         return accuracy(model, test.loader("eval", batch_size=64))
 
-    row: dict[str, Any] = {"task": args.task, "seed": seed, "original_dev": dev(original),
-                           "original_test": tst(original)}
+    row: dict[str, Any] = {"task": args.task, "seed": seed, "original_dev": dev(original)}
     refitted, row["cut"] = twelve_x_cut(original, data)
     row["refit_dev"], row["refit_test"] = dev(refitted), tst(refitted)
     bf16 = training_tier.bf16_training()
     row["bf16_available"] = bf16
     calibration = task_calibration_batches(data, training_tier.BLOCKWISE_BATCHES, batch_size=32)
     row["layer_error_refit"] = output_errors(refitted, original, calibration[:4])
+    print(f"[seed {seed}] original dev {row['original_dev']:.4f}; refit dev {row['refit_dev']:.4f} test "
+          f"{row['refit_test']:.4f}; load {os.getloadavg()[0]:.1f}", flush=True)
     runs: dict[str, Any] = {}
 
     def blockwise(model: torch.nn.Module) -> dict[str, Any]:
@@ -209,26 +213,30 @@ def tiers(args: argparse.Namespace, seed: int, tokenizer: Any) -> dict[str, Any]
         return {"estimate_s": estimate.seconds, "seconds": time.perf_counter() - started, "steps": result.steps,
                 "bf16": use_bf16, "cache_teacher": cache, "loss_curve": curve}
 
-    # This machine's precision (bf16 only where the CPU has it); fp32 against bf16 where it does.
-    plans = {"blockwise": ["blockwise"], "distil-1ep": ["distil"], "distil-1ep-live-teacher": ["distil-live"],
-             "blockwise+distil-1ep": ["blockwise", "distil"]}
+    # This machine's precision (bf16 only where the CPU has it). Each plan starts from the refitted model, but
+    # "blockwise+distil-1ep" continues from "blockwise"'s model (its time is the sum): one reconstruction, not two.
+    plans = {"blockwise": (None, "blockwise"), "blockwise+distil-1ep": ("blockwise", "distil"),
+             "distil-1ep": (None, "distil")}
+    if args.live_teacher:
+        plans["distil-1ep-live-teacher"] = (None, "distil-live")
     if bf16:
-        plans["distil-1ep-fp32"] = ["distil-fp32"]
-    for name, parts in plans.items():
-        model = copy.deepcopy(refitted)
-        record: dict[str, Any] = {"parts": {}, "seconds": 0.0, "estimate_s": 0.0}
-        for part in parts:
-            got = blockwise(model) if part == "blockwise" else distil(
-                model, bf16 and part != "distil-fp32", cache=part != "distil-live")
-            record["parts"][part] = got
-            record["seconds"] += got["seconds"]
-            record["estimate_s"] += got["estimate_s"]
+        plans["distil-1ep-fp32"] = (None, "distil-fp32")
+    models: dict[str, torch.nn.Module] = {}
+    for name, (start, part) in plans.items():
+        model = copy.deepcopy(models[start] if start else refitted)
+        got = blockwise(model) if part == "blockwise" else distil(model, bf16 and part != "distil-fp32",
+                                                                    cache=part != "distil-live")
+        before = runs[start] if start else {"seconds": 0.0, "estimate_s": 0.0, "parts": {}}
+        record: dict[str, Any] = {"parts": {**before["parts"], part: got},
+                                  "seconds": before["seconds"] + got["seconds"],
+                                  "estimate_s": before["estimate_s"] + got["estimate_s"]}
         record["dev"], record["test"] = dev(model), tst(model)
         record["dev_points_per_minute"] = 100 * (record["dev"] - row["refit_dev"]) / (record["seconds"] / 60)
         record["test_points_per_minute"] = 100 * (record["test"] - row["refit_test"]) / (record["seconds"] / 60)
         record["layer_error"] = output_errors(model, original, calibration[:4])
         record["load_average"] = list(os.getloadavg())
         runs[name] = record
+        models[name] = model
         print(f"[seed {seed}] {name}: dev {row['refit_dev']:.4f} -> {record['dev']:.4f}, test {row['refit_test']:.4f} "
               f"-> {record['test']:.4f} in {record['seconds']:.0f}s (estimated {record['estimate_s']:.0f}s), "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
@@ -244,6 +252,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--speed-steps", type=int, default=6)
+    parser.add_argument("--speed-threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--live-teacher", action="store_true", help="also one epoch with the teacher run at every "
+                        "step (the cost the cache saves)")
     parser.add_argument("--work", type=Path, default=ROOT / "logs" / "recovery_work")
     parser.add_argument("--suite-work", type=Path, default=ROOT / "logs" / "suite_work",
                         help="fine-tuned models of experiments/suite/bench_suite.py --methods finetuned, read only")

@@ -18,6 +18,7 @@ as ``surgery.training.training_arguments(bf16=True)`` sets it), the GPU hidden.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -105,7 +106,6 @@ def main() -> None:
     shape = {**MINILM_L6, "hidden_size": 48, "num_hidden_layers": 2, "intermediate_size": 96} if args.smoke \
         else MINILM_L6
     base = BertForSequenceClassification(BertConfig(**shape))
-    state = {k: v.clone() for k, v in base.state_dict().items()}
     out: dict[str, Any] = {"machine": cpu(), "model": shape, "batch": 32, "seq_len": 64, "steps_per_round": args.steps,
                            "rounds": args.rounds, "threads": {}}
     data = rows(32 * args.steps, 0)
@@ -116,8 +116,11 @@ def main() -> None:
         for r in range(args.rounds):
             this = {}
             for mode in (("fp32", "bf16") if r % 2 == 0 else ("bf16", "fp32")):
-                base.load_state_dict(state)
-                this[mode] = statistics.median(train(base, data, mode == "bf16").seconds[1:])
+                # A fresh copy per run: a bf16 Trainer leaves accelerate's autocast wrapper on the model it
+                # prepared (what surgery's restore_forward removes), so reusing one model made every later
+                # run bf16 (results/device_trainer_reused_model_INVALID.json).
+                model = copy.deepcopy(base)
+                this[mode] = statistics.median(train(model, data, mode == "bf16").seconds[1:])
                 times[mode].append(this[mode])
             ratios.append(this["fp32"] / this["bf16"])
             print(f"threads {threads} round {r}: fp32 {this['fp32']:.3f}s bf16 {this['bf16']:.3f}s "
@@ -130,8 +133,7 @@ def main() -> None:
     task = rows(32 * args.loss_steps, 1, rule=True)
     curves = {}
     for mode in ("fp32", "bf16"):
-        base.load_state_dict(state)
-        curves[mode] = train(base, task, mode == "bf16", lr=1e-4).losses
+        curves[mode] = train(copy.deepcopy(base), task, mode == "bf16", lr=1e-4).losses
     diffs = [abs(a - b) for a, b in zip(curves["fp32"], curves["bf16"], strict=False)]
     out["loss"] = {"steps": args.loss_steps, "fp32": curves["fp32"], "bf16": curves["bf16"],
                    "max_abs_diff": max(diffs), "mean_abs_diff": statistics.mean(diffs),

@@ -15,7 +15,8 @@ Phases, each reported as progress and timed in the report:
    paths (``--max-drop``), the points of the units-only and the uniform paths, the unchanged model
    on the runtime (smoothed int8 alone, for ``onnxruntime-int8``) and a uniform layer-drop at the
    same predicted speed; each timed side by side;
-6. the pick, then the training tier on the winner when the budget leaves whole epochs for it; the
+6. the pick, then the recovery tiers on the winner in the time the budget leaves (each estimated from
+   timed steps and announced first: :mod:`surgery.compress.training_tier`); the
    winner's artefact (the judged files) is handed back in the result, never exported again.
 
 ``--runtime auto`` (:mod:`surgery.compress.auto_runtime`) runs this on every runtime available here

@@ -72,7 +72,8 @@ class CompressConfig(BaseModel):
     against_runtime: str = Field(default="torch", description="what speedups are against: the original on this "
                                  "runtime (default PyTorch fp32)")
     budget_minutes: float | None = Field(default=None, gt=0.0, description="wall-clock minutes for the whole job; "
-                                         "distillation runs in whole epochs that fit. None: the refit tier only")
+                                         "the recovery tiers (block-wise reconstruction, distillation) get the time "
+                                         "left, each estimated first. None: the refit tier only")
     train: bool = Field(default=True, description="False keeps to the refit tier whatever the budget")
     objective: Literal["task", "embedding"] | None = Field(default=None, description="default: from the data")
     batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH, description="batch size to time (default: the "
