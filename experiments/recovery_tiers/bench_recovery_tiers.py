@@ -167,7 +167,8 @@ def twelve_x_cut(original: torch.nn.Module, data: TaskData) -> tuple[torch.nn.Mo
                    "refit_projections": len(refit.projections)}
 
 
-def tiers(args: argparse.Namespace, seed: int, tokenizer: Any) -> dict[str, Any]:
+def tiers(args: argparse.Namespace, seed: int, tokenizer: Any, save: Any = None) -> dict[str, Any]:
+    """One seed of the tier study; ``save(row)`` is called after each stage (a long run leaves its partial row)."""
     torch.set_num_threads(args.threads)
     task = load_suite_task(args.task, tokenizer, seed=seed, max_train=2000, max_dev=400, max_test=1000)
     data, test = task.data, task.test_data()
@@ -179,15 +180,17 @@ def tiers(args: argparse.Namespace, seed: int, tokenizer: Any) -> dict[str, Any]
         return accuracy(model, test.loader("eval", batch_size=64))
 
     row: dict[str, Any] = {"task": args.task, "seed": seed, "original_dev": dev(original)}
+    save = save or (lambda _row: None)
     refitted, row["cut"] = twelve_x_cut(original, data)
     row["refit_dev"], row["refit_test"] = dev(refitted), tst(refitted)
     bf16 = training_tier.bf16_training()
     row["bf16_available"] = bf16
     calibration = task_calibration_batches(data, training_tier.BLOCKWISE_BATCHES, batch_size=32)
     row["layer_error_refit"] = output_errors(refitted, original, calibration[:4])
+    row["runs"] = runs = {}
+    save(row)
     print(f"[seed {seed}] original dev {row['original_dev']:.4f}; refit dev {row['refit_dev']:.4f} test "
           f"{row['refit_test']:.4f}; load {os.getloadavg()[0]:.1f}", flush=True)
-    runs: dict[str, Any] = {}
 
     def blockwise(model: torch.nn.Module) -> dict[str, Any]:
         cfg = BlockwiseConfig(bf16=bf16, seed=seed)
@@ -215,8 +218,8 @@ def tiers(args: argparse.Namespace, seed: int, tokenizer: Any) -> dict[str, Any]
 
     # This machine's precision (bf16 only where the CPU has it). Each plan starts from the refitted model, but
     # "blockwise+distil-1ep" continues from "blockwise"'s model (its time is the sum): one reconstruction, not two.
-    plans = {"blockwise": (None, "blockwise"), "blockwise+distil-1ep": ("blockwise", "distil"),
-             "distil-1ep": (None, "distil")}
+    plans = {"blockwise": (None, "blockwise"), "distil-1ep": (None, "distil"),
+             "blockwise+distil-1ep": ("blockwise", "distil")}
     if args.live_teacher:
         plans["distil-1ep-live-teacher"] = (None, "distil-live")
     if bf16:
@@ -237,6 +240,7 @@ def tiers(args: argparse.Namespace, seed: int, tokenizer: Any) -> dict[str, Any]
         record["load_average"] = list(os.getloadavg())
         runs[name] = record
         models[name] = model
+        save(row)
         print(f"[seed {seed}] {name}: dev {row['refit_dev']:.4f} -> {record['dev']:.4f}, test {row['refit_test']:.4f} "
               f"-> {record['test']:.4f} in {record['seconds']:.0f}s (estimated {record['estimate_s']:.0f}s), "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
@@ -270,11 +274,13 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
         results.setdefault("tiers", {})
         for seed in args.seeds:
-            row = tiers(args, seed, tokenizer)
-            row.update(commit=commit(), threads=args.threads)
-            results["tiers"][f"{args.task}|{seed}"] = row
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=1))
+            def save(row: dict[str, Any], seed: int = seed) -> None:
+                row.update(commit=commit(), threads=args.threads, load_average_now=list(os.getloadavg()))
+                results["tiers"][f"{args.task}|{seed}"] = row
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(results, indent=1))
+
+            save(tiers(args, seed, tokenizer, save))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
 

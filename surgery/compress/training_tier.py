@@ -41,7 +41,9 @@ MAX_EPOCHS = 6
 MIN_DISTIL_STEPS = 8
 #: Calibration batches block-wise reconstruction caches (bounded memory: one layer's inputs and targets at a time).
 BLOCKWISE_BATCHES = 16
-#: The tiers, by accuracy won back per budget minute (experiments/recovery_tiers): the first gets the time first.
+#: The tiers, by accuracy won back per budget minute, the first gets the time first. experiments/recovery_tiers
+#: (rt-sentiment, a cut to 1/12 of the projections, fp32, one seed): block-wise 1.82 dev points per minute,
+#: one distillation epoch 1.15 (on test level, 0.61 and 0.62); distillation after block-wise still added 2.25.
 TIER_ORDER: tuple[str, ...] = ("blockwise", "distil")
 
 
