@@ -65,12 +65,34 @@ def cpu_facts() -> dict[str, object]:
     return {k: fields.get(k, "").strip() for k in ("Model name", "CPU(s)", "Thread(s) per core", "Flags")}
 
 
+def snapshot(work: Path, name: str) -> None:
+    """What an unfinished run reached: its progress lines (the plan printed before the work included), the
+    process's CPU time and RSS now, the load average; written to results/<name>.partial.json."""
+    log = (work / f"{name}.stderr.log").read_text().replace("\r", "\n")
+    lines = [line for line in log.splitlines() if line.strip() and not any(
+        skip in line for skip in ("Writing", "Loading", "it/s]", "━"))]
+    ps = subprocess.run(["ps", "-eo", "pid,etime,time,rss,args"], capture_output=True, text=True, check=False).stdout
+    process = [row.split(None, 4)[:4] for row in ps.splitlines()
+               if "bin/surgery compress" in row and "time -v" not in row]
+    watch = work / "watch.log"
+    result = {"finished": False, "cpu": cpu_facts(), "load_average_now": os.getloadavg(),
+              "progress_lines": lines, "process_pid_elapsed_cputime_rss_kib": process,
+              "progress_seen_every_10s": watch.read_text().splitlines() if watch.is_file() else []}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.partial.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("load_average_now", "process_pid_elapsed_cputime_rss_kib")}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--name", default="bert_base_128")
+    parser.add_argument("--snapshot", action="store_true", help="write what a running (unfinished) run reached")
     args = parser.parse_args()
+    if args.snapshot:
+        snapshot(args.work, args.name)
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir, corpus = build_inputs(args.work)
     out = args.work / f"out-{args.name}"
