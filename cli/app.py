@@ -56,7 +56,7 @@ from surgery.cli.options import (
     TextColumn,
     TextPairColumn,
 )
-from surgery.cli.outputs import decide_outputs
+from surgery.cli.outputs import decide_outputs, decided_outputs
 from surgery.cli.plot import plot_command
 from surgery.cli.plugins import add_plugin_commands
 from surgery.cli.teacher import teacher_path
@@ -206,7 +206,7 @@ class SurgeryGroup(typer.core.TyperGroup):
         for problem in PLUGIN_PROBLEMS:
             typer.echo(f"warning: {problem}", err=True)
         joined = False
-        saved_before = len(saved_outputs())
+        saved_before, decided_before = len(saved_outputs()), len(decided_outputs())
         try:
             with _signals_interrupt(), _quiet_libraries(state.debug):
                 try:
@@ -217,7 +217,9 @@ class SurgeryGroup(typer.core.TyperGroup):
         except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
             # Told from what was put in place, not guessed: a signal held during a swap lands right after it.
-            saved = ", ".join(str(path) for path in saved_outputs()[saved_before:])
+            # Only what the command was asked to write: a search's candidates and caches are its own business.
+            asked = {path.resolve() for path in decided_outputs()[decided_before:]}
+            saved = ", ".join(str(path) for path in saved_outputs()[saved_before:] if path.resolve() in asked)
             typer.echo(f"error: interrupted ({signal.Signals(signum).name}); "
                        + (f"{saved} had been saved in full" if saved else "nothing was saved"), err=True)
             code = EXIT_SIGNAL.get(signum, 130)

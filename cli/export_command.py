@@ -14,7 +14,7 @@ Example:
     >>> saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), root / "m")
     >>> result = CliRunner().invoke(app, ["export", str(saved), "--out", str(root / "onnx"), "--seq", "8"])
     >>> result.exit_code, sorted(p.name for p in (root / "onnx").iterdir())
-    (0, ['model.onnx', 'surgery-onnx.json'])
+    (0, ['.surgery-manifest.json', 'model.onnx', 'surgery-onnx.json'])
 """
 
 from __future__ import annotations

@@ -171,9 +171,10 @@ def check_output_dir(out: str | Path, *, overwrite: bool, flag: str = "--out") -
     """Refuse, before any work, an output directory the save could not or must not replace (see surgery.cli.outputs).
 
     The rule is :func:`surgery.persist.atomic.output_problem`: a new path whose directories can be
-    made, an empty directory, or with ``--overwrite`` an earlier surgery output; never a file, a
-    directory of the user's own files, the working or home directory or an ancestor of one. A
-    previous output stranded by an interrupted save is renamed back first.
+    made, an empty directory, or with ``--overwrite`` a directory surgery wrote whole (its manifest
+    lists exactly what it holds); never a file, a directory with anything surgery did not write, ``/``,
+    the working directory, a home directory or an ancestor of one. A previous output stranded by an
+    interrupted save is renamed back first.
 
     Example:
         >>> import tempfile
@@ -182,7 +183,7 @@ def check_output_dir(out: str | Path, *, overwrite: bool, flag: str = "--out") -
         >>> check_output_dir(full, overwrite=True)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        surgery.core.errors.OutputPathError: --out ... holds files surgery did not write (no surgery.json, ...); ...
+        surgery.core.errors.OutputPathError: --out ... holds files surgery did not write (.../mine.txt is not a file ...
     """
     target = prepare_output(out, overwrite=overwrite, flag=flag)
     check_not_being_written(target)

@@ -9,16 +9,18 @@ user owns:
 * a result file inside an input model directory, equal to an input file, or inside the output
   directory (which the save replaces, so the file would be lost or would overwrite what was saved);
 * two outputs that are the same file;
-* an existing file, unless ``--overwrite`` was given;
-* an output directory that ``--overwrite`` must not replace: the working or home directory, an ancestor
-  of one, ``/``, or a directory of files surgery did not write (only an empty directory or an earlier
-  surgery output, one holding ``surgery.json``, ``compress.json``, ``surgery-onnx.json``,
-  ``surgery-openvino.json`` or ``surgery-output.json``, may be replaced: :func:`surgery.persist.atomic.output_problem`);
+* an existing file, unless ``--overwrite`` was given, and even then one surgery did not write (its record
+  beside it must match it: :func:`surgery.persist.atomic.file_problem`);
+* an output directory that ``--overwrite`` must not replace: ``/``, the working directory, any user's home
+  directory, an ancestor of one, or a directory holding anything surgery's manifest does not list
+  (only an empty directory or one surgery wrote whole may be replaced:
+  :func:`surgery.persist.atomic.output_problem`);
 * an output under an existing file, or in a directory that is not writable.
 
 Symlinks are resolved first, so a link to an input's ``config.json`` is that file. The files are
-then written with :func:`surgery.persist.atomic.atomic_write`, which again never replaces a file that
-appeared in the meantime unless ``--overwrite`` allows it.
+then written with :func:`surgery.persist.atomic.atomic_write`, which checks again under its lock.
+The paths decided are remembered (:func:`decided_outputs`), so that an interrupted command names
+only the outputs it was asked for among those it had saved, never its internal temporaries.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from pathlib import Path
 
 from surgery.cli.inputs import check_output_dir, check_writable_file
 from surgery.core.errors import OutputPathError
-from surgery.persist.atomic import check_separate
+from surgery.persist.atomic import check_separate, file_problem
+
+_DECIDED: list[Path] = []
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,19 @@ class Outputs:
     def file(self, flag: str) -> Path | None:
         """The checked path given with ``flag``, None if the option was not given."""
         return self.files.get(flag)
+
+
+def decided_outputs() -> tuple[Path, ...]:
+    """Every output path :func:`decide_outputs` has accepted in this process, oldest first (resolved).
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()).resolve() / "o"
+        >>> _ = decide_outputs([], out=("--out", out))
+        >>> decided_outputs()[-1] == out
+        True
+    """
+    return tuple(_DECIDED)
 
 
 def _existing(inputs: Sequence[str | Path | None]) -> tuple[list[Path], list[Path]]:
@@ -68,7 +85,7 @@ def decide_outputs(inputs: Sequence[str | Path | None], *, out: tuple[str, str |
             are not on disk are ignored.
         out: ``(flag, directory)`` that the command writes atomically, or None.
         files: ``(flag, file)`` pairs of result files; None entries (option not given) are skipped.
-        overwrite: whether ``--overwrite`` was given (an existing non-empty ``--out``, existing files).
+        overwrite: whether ``--overwrite`` was given (an existing ``--out`` or file that surgery wrote).
 
     Example:
         >>> import tempfile
@@ -115,8 +132,10 @@ def decide_outputs(inputs: Sequence[str | Path | None], *, out: tuple[str, str |
                                   "choose a file outside it")
         if real in taken:
             raise OutputPathError(f"{flag} {file} is also the file of {taken[real]}; give each output its own file")
-        if file.exists() and not overwrite:
-            raise OutputPathError(f"{flag} {file} exists; pass --overwrite to replace it, or choose a new file")
+        problem = file_problem(file, overwrite=overwrite, flag=flag)
+        if problem is not None:
+            raise OutputPathError(problem)
         taken[real] = flag
         checked[flag] = file
+    _DECIDED.extend([*([directory] if directory is not None else []), *(f.resolve() for f in checked.values())])
     return Outputs(directory=directory, files=checked, overwrite=overwrite)

@@ -8,6 +8,9 @@ carries the machine, the latency table and the search path, so a run can be chec
 
 from __future__ import annotations
 
+import os
+import shutil
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from surgery.compress.candidates import CandidateResult
+from surgery.persist.atomic import atomic_directory
 
 
 class SpeedupTarget(BaseModel):
@@ -112,13 +116,43 @@ class CompressReport(BaseModel):
         return next((c for c in self.candidates if c.name == self.winner), None)
 
 
+class KeptDirectory(type(Path())):  # type: ignore[misc]  # PosixPath or WindowsPath, as Path() makes
+    """A temporary directory's path that keeps the directory on disk while this object lives.
+
+    The directory (and the temporary folder holding it) is deleted once nothing refers to this
+    object any more: not the :class:`CompressResult` it came in, not the caller's own variable. A
+    path derived from it (``kept / "model.onnx"``) or its ``str`` does not keep it; copy the files
+    away (:meth:`CompressResult.save_artefact`) to keep them for good.
+
+    Example:
+        >>> import gc, tempfile
+        >>> holder = Path(tempfile.mkdtemp())
+        >>> kept = KeptDirectory.take(holder)
+        >>> kept.is_dir(), kept.parent == holder
+        (True, True)
+        >>> del kept; _ = gc.collect()
+        >>> holder.exists()
+        False
+    """
+
+    @classmethod
+    def take(cls, holder: Path, name: str = "artefact") -> KeptDirectory:
+        """``holder / name`` (made if missing), with ``holder`` deleted when the returned path is no longer used."""
+        kept = cls(Path(holder) / name)
+        kept.mkdir(exist_ok=True)
+        weakref.finalize(kept, shutil.rmtree, str(holder), True)
+        return kept
+
+
 class CompressResult:
     """What :func:`surgery.compress` returns: the chosen model (PyTorch), the report, every candidate.
 
     ``calibration`` holds the training batches the run calibrated int8 activations on. ``artefact``
     is the directory of the winner's runtime artefact (ONNX graph, OpenVINO IR, bf16 weights), the
-    very files it was judged and timed on, kept until the result is garbage collected (None for
-    ``torch``): ``surgery compress`` moves it into OUT rather than exporting the model again.
+    very files it was judged and timed on (None for ``torch``): a :class:`KeptDirectory`, on disk as
+    long as the result or that path object is kept (``path = surgery.compress(...).artefact`` stays
+    valid while ``path`` is used); :meth:`save_artefact` copies it where you say. ``surgery compress``
+    copies it into OUT rather than exporting the model again.
     """
 
     def __init__(self, model: nn.Module, report: CompressReport, calibration: list[Any] | None = None,
@@ -131,6 +165,28 @@ class CompressResult:
     @property
     def candidates(self) -> list[CandidateResult]:
         return self.report.candidates
+
+    def save_artefact(self, out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Copy the winner's artefact (the judged files, byte for byte) to ``out_dir``, atomically; returns it.
+
+        ``out_dir`` follows the rule of every output (:func:`surgery.persist.atomic.output_problem`):
+        new or empty, or with ``overwrite`` a directory surgery wrote whole.
+
+        Example:
+            >>> import tempfile
+            >>> report = CompressReport.model_construct(runtime="onnxruntime")
+            >>> held = KeptDirectory.take(Path(tempfile.mkdtemp()))
+            >>> _ = (held / "model.onnx").write_bytes(b"graph")
+            >>> out = CompressResult(nn.Identity(), report, artefact=held).save_artefact(Path(tempfile.mkdtemp()) / "a")
+            >>> (out / "model.onnx").read_bytes()
+            b'graph'
+        """
+        if self.artefact is None:
+            raise ValueError(f"this result has no runtime artefact: runtime {self.report.runtime} serves the "
+                             "PyTorch model itself (result.model)")
+        with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+            shutil.copytree(self.artefact, tmp, dirs_exist_ok=True)
+        return Path(out_dir).expanduser().resolve()
 
     def __iter__(self) -> Any:  # model, report, candidates = surgery.compress(...)
         return iter((self.model, self.report, self.candidates))

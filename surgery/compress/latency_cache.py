@@ -228,7 +228,8 @@ def read_cached(path: Path, key: Mapping[str, Any]) -> tuple[LatencyTable | None
 def write_cached(path: Path, key: Mapping[str, Any], table: LatencyTable) -> Path:
     """Store ``table`` for ``key`` at ``path`` (JSON, written atomically); :func:`read_cached` shows it."""
     payload = {"format": CACHE_FORMAT, "key": key, "table": table.model_dump(mode="json")}
-    return atomic_write(path, json.dumps(payload, indent=1, sort_keys=True) + "\n", overwrite=True)
+    # record=False: a cache file is surgery's own (named by its key, in surgery's cache), not a user's output.
+    return atomic_write(path, json.dumps(payload, indent=1, sort_keys=True) + "\n", overwrite=True, record=False)
 
 
 def try_write_cached(path: Path, key: Mapping[str, Any], table: LatencyTable) -> str | None:

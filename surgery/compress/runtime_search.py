@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from torch import nn
 from surgery.compress.candidate_pool import default_workers
 from surgery.compress.candidate_run import CandidateRun
 from surgery.compress.candidates import Judge
-from surgery.compress.compress_report import CompressResult
+from surgery.compress.compress_report import CompressResult, KeptDirectory
 from surgery.compress.config import CompressConfig
 from surgery.compress.held_out import DevSplit, split_dev
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
@@ -127,17 +126,15 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         report.peak_rss_bytes = peak_rss_bytes()
     finally:
         model.train(was_training)
-    result = CompressResult(final_model, report, plan.smoothing, artefact)
-    if artefact is not None:  # removed with the result, unless the caller moved it away first
-        weakref.finalize(result, shutil.rmtree, artefact.parent, True)
-    return result, plan.costs
+    return CompressResult(final_model, report, plan.smoothing, artefact), plan.costs
 
 
-def keep_artefact(directory: Path | None) -> Path | None:
+def keep_artefact(directory: Path | None) -> KeptDirectory | None:
     """Move a judged artefact's directory out of the run's work directory into a new temporary one.
 
     A move on one filesystem renames; across filesystems it copies the bytes: either way the files
-    are the ones judged (:attr:`CandidateResult.artefact` holds their digests).
+    are the ones judged (:attr:`CandidateResult.artefact` holds their digests). The returned path
+    keeps them on disk while it is used (:class:`KeptDirectory`).
 
     Example:
         >>> import tempfile
@@ -149,6 +146,7 @@ def keep_artefact(directory: Path | None) -> Path | None:
     """
     if directory is None:
         return None
-    kept = Path(tempfile.mkdtemp(prefix="surgery-compress-artefact-")) / "artefact"
+    kept = KeptDirectory.take(Path(tempfile.mkdtemp(prefix="surgery-compress-artefact-")))
+    kept.rmdir()  # shutil.move renames onto a missing path
     shutil.move(str(directory), str(kept))
     return kept

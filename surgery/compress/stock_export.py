@@ -18,6 +18,10 @@ removed layers are simply fewer layers. :func:`save_stock` writes such a model a
   embeddings, so ``SentenceTransformer(dir)`` loads it with its default torch backend;
 * no ``surgery.json``: nothing in the directory needs surgery.
 
+A layer whose FFN lost every neuron is written as one zero neuron (:mod:`surgery.anatomy.empty_ffn`:
+exactly the same outputs), since ``intermediate_size: 0`` is a config that surgery itself refuses to
+read.
+
 What a stock config cannot say is refused in one line (:class:`~surgery.core.errors.StockFormatError`)
 before anything is written; :func:`stock_structure_problem` gives the reason without raising.
 """
@@ -36,9 +40,10 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from surgery.anatomy import adapter_for
+from surgery.anatomy.empty_ffn import fill_empty_ffns_
 from surgery.core.errors import ConfigError, StockFormatError
 from surgery.core.manifest import source_dir_of, steps_of
-from surgery.persist.atomic import atomic_directory, write_output_mark
+from surgery.persist.atomic import atomic_directory
 from surgery.persist.config_values import without_remote_code
 from surgery.persist.model_io import WEIGHTS_NAME, output_directory, weights_dtype
 
@@ -197,6 +202,18 @@ def stock_fixed_layers(model: nn.Module) -> list[int]:
     return [i for i in range(len(signatures)) if any(later != signatures[i] for later in signatures[i + 1:])]
 
 
+def _served(model: nn.Module) -> nn.Module:
+    """``model``, or a copy of it whose FFNs of width 0 are one zero neuron (the same outputs, a readable config)."""
+    if not isinstance(model, PreTrainedModel):
+        return model  # refused with its reason by stock_structure_problem
+    adapter = adapter_for(model)
+    if all((parts := adapter.layer(i)).ffn is None or parts.ffn.width != 0 for i in range(adapter.num_layers)):
+        return model
+    served = copy.deepcopy(model)  # the caller's model keeps its plans and shapes
+    fill_empty_ffns_(served)
+    return served
+
+
 def _sentence_files(model: nn.Module, sentence_config: Any) -> Any:
     """The sentence-embedding config to write: the one given, else the source directory's (None if neither)."""
     from surgery.embedding.pooling import read_sentence_config
@@ -235,11 +252,12 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
         >>> _ = surgery.convert(model, LayerDropStrategy(layers=[2]))
         >>> out = save_stock(model, Path(tempfile.mkdtemp()) / "stock")
         >>> sorted(p.name for p in out.iterdir())
-        ['config.json', 'model.safetensors', 'surgery-output.json']
+        ['.surgery-manifest.json', 'config.json', 'model.safetensors']
         >>> from transformers import AutoModel
         >>> AutoModel.from_pretrained(out).config.num_hidden_layers
         2
     """
+    model = _served(model)
     problem = stock_structure_problem(model)
     if problem is not None:
         raise StockFormatError(f"save_stock: cannot write a stock Hugging Face directory: {problem}; save it with "
@@ -254,7 +272,6 @@ def save_stock(model: nn.Module, out_dir: str | os.PathLike[str], *, overwrite: 
     config = stock_config(model)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         config.save_pretrained(tmp)
-        write_output_mark(tmp, "stock")  # so that a later --overwrite knows this directory is surgery's to replace
         # The weight names are the stock model's (checked above): the ModuleList already renumbers kept layers.
         save_model(model, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         if tokenizer is not None:

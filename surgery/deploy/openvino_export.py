@@ -502,7 +502,8 @@ def export_openvino(
         >>> out = Path(tempfile.mkdtemp()) / "ov"
         >>> report = export_openvino(model, out, batch=2, seq=8)
         >>> report.parity.max_abs_diff < 1e-4, report.steps, sorted(p.name for p in out.iterdir())
-        (True, ['head-prune'], ['config.json', 'openvino_model.bin', 'openvino_model.xml', 'surgery-openvino.json'])
+        (True, ['head-prune'], ['.surgery-manifest.json', 'config.json', 'openvino_model.bin', 'openvino_model.xml',
+         'surgery-openvino.json'])
         >>> served = OpenVinoModel(out / OV_XML, config=model.config)
         >>> tuple(served(**tiny_inputs(spec, batch=5, seq=11)).last_hidden_state.shape)
         (5, 11, 32)

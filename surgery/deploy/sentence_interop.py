@@ -159,8 +159,8 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         >>> out = Path(tempfile.mkdtemp()) / "st"
         >>> report = export_sentence_transformers(tiny_model(TinySpec("bert")), out, tokenizer=tok,
         ...                                       sentence_config=SentenceConfig(normalize=True))
-        >>> sorted(p.name for p in out.iterdir())[:4], report.output
-        (['1_Pooling', 'config.json', 'modules.json', 'onnx'], 'last_hidden_state')
+        >>> sorted(p.name for p in out.iterdir())[:5], report.output
+        (['.surgery-manifest.json', '1_Pooling', 'config.json', 'modules.json', 'onnx'], 'last_hidden_state')
         >>> unfused = export_sentence_transformers(tiny_model(TinySpec("bert")), out.with_name("plain"), tokenizer=tok,
         ...                                        sentence_config=SentenceConfig(), fuse_attention=False)
         >>> report.fused_attention.layers, unfused.fused_attention

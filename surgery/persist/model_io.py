@@ -153,7 +153,7 @@ def save_pretrained(
         ...                  num_attention_heads=4, intermediate_size=37)
         >>> path = save_pretrained(BertModel(cfg), Path(tempfile.mkdtemp()) / "m")
         >>> sorted(p.name for p in path.iterdir())
-        ['config.json', 'model.safetensors', 'surgery.json']
+        ['.surgery-manifest.json', 'config.json', 'model.safetensors', 'surgery.json']
     """
     if not isinstance(model, PreTrainedModel):
         raise ConfigError(f"save_pretrained needs a transformers model (a PreTrainedModel), got "
