@@ -36,7 +36,8 @@ Seed = Annotated[int, typer.Option(help="Seed of the evaluation split(s), new he
 MaxTrain = Annotated[int | None, typer.Option(min=1, help="Use at most N training examples (per task).")]
 EvalData = Annotated[str | None, typer.Option("--eval-data", help="Evaluation data; default: a seeded 10% split of "
                                               "--data.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out directory.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out (or result file) that "
+                                         "surgery wrote and nobody changed since (its manifest says so).")]
 Int8Fp32 = Annotated[list[str] | None, typer.Option(
     "--int8-fp32", help="With --runtime onnxruntime-int8: keep this part of every layer in fp32 (attention, ffn, "
     "ffn-up, ffn-down; repeatable): mixed precision when full int8 moves the outputs too far.")]

@@ -153,9 +153,14 @@ def test_apply_with_data_keeps_a_matching_classifier(ws: dict[str, Path], tmp_pa
 def test_overwrite_replaces_a_non_empty_output(ws: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [1]}", "-o", str(out)])
-    (out / "old.txt").write_text("old")  # an earlier surgery output (surgery.json), so --overwrite may replace it
-    ok(["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [0]}", "-o", str(out), "--overwrite"])
-    assert not (out / "old.txt").exists() and (out / "surgery.json").exists()
+    first = (out / "surgery.json").read_text()
+    (out / "old.txt").write_text("old")  # added by the user: an output surgery wrote whole no more
+    again = ["apply", str(ws["bare"]), "-s", "head-prune", "--set", "heads={0: [0]}", "-o", str(out), "--overwrite"]
+    assert _refusals([(again, f"{out / 'old.txt'} is not a file surgery wrote")]) == []
+    assert (out / "old.txt").read_text() == "old" and (out / "surgery.json").read_text() == first
+    (out / "old.txt").unlink()
+    ok(again)  # surgery's output as it wrote it (its manifest) is replaced
+    assert (out / "surgery.json").read_text() != first
 
 
 def test_bench_side_by_side(ws: dict[str, Path], tmp_path: Path) -> None:
@@ -497,7 +502,8 @@ def test_report_and_json_are_written_atomically_and_replace_only_with_overwrite(
     first = json.loads(report.read_text())
     ok([*args, "--overwrite"])
     assert json.loads(report.read_text())["plan"] == first["plan"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pruned", "report.json"]  # no temporary left behind
+    # No temporary left behind; the report's record beside it lets a later --overwrite replace it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".report.json.surgery-record.json", "pruned", "report.json"]
 
 
 def _safetensors_bytes(spans: list[tuple[str, int, int]], data: bytes) -> bytes:

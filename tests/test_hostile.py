@@ -124,13 +124,18 @@ def test_a_save_never_replaces_what_another_writer_finished(tmp_path: Path) -> N
 def test_stale_leftovers_of_a_killed_save_are_cleaned_and_a_live_lock_is_named(tmp_path: Path) -> None:
     out = tmp_path / "m"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    leftover = tmp_path / f".m.tmp-{int(dead.stdout)}-deadbeef"  # the form surgery makes, of a dead writer
+    planted = tmp_path / f".m.tmp-{int(dead.stdout)}-deadbeef"  # the form surgery makes, but nothing says it is ours
+    planted.mkdir()
+    (planted / "model.safetensors").write_bytes(b"the user's")
+    leftover = tmp_path / f".m.tmp-{int(dead.stdout)}-feedface"  # what a killed writer leaves: named by its lock
     leftover.mkdir()
     (leftover / "model.safetensors").write_bytes(b"partial")
-    (tmp_path / ".m.lock").write_text(f"{os.uname().nodename}:{int(dead.stdout)}")  # its process has exited
+    (leftover / ".surgery-writing").write_text("feedface")  # the ownership record written when it was made
+    (tmp_path / ".m.lock").write_text(f"{os.uname().nodename}:{int(dead.stdout)}:feedface")  # its process has exited
     with atomic_directory(out) as tmp:
         (tmp / "a").write_text("x")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [planted.name, "m"]
+    assert (planted / "model.safetensors").read_bytes() == b"the user's"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (tmp_path / ".n.lock").write_text(f"{os.uname().nodename}:{sleeper.pid}")
@@ -153,7 +158,8 @@ def test_save_refuses_paths_inside_or_around_its_source(pruned: tuple[nn.Module,
     link.symlink_to(saved, target_is_directory=True)
     with pytest.raises(OutputPathError, match="is the input model directory"):
         surgery.save_pretrained(model, link, overwrite=True)
-    assert sorted(p.name for p in saved.iterdir()) == ["config.json", "model.safetensors", "surgery.json"]
+    assert sorted(p.name for p in saved.iterdir()) == [".surgery-manifest.json", "config.json", "model.safetensors",
+                                                        "surgery.json"]
 
 
 def _tiny_dir(root: Path) -> Path:

@@ -126,8 +126,13 @@ def test_an_existing_directory_is_not_replaced_without_overwrite(tmp_path: Path)
     (out / "mine.txt").unlink()
     save_stock(model, out)
     (out / "extra.txt").write_text("x")
-    save_stock(model, out, overwrite=True)  # an earlier stock output (surgery-output.json) is replaced
-    assert not (out / "extra.txt").exists() and (out / "config.json").exists()
+    with pytest.raises(surgery.core.errors.OutputPathError, match=r"extra\.txt is not a file surgery wrote"):
+        save_stock(model, out, overwrite=True)  # a file the user added to a stock output is never deleted
+    assert (out / "extra.txt").read_text() == "x"
+    (out / "extra.txt").unlink()
+    weights = (out / "model.safetensors").stat().st_mtime_ns
+    save_stock(model, out, overwrite=True)  # the stock output as surgery wrote it (its manifest) is replaced
+    assert (out / "config.json").exists() and (out / "model.safetensors").stat().st_mtime_ns != weights
 
 
 def test_tokenizer_and_sentence_files_come_from_the_source_directory(tmp_path: Path) -> None:

@@ -246,10 +246,10 @@ def _listed(directory: Path) -> dict[str, dict[str, Any]] | None:
 
 
 def _first_file(directory: Path, found: list[tuple[str, os.stat_result]]) -> Path:
-    """The entry to name for a directory without a manifest: a file at its root if it has one."""
-    top = [relative for relative, info in found if "/" not in relative]
-    files = [relative for relative, info in found if "/" not in relative and not stat.S_ISDIR(info.st_mode)]
-    return directory / (files or top)[0]
+    """The entry to name for a directory without a manifest: a regular file at its root if it has one."""
+    top = [(relative, info.st_mode) for relative, info in found if "/" not in relative]
+    files = [relative for relative, mode in top if stat.S_ISREG(mode)]
+    return directory / (files or [relative for relative, _ in top])[0]
 
 
 def output_manifest_problem(directory: Path) -> str | None:

@@ -48,8 +48,10 @@ if TYPE_CHECKING:  # the class attributes are read before torch is imported (fla
     from torch import nn
     from transformers import PretrainedConfig
 
-__all__ = ["BF16_CPU_FLAGS", "Batch", "Runtime", "RuntimeArtefact", "artefact_of", "bf16_cpu_missing", "fp32_copy",
-           "missing_packages"]
+from surgery.persist.atomic import OUTPUT_MANIFEST
+
+__all__ = ["BF16_CPU_FLAGS", "Batch", "Runtime", "RuntimeArtefact", "artefact_files", "artefact_of", "bf16_cpu_missing",
+           "fp32_copy", "missing_packages"]
 
 #: A tokenized batch: ``input_ids``, ``attention_mask`` and, where the family has them, ``token_type_ids``.
 Batch = Mapping[str, "torch.Tensor"]
@@ -340,7 +342,20 @@ def artefact_of(runtime: str, out_dir: Path, *, task: str, output: str, found: A
     out = Path(out_dir).expanduser().resolve()
     parity = {"max_abs_diff": float(found.max_abs_diff), "mean_cosine": float(found.mean_cosine or 0.0),
               "min_cosine": float(found.min_cosine)}
-    return RuntimeArtefact(runtime, out, tuple(sorted(p.name for p in out.iterdir())), task, output, parity, info)
+    return RuntimeArtefact(runtime, out, artefact_files(out), task, output, parity, info)
+
+
+def artefact_files(directory: Path) -> tuple[str, ...]:
+    """The names of an artefact's files, sorted: what the runtime loads (surgery's own manifest left out).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "model.onnx").write_bytes(b""), (d / OUTPUT_MANIFEST).write_text("{}")
+        >>> artefact_files(d)
+        ('model.onnx',)
+    """
+    return tuple(sorted(p.name for p in directory.iterdir() if p.name != OUTPUT_MANIFEST))
 
 
 def fp32_copy(model: nn.Module) -> nn.Module:

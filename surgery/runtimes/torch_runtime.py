@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, bf16_cpu_missing
+from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, artefact_files, bf16_cpu_missing
 
 if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
     from torch import nn
@@ -80,7 +80,7 @@ class TorchRuntime(Runtime):
             got = getattr(converted(**ref.inputs), ref.output).float()
         weights = converted.model if isinstance(converted, Float32Outputs) else converted
         out = save_pretrained(weights, out_dir)
-        files = tuple(sorted(p.name for p in out.iterdir()))
+        files = artefact_files(out)
         dtype = str(next(weights.parameters()).dtype).removeprefix("torch.")
         return RuntimeArtefact(self.name, out, files, ref.task, ref.output,
                                agreement_of(ref.expected, got, ref.inputs["attention_mask"]), {"dtype": dtype})
