@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
 import tempfile
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -260,10 +258,8 @@ def _unchanged_result(model: nn.Module, data: Any, config: CompressConfig, runti
         phases={"unchanged": round(time.perf_counter() - started, 3)},
         seconds=round(time.perf_counter() - started, 3), config=config.model_dump(mode="json"),
         artefact=dict(result.artefact))
-    out = CompressResult(copy.deepcopy(model).eval(), report, list(judge.smoothing), artefact)
-    if artefact is not None:
-        weakref.finalize(out, shutil.rmtree, artefact.parent, True)
-    return out
+    # The artefact (a KeptDirectory) stays on disk while the result or its path is used.
+    return CompressResult(copy.deepcopy(model).eval(), report, list(judge.smoothing), artefact)
 
 
 def _merged(results: dict[str, CompressResult], chosen: str, why: str, rows: list[dict[str, Any]],
