@@ -376,7 +376,8 @@ def test_a_plugin_cannot_crash_the_listing_take_a_builtin_name_or_escape(tmp_pat
     assert runtime_class("onnxruntime").__module__ == "surgery.runtimes.onnx_runtime"
     with pytest.raises(ConfigError, match="availability check failed"):
         get_runtime("raising-rt")
-    listed = CliRunner().invoke(app, ["export", "--runtime", "list"])  # the documented form: no model needed
+    listed = CliRunner().invoke(app, ["export", "--runtime", "list"], env={"COLUMNS": "400"})  # no model needed;
+    # wide, so that rich does not wrap a cell's words into its neighbours' when the joined text is read
     assert listed.exit_code == 0, listed.output
     text = " ".join(listed.stdout.split())
     assert "raising-rt" in text and "driver probe crashed" in text

@@ -33,6 +33,7 @@ from surgery.compress.latency_source import SPEEDUP_REPEATS
 from surgery.compress.mask_fisher import FisherBatch
 from surgery.compress.structure import Structure
 from surgery.measure.cost import MAX_JOB_SECONDS
+from surgery.runtimes.registry import runtime_class
 
 #: The fewest timing rounds a budget may leave the latency table (its median polish needs 3; default
 #: :data:`~surgery.compress.latency_measure.REPEATS`) and each speedup (default
@@ -293,7 +294,7 @@ def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int
         served = None
         export = 0.0
         runtime_forward = forward
-        if runtime != "torch":
+        if not runtime_class(runtime).as_is:  # the runtime serves its own artefact: time writing it
             since = time.perf_counter()
             served = runtime_model(model, runtime, workdir / "model", threads=threads, calibration=calibration)
             export = time.perf_counter() - since
