@@ -35,6 +35,11 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Tests read what the CLI prints. Under pytest-xdist the temporary paths grow a `popen-gwN` part, and rich,
+# at its default 80 columns on a pipe, wraps a long path or note across table cells: the words a test looks
+# for are then split. A wide console (for CliRunner and for the subprocesses that inherit it) keeps them whole.
+os.environ["COLUMNS"] = "400"
+
 
 @pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:

@@ -199,7 +199,11 @@ def test_cli_saves_the_judged_artefact_byte_for_byte(tmp_path: Path, monkeypatch
     assert (out / "onnx" / "tokenizer_config.json").is_file()
     # Every export was a candidate's, into compress's work directory; none after the pick.
     judged = [c for c in report["candidates"] if c["seconds"] > 0 and c["artefact"]]
-    assert len(exports) == len(judged) and all("surgery-compress-" in e for e in exports)
+    # The up-front estimate writes the unchanged model and one probe (timed, never judged); the rest are candidates'.
+    estimate = [e for e in exports if "surgery-estimate-" in e]
+    assert [Path(e).name for e in estimate] == ["model", "probe"]
+    candidates = [e for e in exports if e not in estimate]
+    assert len(candidates) == len(judged) and all("surgery-compress-" in e for e in candidates)
 
 
 # -- timing once ---------------------------------------------------------------------------------

@@ -208,7 +208,7 @@ def test_two_writers_and_signals_in_real_processes(tmp_path: Path) -> None:
             time.sleep(0.1)
         run.send_signal(signum)
     for signum, run in killed.items():
-        _, stderr = run.communicate(timeout=60)
+        _, stderr = run.communicate(timeout=240)  # clean-up and interpreter exit share the CPU with 3 more
         assert run.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[signum], stderr
         assert f"interrupted ({signal.Signals(signum).name})" in one_error_line(stderr)
     # No output, no temporary directory and no lock file of the interrupted saves.

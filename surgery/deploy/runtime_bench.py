@@ -66,7 +66,8 @@ class BenchedRuntimeModel(nn.Module):
         as an empty artefact (which showed 0.0 MiB).
         """
         flops = count_flops(self._source, inputs)
-        if next(self.served.parameters(), None) is not None:
+        # Only a row with no artefact: ONNX/OpenVINO wrappers may hold a torch tensor or two, not their weights.
+        if self.artefact_bytes == 0 and next(self.served.parameters(), None) is not None:
             device = next(iter(inputs.values())).device
             weights, peak, total, method = memory_use(self.served, inputs, device)
             return self.params, flops, weights, peak, total, f"{self.runtime}: {method}"
