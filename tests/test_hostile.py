@@ -185,6 +185,12 @@ main()
 """
 
 
+def _as_from_a_terminal() -> None:
+    """A child started from a shell: SIGINT at its default. pytest-xdist's workers ignore SIGINT and their children
+    inherit that, and the CLI rightly keeps an ignored SIGINT ignored (as under nohup), so Ctrl-C was never seen."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_writers_and_signals_in_real_processes(tmp_path: Path) -> None:
@@ -201,7 +207,7 @@ def test_two_writers_and_signals_in_real_processes(tmp_path: Path) -> None:
         killed[signum] = subprocess.Popen(
             [sys.executable, "-c", SLOW_SAVE, str(tmp_path / f"ready-{signum}"), "apply", str(bare), "-s", "head-prune",
              "--set", "ratio=0.5", "--out", str(tmp_path / f"out-{signum}")], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+            stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
     deadline = time.monotonic() + 240
     for signum, run in killed.items():
         while not (tmp_path / f"ready-{signum}").exists() and run.poll() is None and time.monotonic() < deadline:
