@@ -166,3 +166,21 @@ def tiny_task_data(n: int = 48, *, seed: int = 0, batch_size: int = 8) -> Any:
     held = datasets.Dataset.from_dict({"input_ids": ids[: n // 2], "labels": labels[: n // 2]})
     return TaskData(train, held, ["a", "b", "c"], batch_size=batch_size)
 
+
+def tiny_cut_pair(spec: TinySpec, layer: int, removal: dict[str, list[int]]) -> tuple[nn.Module, nn.Module]:
+    """A tiny teacher (in eval mode) and a copy with ``removal`` cut from ``layer``: a refit's or a recovery's input.
+
+    Example:
+        >>> teacher, student = tiny_cut_pair(TinySpec("bert", ffn=37), 0, {"neurons": list(range(10))})
+        >>> teacher.training, student.encoder.layer[0].intermediate.dense.out_features
+        (False, 27)
+    """
+    import copy
+
+    from surgery.anatomy import adapter_for
+
+    teacher = tiny_model(spec).eval()
+    student = copy.deepcopy(teacher)
+    adapter_for(student).remove_units(layer, removal)
+    return teacher, student
+

@@ -39,10 +39,14 @@ from typing import Any
 
 import datasets
 import torch
-from transformers import AutoTokenizer, TrainerCallback
+from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 import surgery
+
+# The step timer lives in the standalone device script (torch + transformers only, run where this project
+# is not installed); importing it keeps one timer for both.
+from experiments.recovery_tiers.bf16_trainer_speed import StepTimer
 from experiments.tasks import load_suite_task
 from surgery.compress import training_tier
 from surgery.compress.candidates import apply_removal
@@ -72,20 +76,6 @@ def commit() -> str | None:
 def load_classifier(labels: int = 2) -> torch.nn.Module:
     return surgery.from_pretrained("minilm-l6", model_class="AutoModelForSequenceClassification", num_labels=labels,
                                     allow_new_head=True)
-
-
-class StepTimer(TrainerCallback):
-    """Seconds of each optimiser step, from the Trainer's step begin to its step end."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self.started = 0.0
-
-    def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
-        self.started = time.perf_counter()
-
-    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-        self.seconds.append(time.perf_counter() - self.started)
 
 
 def speed(args: argparse.Namespace) -> dict[str, Any]:

@@ -38,7 +38,7 @@ MINILM_L6 = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, i
 
 
 class StepTimer(TrainerCallback):
-    """Seconds of each optimiser step, and the logged loss of each."""
+    """Seconds of each optimiser step, and the logged loss of each (``bench_recovery_tiers.py`` times with it too)."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []

@@ -79,11 +79,8 @@ def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: b
     steps is timed (the first pays for allocations); gradients are cleared after.
 
     Example:
-        >>> import datasets
-        >>> from surgery.data.task_data import TaskData
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 8, "labels": [0, 1] * 4})
-        >>> timed_distil_step(tiny_model(TinySpec("bert", task="seq-cls")), TaskData(rows, rows, ["a", "b"]), 4) > 0
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
+        >>> timed_distil_step(tiny_model(TinySpec("bert", task="seq-cls")), tiny_task_data(8), 4) > 0
         True
     """
     loader = data.loader("train", batch_size=batch_size)
@@ -125,12 +122,10 @@ def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_siz
     """One epoch of distillation: timed step x steps per epoch x Trainer overhead, plus the teacher's one pass.
 
     Example:
-        >>> import copy, datasets
-        >>> from surgery.data.task_data import TaskData
-        >>> from surgery.testing import TinySpec, tiny_model
+        >>> import copy
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 8, "labels": [0, 1] * 4})
-        >>> estimate_distil(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b"]), 4).steps
+        >>> estimate_distil(model, copy.deepcopy(model), tiny_task_data(8), 4).steps
         2
     """
     loader = data.loader("train", batch_size=batch_size)
@@ -201,12 +196,10 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
     describe the distillation tier (0 epochs when it did not run).
 
     Example:
-        >>> import copy, datasets
-        >>> from surgery.data.task_data import TaskData
-        >>> from surgery.testing import TinySpec, tiny_model
+        >>> import copy
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
         >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 8, "labels": [0, 1] * 4})
-        >>> out = train_tiers(model, copy.deepcopy(model), TaskData(rows, rows, ["a", "b"]), 0.0, batch_size=4)
+        >>> out = train_tiers(model, copy.deepcopy(model), tiny_task_data(8), 0.0, batch_size=4)
         >>> out["tiers_run"], out["note"].startswith("no recovery tier fits")
         ([], True)
     """

@@ -200,12 +200,9 @@ def reconstruct_layers(student: nn.Module, teacher: nn.Module, batches: Iterable
     so every family works; shapes never change, so a saved model still rebuilds by replay.
 
     Example:
-        >>> import copy
-        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> from surgery.testing import TinySpec, tiny_cut_pair, tiny_inputs
         >>> spec = TinySpec("bert", layers=2, heads=4, ffn=37)
-        >>> teacher = tiny_model(spec).eval()
-        >>> student = copy.deepcopy(teacher)
-        >>> adapter_for(student).remove_units(0, {"neurons": list(range(20))})
+        >>> teacher, student = tiny_cut_pair(spec, 0, {"neurons": list(range(20))})
         >>> result = reconstruct_layers(student, teacher, [tiny_inputs(spec, batch=8)], BlockwiseConfig(steps=30))
         >>> result.error["0"][1] < result.error["0"][0]
         True

@@ -81,11 +81,8 @@ def changed_projections(student: nn.Module, teacher: nn.Module, layer_map: Mappi
     """(student layer, projection) pairs whose input width differs from the teacher's: what surgery cut.
 
     Example:
-        >>> import copy
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> teacher = tiny_model(TinySpec("bert", layers=2, heads=4))
-        >>> student = copy.deepcopy(teacher)
-        >>> adapter_for(student).remove_units(1, {"heads": [0], "neurons": [2, 3]})
+        >>> from surgery.testing import TinySpec, tiny_cut_pair
+        >>> teacher, student = tiny_cut_pair(TinySpec("bert", layers=2, heads=4), 1, {"heads": [0], "neurons": [2, 3]})
         >>> changed_projections(student, teacher, {0: 0, 1: 1})
         [(1, 'o'), (1, 'down')]
     """
@@ -118,11 +115,8 @@ def refit_targets(student: nn.Module, teacher: nn.Module, *, layer_map: Mapping[
     """The layer map (default: through any dropped layers) and the (layer, projection) pairs a refit solves.
 
     Example:
-        >>> import copy
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> teacher = tiny_model(TinySpec("bert", layers=2))
-        >>> student = copy.deepcopy(teacher)
-        >>> adapter_for(student).remove_units(0, {"neurons": [1]})
+        >>> from surgery.testing import TinySpec, tiny_cut_pair
+        >>> teacher, student = tiny_cut_pair(TinySpec("bert", layers=2), 0, {"neurons": [1]})
         >>> refit_targets(student, teacher)
         ({0: 0, 1: 1}, [(0, 'down')])
     """
@@ -281,12 +275,9 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
     compensated together; all projections are then solved from one pass (the inputs are fixed).
 
     Example:
-        >>> import copy
-        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> from surgery.testing import TinySpec, tiny_cut_pair, tiny_inputs
         >>> spec = TinySpec("bert", layers=2, heads=4, ffn=37)
-        >>> teacher = tiny_model(spec).eval()
-        >>> student = copy.deepcopy(teacher)
-        >>> adapter_for(student).remove_units(0, {"neurons": list(range(10))})
+        >>> teacher, student = tiny_cut_pair(spec, 0, {"neurons": list(range(10))})
         >>> result = refit_projections(student, teacher, [tiny_inputs(spec, batch=16)])
         >>> result.projections, result.error["0:down"][1] < result.error["0:down"][0]
         (['0:down'], True)

@@ -24,11 +24,8 @@ def example_correct(model: nn.Module, loader: Iterable[Mapping[str, Any]], *,
     the same examples, or a bootstrap over them, needs the examples, not only their mean.
 
     Example:
-        >>> import datasets
-        >>> from surgery.data.task_data import TaskData
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
-        >>> loader = TaskData(rows, rows, ["a", "b", "c"]).loader()
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
+        >>> loader = tiny_task_data(4).loader()
         >>> example_correct(tiny_model(TinySpec("bert", task="seq-cls")), loader).shape
         torch.Size([4])
     """
@@ -60,11 +57,8 @@ def accuracy(model: nn.Module, loader: Iterable[Mapping[str, Any]], *,
     the batch goes in as it is and ``outputs.logits`` is used. NaN for an empty loader.
 
     Example:
-        >>> import datasets
-        >>> from surgery.data.task_data import TaskData
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3]] * 4, "labels": [0, 1, 2, 0]})
-        >>> loader = TaskData(rows, rows, ["a", "b", "c"]).loader()
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
+        >>> loader = tiny_task_data(4).loader()
         >>> 0.0 <= accuracy(tiny_model(TinySpec("bert", task="seq-cls")), loader) <= 1.0
         True
     """
