@@ -5,7 +5,7 @@ Needs the SHRP model of the README recipe (``bash scripts/demo.sh`` writes ``out
 Runtime, it benchmarks the original all-MiniLM-L6-v2 and the SHRP model, each in PyTorch fp32, ONNX
 Runtime fp32 and ONNX Runtime int8 (dynamic quantization), measures the accuracy of every classifier
 row on the held-out Rotten Tomatoes split, times the export of a bert-base-sized model, writes
-``experiments/deploy/results/deploy.json`` and runs ``experiments/render_results.py``, which renders it into
+``experiments/deploy/results/deploy.json`` and runs ``experiments/render.py``, which renders it into
 the ``deploy`` section of ``docs/results.md``.
 
     python experiments/deploy/bench_deploy.py [--shrp out/minilm-shrp] [--threads 1] [--repeats 20]
@@ -147,7 +147,7 @@ def main() -> None:
     data = measure(args)
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(data, indent=2) + "\n")
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "render_results.py")], check=True)
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "render.py")], check=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ counted encoder FLOPs are identical (the JSON records ``vocab_size`` and ``real_
 
 Runs per family and merges into ``experiments/families/results/families.json`` (a family measured again replaces its
 entry), so it can be run one family at a time on a shared machine. Then
-``python experiments/render_results.py`` renders the table in ``docs/results.md``::
+``python experiments/render.py`` renders the table in ``docs/results.md``::
 
     nice -n 5 python experiments/families/bench_families.py --families deberta-v2,modernbert --threads 2
 """

@@ -8,7 +8,7 @@ model is a sentence-embedding model, so mean-pooled embeddings are its real outp
 are pruned by weight magnitude without data and without fine-tuning: this is a speed/size baseline,
 not an accuracy result.
 
-Writes ``experiments/head_prune/results/head_prune.json``; ``experiments/render_results.py`` (run at the end)
+Writes ``experiments/head_prune/results/head_prune.json``; ``experiments/render.py`` (run at the end)
 renders it into ``docs/results.md`` and the README's before/after table. Run from the repository root::
 
     python experiments/head_prune/bench_head_prune.py            # about 2-3 minutes on one core
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     # The one renderer writes the page section and the README table from the JSON just written.
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "render_results.py")], check=True)
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "render.py")], check=True)
     for warning in report.warnings:
         print("warning:", warning)
     return 0

@@ -382,7 +382,7 @@ def step_render(args: argparse.Namespace, results: dict[str, Any]) -> None:
                      title="suite: accuracy retained vs measured speedup (mean over seeds)")
     if results["suite"]["usage"]:
         write_usage(dict(results["suite"]["usage"]), args.out.with_name(f"{args.out.stem}_usage.png"), overwrite=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_results.py")], check=True)
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "render.py")], check=True)
 
 
 STEPS = {"train": step_train, "bench": step_bench, "render": step_render}

@@ -3,7 +3,7 @@
 Benchmarks MiniLM-L6 in PyTorch against its smoothed int8 graph, measures the int8 latency table with
 ``reference_runtime="torch"``, and benchmarks again; prints the three int8-over-PyTorch ratios::
 
-    nice python experiments/latency_prediction/check_reference_level.py
+    nice python experiments/probes/check_reference_level.py
 """
 
 from __future__ import annotations

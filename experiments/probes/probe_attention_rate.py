@@ -5,7 +5,7 @@ over short sequences runs at a much lower FLOP rate than the large projections, 
 counts both at the same rate. This probe times both shapes of the DoE benchmark (batch 32, 64 + 20
 prompt tokens, 12 heads of 32) interleaved, one thread, and prints GFLOP/s.
 
-    python experiments/doe/probe_attention_rate.py
+    python experiments/probes/probe_attention_rate.py
 """
 
 from __future__ import annotations

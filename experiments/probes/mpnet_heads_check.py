@@ -4,7 +4,7 @@ Cutting a head must equal masking it (its columns of the attention output projec
 with MPNet's relative-position bias shared by every layer. Each layer's cut is done in two steps, as the
 removal path does (the second step indexes the heads the first left). Run from the repository root::
 
-    nice python experiments/precision_search/mpnet_heads_check.py
+    nice python experiments/probes/mpnet_heads_check.py
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Used to choose what classifier-mode prompt tuning trains (docs/doe.md): features
 output, the [CLS] state and the masked mean of the last hidden states; a linear classifier is trained
 on each with AdamW at two learning rates and two step counts. Prints one line per setting.
 
-    python experiments/embeddings/probe_minilm_pooling.py
+    python experiments/probes/probe_minilm_pooling.py
 """
 
 from __future__ import annotations
