@@ -50,6 +50,7 @@ def _bench_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
             "size_bytes": m.get("weights_bytes"), "peak_mib": (m.get("peak_memory_bytes") or 0) / 2**20,
             "speedup": c["paired_speedup"] if c else 1.0, "mean_speedup": c["speedup"] if c else 1.0,
             "speedup_interval": c["paired_speedup_iqr"] if c else None,
+            "speedup_ci": c.get("paired_speedup_ci") if c else None,
             "flop_bound": c["flop_bound_speedup"] if c else 1.0,
             "share_of_bound": c["fraction_of_flop_bound"] if c else None, "accuracy": m.get("accuracy"),
         })
@@ -375,6 +376,70 @@ def read_demo(path: Path) -> dict[str, Any]:
                   load={"before": s.get("load_average_before"), "after": s.get("load_average_after")})
 
 
+def read_latency_prediction(path: Path) -> dict[str, Any]:
+    """results-*.json (experiments/latency_prediction/predict_vs_measured.py): predicted against measured speedup."""
+    d = _json(path)
+    rows = []
+    for m in d["models"]:
+        for r in m["rows"]:
+            rows.append({"model": m["model"], "runtime": m["runtime"], "batch": f"{m['batch_size']} x {m['seq_len']}",
+                         "name": r["structure"], "predicted_speedup": r["predicted"], "speedup": r["measured"],
+                         "speedup_interval": r["measured_ci95"], "error": r["error"], "abs_error": abs(r["error"]),
+                         "inside": r["measured_ci95"][0] <= r["predicted"] <= r["measured_ci95"][1],
+                         "flop_bound": r.get("flop_bound"), "own_error": r.get("error_vs_own_original"),
+                         "own_predicted": r.get("predicted_vs_own_original"),
+                         "own_measured": r.get("measured_vs_own_original")})
+    return legacy(path, source="experiments/latency_prediction/predict_vs_measured.py",
+                  config={**d["args"], "interval": "bootstrap 95% of paired rounds"}, rows=rows, machine=d["machine"],
+                  load={"before": d.get("load_before"), "after": d.get("load_after")})
+
+
+def read_st_runtimes(path: Path) -> dict[str, Any]:
+    """st_runtimes*.json: each backend's speedup over sentence-transformers in PyTorch fp32, and its fidelity."""
+    d = _json(path)
+    rows = []
+    for backend, fid in d["fidelity"].items():
+        row: dict[str, Any] = {"table": "backends", "name": backend, "fidelity": fid["mean_cosine"],
+                               "recall_at_10": fid["recall@10"]}
+        for threads, by_backend in d["speedups"].items():
+            x = by_backend.get(backend)
+            if x is not None:
+                row[f"speedup_{threads}"], row[f"interval_{threads}"] = x["speedup"], [x["low"], x["high"]]
+        rows.append(row)
+    for threads, by_peer in d["surgery_against_st_int8"].items():
+        for peer, x in by_peer.items():
+            rows.append({"table": "against", "threads": int(threads), "name": f"surgery-int8 / {peer}",
+                         "speedup": x["speedup"], "speedup_interval": [x["low"], x["high"]], "rounds": x["rounds"]})
+    cpu = d["machine"]["cpu"]
+    machine = {"cpu_model": cpu["model"], "logical_cpus": cpu["logical_cpus"],
+               "flags": [f for f, has in cpu["flags"].items() if has]}
+    loads = [x for pair in d["load_average"].values() for x in pair]
+    return legacy(path, source="experiments/st_runtimes/bench_st_runtimes.py",
+                  config={k: d[k] for k in ("model", "what", "speedup", "eval_texts", "calibration_texts", "rounds",
+                                            "versions")}, rows=rows, machine=machine,
+                  load={"before": min(loads), "after": max(loads)} if loads else None)
+
+
+def read_int8(path: Path) -> dict[str, Any]:
+    """int8_smoothing*.json: embedding fidelity per graph (mean ± std over seeds), classifier accuracy, speed."""
+    d = _json(path)
+    emb = d["embeddings"]
+    rows = [{"table": "embeddings", "name": graph, "seeds": x["seeds"], "fidelity": x["mean_cosine"],
+             "recall_at_10": x["recall_at_10"], "worst_probe": x["worst_probe_delta_points"],
+             **{f"probe {task}": v for task, v in x["probe_delta_points"].items()}}
+            for graph, x in emb["summary"].items()]
+    for graph, x in (d.get("classifiers") or {}).get("summary", {}).items():
+        rows.append({"table": "classifiers", "name": graph, "runs": x["runs"],
+                     "accuracy_delta": x["accuracy_delta_points"], "changed": x["changed_predictions_percent"]})
+    if "speed" in d:
+        rows += [{**r, "table": "speed"} for r in _bench_rows(d["speed"])]
+    setup = emb["setup"]
+    machine = emb.get("machine") or (d.get("classifiers") or {}).get("machine")
+    return legacy(path, source="experiments/int8/probe_int8_smoothing.py",
+                  config={**setup, "default_alpha": d["default_alpha"], "machine_note": d["machine"]}, rows=rows,
+                  machine=machine if isinstance(machine, dict) else None)
+
+
 READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "head_prune": read_head_prune,
     "compress": read_compress,
@@ -389,6 +454,9 @@ READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "doe": read_doe,
     "deploy": read_deploy,
     "demo": read_demo,
+    "latency_prediction": read_latency_prediction,
+    "st_runtimes": read_st_runtimes,
+    "int8": read_int8,
 }
 
 __all__ = ["READERS", "ROOT", "legacy"]

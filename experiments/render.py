@@ -68,7 +68,7 @@ def machine_summary(machine: dict[str, Any] | None) -> str:
 
 def rows_of(records: list[dict[str, Any]], table: Table) -> list[dict[str, Any]]:
     """The rows of ``records`` that match the table's ``where``, sorted by its ``sort`` keys."""
-    rows = [r for rec in records for r in rec["rows"]
+    rows = [{"run": rec["run"], **r} for rec in records for r in rec["rows"]  # ``run``: which file a row is from
             if all(matches(get(r, k), v) for k, v in table.where.items())]
     for key in reversed(table.sort):
         rows.sort(key=lambda r, k=key: (get(r, k) is None, get(r, k) if get(r, k) is not None else 0))

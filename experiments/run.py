@@ -201,6 +201,7 @@ def run_bench(study: Study, cfg: dict[str, Any], record: dict[str, Any]) -> None
             "size_bytes": m.weights_bytes, "peak_mib": m.peak_memory_bytes / 2**20,
             "speedup": c.paired_speedup if c else 1.0, "mean_speedup": c.speedup if c else 1.0,
             "speedup_interval": list(c.paired_speedup_iqr) if c else None,
+            "speedup_ci": list(c.paired_speedup_ci) if c and c.paired_speedup_ci else None,
             "flop_bound": c.flop_bound_speedup if c else 1.0, "share_of_bound": c.fraction_of_flop_bound if c else None,
             "fidelity": cosine[m.name][0], "fidelity_min": cosine[m.name][1],
         })
