@@ -440,6 +440,43 @@ def read_int8(path: Path) -> dict[str, Any]:
                   machine=machine if isinstance(machine, dict) else None)
 
 
+def read_embed(path: Path) -> dict[str, Any]:
+    """embed_*.json (experiments/embeddings/bench_embed.py --merge): one row per variant, mean ± std over seeds."""
+    d = _json(path)
+    speed = {}
+    if "bench" in d:
+        for r in _bench_rows(d["bench"]):
+            name, runtime = r["name"].split(" [")
+            speed.setdefault(name, {})[runtime.rstrip("]")] = r["speedup"]
+    teacher_int8 = d["summary"].get("teacher [int8]", {})
+    # The teacher against itself: cosine and recall 1 and no probe loss by definition; its int8 graph is measured.
+    rows = [{"name": "teacher (all-MiniLM-L6-v2)", "seeds": len(d["teacher"]), "fidelity": [1.0, 0.0],
+             "recall_at_10": [1.0, 0.0], "worst_probe": [0.0, 0.0],
+             "int8_fidelity": teacher_int8.get("mean_cosine"), "int8_recall_at_10": teacher_int8.get("recall_at_k"),
+             "speedup": (speed.get("teacher") or {}).get("torch"),
+             "int8_speedup": (speed.get("teacher") or {}).get("onnxruntime int8")}]
+    for name, x in d["summary"].items():
+        if name == "teacher [int8]":
+            continue
+        paired = x.get("paired")
+        rows.append({"name": name, "seeds": len(x["seeds"]), "epochs": x["epochs"], "params": x["params"]["total"],
+                     "params_without_embeddings": x["params"]["without_embeddings"], "fidelity": x["mean_cosine"],
+                     "recall_at_10": x["recall_at_k"], "worst_probe": x["worst_probe_points"],
+                     "int8_fidelity": (x.get("int8") or {}).get("mean_cosine"),
+                     "int8_recall_at_10": (x.get("int8") or {}).get("recall_at_k"),
+                     "speedup": (speed.get(name) or {}).get("torch"),
+                     "int8_speedup": (speed.get(name) or {}).get("onnxruntime int8"),
+                     "paired_fidelity": paired["mean_cosine"] if paired else None,
+                     "paired_recall": paired["recall_at_k"] if paired else None,
+                     "paired_wins": f"{paired['wins'][0]} and {paired['wins'][1]} of {paired['n']}"
+                     if paired else None})
+    s = d["bench"]["settings"] if "bench" in d else {}
+    return legacy(path, source="experiments/embeddings/bench_embed.py", config=d["setup"], rows=rows,
+                  machine=_bench_machine(s) if s else None,
+                  load={"before": s.get("load_average_before"), "after": s.get("load_average_after")} if s else None,
+                  notes=[d["note"]] if d.get("note") else [])
+
+
 READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "head_prune": read_head_prune,
     "compress": read_compress,
@@ -457,6 +494,7 @@ READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "latency_prediction": read_latency_prediction,
     "st_runtimes": read_st_runtimes,
     "int8": read_int8,
+    "embed": read_embed,
 }
 
 __all__ = ["READERS", "ROOT", "legacy"]
