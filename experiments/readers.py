@@ -477,6 +477,43 @@ def read_embed(path: Path) -> dict[str, Any]:
                   notes=[d["note"]] if d.get("note") else [])
 
 
+def read_openvino_bf16(path: Path) -> dict[str, Any]:
+    """openvino_bf16.json: MiniLM speed and fidelity per runtime, then the bf16 tolerance of every tiny family."""
+    d = _json(path)
+    m = d["minilm"]
+    rows = [{"table": "minilm", "name": rt, "median_ms": m[rt]["median_ms"], "speedup": m[rt]["speedup"],
+             "speedup_interval": [m[rt]["speedup_low"], m[rt]["speedup_high"]], "fidelity": m[rt]["mean_cosine"]}
+            for rt in ("torch", "torch-bf16", "openvino", "openvino-bf16") if rt in m]
+    for t in d["tolerance"]:
+        rows.append({"table": "tolerance", "family": t["family"], "task": t["task"],
+                     "ov_bf16_max_abs": t["openvino-bf16"]["max_abs_diff"],
+                     "ov_bf16_min_cos": t["openvino-bf16"]["min_cosine"],
+                     "torch_bf16_max_abs": t["torch-bf16"]["max_abs_diff"],
+                     "torch_bf16_min_cos": t["torch-bf16"]["min_cosine"]})
+    cpu = d["cpu"]
+    machine = {"cpu_model": cpu["model_name"], "logical_cpus": cpu["cpus"], "flags": cpu["bf16_flags"],
+               "torch_threads": m["setting"]["threads"]}
+    return legacy(path, source="experiments/openvino_bf16/bench_openvino_bf16.py",
+                  config={**m["setting"], "versions": d["versions"], "interval": "bootstrap 95% of paired rounds"},
+                  rows=rows, machine=machine, load={"before": d["load_before"][0], "after": d["load_after"][0]})
+
+
+def read_recovery_tiers(path: Path) -> dict[str, Any]:
+    """recovery_tiers.json: dev and test accuracy of each recovery tier after one cut, and its points per minute."""
+    d = _json(path)
+    rows = []
+    for t in d["tiers"].values():
+        base = {"task": t["task"], "seed": t["seed"], "reference_accuracy": t["original_dev"]}
+        rows.append({**base, "name": "refit only", "dev": t["refit_dev"], "accuracy": t["refit_test"],
+                     "seconds": t["cut"]["refit_seconds"]})
+        for name, r in t["runs"].items():
+            rows.append({**base, "name": name, "dev": r["dev"], "accuracy": r["test"], "seconds": r["seconds"],
+                         "estimate_s": r.get("estimate_s"), "dev_per_minute": r.get("dev_points_per_minute"),
+                         "test_per_minute": r.get("test_points_per_minute")})
+    return legacy(path, source="experiments/recovery_tiers/bench_recovery_tiers.py --part tiers",
+                  config={"cut": next(iter(d["tiers"].values()))["cut"]}, rows=rows, machine=d["machine"])
+
+
 READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "head_prune": read_head_prune,
     "compress": read_compress,
@@ -495,6 +532,8 @@ READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "st_runtimes": read_st_runtimes,
     "int8": read_int8,
     "embed": read_embed,
+    "openvino_bf16": read_openvino_bf16,
+    "recovery_tiers": read_recovery_tiers,
 }
 
 __all__ = ["READERS", "ROOT", "legacy"]
