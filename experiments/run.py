@@ -7,7 +7,8 @@ the public API:
 - ``compress``: ``surgery.compress`` over models x tasks x seeds x targets (each target a set of
   ``CompressConfig`` fields); a row per run: the winner, its measured speedup and interval, its test
   accuracy on the runtime it was chosen for, the reference's, retained %, the artefact's size.
-- ``bench``: methods (``surgery.get_method(name)(settings)``, applied with ``surgery.convert``) benchmarked
+- ``bench``: methods (``surgery.get_method(name)(settings)``, applied with ``surgery.convert``; with
+  ``reload = true`` saved and loaded back, the CLI's path) benchmarked
   side by side against the original (``surgery.measure.bench.bench_models``); a row per model: paired
   speedup and IQR, FLOP bound, fidelity (mean and min cosine of the mean-pooled output, or the logits, to
   the original's), size.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -182,10 +184,13 @@ def run_bench(study: Study, cfg: dict[str, Any], record: dict[str, Any]) -> None
 
     original = load_model(cfg["model"], task=False)
     models = {"original": original}
-    for method in cfg["methods"]:
-        model = copy.deepcopy(original)
-        surgery.convert(model, surgery.get_method(method["method"])(method.get("settings", {})))
-        models[method["name"]] = model
+    with tempfile.TemporaryDirectory(prefix="surgery-run-") as work:
+        for i, method in enumerate(cfg["methods"]):
+            model = copy.deepcopy(original)
+            surgery.convert(model, surgery.get_method(method["method"])(method.get("settings", {})))
+            if cfg.get("reload", False):  # the CLI's path: saved, then loaded back by replaying its steps
+                model = surgery.from_pretrained(surgery.save_pretrained(model, Path(work) / str(i))).eval()
+            models[method["name"]] = model
     cosine = fidelity(models, fidelity_inputs(cfg))
     report = bench_models(models, batch_size=cfg.get("batch_size", 32), seq_len=cfg.get("seq_len", 64),
                           repeats=cfg.get("repeats", 10), warmup=cfg.get("warmup", 2), threads=cfg.get("threads", 1))
