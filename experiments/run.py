@@ -82,10 +82,10 @@ def latency_source(cfg: dict[str, Any], model: Any) -> Any:
     return TableLatency({"torch": shape_latency_table(model)})
 
 
-def artefact_bytes(path: Path | None) -> int | None:
-    """Bytes of every file under a runtime artefact (None for torch, which writes none)."""
+def artefact_bytes(path: Path | None, model: Any) -> int:
+    """Bytes of every file under the runtime artefact, or of the model's parameters for torch (which writes none)."""
     if path is None:
-        return None
+        return sum(p.numel() * p.element_size() for p in model.parameters())
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
@@ -128,7 +128,7 @@ def run_compress(study: Study, cfg: dict[str, Any], record: dict[str, Any]) -> N
                     "predicted_speedup": winner.predicted_speedup if winner else None,
                     "dev_drop": winner.drop if winner else None, "reference_accuracy": reference,
                     "accuracy": test_acc, "retained": 100.0 * test_acc / reference if reference else None,
-                    "size_bytes": artefact_bytes(result.artefact), "minutes": seconds / 60,
+                    "size_bytes": artefact_bytes(result.artefact, result.model), "minutes": seconds / 60,
                     "why": report.why, "warnings": report.warnings,
                 })
 

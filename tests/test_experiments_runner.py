@@ -91,7 +91,7 @@ def test_a_smoke_run_writes_one_record_that_the_renderer_reads(study: str, tmp_p
     else:
         (row,) = rows
         assert row["task"] == "tiny" and row["winner"] and row["speedup"] > 1.0
-        assert row["dev_drop"] <= 2.0 and 0.0 <= row["accuracy"] <= 1.0
+        assert row["dev_drop"] <= 2.0 and 0.0 <= row["accuracy"] <= 1.0 and row["size_bytes"] > 0
         assert row["retained"] == pytest.approx(100 * row["accuracy"] / row["reference_accuracy"])
     spec = load_study(study)
     table = spec.tables[0]
