@@ -37,7 +37,7 @@ import surgery
 from surgery.cli import render
 from surgery.cli.compress import compress_command
 from surgery.cli.console import CliState, note, stderr, stdout
-from surgery.cli.export_command import bench_batches, bench_tokenizer, calibration_texts_batches, export_command
+from surgery.cli.export_command import bench_data, bench_tokenizer, calibration_texts_batches, export_command
 from surgery.cli.inputs import read_model_config, strategy_settings
 from surgery.cli.options import (
     MAX_BATCH,
@@ -74,7 +74,7 @@ from surgery.data.data_diagnosis import (
 from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.atomic import atomic_write, saved_outputs
-from surgery.persist.config_values import check_batch_memory, check_length, threads_warning
+from surgery.persist.config_values import check_batch_memory, check_length, check_lengths, threads_warning
 
 EXIT_BAD_INPUT = 2
 #: Exit status after SIGINT / SIGTERM, as a shell reports a process killed by that signal (128 + number).
@@ -465,8 +465,13 @@ def bench_command(
     model_dir: Annotated[str, typer.Argument(help="Model directory, or an embedded name such as minilm-l6.")],
     against: Annotated[str | None, typer.Option("--against", help="Reference model to compare with (ratios are "
                                                 "MODEL_DIR / reference).")] = None,
-    batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Sequences per batch.")] = 32,
-    seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence (no padding).")] = 64,
+    batch_size: Annotated[int, typer.Option("--batch-size", "--batch", min=1, max=MAX_BATCH, help="Sequences per "
+                                            "batch: the batch a service runs (at 8 or fewer, p50/p95 latency per "
+                                            "batch lead the table).")] = 32,
+    seq_len: Annotated[int, typer.Option(min=1, help="Tokens per sequence with --lengths fixed (no padding).")] = 64,
+    lengths: Annotated[str, typer.Option("--lengths", help="fixed: every sequence --seq-len tokens; data: batches "
+                                         "of real texts drawn from --data (cut at --max-length), each padded to its "
+                                         "own longest, as a server pads.")] = "fixed",
     repeats: Annotated[int, typer.Option(min=1, max=MAX_ROUNDS, help="Timed rounds; each runs one batch on every "
                                          "model.")] = 10,
     warmup: Annotated[int, typer.Option(min=0, max=MAX_ROUNDS, help="Untimed rounds before them.")] = 2,
@@ -495,9 +500,14 @@ def bench_command(
     if int8:
         raise ConfigError("--int8 is replaced by --runtime onnxruntime-int8 (add it beside --runtime torch; one name "
                           "per runtime, as export and compress take it)")
+    check_lengths(lengths)
+    if lengths == "data" and data is None:
+        raise ConfigError("--lengths data draws its batches from the texts of --data; pass --data FILE (or "
+                          "--lengths fixed)")
     paths = [against, model_dir] if against is not None else [model_dir]
+    longest, length_flag = (seq_len, "--seq-len") if lengths == "fixed" else (max_length, "--max-length")
     for path in paths:
-        check_batch_memory(resolve_model_path(path), batch_size, seq_len, ("--batch-size", "--seq-len"))
+        check_batch_memory(resolve_model_path(path), batch_size, longest, ("--batch-size", length_flag))
     check_input_file(calibration, "--calibration", CALIBRATION_FORMATS)
     check_input_file(data, "--data", TABLE_FORMATS, TABLE_SUFFIXES)
     if (too_many := threads_warning(threads)) is not None:
@@ -512,7 +522,8 @@ def bench_command(
         if int8_fp32 and not any("int8_fp32" in r.export_settings for r in named):
             raise ConfigError("--int8-fp32 (parts kept in fp32) belongs to --runtime onnxruntime-int8; add it")
         check_calibration_use(named, calibration is not None)
-    from surgery.measure.bench import bench_models, check_device, check_seq_len, model_names
+    from surgery.measure.bench import bench_models, model_names
+    from surgery.measure.timing import check_device, check_seq_len
 
     check_device(device)
     model_names(paths)
@@ -534,8 +545,13 @@ def bench_command(
         readers = [n for n in runtimes or [] if "int8_fp32" in runtime_class(n).export_settings]
         options = {n: {"int8_fp32": list(int8_fp32 or ()), "smooth_alpha": smooth_alpha} for n in readers}
         resolve_runtimes(runtimes or ["torch"], options)  # unknown or unavailable here: one line, before exporting
-        batches = bench_batches(ctx, paths, data, text_column=text_column, label_column=label_column,
-                                max_length=max_length) if data is not None else None
+        task_data = bench_data(ctx, paths, data, text_column=text_column, label_column=label_column,
+                               max_length=max_length) if data is not None else None
+        batches = task_data.loader("eval") if task_data is not None else None
+        if lengths == "data":  # one batch of real texts per round, each padded to its own longest
+            from surgery.measure.serving import data_batches
+
+            settings["batches"] = data_batches(task_data, batch_size=batch_size, count=warmup + repeats)
         smoothing = None if calibration is None else calibration_texts_batches(
             ctx, calibration, bench_tokenizer(paths), max_texts=calibration_texts, max_length=max_length,
             text_column=text_column)

@@ -36,7 +36,13 @@ from surgery.cli.outputs import decide_outputs
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.data.data_diagnosis import DATA_FORMATS, TABLE_SUFFIXES, TEXT_SUFFIXES, check_input_file
 from surgery.persist.assets import resolve_model_path
-from surgery.persist.config_values import check_batch_memory, check_max_drop, check_speedup, threads_warning
+from surgery.persist.config_values import (
+    check_batch_memory,
+    check_lengths,
+    check_max_drop,
+    check_speedup,
+    threads_warning,
+)
 
 EXIT_STRICT = 3
 REPORT_NAME = "compress.json"
@@ -155,6 +161,20 @@ def read_report(directory: Path) -> Any:
                           "again") from None
 
 
+def measured_at(report: Any) -> str:
+    """The shape a compress report's times were measured at, in words.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> measured_at(NS(batch_size=32, seq_len=64, threads=None, serving_shape=None))
+        'batch 32 x 64 tokens, all thread(s)'
+    """
+    shape = getattr(report, "serving_shape", None)
+    if shape is not None and shape.lengths == "data":
+        return shape.describe()
+    return f"batch {report.batch_size} x {report.seq_len} tokens, {report.threads or 'all'} thread(s)"
+
+
 def served_summary(report: Any, out: Path) -> list[str]:
     """What a compress output at ``out`` holds, its measured speed and accuracy, and the lines that serve it.
 
@@ -190,8 +210,7 @@ def served_summary(report: Any, out: Path) -> list[str]:
         f"# {out.name}: compressed for {runtime.name} ({report.target})",
         f"- Serve: `{folder}` ({runtime.description or runtime.name}; the winner {report.winner}, the files it was "
         "judged and timed on)" if not runtime.as_is else f"- Serve: `{folder}` (PyTorch, the winner {report.winner})",
-        f"- Measured: {speed} than {report.reference} (batch {report.batch_size} x {report.seq_len} tokens, "
-        f"{report.threads or 'all'} thread(s))",
+        f"- Measured: {speed} than {report.reference} ({measured_at(report)})",
         f"- Accuracy: {figures}",
         "- Also here: the same model in PyTorch fp32 (model.safetensors, surgery.json: `surgery.from_pretrained`), "
         "compress.json (every candidate), pareto.png",
@@ -245,12 +264,15 @@ def auto_preview(model: Any, data: Any, config: Any) -> dict[str, Any]:
     from surgery.compress.auto_runtime import plan_runtimes, runtime_ratios
     from surgery.compress.latency_source import MeasuredLatency
     from surgery.compress.plan import CALIBRATION_BATCH, batch_seq_len
+    from surgery.measure.serving import data_batches
+    from surgery.measure.timing import batch_length
     from surgery.runtimes import available_runtimes
 
     found = available_runtimes()
     batch = config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
-    source = MeasuredLatency(batch_size=batch, seq_len=config.seq_len or batch_seq_len(data, batch),
-                             threads=config.threads)
+    batches = data_batches(data, batch_size=batch) if config.lengths == "data" else None
+    source = MeasuredLatency(batch_size=batch, seq_len=max(batch_length(b) for b in batches) if batches else
+                             config.seq_len or batch_seq_len(data, batch), threads=config.threads, batches=batches)
     ratios = runtime_ratios(source, model, [n for n, why in found.items() if why is None], config.against_runtime)
     return {"target": config.target.describe(), "runtime": "auto", "against_runtime": config.against_runtime,
             "runtimes": plan_runtimes(ratios, {n: why for n, why in found.items() if why is not None}, config)}
@@ -352,8 +374,12 @@ def compress_command(
                                                   "`apply` does).")] = None,
     batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size to time (default: the data "
                                               "loaders').")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence to time (default: "
-                                                "the data's padded length).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence to time with "
+                                                "--lengths fixed (default: the data's padded length).")] = None,
+    lengths: Annotated[str, typer.Option("--lengths", help="fixed: every timed sequence --seq-len tokens; data: "
+                                         "batches of the data's own texts, each padded to its own longest, as a "
+                                         "server pads (the shape a service runs, with --batch and --threads).")
+                       ] = "fixed",
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="CPU threads to time with.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Processes candidates are built and judged "
                                                 "in, in parallel (timing stays one at a time). Default: one per "
@@ -379,6 +405,10 @@ def compress_command(
     """Make a model N times faster on this machine and runtime (--speedup) or as fast as a loss allows (--max-drop)."""
     # Cheap checks first: a typo fails in a second, before anything is loaded, and nothing is written.
     check_target_values(speedup, max_drop)
+    check_lengths(lengths)
+    if lengths == "data" and seq_len is not None:
+        raise ConfigError("--seq-len fixes every sequence's length; with --lengths data the lengths are the data's "
+                          "own (cut at --max-length): drop --seq-len")
     if budget is not None and not budget > 0:
         raise ConfigError(f"--budget must be a positive number of minutes, got {budget:g}")
     if objective is not None and objective not in ("task", "embedding"):
@@ -423,7 +453,7 @@ def compress_command(
     # One config, validated once: the Python API takes the same object and the report carries its fields.
     config = CompressConfig.build(target=target, runtime=runtime, against_runtime=against_runtime,
                                   objective=inputs.objective.name if inputs.objective else None, batch_size=batch,
-                                  seq_len=seq_len, stock=stock, threads=threads, workers=workers,
+                                  seq_len=seq_len, lengths=lengths, stock=stock, threads=threads, workers=workers,
                                   budget_minutes=budget, seed=seed, train=not no_train)
     with render.ProgressDisplay(stderr()) as display:
         progress = announcing(display)
@@ -434,7 +464,7 @@ def compress_command(
             plan = plan_compress(inputs.model, task_data, progress=progress, write_cache=False, target=config.target,
                                  runtime=config.runtime, against_runtime=config.against_runtime,
                                  objective=config.objective, batch_size=config.batch_size, seq_len=config.seq_len,
-                                 stock=config.stock, threads=config.threads)
+                                 stock=config.stock, threads=config.threads, lengths=config.lengths)
             typer.echo(json.dumps(plan.preview(target), indent=2))
             return
         result = compress(inputs.model, task_data, config, progress=progress)

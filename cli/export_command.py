@@ -401,9 +401,10 @@ def bench_tokenizer(paths: list[str], needed_by: str = "--calibration") -> objec
     return load_tokenizer(source)
 
 
-def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_column: str, label_column: str,
-                  max_length: int) -> object:
-    """The held-out split of ``data`` as labelled batches, tokenized with the first model's tokenizer that exists."""
+def bench_data(ctx: typer.Context, paths: list[str], data: str, *, text_column: str, label_column: str,
+               max_length: int) -> Any:
+    """``data`` tokenized with the first model's tokenizer that exists (a TaskData: its held-out split gives the
+    labelled batches accuracy is read on, its texts the batches ``--lengths data`` times)."""
     from surgery.cli.prepare import DataFiles, DataOptions, load_task
 
     tokenizer = bench_tokenizer(paths, "--data")
@@ -412,5 +413,4 @@ def bench_batches(ctx: typer.Context, paths: list[str], data: str, *, text_colum
         options = DataOptions(text_column=text_column, label_column=label_column, max_length=max_length)
         # Labels as the first model's head reads them (a classifier compared with its compressed copy).
         first = resolve_model_path(paths[0])
-        task_data = load_task(DataFiles(data), tokenizer, options, model=(first, read_model_config(first)))
-    return task_data.loader("eval")
+        return load_task(DataFiles(data), tokenizer, options, model=(first, read_model_config(first)))

@@ -360,34 +360,51 @@ def _mib(value: int | None) -> str:
 
 
 def bench_view(report: BenchReport) -> RenderableType:
-    """A benchmark: settings, one row per model, ratios against the reference, and warnings."""
+    """A benchmark: settings, one row per model, ratios against the reference, and warnings.
+
+    A small batch (an online service's, :data:`surgery.measure.bench.SMALL_BATCH` or fewer) is read by its
+    latency per batch: p50 and p95 lead, with their ratios; a large one by its throughput, as before.
+    """
     s = report.settings
+    if s.lengths == "data" and s.length_summary is not None:
+        d = s.length_summary
+        shape = (f"batch {s.batch_size} of texts from the data, each batch padded to its longest (padded length p50 "
+                 f"{d.padded_p50:g}, p95 {d.padded_p95:g}, max {d.padded_max}; {d.text_mean:g} tokens per text on "
+                 "average)")
+    else:
+        shape = f"batch {s.batch_size} x {s.seq_len} tokens"
     parts: list[RenderableType] = [Text(
-        f"batch {s.batch_size} x {s.seq_len} tokens, {s.repeats} interleaved rounds after {s.warmup} warm-up, "
+        f"{shape}, {s.repeats} interleaved rounds after {s.warmup} warm-up, "
         f"{s.threads} thread{'' if s.threads == 1 else 's'} on {s.device} ({s.machine}), torch {s.torch_version}",
         style="dim")]
     if report.machine is not None:  # int8 gains depend on these flags: a figure is quoted with its CPU
         parts.append(Text(f"CPU: {report.machine.summary()}", style="dim"))
     models = Table(title="Models", title_justify="left")
     accuracy = any(m.accuracy is not None for m in report.models)
-    for column in ("model", "params", "params w/o emb.", "GFLOPs/batch", "samples/s", "p50 ms", "p95 ms",
-                   "size MiB", "peak MiB", *(["accuracy"] if accuracy else [])):
+    small = s.small_batch
+    speed = ["p50 ms", "p95 ms", "samples/s"] if small else ["samples/s", "p50 ms", "p95 ms"]
+    for column in ("model", "params", "params w/o emb.", "GFLOPs/batch", *speed, "size MiB", "peak MiB",
+                   *(["accuracy"] if accuracy else [])):
         models.add_column(column, justify="left" if column == "model" else "right")
     for m in report.models:
+        figures = {"samples/s": f"{m.throughput:,.1f}", "p50 ms": f"{m.latency_p50_ms:,.2f}",
+                   "p95 ms": f"{m.latency_p95_ms:,.2f}"}
         models.add_row(Text(m.name), f"{m.params.total:,}", f"{m.params.without_embeddings:,}",
-                       f"{m.flops_per_batch / 1e9:,.3f}", f"{m.throughput:,.1f}", f"{m.latency_p50_ms:,.2f}",
-                       f"{m.latency_p95_ms:,.2f}", _mib(m.weights_bytes), _mib(m.peak_memory_bytes),
+                       f"{m.flops_per_batch / 1e9:,.3f}", *(figures[c] for c in speed), _mib(m.weights_bytes),
+                       _mib(m.peak_memory_bytes),
                        *([("-" if m.accuracy is None else f"{m.accuracy:.2%}")] if accuracy else []))
     parts.append(models)
     if report.comparisons:
         ratios = Table(title=f"Against {report.comparisons[0].reference}", title_justify="left")
-        for column in ("model", "speedup", "paired [95% CI]", "params", "params w/o emb.", "FLOPs",
+        latency = ["p50 speedup", "p95 speedup"] if small else []
+        for column in ("model", *latency, "speedup", "paired [95% CI]", "params", "params w/o emb.", "FLOPs",
                        "FLOP-bound speedup", "of bound", "memory"):
             ratios.add_column(column, justify="left" if column == "model" else "right")
         for c in report.comparisons:
             ci = f" [{c.paired_speedup_ci[0]:.2f}-{c.paired_speedup_ci[1]:.2f}]" if c.paired_speedup_ci else ""
-            ratios.add_row(Text(c.name), f"{c.speedup:.2f}x", f"{c.paired_speedup:.2f}x{ci}", f"{c.params_ratio:.3f}",
-                           f"{c.params_ratio_without_embeddings:.3f}", f"{c.flops_ratio:.3f}",
+            by_latency = [("-" if v is None else f"{v:.2f}x") for v in (c.p50_speedup, c.p95_speedup)] if small else []
+            ratios.add_row(Text(c.name), *by_latency, f"{c.speedup:.2f}x", f"{c.paired_speedup:.2f}x{ci}",
+                           f"{c.params_ratio:.3f}", f"{c.params_ratio_without_embeddings:.3f}", f"{c.flops_ratio:.3f}",
                            f"{c.flop_bound_speedup:.2f}x", f"{c.fraction_of_flop_bound:.0%}",
                            "-" if c.memory_ratio is None else f"{c.memory_ratio:.3f}")
         parts.append(ratios)

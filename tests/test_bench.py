@@ -15,11 +15,11 @@ from surgery.measure.bench import (
     bench_dirs,
     bench_models,
     load_warning,
-    make_inputs,
     noise_warning,
     not_faster_warning,
 )
 from surgery.measure.flops import count_flops
+from surgery.measure.timing import make_inputs
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import TinySpec, tiny_model
 

@@ -26,13 +26,13 @@ from surgery.compress.latency_measure import (
     measured_speedup,
     probes,
     solve_table,
-    steady_times,
 )
 from surgery.compress.latency_table import LatencyTable, round_up
 from surgery.compress.structure import LayerShape, Structure
 from surgery.core.errors import ConfigError
 from surgery.measure.bench import bench_models
 from surgery.measure.machine import INT8_FLAGS, SPEED_FLAGS, MachineInfo, machine_info, parse_cpuinfo
+from surgery.measure.stats import median_polish
 from surgery.strategies import FFNPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 
@@ -152,7 +152,7 @@ def test_the_solver_finds_the_block_size_of_the_ffn_kernels(block: int) -> None:
 
 
 def test_round_load_is_taken_out_of_every_probe() -> None:
-    levels, rounds = steady_times({"a": [1.0, 1.6, 1.0, 1.1], "b": [2.0, 3.2, 2.0, 2.2], "c": [4.0, 6.4, 4.0, 4.4]})
+    levels, rounds = median_polish({"a": [1.0, 1.6, 1.0, 1.1], "b": [2.0, 3.2, 2.0, 2.2], "c": [4.0, 6.4, 4.0, 4.4]})
     assert levels["b"] / levels["a"] == pytest.approx(2.0) and levels["c"] / levels["a"] == pytest.approx(4.0)
     assert rounds[1] / rounds[0] == pytest.approx(1.6)
 
@@ -220,13 +220,13 @@ def test_an_int8_onnxruntime_table_of_probes_with_ffns_of_width_zero(monkeypatch
 # -- the cache ----------------------------------------------------------------------------------
 def count_timing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    timing = latency_measure.time_rounds
+    timing = latency_measure.time_models
 
     def counted(*args, **kwargs):
         calls.append(1)
         return timing(*args, **kwargs)
 
-    monkeypatch.setattr(latency_measure, "time_rounds", counted)
+    monkeypatch.setattr(latency_measure, "time_models", counted)
     return calls
 
 
@@ -288,7 +288,7 @@ def test_measured_speedup_of_an_onnxruntime_graph_against_torch() -> None:
                                          repeats=3, report=reports.append)
     assert speedup > 0 and interval.low <= speedup <= interval.high
     assert list(reports[0].seconds) == ["original [torch]", "candidate [onnxruntime]"]
-    assert reports[0].paired_speedup["candidate [onnxruntime]"] == speedup
+    assert reports[0].speedup("candidate [onnxruntime]")[0] == speedup
 
 
 def test_measured_speedup_times_the_candidate_against_the_original() -> None:
@@ -300,7 +300,7 @@ def test_measured_speedup_times_the_candidate_against_the_original() -> None:
                                          repeats=5, report=reports.append)
     assert speedup > 1.2 and interval.low <= speedup <= interval.high and interval.rounds == 5
     assert list(reports[0].seconds) == ["original [torch]", "candidate [torch]"]
-    assert reports[0].machine is not None and reports[0].paired_speedup["candidate [torch]"] == speedup
+    assert reports[0].machine is not None and reports[0].speedup("candidate [torch]")[0] == speedup
 
 
 @pytest.mark.slow

@@ -282,6 +282,15 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("bench", ["--runtime", "openvino-int8"], "runtime 'openvino-int8' calibrates int8 activations"),
     ("bench", ["--calibration", "texts.txt"], "bench: --calibration feeds the int8 runtimes"),
     ("bench", ["--int8-fp32", "ffn"], "--int8-fp32 (parts kept in fp32) belongs to --runtime onnxruntime-int8"),
+    # the serving shape's flags
+    ("bench", ["--batch", "0"], "'--batch-size' / '--batch': Input should be greater than or equal to 1"),
+    ("bench", ["--lengths", "random"], "--lengths 'random' is not one of fixed, data"),
+    ("bench", ["--lengths", "data"], "--lengths data draws its batches from the texts of --data"),
+    ("compress", ["--speedup", "2", "--data", "texts.txt", "--batch", "0"],
+     "'--batch': Input should be greater than or equal to 1"),
+    ("compress", ["--speedup", "2", "--data", "texts.txt", "--lengths", "random"], "--lengths 'random' is not one"),
+    ("compress", ["--speedup", "2", "--data", "texts.txt", "--lengths", "data", "--seq-len", "8"],
+     "--seq-len fixes every sequence's length"),
 ])
 def test_a_bad_data_file_or_runtime_flag_is_refused_before_torch(classifier: Path, command: str,
                                                                    flags: list[str], message: str) -> None:

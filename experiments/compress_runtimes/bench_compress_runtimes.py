@@ -14,7 +14,7 @@ For each (target, task, seed) not yet in ``results/compress_runtimes.json``:
   texts that chose nothing): mean cosine and recall@10 of the winner's artefact against the original
   in PyTorch fp32 on the test texts.
 
-Timing phases (every ``time_rounds`` call: latency probes, candidates, the comparisons) hold
+Timing phases (every ``time_models`` call: latency probes, candidates, the comparisons) hold
 ``flock /work/timing.lock`` so they never overlap another timing run on this shared machine.
 
 Run from the repository root (fine-tuned models as in experiments/compress/README.md, under WORK)::
@@ -94,18 +94,18 @@ def timing_lock() -> Iterator[None]:
 
 
 def lock_timing() -> None:
-    """Make every interleaved timing of the library (``time_rounds``) hold the timing lock."""
+    """Make every interleaved timing of the library (``time_models``) hold the timing lock."""
     from surgery.compress import latency_measure
-    from surgery.measure import bench
+    from surgery.measure import bench, timing
 
-    original = bench.time_rounds
+    original = timing.time_models
 
     def locked(*args: Any, **kwargs: Any) -> Any:
         with timing_lock():
             return original(*args, **kwargs)
 
-    bench.time_rounds = locked
-    latency_measure.time_rounds = locked
+    timing.time_models = bench.time_models = locked
+    latency_measure.time_models = locked
 
 
 def log_progress(event: Any) -> None:
@@ -127,7 +127,7 @@ def served_artefact(result: Any, threads: int) -> torch.nn.Module:
 def peer_comparison(original: Any, result: Any, calibration: Any, test: Any, threads: int, seq_len: int,
                     batch_size: int) -> dict[str, Any]:
     """The peer recipe (unchanged classifier, OpenVINO + NNCF int8) against compress's artefact, side by side."""
-    from surgery.measure.bench import time_side_by_side
+    from surgery.measure.timing import make_inputs, time_models
     from surgery.runtimes import get_runtime
 
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
@@ -135,9 +135,9 @@ def peer_comparison(original: Any, result: Any, calibration: Any, test: Any, thr
                                                     threads=threads)
         ours = served_artefact(result, threads)
         peer_test = accuracy(peer, test.loader("eval"))
-        timing = time_side_by_side({"fine-tuned [torch fp32]": original, "peer [openvino-int8, unchanged]": peer,
-                                    "compress [artefact]": ours}, batch_size=batch_size, seq_len=seq_len,
-                                   repeats=20, warmup=2, threads=threads)
+        inputs = make_inputs(int(original.config.vocab_size), batch_size=batch_size, seq_len=seq_len)
+        timing = time_models({"fine-tuned [torch fp32]": original, "peer [openvino-int8, unchanged]": peer,
+                              "compress [artefact]": ours}, [inputs], repeats=20, warmup=2, threads=threads)
     seconds = timing.seconds
     ratios = [p / c for p, c in zip(seconds["peer [openvino-int8, unchanged]"], seconds["compress [artefact]"],
                                     strict=True)]
@@ -146,8 +146,8 @@ def peer_comparison(original: Any, result: Any, calibration: Any, test: Any, thr
     from surgery.measure.stats import bootstrap_median
 
     interval = bootstrap_median(ratios)
-    return {"peer_test": peer_test, "peer_speedup": timing.paired_speedup["peer [openvino-int8, unchanged]"],
-            "compress_speedup_side_by_side": timing.paired_speedup["compress [artefact]"],
+    return {"peer_test": peer_test, "peer_speedup": timing.speedup("peer [openvino-int8, unchanged]")[0],
+            "compress_speedup_side_by_side": timing.speedup("compress [artefact]")[0],
             "vs_peer": statistics.median(ratios), "vs_peer_interval": [interval.low, interval.high],
             "batch_size": batch_size, "seq_len": seq_len, "repeats": 20,
             "load_average": timing.load_average}

@@ -45,8 +45,9 @@ import torch
 import transformers
 
 import surgery
-from surgery.measure.bench import BenchReport, bench_models, make_inputs
+from surgery.measure.bench import BenchReport, bench_models
 from surgery.measure.stats import bootstrap_median, rounds_for
+from surgery.measure.timing import make_inputs
 from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,

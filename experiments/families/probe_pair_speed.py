@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_families import base_config, op_profile, pooled, variants
 
-from surgery.measure.bench import bench_models, make_inputs
+from surgery.measure.bench import bench_models
 from surgery.measure.stats import bootstrap_median
+from surgery.measure.timing import make_inputs
 
 
 def main() -> None:

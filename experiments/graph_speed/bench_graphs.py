@@ -58,9 +58,10 @@ from surgery.deploy import export_onnx
 from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, require_onnx
 from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
-from surgery.measure.bench import bench_models, make_inputs
+from surgery.measure.bench import bench_models
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import bootstrap_median
+from surgery.measure.timing import make_inputs
 from surgery.persist.assets import resolve_model_path
 from surgery.strategies import (
     ExpertAttentionStrategy,

@@ -4,7 +4,7 @@ For MiniLM-L6 (the embedded all-MiniLM-L6-v2) and a random 12-layer encoder at B
 measures the latency table (:func:`surgery.compress.latency_measure.measure_latency_table`), cuts the
 model to several structures (uniform and uneven heads and FFN widths, widths off the table's grid,
 dropped layers), predicts each one's speedup from the table, and times all of them against the
-original side by side in one interleaved benchmark (:func:`surgery.measure.bench.time_side_by_side`,
+original side by side in one interleaved benchmark (:func:`surgery.measure.timing.time_models`,
 the one timing routine, which ``measured_speedup`` uses too). With ``onnxruntime-int8`` the same is
 done for the smoothed int8 graphs, against the int8 original and against PyTorch fp32 (the table times the original in
 PyTorch in its own rounds: ``reference_runtime``)::
@@ -37,8 +37,8 @@ from surgery.anatomy import adapter_for
 from surgery.compress.latency_measure import measure_latency_table, runtime_model
 from surgery.compress.latency_table import LatencyTable
 from surgery.compress.structure import LayerShape, Structure
-from surgery.measure.bench import time_side_by_side
 from surgery.measure.machine import machine_info
+from surgery.measure.timing import make_inputs, time_models
 
 HERE = Path(__file__).resolve().parent / "results"
 TARGET = 0.05
@@ -126,7 +126,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                     for label, cut in cuts.items()})
     say(f"{name}: side by side, {len(entries)} models, {args.repeats} rounds")
     started = time.perf_counter()
-    report = time_side_by_side(entries, repeats=args.repeats, warmup=2, **shape)
+    inputs = make_inputs(int(model.config.vocab_size), batch_size=batch, seq_len=args.seq_len)
+    report = time_models(entries, [inputs], repeats=args.repeats, warmup=2, threads=args.threads)
     bench_seconds = time.perf_counter() - started
     rows = []
     for label, structure in structures.items():
@@ -136,7 +137,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                "measured": measured, "measured_ci95": (interval.low, interval.high),
                "error": predicted / measured - 1}
         if target != "torch":  # against the same runtime's original: the table's own model, no reference
-            own = report.paired_speedup[f"original [{target}]"]
+            own = report.speedup(f"original [{target}]")[0]
             row.update({"predicted_vs_own_original": table.predict_ms(original) / table.predict_ms(structure),
                         "measured_vs_own_original": measured / own})
             row["error_vs_own_original"] = row["predicted_vs_own_original"] / row["measured_vs_own_original"] - 1

@@ -15,7 +15,7 @@ Steps:
      for, and its output against the hinted one (surgery's own loader).
   3. **Speed and fidelity on MiniLM.** PyTorch fp32, ``torch-bf16``, ``openvino`` and ``openvino-bf16``,
      each prepared by its runtime (:meth:`surgery.runtimes.Runtime.prepare`), timed in the same interleaved
-     rounds (:func:`surgery.measure.bench.time_rounds`: batch 32 of held-out texts padded to the batch's
+     rounds (:func:`surgery.measure.timing.time_models`: batch 32 of held-out texts padded to the batch's
      longest, one thread, the order rotated every round); the speedup is the median of the per-round ratios
      against PyTorch fp32 with a 95% bootstrap interval; the mean cosine of each one's sentence embeddings
      (mean pooling, normalized) against fp32 on the 2,000 held-out texts. lscpu's model name and flags and
@@ -44,8 +44,8 @@ import surgery
 from surgery.deploy.openvino_export import OV_XML, PRECISION_KEY, OpenVinoModel, served_precision
 from surgery.embedding import read_sentence_config
 from surgery.embedding.evaluate import embed_texts, mean_cosine
-from surgery.measure.bench import time_rounds
 from surgery.measure.stats import bootstrap_median
+from surgery.measure.timing import time_models
 from surgery.runtimes.base import Runtime
 from surgery.runtimes.openvino_runtime import OpenVinoBf16Runtime, OpenVinoRuntime
 from surgery.runtimes.torch_runtime import TorchBf16Runtime, TorchRuntime
@@ -151,11 +151,9 @@ def minilm(work: Path, model_dir: Path, threads: int, rounds: int, batch_size: i
             served[name] = runtime.load(art.directory, config=reference.config, threads=threads)
         probe = batches_of(texts, tokenizer, 1, batch_size)[0]
         result["rt_info"] = rt_info_check(reference, probe, threads)
-        times: dict[str, list[float]] = {name: [] for name in served}
-        for batch in batches_of(texts, tokenizer, rounds, batch_size):  # one round per batch, order rotating
-            for name, seconds in time_rounds(served, batch, repeats=1, warmup=0 if times["torch"] else warmup,
-                                             device=torch.device("cpu")).items():
-                times[name] += seconds
+        # One round per batch, order rotating, every runtime on the same batch in a round.
+        times = time_models(served, batches_of(texts, tokenizer, rounds, batch_size), repeats=rounds,
+                            warmup=warmup).seconds
         embeddings = {name: embed_texts(m, tokenizer, texts, config) for name, m in served.items()}
     for name in served:
         ratios = [t / s for t, s in zip(times["torch"], times[name], strict=True)]

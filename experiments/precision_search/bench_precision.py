@@ -45,7 +45,7 @@ import surgery
 from experiments.tasks import load_suite_task
 from surgery.compress.candidates import apply_removal
 from surgery.compress.compress_report import SpeedupTarget
-from surgery.compress.latency_measure import measure_fallback_costs, steady_times
+from surgery.compress.latency_measure import measure_fallback_costs
 from surgery.compress.latency_source import TableLatency
 from surgery.compress.latency_table import LatencyTable
 from surgery.compress.plan import plan_compress
@@ -55,8 +55,8 @@ from surgery.compress.structure import Structure
 from surgery.core.manifest import set_int8_float
 from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, export_openvino
 from surgery.deploy.quantized_refit import quantization_aware_refit
-from surgery.measure.bench import make_inputs, time_rounds
 from surgery.measure.machine import machine_info
+from surgery.measure.timing import make_inputs, time_models
 from surgery.training import accuracy
 from surgery.training.refit import refit_projections
 
@@ -87,8 +87,8 @@ def flop_table(model: torch.nn.Module, runtime: str, total_ms: float, seq_len: i
 
 def paired_ms(models: dict[str, torch.nn.Module], inputs: dict[str, torch.Tensor], repeats: int) -> dict[str, float]:
     """Each model's ms per batch on a typical round, all timed in the same interleaved rounds."""
-    times = time_rounds(models, inputs, repeats=repeats, warmup=1, device=torch.device("cpu"))
-    return {name: 1000 * t for name, t in steady_times(times)[0].items()}
+    timing = time_models(models, [inputs], repeats=repeats, warmup=1)
+    return {name: 1000 * t for name, t in timing.steady()[0].items()}
 
 
 def load() -> list[float]:

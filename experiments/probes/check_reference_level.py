@@ -14,12 +14,13 @@ from pathlib import Path
 
 import surgery
 from surgery.compress.latency_measure import measure_latency_table, runtime_model
-from surgery.measure.bench import time_side_by_side
+from surgery.measure.timing import make_inputs, time_models
 
 
 def bench_ratio(model: object) -> str:
     int8 = runtime_model(model, "onnxruntime-int8", Path(tempfile.mkdtemp(prefix="int8-")), threads=1)
-    report = time_side_by_side({"torch": model, "int8": int8}, batch_size=32, seq_len=64, threads=1, repeats=10)
+    report = time_models({"torch": model, "int8": int8}, [make_inputs(int(model.config.vocab_size), batch_size=32,
+                                                                      seq_len=64)], threads=1, repeats=10)
     ratio, interval = report.speedup("int8")
     return f"{ratio:.2f}x [{interval.low:.2f}-{interval.high:.2f}]"
 

@@ -52,6 +52,8 @@ from surgery.compress.runtime_search import compress_on, dev_source, keep_artefa
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.measure.serving import ServingShape, data_batches, measured_shape
+from surgery.measure.timing import batch_length
 
 #: Points of drop within which two runtimes' models count as equally faithful for ``--runtime auto`` without
 #: ``--max-drop`` (0.1 point: a mean cosine 0.999 apart; below one dev example in 400 for accuracy).
@@ -191,8 +193,12 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
         raise ConfigError(f"compress: against_runtime {config.against_runtime!r} is not available here: "
                           f"{unavailable.get(config.against_runtime)}")
     batch_size = config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
-    seq_len = config.seq_len or batch_seq_len(data, batch_size)
-    source = latency or MeasuredLatency(batch_size=batch_size, seq_len=seq_len, threads=config.threads)
+    batches = data_batches(data, batch_size=batch_size) if config.lengths == "data" else None
+    seq_len = max(batch_length(b) for b in batches) if batches else config.seq_len or batch_seq_len(data, batch_size)
+    shape = measured_shape(ServingShape(batch_size=batch_size, threads=config.threads, lengths=config.lengths,
+                                        seq_len=seq_len), batches or [])
+    source = latency or MeasuredLatency(batch_size=batch_size, seq_len=seq_len, threads=config.threads,
+                                        batches=batches)
     since = time.perf_counter()
     was_training = model.training
     model.eval()
@@ -220,7 +226,7 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
         emit(ProgressEvent("compress: runtime", i + 1, len(searched), {"runtime": name}))
         if row["unchanged_only"]:
             results[name] = _unchanged_result(model, data, config, name, eval_data=eval_data, source=source,
-                                              batch_size=batch_size, seq_len=seq_len, ratio=ratios[name])
+                                              batch_size=batch_size, seq_len=seq_len, ratio=ratios[name], shape=shape)
         else:
             results[name], costs = compress_on(model, data, config.model_copy(update={"runtime": name}), runtime=name,
                                                eval_data=eval_data, latency=latency, progress=progress,
@@ -236,7 +242,8 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
 
 
 def _unchanged_result(model: nn.Module, data: Any, config: CompressConfig, runtime: str, *, eval_data: Any,
-                      source: LatencySource, batch_size: int, seq_len: int, ratio: float) -> CompressResult:
+                      source: LatencySource, batch_size: int, seq_len: int, ratio: float,
+                      shape: ServingShape | None = None) -> CompressResult:
     """A one-candidate result: the unchanged model on ``runtime`` (judged and timed on its artefact)."""
     from surgery.measure.machine import machine_info
 
@@ -252,6 +259,7 @@ def _unchanged_result(model: nn.Module, data: Any, config: CompressConfig, runti
         objective=judge.objective, reference=reference_label(config.against_runtime),
         metric="dev accuracy" if judge.objective == "task" else "mean cosine and recall@10 of embeddings",
         original=judge.reference(), batch_size=batch_size, seq_len=seq_len, threads=config.threads,
+        serving_shape=shape,
         stock=config.stock, budget_minutes=config.budget_minutes, machine=machine_info().model_dump(mode="json"),
         unchanged_speedup=round(ratio, 4), candidates=[result], winner=name,
         why=f"the unchanged model on {runtime} measured {result.measured_speedup:.2f}x, meeting the target",

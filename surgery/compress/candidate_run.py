@@ -617,6 +617,7 @@ class CandidateRun:
             objective=self.plan.objective, reference=reference,
             metric="dev accuracy" if self.plan.objective == "task" else "mean cosine and recall@10 of embeddings",
             original=self.reference, batch_size=self.plan.batch_size, seq_len=self.plan.seq_len, threads=threads,
+            serving_shape=self.plan.shape,
             stock=stock, budget_minutes=budget_minutes, machine=dict(table.machine),
             latency_table=table.model_dump(mode="json"), unchanged_speedup=round(self.plan.unchanged_speedup, 4),
             importance=self.plan.costs.summary(),

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from surgery.compress.candidates import CandidateResult
+from surgery.measure.serving import ServingShape
 from surgery.persist.atomic import atomic_directory
 
 
@@ -75,6 +76,8 @@ class CompressReport(BaseModel):
     text_length: dict[str, Any] = Field(default_factory=dict, description="the tokens texts were cut "
                                         "to and why (the data's info['text_length'])")
     threads: int | None = None
+    serving_shape: ServingShape | None = Field(default=None, description="the shape every time was measured at: "
+                                               "batch, threads, length policy and the drawn lengths' summary")
     stock: bool = False
     budget_minutes: float | None = None
     machine: dict[str, Any] = Field(default_factory=dict)

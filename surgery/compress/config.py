@@ -80,6 +80,10 @@ class CompressConfig(BaseModel):
                                    "data's; at most the CLI's bound)")
     seq_len: int | None = Field(default=None, ge=1, description="tokens per sequence to time (default: the data's)")
     threads: int | None = Field(default=None, ge=1, description="CPU threads every runtime is held to")
+    lengths: Literal["fixed", "data"] = Field(default="fixed", description="the lengths times are measured at: "
+                                              "fixed (every sequence seq_len tokens, default the data's mean "
+                                              "padded length) or data (batches of the data's own texts, each "
+                                              "padded to its own longest, as a server pads)")
     stock: bool = Field(default=False, description="keep to what a stock transformers config can say")
     seed: int = Field(default=0, description="seed of the training tier")
     workers: int | None = Field(default=None, ge=1, description="processes candidates are built and judged in "
@@ -111,6 +115,13 @@ class CompressConfig(BaseModel):
             return check_runtime_name(value)
         except ConfigError as exc:
             raise ValueError(str(exc).removeprefix("runtime ")) from None
+
+    @model_validator(mode="after")
+    def _lengths(self) -> CompressConfig:
+        if self.lengths == "data" and self.seq_len is not None:
+            raise ValueError("seq_len fixes every sequence's length; with lengths 'data' the lengths are the "
+                             "data's own (cut where the data is read): drop seq_len")
+        return self
 
     @model_validator(mode="after")
     def _target(self) -> CompressConfig:

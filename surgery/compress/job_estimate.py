@@ -152,7 +152,7 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     # A candidate near the target: its speedup is against the original in PyTorch, on whatever runtime.
     small = small_rt = p.forward / max(shape.target, 1.0)
     model_export = p.probe_export * max(1.0, shape.layers / 2)
-    # `repeated` runs each probe twice before the rounds, the table one warm-up round.
+    # `time_models` runs each short probe twice before the rounds (to count its calls), the table one warm-up round.
     rounds = s.table_repeats + 3
     if shape.cached_table:
         latency = model_export + 6 * p.runtime_forward
@@ -280,14 +280,14 @@ def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int
         runtime_model,
         template_layer,
     )
-    from surgery.measure.bench import make_inputs, time_rounds, torch_threads
+    from surgery.measure.timing import make_inputs, time_once, torch_threads
 
     started = time.perf_counter()
     device = next(model.parameters()).device
     inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
 
     def once(target: nn.Module) -> float:
-        return time_rounds({"m": target}, inputs, repeats=1, warmup=1, device=device)["m"][0]
+        return time_once(target, inputs)
 
     with torch_threads(threads):
         forward = once(model)

@@ -23,7 +23,7 @@ Method (what :func:`measure_latency_table` does):
    Several identical layers per probe raise the per-layer signal over the fixed cost. For an ONNX
    runtime every probe is written and loaded by the runtime (int8 calibrated on random tokens) and
    timed with the same threads.
-2. **Timing, interleaved.** :func:`surgery.measure.bench.time_rounds` runs every probe once per round, in an
+2. **Timing, interleaved.** :func:`surgery.measure.timing.time_models` runs every probe once per round, in an
    order that rotates round by round. A probe shorter than :data:`MIN_TIMED_SECONDS` runs several
    times in a row per round: on a busy machine a short run either escapes other processes or waits a
    whole scheduler slice, so its time would not scale with load as the model's does. Other processes
@@ -41,14 +41,13 @@ Method (what :func:`measure_latency_table` does):
    add up perfectly): probes fix the shape, the model the level.
 
 The table is cached (:mod:`surgery.compress.latency_cache`). :func:`measured_speedup` times a result
-against the original side by side through :func:`surgery.measure.bench.bench_models`, the same code as
-``surgery bench``.
+against the original side by side through :func:`surgery.measure.timing.time_models`, the routine
+``surgery bench`` times with.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import os
 import statistics
 import tempfile
@@ -77,16 +76,20 @@ from surgery.compress.latency_table import FallbackCosts, LatencyTable, round_up
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
-from surgery.measure.bench import (
-    SideBySide,
+from surgery.measure.machine import machine_info
+from surgery.measure.serving import LengthSummary
+from surgery.measure.stats import Interval
+from surgery.measure.timing import (
+    Batch,
+    Timing,
+    batch_length,
     check_seq_len,
+    load_average,
     make_inputs,
-    time_rounds,
-    time_side_by_side,
+    shared_vocab,
+    time_models,
     torch_threads,
 )
-from surgery.measure.machine import machine_info
-from surgery.measure.stats import Interval
 
 if TYPE_CHECKING:
     from surgery.runtimes import Runtime
@@ -105,47 +108,6 @@ WARMUP = 1
 MIN_TIMED_SECONDS = 0.05
 #: Random-token calibration for the smoothed int8 probes: smoothing changes no timing, only scales.
 CALIBRATION_BATCH = 8
-
-
-class Repeated(nn.Module):
-    """``model`` called ``times`` times in a row per call: one timed unit of a short probe.
-
-    Example:
-        >>> calls = []
-        >>> _ = Repeated(lambda **inputs: calls.append(inputs), 3)(x=1)
-        >>> len(calls)
-        3
-    """
-
-    def __init__(self, model: nn.Module, times: int) -> None:
-        super().__init__()
-        self.model = model
-        self.times = times
-
-    def forward(self, **inputs: Any) -> Any:
-        out = None
-        for _ in range(self.times):
-            out = self.model(**inputs)
-        return out
-
-
-def repeated(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, device: torch.device,
-             least: float | None = None) -> dict[str, Repeated]:
-    """Each model wrapped to run often enough per call to take ``least`` seconds (default
-    :data:`MIN_TIMED_SECONDS`), judged from one timed call after an untimed one (which also pays any
-    lazy initialisation).
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> units = repeated({"tiny": tiny_model(TinySpec("bert"))}, make_inputs(99, batch_size=2, seq_len=8),
-        ...                  device=torch.device("cpu"), least=0.01)
-        >>> units["tiny"].times >= 1
-        True
-    """
-    least = MIN_TIMED_SECONDS if least is None else least
-    once = time_rounds(models, inputs, repeats=1, warmup=1, device=device)
-    return {name: Repeated(model, max(1, min(1000, math.ceil(least / max(once[name][0], 1e-6)))))
-            for name, model in models.items()}
 
 
 @dataclass(frozen=True)
@@ -235,30 +197,6 @@ def build_probe(model: nn.Module, probe: Probe, template: int) -> nn.Module:
         adapter.keep_heads(index, range(probe.heads))
         adapter.keep_neurons(index, range(probe.ffn_width))
     return shell.eval()
-
-
-def steady_times(times: Mapping[str, Sequence[float]], sweeps: int = 5) -> tuple[dict[str, float], list[float]]:
-    """Each model's time on a typical round, and each round's load factor, by median polish of log times.
-
-    A round that other processes slowed down slows every model in it; the round factor takes that
-    out, so a probe's estimate does not depend on which rounds were loaded.
-
-    Example:
-        >>> levels, rounds = steady_times({"a": [1.0, 2.0, 1.0], "b": [3.0, 6.0, 3.0]})
-        >>> {k: round(v, 6) for k, v in levels.items()}, [round(r, 6) for r in rounds]
-        ({'a': 1.0, 'b': 3.0}, [1.0, 2.0, 1.0])
-    """
-    names = list(times)
-    logs = {name: [math.log(t) for t in times[name]] for name in names}
-    rounds = len(logs[names[0]])
-    level = {name: statistics.median(values) for name, values in logs.items()}
-    effect = [0.0] * rounds
-    for _ in range(sweeps):
-        effect = [statistics.median(logs[n][r] - level[n] for n in names) for r in range(rounds)]
-        typical = statistics.median(effect)  # the typical round is the unit, not the fastest
-        effect = [e - typical for e in effect]
-        level = {n: statistics.median(logs[n][r] - effect[r] for r in range(rounds)) for n in names}
-    return {n: math.exp(v) for n, v in level.items()}, [math.exp(e) for e in effect]
 
 
 def _width_weights(width: int, grid_widths: Sequence[int]) -> dict[int, float]:
@@ -380,6 +318,33 @@ def probe_calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, 
     return [make_inputs(int(model.config.vocab_size), batch_size=CALIBRATION_BATCH, seq_len=seq_len, seed=1)]
 
 
+def timing_batches(vocab_size: int, *, batch_size: int, seq_len: int, batches: Sequence[Batch] | None = None
+                   ) -> list[Batch]:
+    """What a latency measurement times on: ``batches`` (texts drawn from the data at a serving shape,
+    :func:`surgery.measure.serving.serving_batches`), or one random full-length ``batch_size`` x ``seq_len`` batch.
+
+    Example:
+        >>> [tuple(b["input_ids"].shape) for b in timing_batches(99, batch_size=2, seq_len=8)]
+        [(2, 8)]
+    """
+    return list(batches) if batches else [make_inputs(vocab_size, batch_size=batch_size, seq_len=seq_len)]
+
+
+def shape_fields(batches: Sequence[Batch] | None) -> dict[str, Any]:
+    """The length policy of ``batches`` and their lengths' summary, as a table and its cache key record them
+    (nothing for one random full-length batch, so that keys of tables measured so keep matching).
+
+    Example:
+        >>> shape_fields(None)
+        {}
+        >>> shape_fields([make_inputs(99, batch_size=1, seq_len=5)])["lengths"]
+        'data'
+    """
+    if not batches:
+        return {}
+    return {"lengths": "data", "length_summary": LengthSummary.of(batches).model_dump(mode="json")}
+
+
 def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: int | None,
                   calibration: Sequence[Mapping[str, torch.Tensor]] | None = None, task: str = "auto") -> nn.Module:
     """``model`` as it runs in ``runtime``: :meth:`surgery.runtimes.Runtime.prepare` (its artefact, loaded).
@@ -401,10 +366,12 @@ def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: in
 
 
 def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, batch_size: int, seq_len: int,
-                       threads: int | None, repeats: int = CHECK_REPEATS) -> str | None:
+                       threads: int | None, repeats: int = CHECK_REPEATS, batches: Sequence[Batch] | None = None
+                       ) -> str | None:
     """Why a cached table may not be used for ``model`` here: its prediction is off the model's own time.
 
-    The model is timed in ``runtime`` at the table's batch shape (a few rounds, one export for an ONNX
+    The model is timed in ``runtime`` at the table's batch shape (``batches``: the table's drawn batches) (a
+    few rounds, one export for an ONNX
     runtime: far less than measuring a table) and compared with what the table predicts for it; more
     than ``1 + CHECK_TOLERANCE`` times apart (a tampered or foreign file, a changed library) and the table
     is measured again. None when they agree.
@@ -427,15 +394,13 @@ def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, b
     try:
         with tempfile.TemporaryDirectory(prefix="surgery-cache-check-") as tmp, torch_threads(threads):
             served = {"model": runtime_model(model, runtime, Path(tmp), threads=threads)}
-            inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
-            once = time_rounds(served, inputs, repeats=1, warmup=1, device=device)["model"][0]
-            calls = max(1, min(1000, math.ceil(MIN_TIMED_SECONDS / max(once, 1e-6))))
-            unit = {"model": Repeated(served["model"], calls)}
-            times = time_rounds(unit, inputs, repeats=repeats, warmup=1, device=device)["model"]
-            del served, unit  # an ONNX Runtime session holds its file open until released
+            inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len,
+                                    batches=batches)
+            timing = time_models(served, inputs, repeats=repeats, warmup=1, device=device, least=MIN_TIMED_SECONDS)
+            del served  # an ONNX Runtime session holds its file open until released
     finally:
         model.train(was_training)
-    measured = statistics.median(times) * 1000.0 / calls
+    measured = statistics.median(timing.seconds["model"]) * 1000.0
     if measured > 0 and predicted > 0 and max(predicted / measured, measured / predicted) <= 1 + CHECK_TOLERANCE:
         return None
     return (f"the cached table predicts {predicted:.3g} ms for this model, measured {measured:.3g} ms now (more "
@@ -476,6 +441,7 @@ def measure_latency_table(
     probe_layers: int = PROBE_LAYERS,
     reference_runtime: str | None = None,
     progress: ProgressCallback | None = None,
+    batches: Sequence[Batch] | None = None,
 ) -> LatencyTable:
     """Measure (or read from the cache) the latency table of ``model``'s shape on ``runtime`` here.
 
@@ -495,6 +461,10 @@ def measure_latency_table(
             so that :meth:`LatencyTable.speedup` compares runtimes at one load: the level of two tables
             measured minutes apart on a busy machine differed by 25% (experiments/latency_prediction).
         progress: called with one event per probe exported and per timing round.
+        batches: the batches to time on, at a serving shape: texts drawn from the data, each padded to its
+            own longest (:func:`surgery.measure.serving.serving_batches`); round ``r`` runs the ``r``-th
+            on every probe, so the table is the typical round's. ``batch_size`` and ``seq_len`` are then
+            read off them (the batch, the longest); the lengths' summary is in the table and its cache key.
 
     Returns:
         The :class:`LatencyTable`; ``measured`` says how it was measured, ``measured['cached']`` whether
@@ -510,6 +480,8 @@ def measure_latency_table(
         >>> table.runtime, table.threads, table.measured["cached"]
         ('torch', 1, False)
     """
+    if batches:  # the shape is the drawn batches'
+        batch_size, seq_len = int(batches[0]["input_ids"].shape[0]), max(batch_length(b) for b in batches)
     _check_settings(model, runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
                     what="latency")
     if reference_runtime is not None:
@@ -522,14 +494,14 @@ def measure_latency_table(
     shape = model_shape(model)
     machine = machine_info().model_copy(update={"torch_threads": threads})
     key = table_key(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
-                    probe_layers=probe_layers, reference_runtime=reference_runtime)
+                    probe_layers=probe_layers, reference_runtime=reference_runtime, batches=batches)
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
     stale = None
     if cache:
         found, stale = read_cached(path, key)
         if found is not None:  # a file is untrusted: used only if it predicts this model's own time here
             disagreement = cache_disagreement(found, model, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
-                                              threads=threads)
+                                              threads=threads, batches=batches)
             if disagreement is None:
                 return found.model_copy(update={"machine": machine.model_dump(mode="json"),
                                                 "measured": {**found.measured, "cached": True,
@@ -537,7 +509,7 @@ def measure_latency_table(
             stale = f"{path}: {disagreement}"
     table = _measure(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
                      repeats=repeats, probe_layers=probe_layers, device=device, progress=progress or no_progress,
-                     reference_runtime=reference_runtime,
+                     reference_runtime=reference_runtime, batches=batches,
                      model_key=model_key(shape), machine=machine.model_dump(mode="json"))
     cache_note = try_write_cached(path, key, table) if cache and write_cache else None
     return table.model_copy(update={"measured": {**table.measured, "cached": False,
@@ -547,9 +519,10 @@ def measure_latency_table(
 
 
 def table_key(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
-              repeats: int = REPEATS, probe_layers: int = PROBE_LAYERS, reference_runtime: str | None = None
-              ) -> dict[str, Any]:
-    """What a latency table measured here depends on: the key of its cache file.
+              repeats: int = REPEATS, probe_layers: int = PROBE_LAYERS, reference_runtime: str | None = None,
+              batches: Sequence[Batch] | None = None) -> dict[str, Any]:
+    """What a latency table measured here depends on: the key of its cache file (the serving shape included:
+    batch, threads, and with ``batches`` drawn from data their length policy and lengths' summary).
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -564,11 +537,12 @@ def table_key(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, 
             "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
             "machine": machine.fingerprint, "versions": machine.versions,
             "graph_format": (runtime_key := resolve_runtime(runtime).cache_key())["graph_format"],
-            "runtime_key": runtime_key}
+            "runtime_key": runtime_key, **shape_fields(batches)}
 
 
 def table_cached(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
-                 repeats: int = REPEATS, cache_dir: str | os.PathLike[str] | None = None) -> bool:
+                 repeats: int = REPEATS, cache_dir: str | os.PathLike[str] | None = None,
+                 batches: Sequence[Batch] | None = None) -> bool:
     """Whether a cached table for this model, runtime and batch shape is on file here (the estimate's question:
     a cached table costs a check of the model's own time, not a measurement).
 
@@ -579,13 +553,15 @@ def table_cached(model: nn.Module, *, runtime: str, batch_size: int, seq_len: in
         ...              cache_dir=tempfile.mkdtemp())
         False
     """
-    key = table_key(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats)
+    key = table_key(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
+                    batches=batches)
     return cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key).is_file()
 
 
 def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int, repeats: int,
              probe_layers: int, device: torch.device, progress: ProgressCallback, model_key: str,
-             machine: dict[str, Any], reference_runtime: str | None) -> LatencyTable:
+             machine: dict[str, Any], reference_runtime: str | None, batches: Sequence[Batch] | None = None
+             ) -> LatencyTable:
     started = time.perf_counter()
     structure = Structure.from_model(model)
     template = template_layer(model)
@@ -595,7 +571,6 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
     calibration = probe_calibration_batches(model, seq_len)
     was_training = model.training
     model.eval()
-    load_before = _load()
     try:
         with tempfile.TemporaryDirectory(prefix="surgery-latency-") as tmp, torch_threads(threads):
             floor = zero_width_floor(model, runtime, template, Path(tmp) / "zero-width", threads, calibration)
@@ -609,26 +584,25 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
                 timed[name] = runtime_model(source, runtime, Path(tmp) / str(done), threads=threads,
                                             calibration=calibration)
                 progress(ProgressEvent("latency probes", done + 1, len(plan) + 1, {"probe": name}))
-            inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
+            inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len,
+                                    batches=batches)
             total = WARMUP + repeats
-            units = repeated(timed, inputs, device=device)
-            times = time_rounds(units, inputs, repeats=repeats, warmup=WARMUP, device=device,
-                                on_round=lambda r: progress(ProgressEvent("latency timing", r, total)))
-            times = {name: [t / units[name].times for t in values] for name, values in times.items()}
-            calls = {name: unit.times for name, unit in units.items()}
-            del timed, units  # ONNX Runtime sessions hold their files open until released
+            timing = time_models(timed, inputs, repeats=repeats, warmup=WARMUP, device=device,
+                                 least=MIN_TIMED_SECONDS,
+                                 on_round=lambda r: progress(ProgressEvent("latency timing", r, total)))
+            del timed  # ONNX Runtime sessions hold their files open until released
     finally:
         model.train(was_training)
-    seconds, round_load = steady_times(times)
+    seconds, round_load = timing.steady()
     measured = {
         "method": "probe encoders with identical layers, interleaved rounds, median polish of log times",
         "probe_layers": probe_layers, "template_layer": template, "narrowest_probe_ffn": floor,
-        "repeats": repeats, "warmup": WARMUP, "calls_per_round": calls, "round_load": round_load,
-        "load_average": [load_before, _load()], "seconds": time.perf_counter() - started,
+        "repeats": repeats, "warmup": WARMUP, "calls_per_round": timing.calls, "round_load": round_load,
+        "load_average": timing.load_average, "seconds": time.perf_counter() - started,
     }
     return solve_table(seconds, plan, structure, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
-                       threads=threads, model_key=model_key, machine=machine, measured=measured,
-                       reference_runtime=reference_runtime,
+                       threads=threads, **shape_fields(batches), model_key=model_key, machine=machine,
+                       measured=measured, reference_runtime=reference_runtime,
                        reference_ms=seconds["reference"] * 1000 if reference_runtime is not None else None)
 
 
@@ -652,13 +626,6 @@ def zero_width_floor(model: nn.Module, runtime: str, template: int, work_dir: Pa
     return 0
 
 
-def _load() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
-
-
 def measured_speedup(
     original: nn.Module,
     candidate: nn.Module,
@@ -670,16 +637,18 @@ def measured_speedup(
     threads: int | None = None,
     repeats: int = 15,
     calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
-    report: Callable[[SideBySide], None] | None = None,
+    report: Callable[[Timing], None] | None = None,
     candidate_prepared: bool = False,
+    batches: Sequence[Batch] | None = None,
 ) -> tuple[float, Interval]:
     """The paired speedup of ``candidate`` in ``runtime`` over ``original`` in ``reference_runtime``.
 
     Both are prepared in their runtimes (:func:`runtime_model`; ``candidate_prepared``: ``candidate`` is
     already the artefact as it runs, the one a candidate was judged on, and is timed as it is), then timed
-    side by side in this process (:func:`surgery.measure.bench.time_side_by_side`); the interval
+    side by side in this process (:func:`surgery.measure.timing.time_models`); the interval
     is the paired speedup's 95% bootstrap interval over rounds. ``report`` receives the whole
-    :class:`~surgery.measure.bench.SideBySide` (rounds, machine) for a caller that keeps it.
+    :class:`~surgery.measure.timing.Timing` (rounds, machine) for a caller that keeps it. ``batches``: the
+    serving shape's batches to time on (:func:`timing_batches`), each round its own.
 
     Example:
         >>> import surgery
@@ -702,9 +671,10 @@ def measured_speedup(
                   for i, (name, model, where, prepared) in enumerate(((names[0], original, reference_runtime, False),
                                                                       (names[1], candidate, runtime,
                                                                        candidate_prepared)))}
-        timing = time_side_by_side(served, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=2,
-                                   threads=threads or torch.get_num_threads(),
-                                   device=str(next(original.parameters()).device))
+        device = next(original.parameters()).device
+        inputs = timing_batches(shared_vocab(served), batch_size=batch_size, seq_len=seq_len, batches=batches)
+        timing = time_models(served, inputs, repeats=repeats, warmup=2, threads=threads or torch.get_num_threads(),
+                             device=device)
         del served  # artefact sessions hold their files open until released
     if report is not None:
         report(timing)
@@ -713,13 +683,14 @@ def measured_speedup(
 
 def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runtime: str = "torch", batch_size: int,
                    seq_len: int, threads: int | None = None, repeats: int = 15,
-                   calibration: Sequence[Mapping[str, torch.Tensor]] | None = None) -> dict[str, list[float]]:
+                   calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
+                   batches: Sequence[Batch] | None = None) -> dict[str, list[float]]:
     """The unchanged ``model`` in each of ``runtimes`` against it in ``reference_runtime``, side by side.
 
     Every runtime's form of the model is prepared first (:func:`runtime_model`), then all are timed in
-    the same interleaved rounds (:func:`~surgery.measure.bench.time_side_by_side`), so the load of the
-    moment hits them alike. Returns runtime -> ``[paired speedup, 95% low, 95% high]`` (the reference
-    itself included, at 1).
+    the same interleaved rounds (:func:`~surgery.measure.timing.time_models`), so the load of the
+    moment hits them alike, on ``batches`` at a serving shape (:func:`timing_batches`). Returns runtime ->
+    ``[paired speedup, 95% low, 95% high]`` (the reference itself included, at 1).
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -734,9 +705,10 @@ def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runti
     with tempfile.TemporaryDirectory(prefix="surgery-runtimes-") as tmp:
         served = {name: runtime_model(model, name, Path(tmp) / str(i), threads=threads, calibration=calibration)
                   for i, name in enumerate([reference_runtime, *others])}
-        timing = time_side_by_side(served, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=2,
-                                   threads=threads or torch.get_num_threads(),
-                                   device=str(next(model.parameters()).device))
+        device = next(model.parameters()).device
+        inputs = timing_batches(shared_vocab(served), batch_size=batch_size, seq_len=seq_len, batches=batches)
+        timing = time_models(served, inputs, repeats=repeats, warmup=2, threads=threads or torch.get_num_threads(),
+                             device=device)
         del served  # artefact sessions hold their files open until released
     out = {reference_runtime: [1.0, 1.0, 1.0]}
     for name in others:
@@ -778,11 +750,9 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
             ov.save_model(with_float_groups(quantized, model, members), str(path), compress_to_fp16=False)
             timed[part] = OpenVinoModel(path, config=model.config, threads=threads)
         inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len)
-        units = repeated(timed, inputs, device=device)
-        times = time_rounds(units, inputs, repeats=repeats, warmup=WARMUP, device=device)
-        times = {name: [t / units[name].times for t in values] for name, values in times.items()}
-        del timed, units
-    seconds, round_load = steady_times(times)
+        timing = time_models(timed, [inputs], repeats=repeats, warmup=WARMUP, device=device, least=MIN_TIMED_SECONDS)
+        del timed
+    seconds, round_load = timing.steady()
     per_unit = {}
     for part in (p for p in FALLBACK_UNITS if p in seconds):
         extra_ms = max(0.0, seconds[part] - seconds["int8"]) * 1000
@@ -794,4 +764,4 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
                          measured={"int8_ms": seconds["int8"] * 1000,
                                    "float_part_ms": {p: seconds[p] * 1000 for p in seconds if p != "int8"},
                                    "repeats": repeats, "round_load": round_load, "batch_size": batch_size,
-                                   "seq_len": seq_len, "threads": threads, "load_average": _load()})
+                                   "seq_len": seq_len, "threads": threads, "load_average": load_average()})

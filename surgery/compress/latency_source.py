@@ -48,12 +48,16 @@ class MeasuredLatency:
     repeats: int = SPEEDUP_REPEATS
     write_cache: bool = True  # False: a cached table is still read, nothing is written (--dry-run)
     table_repeats: int | None = None  # the latency table's timing rounds (None: its default; a budget asks fewer)
+    #: the batches every table and speedup is timed on at a serving shape (texts drawn from the data, each padded
+    #: to its own longest: :func:`surgery.measure.serving.serving_batches`); None: one random batch_size x seq_len
+    batches: list[dict[str, Any]] | None = None
 
     def table(self, model: nn.Module, runtime: str) -> LatencyTable:
         from surgery.compress.latency_measure import measure_latency_table
 
         return measure_latency_table(model, runtime=runtime, batch_size=self.batch_size, seq_len=self.seq_len,
                                      threads=self.threads, cache_dir=self.cache_dir, write_cache=self.write_cache,
+                                     batches=self.batches,
                                      **({"repeats": self.table_repeats} if self.table_repeats else {}))
 
     def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
@@ -64,7 +68,7 @@ class MeasuredLatency:
         value, interval = measured_speedup(original, candidate if served is None else served, runtime=runtime,
                                            reference_runtime=reference_runtime, batch_size=self.batch_size,
                                            seq_len=self.seq_len, threads=self.threads, repeats=self.repeats,
-                                           candidate_prepared=served is not None)
+                                           candidate_prepared=served is not None, batches=self.batches)
         return float(value), _bounds(interval)
 
     def ratios(self, model: nn.Module, runtimes: list[str], *, reference_runtime: str) -> dict[str, list[float]]:
@@ -73,7 +77,7 @@ class MeasuredLatency:
         from surgery.compress.latency_measure import runtime_ratios
 
         return runtime_ratios(model, runtimes, reference_runtime=reference_runtime, batch_size=self.batch_size,
-                              seq_len=self.seq_len, threads=self.threads, repeats=self.repeats)
+                              seq_len=self.seq_len, threads=self.threads, repeats=self.repeats, batches=self.batches)
 
 
 def _bounds(interval: Any) -> list[float] | None:

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from surgery.compress.structure import LayerShape, Structure
+from surgery.measure.serving import LengthSummary
 
 
 def _monotone(points: Mapping[int, float], what: str) -> dict[int, float]:
@@ -81,6 +82,9 @@ class LatencyTable(BaseModel):
     batch_size: int = Field(ge=1)
     seq_len: int = Field(ge=1)
     threads: int | None = Field(default=None, ge=1)
+    lengths: str = Field(default="fixed", description="fixed: every sequence seq_len tokens; data: batches of the "
+                         "user's texts, each padded to its own longest (seq_len is then the longest batch)")
+    length_summary: LengthSummary | None = Field(default=None, description="data: the timed batches' lengths")
     model_key: str = Field(description="what the table was measured for: family, hidden size, head dim, widths")
     machine: dict[str, Any] = Field(default_factory=dict, description="CPU model and flags it was measured on")
     base_ms: float = Field(ge=0.0, description="everything outside the encoder layers")

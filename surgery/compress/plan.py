@@ -23,6 +23,8 @@ from surgery.compress.removal_path import RemovalPath, describe_cut, search_path
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError, DataError, StockFormatError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
+from surgery.measure.serving import ServingShape, data_batches, measured_shape
+from surgery.measure.timing import batch_length
 from surgery.training.refit import task_calibration_batches
 
 #: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes); int8
@@ -113,6 +115,10 @@ class CompressPlan:
     phases: dict[str, float]
     #: seconds per phase estimated before the work, and what a budget scaled down (None: times not measured here)
     estimate: JobEstimate | None = None
+    #: the serving shape every time is measured at (batch, threads, lengths and the drawn lengths' summary)
+    shape: ServingShape | None = None
+    #: the batches of the data's texts every time is measured on (``lengths="data"``; None: one random batch)
+    batches: list[Any] | None = None
 
     def families(self) -> dict[str, RemovalPath]:
         """Every search path by its candidates' origin: ``path``, ``units-path``, ``uniform-path``."""
@@ -129,6 +135,7 @@ class CompressPlan:
         points = [describe_cut(self.path, j) for j in _speed_points(self.path)]
         return {"target": target.describe(), "runtime": self.table.runtime, "batch_size": self.batch_size,
                 "seq_len": self.seq_len, "objective": self.objective,
+                **({"serving_shape": self.shape.model_dump(mode="json")} if self.shape is not None else {}),
                 "predicted_ms_original": round(self.table.predict_ms(self.start), 4),
                 "unchanged_speedup": round(self.unchanged_speedup, 4),
                 "would_cut": describe_cut(self.path, k) if k is not None else None,
@@ -218,7 +225,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
                   threads: int | None = None, progress: ProgressCallback | None = None,
                   clock: Clock | None = None, write_cache: bool = True, costs: UnitCosts | None = None,
-                  dev_examples: int | None = None, train: bool = False) -> CompressPlan:
+                  dev_examples: int | None = None, train: bool = False, lengths: str = "fixed") -> CompressPlan:
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
 
     ``costs``: what every unit carries, when already measured (``--runtime auto`` plans several
@@ -229,6 +236,10 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     emitted as the ``compress: estimate`` progress event before any phase runs, and with a budget the
     phases are scaled down to fit it. ``dev_examples`` (the dev set's size) and ``train`` (distillation
     allowed) inform that estimate.
+
+    ``lengths="data"``: every time (the latency table, the speedups) is measured on batches of the data's
+    own texts, each padded to its own longest (:func:`surgery.measure.serving.data_batches`), at
+    ``batch_size`` and ``threads``: the serving shape, recorded in ``CompressPlan.shape``.
 
     Example:
         >>> from surgery.compress.latency_source import TableLatency
@@ -247,12 +258,15 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     chosen = data_objective(data, objective)
     since = time.perf_counter()
     batch_size = batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
-    seq_len = seq_len or batch_seq_len(data, batch_size)
+    batches = data_batches(data, batch_size=batch_size) if lengths == "data" else None
+    seq_len = max(batch_length(b) for b in batches) if batches else seq_len or batch_seq_len(data, batch_size)
+    shape = measured_shape(ServingShape(batch_size=batch_size, threads=threads, lengths=lengths,  # type: ignore[arg-type]
+                                        seq_len=seq_len), batches or [])
     calibration = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
                                       batch_size=CALIBRATION_BATCH)
     clock.phase("data", since)
     emit(ProgressEvent("compress: batch shape", 1, 1, {"batch": batch_size, "seq_len": seq_len,
-                                                       "objective": chosen}))
+                                                       "lengths": lengths, "objective": chosen}))
     importance_objective = data.importance_objective() if chosen == "embedding" else None
     first: FisherBatch | None = None
     estimate, served, held = None, None, None
@@ -281,7 +295,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     source = latency or MeasuredLatency(
         batch_size=batch_size, seq_len=seq_len, threads=threads, write_cache=write_cache,
         table_repeats=estimate.settings.table_repeats if estimate is not None else None,
-        repeats=estimate.settings.speedup_repeats if estimate is not None else SPEEDUP_REPEATS)
+        repeats=estimate.settings.speedup_repeats if estimate is not None else SPEEDUP_REPEATS, batches=batches)
     table = source.table(model, runtime)
     unchanged = 1.0
     if runtime != against_runtime:  # the runtime alone is worth something (int8): the path starts from it
@@ -337,4 +351,4 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path,
                         start=start, unchanged_speedup=unchanged, batch_size=batch_size, seq_len=seq_len,
                         objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases,
-                        estimate=estimate)
+                        estimate=estimate, shape=shape, batches=batches)

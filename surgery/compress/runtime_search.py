@@ -94,9 +94,9 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
                              batch_size=config.batch_size, seq_len=config.seq_len, stock=config.stock,
                              latency=latency, threads=config.threads, progress=progress, clock=clock, costs=costs,
                              dev_examples=sum(int(b["input_ids"].shape[0]) for b in dev) or len(texts),
-                             train=config.train)
+                             train=config.train, lengths=config.lengths)
         source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=config.threads,
-                                            repeats=plan.speedup_repeats)
+                                            repeats=plan.speedup_repeats, batches=plan.batches)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
             judge = Judge(original=model, objective=plan.objective, runtime=runtime, calibration=plan.calibration,
                           smoothing=plan.smoothing, workdir=Path(tmp), dev=dev, texts=texts,

@@ -4,7 +4,9 @@ Method (what :func:`bench_models` does, in this order):
 
 1. **One process, same inputs.** Every model gets the same random batch: ``input_ids`` drawn
    uniformly from the vocabulary all models share (seeded) and an ``attention_mask`` of ones, so
-   every sequence has the full length and no model can profit from padding. Models run in eval mode
+   every sequence has the full length and no model can profit from padding. Or, at a serving shape
+   (``batches``, :mod:`surgery.measure.serving`), batches of the user's own texts, each padded to its
+   own longest: round ``r`` runs the ``r``-th batch on every model. Models run in eval mode
    under ``torch.inference_mode``; their previous train/eval mode is restored afterwards.
    The device is checked first (``cuda`` without a GPU, an unknown name) and so is ``seq_len``
    against each model's ``max_position_embeddings``: one-line errors, not tracebacks.
@@ -25,7 +27,9 @@ Method (what :func:`bench_models` does, in this order):
    batch on every model, and the order rotates each round (A B C, B C A, ...), so drifting machine
    load and cache effects hit all models alike. Each batch is timed with ``time.perf_counter`` (with
    a CUDA synchronise on GPU). Throughput is the median over rounds of ``batch_size / latency``;
-   latency p50/p95 are percentiles of the per-batch times.
+   latency p50/p95 are percentiles of the per-batch times (the figures of a small batch, at most
+   :data:`SMALL_BATCH`, which ``surgery bench`` shows first; their ratios are ``p50_speedup`` and
+   ``p95_speedup``).
 5. **Ratios against the first model** (the reference): speedup (ratio of median throughputs), the
    paired speedup (median and quartiles of the same-round throughput ratios, which cancels most
    load from other processes), parameter and FLOP ratios, the FLOP-bound speedup
@@ -35,9 +39,10 @@ Method (what :func:`bench_models` does, in this order):
    vary a lot between rounds, a machine whose load exceeds its CPU count, and a paired speedup whose
    interval is wider than +-5% (with the rounds likely to narrow it).
 
-Steps 1, 4 and the paired ratios of 5 are :func:`time_side_by_side`, the one routine that times models
-side by side: ``bench_models`` adds the counts of steps 2-3 around it, and ``surgery compress`` calls it
-alone (it reads no FLOPs or memory), so both time the same way.
+Steps 1, 4 and the paired ratios of 5 are :func:`surgery.measure.timing.time_models`, the one routine
+that times models side by side: ``bench_models`` adds the counts of steps 2-3 around it, and everything
+else that times a model (``surgery compress``'s latency table and speedups, the job estimate) calls it
+alone, so all time the same way.
 """
 
 from __future__ import annotations
@@ -46,9 +51,7 @@ import json
 import os
 import platform
 import statistics
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +63,20 @@ from surgery.core.errors import ConfigError
 from surgery.core.report import ParamCount
 from surgery.core.run import count_params
 from surgery.measure.flops import count_flops
-from surgery.measure.machine import MachineInfo, machine_info
+from surgery.measure.machine import MachineInfo
 from surgery.measure.memory import memory_use
-from surgery.measure.stats import Interval, bootstrap_median, interval_warning
+from surgery.measure.serving import LengthSummary
+from surgery.measure.stats import Interval, bootstrap_median, interval_warning, paired_ratios
+from surgery.measure.timing import (
+    batch_length,
+    check_device,
+    check_seq_len,
+    make_inputs,
+    shared_vocab,
+    time_models,
+    torch_threads,
+)
 from surgery.persist.atomic import atomic_write
-from surgery.persist.config_values import usable_positions
 
 #: A model counts as "smaller" when it has at most this fraction of the reference's parameters or FLOPs.
 SMALLER_BELOW = 0.95
@@ -72,6 +84,8 @@ SMALLER_BELOW = 0.95
 NOT_FASTER_MARGIN = 0.05
 #: Relative spread (interquartile range / median) of per-round throughput above which timings are noisy.
 NOISY_SPREAD = 0.15
+#: A batch of at most this many sequences is an online service's: its latency per batch (p50, p95) is the figure.
+SMALL_BATCH = 8
 
 
 class BenchSettings(BaseModel):
@@ -89,6 +103,14 @@ class BenchSettings(BaseModel):
     machine: str
     load_average_before: float | None = None
     load_average_after: float | None = None
+    lengths: str = Field(default="fixed", description="fixed: every sequence seq_len tokens; data: texts drawn from "
+                         "the data, each batch padded to its own longest (seq_len is then the longest batch)")
+    length_summary: LengthSummary | None = Field(default=None, description="data: the timed batches' lengths")
+
+    @property
+    def small_batch(self) -> bool:
+        """Whether latency per batch (p50/p95), not throughput, is the figure a service of this shape reads."""
+        return self.batch_size <= SMALL_BATCH
 
 
 class ModelBench(BaseModel):
@@ -126,6 +148,8 @@ class Comparison(BaseModel):
     paired_speedup_iqr: tuple[float, float] = Field(description="quartiles (25%, 75%) of the same-round ratios")
     paired_speedup_ci: tuple[float, float] | None = Field(
         default=None, description="95% bootstrap confidence interval of the paired speedup (surgery.measure.stats)")
+    p50_speedup: float | None = Field(default=None, description="reference p50 latency / p50 latency")
+    p95_speedup: float | None = Field(default=None, description="reference p95 latency / p95 latency")
     params_ratio: float = Field(description="total parameters / reference")
     params_ratio_without_embeddings: float
     flops_ratio: float = Field(description="FLOPs per batch / reference")
@@ -218,141 +242,12 @@ def _spread(values: Sequence[float]) -> float:
     return (q3 - q1) / median if median else 0.0
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (``q`` in 0..100) of a non-empty sequence."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def check_device(device: str) -> torch.device:
-    """The torch device named ``device``, checked to exist on this machine.
-
-    Example:
-        >>> check_device("cpu")
-        device(type='cpu')
-        >>> check_device("tpu9")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        surgery.core.errors.ConfigError: bench: unknown device 'tpu9'; use cpu, cuda or cuda:N
-    """
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"bench: unknown device {device!r}; use cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"bench: device {device!r} is not supported; use cpu, cuda or cuda:N")
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"bench: --device {device} but torch sees no CUDA GPU on this machine; use --device cpu")
-        if dev.index is not None and dev.index >= count:
-            raise ConfigError(f"bench: --device {device} but this machine has {count} CUDA GPU(s) (cuda:0 to "
-                              f"cuda:{count - 1})")
-    return dev
-
-
-def check_seq_len(models: Mapping[str, nn.Module], seq_len: int, what: str = "bench") -> None:
-    """Refuse a sequence length beyond a model's position embeddings (it would fail inside the forward);
-    ``what`` begins the message (the command or function that was asked)."""
-    for name, model in models.items():
-        limit = usable_positions(getattr(model, "config", None))
-        if limit is not None and limit < seq_len:
-            raise ConfigError(f"{what}: --seq-len {seq_len} exceeds the {limit} positions {name} supports; "
-                              f"use --seq-len {limit} or less")
-
-
 def _counts(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: torch.device) -> tuple[Any, ...]:
     # A model whose weights live outside torch (an ONNX Runtime graph) reports its own counts.
     own = getattr(model, "bench_counts", None)
     if callable(own):
         return own(inputs)
     return (count_params(model), count_flops(model, inputs), *memory_use(model, inputs, device))
-
-
-def make_inputs(vocab_size: int, *, batch_size: int, seq_len: int, seed: int = 0, device: str | torch.device = "cpu"
-                ) -> dict[str, torch.Tensor]:
-    """A full-length random batch: ``input_ids`` (seeded) and an ``attention_mask`` of ones.
-
-    Ids avoid the first few vocabulary entries, where special tokens usually live.
-
-    Example:
-        >>> batch = make_inputs(99, batch_size=2, seq_len=5)
-        >>> batch["input_ids"].shape, int(batch["attention_mask"].sum())
-        (torch.Size([2, 5]), 10)
-    """
-    gen = torch.Generator().manual_seed(seed)
-    low = min(5, vocab_size - 1)
-    ids = torch.randint(low, vocab_size, (batch_size, seq_len), generator=gen)
-    return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
-
-
-def _shared_vocab(models: Mapping[str, nn.Module]) -> int:
-    sizes = [getattr(getattr(m, "config", None), "vocab_size", None) for m in models.values()]
-    known = [int(s) for s in sizes if s]
-    if not known:
-        raise ConfigError("bench: no model has config.vocab_size; pass Hugging Face models")
-    return min(known)
-
-
-@contextmanager
-def torch_threads(threads: int | None) -> Iterator[int]:
-    """Run the block with ``threads`` torch intra-op threads (None: as they are); yields the count in use.
-
-    Example:
-        >>> with torch_threads(1) as used:
-        ...     used, torch.get_num_threads()
-        (1, 1)
-    """
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
-def _load() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
-
-
-def time_rounds(models: Mapping[str, nn.Module], inputs: Mapping[str, torch.Tensor], *, repeats: int,
-                warmup: int, device: torch.device, on_round: Callable[[int], None] | None = None
-                ) -> dict[str, list[float]]:
-    """Seconds per batch of each model over ``repeats`` interleaved rounds (after ``warmup`` untimed ones).
-
-    Each round runs every model once, the order rotating round by round (step 4 of the module doc);
-    ``on_round`` is called after each round with the number done (warm-up included).
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> times = time_rounds({"a": tiny_model(TinySpec("bert"))}, make_inputs(99, batch_size=2, seq_len=8),
-        ...                     repeats=3, warmup=1, device=torch.device("cpu"))
-        >>> len(times["a"]), min(times["a"]) > 0
-        (3, True)
-    """
-    names = list(models)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
-    with torch.inference_mode():
-        for round_ in range(warmup + repeats):
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:  # rotate the order every round
-                sync(device)
-                start = time.perf_counter()
-                models[name](**inputs)
-                sync(device)
-                if round_ >= warmup:
-                    times[name].append(time.perf_counter() - start)
-            if on_round is not None:
-                on_round(round_ + 1)
-    return times
 
 
 def _compare(model: ModelBench, ref: ModelBench) -> Comparison:
@@ -374,6 +269,8 @@ def _compare(model: ModelBench, ref: ModelBench) -> Comparison:
         paired_speedup=statistics.median(paired),
         paired_speedup_iqr=(q1, q3),
         paired_speedup_ci=(interval.low, interval.high),
+        p50_speedup=ratio(ref.latency_p50_ms, model.latency_p50_ms),
+        p95_speedup=ratio(ref.latency_p95_ms, model.latency_p95_ms),
         params_ratio=ratio(model.params.total, ref.params.total),
         params_ratio_without_embeddings=ratio(model.params.without_embeddings, ref.params.without_embeddings),
         flops_ratio=flops_ratio,
@@ -393,6 +290,7 @@ def bench_models(
     device: str = "cpu",
     threads: int | None = None,
     seed: int = 0,
+    batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
 ) -> BenchReport:
     """Benchmark ``models`` side by side in this process and compare each with the first one.
 
@@ -408,6 +306,10 @@ def bench_models(
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         threads: torch intra-op threads during the benchmark (default: leave as is).
         seed: seed of the random input ids.
+        batches: the batches to time on instead of one random full-length batch: texts drawn from the
+            user's data, each padded to its own longest (:func:`surgery.measure.serving.serving_batches`);
+            round ``r`` runs ``batches[r % len(batches)]``. FLOPs and memory are counted on the batch of
+            median length, and ``seq_len`` is read off the batches (their longest).
 
     Returns:
         A :class:`BenchReport` with settings, per-model measurements, comparisons and warnings.
@@ -422,42 +324,48 @@ def bench_models(
         >>> report.comparisons[0].flops_ratio < 1
         True
     """
+    if batches is not None:
+        if not batches:
+            raise ConfigError("bench: batches is empty; pass at least one batch (or none for a random one)")
+        seq_len = max(batch_length(b) for b in batches)
     check_rounds(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, what="bench")
     if threads is not None and threads < 1:
         raise ConfigError(f"bench: threads must be at least 1, got {threads}")
     dev = check_device(device)
     check_seq_len(models, seq_len)
     modes = {name: m.training for name, m in models.items()}
-    load_before = _load()
     try:
         with torch_threads(threads):
             for model in models.values():
                 model.to(dev).eval()
-            inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
-                                 device=dev)
+            timed = list(batches) if batches is not None else [
+                make_inputs(shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed)]
+            middle = sorted(timed, key=batch_length)[len(timed) // 2]
+            inputs = {k: v.to(dev) for k, v in middle.items()}
             counted = {name: _counts(m, inputs, dev) for name, m in models.items()}
     finally:
         for name, model in models.items():
             model.train(modes[name])
-    timing = time_side_by_side(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
-                               device=device, threads=threads, seed=seed)
-    times, used_threads = timing.seconds, timing.threads
+    timing = time_models(models, timed, repeats=repeats, warmup=warmup, device=dev, threads=threads)
+    times = timing.seconds
     settings = BenchSettings(
         batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, device=str(dev),
-        threads=used_threads, seed=seed, torch_version=torch.__version__, cpu_count=os.cpu_count(),
+        threads=timing.threads, seed=seed, torch_version=torch.__version__, cpu_count=os.cpu_count(),
         machine=f"{platform.system()} {platform.machine()}"
         + (f", {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""),
-        load_average_before=load_before, load_average_after=_load(),
+        load_average_before=timing.load_average[0], load_average_after=timing.load_average[1],
+        lengths="fixed" if batches is None else "data",
+        length_summary=None if batches is None else LengthSummary.of(timed),
     )
     benches = []
     for name, (params, flops, weights, act_peak, peak, method) in counted.items():
-        rounds = [batch_size / t for t in times[name]]
+        rounds = [shape[0] / t for shape, t in zip(timing.batch_shapes, times[name], strict=True)]
         config = getattr(models[name], "config", None)
         benches.append(ModelBench(
             name=name, model_class=type(models[name]).__name__, runtime=getattr(models[name], "runtime", "torch"),
             attention=getattr(config, "_attn_implementation", None), params=params, flops_per_batch=flops,
             throughput=statistics.median(rounds), throughput_rounds=rounds,
-            latency_p50_ms=1000 * _percentile(times[name], 50), latency_p95_ms=1000 * _percentile(times[name], 95),
+            latency_p50_ms=timing.latency_ms(name, 50), latency_p95_ms=timing.latency_ms(name, 95),
             weights_bytes=weights, activation_peak_bytes=act_peak, peak_memory_bytes=peak, memory_method=method,
         ))
     comparisons = [_compare(b, benches[0]) for b in benches[1:]]
@@ -485,86 +393,6 @@ def check_rounds(models: Mapping[str, Any], *, batch_size: int, seq_len: int, re
                                 ("warmup", warmup, 0)):
         if value < least:
             raise ConfigError(f"{what}: {field} must be at least {least}, got {value}")
-
-
-def paired_ratios(reference: Sequence[float], model: Sequence[float], *, per_second: bool = False) -> list[float]:
-    """Same-round speedups of ``model`` over ``reference``: seconds per batch (``per_second``: throughputs).
-
-    Both ran within the same round, moments apart, so a burst of load from other processes hits both;
-    the per-round ratio is therefore far steadier than either time on a busy machine.
-
-    Example:
-        >>> paired_ratios([2.0, 4.0], [1.0, 1.0]), paired_ratios([10.0], [30.0], per_second=True)
-        ([2.0, 4.0], [3.0])
-    """
-    pairs = zip(reference, model, strict=True)
-    if per_second:
-        return [m / r if r else float("nan") for r, m in pairs]
-    return [r / m if m else float("nan") for r, m in pairs]
-
-
-class SideBySide(BaseModel):
-    """What :func:`time_side_by_side` measured: seconds per batch of every round, paired ratios, the machine."""
-
-    reference: str = Field(description="the first model: every ratio is against it")
-    batch_size: int
-    seq_len: int
-    repeats: int
-    warmup: int
-    threads: int
-    device: str
-    seconds: dict[str, list[float]] = Field(description="name -> seconds per batch of each timed round")
-    paired_speedup: dict[str, float] = Field(description="name -> median same-round speedup over the reference")
-    interval: dict[str, Interval] = Field(description="name -> 95% bootstrap interval of the paired speedup")
-    load_average: list[float | None] = Field(default_factory=list, description="1-minute load before and after")
-    machine: MachineInfo
-
-    def speedup(self, name: str) -> tuple[float, Interval]:
-        """The paired speedup of ``name`` over the reference and its interval."""
-        return self.paired_speedup[name], self.interval[name]
-
-
-def time_side_by_side(models: Mapping[str, nn.Module], *, batch_size: int, seq_len: int, repeats: int = 15,
-                      warmup: int = 2, threads: int | None = None, device: str = "cpu", seed: int = 0
-                      ) -> SideBySide:
-    """Time ``models`` side by side in this process (the first is the reference): one routine for every caller.
-
-    The same full-length random batch for all (:func:`make_inputs`, the vocabulary they share),
-    ``warmup`` untimed then ``repeats`` interleaved rounds in a rotating order (:func:`time_rounds`),
-    with ``threads`` torch intra-op threads; a model that runs outside torch (an ONNX Runtime or
-    OpenVINO artefact) holds itself to the threads it was loaded with. Nothing else is computed: no
-    FLOPs, no memory. Models run in eval mode; their mode is restored.
-
-    Example:
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> timing = time_side_by_side({"a": tiny_model(TinySpec("bert")), "b": tiny_model(TinySpec("bert"))},
-        ...                            batch_size=2, seq_len=8, repeats=3, warmup=0, threads=1)
-        >>> sorted(timing.paired_speedup), len(timing.seconds["a"]), timing.threads, timing.machine.logical_cpus > 0
-        (['b'], 3, 1, True)
-    """
-    check_rounds(models, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup, what="timing")
-    dev = check_device(device)
-    check_seq_len(models, seq_len, "timing")
-    modes = {name: getattr(m, "training", False) for name, m in models.items()}
-    load_before = _load()
-    try:
-        with torch_threads(threads) as used:
-            for model in models.values():
-                model.to(dev).eval()
-            inputs = make_inputs(_shared_vocab(models), batch_size=batch_size, seq_len=seq_len, seed=seed,
-                                 device=dev)
-            seconds = time_rounds(models, inputs, repeats=repeats, warmup=warmup, device=dev)
-    finally:
-        for name, model in models.items():
-            model.train(modes[name])
-    reference = next(iter(models))
-    ratios = {name: paired_ratios(seconds[reference], seconds[name]) for name in list(models)[1:]}
-    return SideBySide(reference=reference, batch_size=batch_size, seq_len=seq_len, repeats=repeats, warmup=warmup,
-                      threads=used, device=str(dev), seconds=seconds,
-                      paired_speedup={n: statistics.median(r) for n, r in ratios.items()},
-                      interval={n: bootstrap_median(r) for n, r in ratios.items()},
-                      load_average=[load_before, _load()],
-                      machine=machine_info().model_copy(update={"torch_threads": used}))
 
 
 def model_names(paths: Sequence[str | os.PathLike[str]], names: Sequence[str] | None = None) -> list[str]:

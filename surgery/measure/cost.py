@@ -20,14 +20,12 @@ fits, and a message saying what was capped, the estimate, and which flag asks fo
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
-from surgery.measure.bench import make_inputs, torch_threads
 from surgery.measure.flops import count_flops
+from surgery.measure.timing import make_inputs, time_once, torch_threads
 
 #: A timed probe forward at least this long is compute-bound enough to extrapolate from.
 PROBE_SECONDS = 0.25
@@ -112,20 +110,16 @@ def forward_cost(model: nn.Module, batch: int, seq_len: int, *, threads: int | N
         with torch_threads(threads):
             fit = _flop_fit(model, vocab, (SHORTEST, 2 * SHORTEST))
             length, previous = min(seq_len, 4 * SHORTEST), None
-            with torch.inference_mode():
-                while True:
-                    inputs = make_inputs(vocab, batch_size=batch, seq_len=length, device=device)
-                    model(**inputs)  # untimed: the first call at a shape prepares its kernels (2.4x slower here)
-                    start = time.perf_counter()
-                    model(**inputs)
-                    seconds = time.perf_counter() - start
-                    # Stop once the time is long enough and grows with the length (compute, not overhead or
-                    # load, decides it), or is long in itself, or the asked length is reached.
-                    grew = previous is not None and seconds >= GROWTH * previous
-                    if (seconds >= least and grew) or seconds >= CEILING_SECONDS or length >= seq_len:
-                        break
-                    previous = seconds
-                    length = min(seq_len, 2 * length)
+            while True:
+                # One untimed call first: the first call at a shape prepares its kernels (2.4x slower here).
+                seconds = time_once(model, make_inputs(vocab, batch_size=batch, seq_len=length, device=device))
+                # Stop once the time is long enough and grows with the length (compute, not overhead or
+                # load, decides it), or is long in itself, or the asked length is reached.
+                grew = previous is not None and seconds >= GROWTH * previous
+                if (seconds >= least and grew) or seconds >= CEILING_SECONDS or length >= seq_len:
+                    break
+                previous = seconds
+                length = min(seq_len, 2 * length)
     finally:
         model.train(was_training)
     return ForwardCost(batch=batch, seq_len=length, seconds=seconds, flops_linear=fit[0], flops_square=fit[1])

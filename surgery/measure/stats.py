@@ -1,4 +1,4 @@
-"""How sure a paired speedup is: a bootstrap confidence interval over benchmark rounds.
+"""How sure a paired speedup is: paired ratios, median polish and a bootstrap confidence interval over rounds.
 
 A benchmark round runs every model once, moments apart, so the same-round throughput ratio of a
 model and the reference cancels most of the load other processes put on the machine. The rounds are
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -112,3 +112,44 @@ def mean_std(values: Sequence[float]) -> list[float]:
         ([2.0, 1.0], [5.0, 0.0])
     """
     return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
+
+
+def paired_ratios(reference: Sequence[float], model: Sequence[float], *, per_second: bool = False) -> list[float]:
+    """Same-round speedups of ``model`` over ``reference``: seconds per batch (``per_second``: throughputs).
+
+    Both ran within the same round, moments apart, so a burst of load from other processes hits both;
+    the per-round ratio is therefore far steadier than either time on a busy machine.
+
+    Example:
+        >>> paired_ratios([2.0, 4.0], [1.0, 1.0]), paired_ratios([10.0], [30.0], per_second=True)
+        ([2.0, 4.0], [3.0])
+    """
+    pairs = zip(reference, model, strict=True)
+    if per_second:
+        return [m / r if r else float("nan") for r, m in pairs]
+    return [r / m if m else float("nan") for r, m in pairs]
+
+
+def median_polish(times: Mapping[str, Sequence[float]], sweeps: int = 5) -> tuple[dict[str, float], list[float]]:
+    """Each model's time on a typical round, and each round's load factor, by median polish of log times.
+
+    A round that other processes slowed down slows every model in it; the round factor takes that
+    out, so a model's estimate does not depend on which rounds were loaded (a two-way median polish:
+    model level + round level, the typical round as the unit).
+
+    Example:
+        >>> levels, rounds = median_polish({"a": [1.0, 2.0, 1.0], "b": [3.0, 6.0, 3.0]})
+        >>> {k: round(v, 6) for k, v in levels.items()}, [round(r, 6) for r in rounds]
+        ({'a': 1.0, 'b': 3.0}, [1.0, 2.0, 1.0])
+    """
+    names = list(times)
+    logs = {name: [math.log(t) for t in times[name]] for name in names}
+    rounds = len(logs[names[0]])
+    level = {name: statistics.median(values) for name, values in logs.items()}
+    effect = [0.0] * rounds
+    for _ in range(sweeps):
+        effect = [statistics.median(logs[n][r] - level[n] for n in names) for r in range(rounds)]
+        typical = statistics.median(effect)  # the typical round is the unit, not the fastest
+        effect = [e - typical for e in effect]
+        level = {n: statistics.median(logs[n][r] - effect[r] for r in range(rounds)) for n in names}
+    return {n: math.exp(v) for n, v in level.items()}, [math.exp(e) for e in effect]

@@ -372,6 +372,28 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: The length policies ``--lengths`` takes (:class:`surgery.measure.serving.ServingShape`): ``fixed``, every
+#: sequence ``--seq-len`` tokens; ``data``, texts drawn from ``--data``, each batch padded to its own longest.
+LENGTHS: tuple[str, ...] = ("fixed", "data")
+
+
+def check_lengths(value: str, flag: str = "--lengths") -> str:
+    """``value`` if it is a length policy (:data:`LENGTHS`), else a one-line :class:`ConfigError`.
+
+    Example:
+        >>> check_lengths("data")
+        'data'
+        >>> check_lengths("random")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: --lengths 'random' is not one of fixed, data (data: texts drawn from ...
+    """
+    if value not in LENGTHS:
+        raise ConfigError(f"{flag} {value!r} is not one of {', '.join(LENGTHS)} (data: texts drawn from --data, "
+                          "each batch padded to its longest)")
+    return value
+
+
 def threads_warning(threads: int | None, flag: str = "--threads") -> str | None:
     """A warning when ``threads`` exceeds the cores: the threads then wait on each other and every time is off.
 
