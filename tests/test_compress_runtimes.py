@@ -201,11 +201,77 @@ def test_cli_saves_the_judged_artefact_byte_for_byte(tmp_path: Path, monkeypatch
     assert (out / "onnx" / "tokenizer_config.json").is_file()
     # Every export was a candidate's, into compress's work directory; none after the pick.
     judged = [c for c in report["candidates"] if c["seconds"] > 0 and c["artefact"]]
-    # The up-front estimate writes the unchanged model and one probe (timed, never judged); the rest are candidates'.
-    estimate = [e for e in exports if "surgery-estimate-" in e]
-    assert [Path(e).name for e in estimate] == ["model", "probe"]
-    candidates = [e for e in exports if e not in estimate]
-    assert len(candidates) == len(judged) and all("surgery-compress-" in e for e in candidates)
+    # The unchanged model is written once for the run (the estimate, the latency table, its speedup and the
+    # unchanged candidate all use those files), the estimate writes one latency probe (the table's own, timed, never
+    # judged); every other export is a cut candidate's.
+    unchanged = [e for e in exports if "surgery-unchanged-" in e]
+    probe = [e for e in exports if "surgery-estimate-" in e]
+    assert len(unchanged) == 1 and [Path(e).name for e in probe] == ["probe"]
+    candidates = [e for e in exports if e not in unchanged + probe]
+    assert len(candidates) == len(judged) - 1 and all("surgery-compress-" in e for e in candidates)
+
+
+# -- the unchanged model written once per runtime ------------------------------------------------
+def count_unchanged_exports(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, names: list[str]
+                            ) -> dict[str, int]:
+    """Spy the runtimes' ``write_artefact`` (what ``prepare`` writes through too): runtime -> how many times it
+    wrote a model of ``model``'s whole structure (latency probes have fewer layers; candidates are cut)."""
+    from surgery.compress.structure import Structure
+
+    whole = Structure.from_model(model).to_json()
+    counts = dict.fromkeys(names, 0)
+    owners = {next(c for c in type(get_runtime(n, require_available=False)).__mro__ if "write_artefact" in c.__dict__)
+              for n in names}
+    for owner in owners:
+        real = owner.__dict__["write_artefact"]
+
+        def spy(self: Any, written: torch.nn.Module, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if Structure.from_model(written).to_json() == whole:
+                counts[self.name] = counts.get(self.name, 0) + 1
+            return _real(self, written, *args, **kwargs)
+
+        monkeypatch.setattr(owner, "write_artefact", spy)
+    # A small latency table (5 probes, short timed units): the count, not the table, is under test.
+    monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
+    monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
+    monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_a_measured_run_exports_the_unchanged_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    needs("onnxruntime")
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
+    exports = count_unchanged_exports(monkeypatch, model, ["onnxruntime"])
+    # A budget of one minute: fewer timing rounds and candidates (the unchanged model is always judged and timed).
+    result = compress(model, tiny_task_data(), CompressConfig(speedup=1.3, runtime="onnxruntime", threads=1,
+                                                              batch_size=4, seq_len=8, budget_minutes=1, train=False))
+    report = result.report
+    # The estimate, the latency table, the unchanged speedup and the unchanged candidate: one export (it was 3).
+    assert exports == {"onnxruntime": 1}
+    unchanged = next(c for c in report.candidates if c.origin == "unchanged")
+    assert unchanged.artefact and unchanged.measured_speedup == pytest.approx(report.unchanged_speedup, abs=1e-4)
+    assert report.latency_table is not None and report.latency_table["measured"]["probes_ms"]["model"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_auto_exports_each_runtimes_unchanged_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    needs("onnxruntime-int8")
+    import surgery.runtimes as runtimes
+
+    names = ["onnxruntime", "onnxruntime-int8"]
+    monkeypatch.setattr(runtimes, "available_runtimes", lambda: {"torch": None, **dict.fromkeys(names)})
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
+    exports = count_unchanged_exports(monkeypatch, model, names)
+    result = compress(model, tiny_task_data(), CompressConfig(max_drop=50.0, runtime="auto", threads=1, batch_size=4,
+                                                              seq_len=8, budget_minutes=1, train=False))
+    rows = {r["runtime"]: r for r in result.report.runtimes}
+    assert rows["onnxruntime-int8"]["searched"]  # int8 is searched whatever the ratios: the search's path is counted
+    # Timed side by side for the ratios, then searched or judged on the same files: one export per runtime (it was
+    # 4 for a searched runtime: the ratios, the estimate, the latency table and the unchanged candidate).
+    assert exports == dict.fromkeys(names, 1)
 
 
 # -- timing once ---------------------------------------------------------------------------------

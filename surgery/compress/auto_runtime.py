@@ -3,7 +3,9 @@
 1. **Every runtime available here** (:func:`surgery.runtimes.available_runtimes`) gets the unchanged
    model, prepared as it would be served, and all are timed side by side with the reference (the
    original in ``against_runtime``, PyTorch fp32 by default) in the same interleaved rounds: one ratio
-   per runtime, at one load.
+   per runtime, at one load. Each runtime's unchanged model is written there once for the whole run
+   (int8 calibrated on the data, as a candidate's): its search, or its judging as it is, uses those
+   files and that ratio, never another export or timing of the unchanged model.
 2. **Which runtimes to search.** A runtime can reach ``--speedup X`` when its unchanged ratio times
    the largest cut the search allows (``CompressConfig.max_cut``) reaches X; a ``--max-drop`` target
    can be reached anywhere. fp32 runtimes compute the same function (each artefact is parity-checked
@@ -34,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from surgery.compress.candidate_run import MEET_TOLERANCE, meets
-from surgery.compress.candidates import CandidateResult, Judge, reference_label, result_of
+from surgery.compress.candidates import CandidateResult, Judge, Unchanged, reference_label, result_of, unchanged_on
 from surgery.compress.compress_report import CompressReport, CompressResult, DropTarget, SpeedupTarget
 from surgery.compress.config import CompressConfig
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
@@ -72,13 +74,39 @@ def precision(runtime: str) -> str:
     return runtime_class(runtime).precision
 
 
-def runtime_ratios(source: LatencySource, model: nn.Module, runtimes: list[str], against: str) -> dict[str, float]:
+def runtime_ratios(source: LatencySource, model: nn.Module, runtimes: list[str], against: str,
+                   written: dict[str, Unchanged] | None = None) -> dict[str, float]:
     """The unchanged model's speedup in each runtime over ``against``: one side-by-side timing where the
-    source measures, else the source's own answer per runtime (a table's prediction)."""
+    source measures, else the source's own answer per runtime (a table's prediction).
+
+    ``written``: runtimes whose unchanged model is already written for the run (:func:`write_unchanged`),
+    timed as they are; each gets its measured speedup and interval (``Unchanged.speedup``), so that its
+    search does not time it again."""
     timed = getattr(source, "ratios", None)
     if callable(timed):
-        return {name: values[0] for name, values in timed(model, runtimes, reference_runtime=against).items()}
+        written = written or {}
+        found = timed(model, runtimes, reference_runtime=against,
+                      prepared={name: u.served.model for name, u in written.items() if u.served.directory is not None})
+        for name, values in found.items():
+            if name in written:
+                written[name].speedup = (values[0], list(values[1:3]) if len(values) >= 3 else None)
+        return {name: values[0] for name, values in found.items()}
     return {name: source.speedup(model, model, runtime=name, reference_runtime=against)[0] for name in runtimes}
+
+
+def write_unchanged(model: nn.Module, data: Any, config: CompressConfig, runtimes: list[str]) -> dict[str, Unchanged]:
+    """The unchanged model written once on each of ``runtimes`` that writes an artefact, as a candidate's is (int8
+    calibrated on the data's batches): timed side by side for the ratios, then handed to that runtime's search
+    (its estimate, latency table, speedup and ``unchanged`` candidate) or judged as it is."""
+    from surgery.runtimes import get_runtime
+    from surgery.training.refit import task_calibration_batches
+
+    objective = data_objective(data, config.objective)
+    smoothing = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
+                                         batch_size=CALIBRATION_BATCH)
+    served = [get_runtime(name) for name in runtimes]
+    return {runtime.name: unchanged_on(runtime, model, objective=objective, calibration=smoothing,
+                                       threads=config.threads) for runtime in served if not runtime.as_is}
 
 
 def plan_runtimes(ratios: dict[str, float], unavailable: dict[str, str], config: CompressConfig
@@ -122,9 +150,10 @@ def plan_runtimes(ratios: dict[str, float], unavailable: dict[str, str], config:
 
 
 def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: str, *, eval_data: Any,
-                  source: LatencySource, workdir: Path, batch_size: int, seq_len: int
-                  ) -> tuple[CandidateResult, Judge, Path | None]:
-    """The unchanged model on ``runtime``: its artefact written (int8 calibrated on the data), judged and timed."""
+                  source: LatencySource, workdir: Path, batch_size: int, seq_len: int,
+                  unchanged: Unchanged | None = None) -> tuple[CandidateResult, Judge, Path | None]:
+    """The unchanged model on ``runtime``: its artefact written (int8 calibrated on the data), judged and timed;
+    ``unchanged``: written and timed already for the run, judged as it is."""
     from surgery.training.refit import task_calibration_batches
 
     started = time.perf_counter()
@@ -138,13 +167,17 @@ def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: 
                   workdir=workdir, dev=dev, texts=texts, tokenizer=getattr(data, "tokenizer", None),
                   sentence=getattr(data, "sentence_config", None),
                   max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=config.threads)
-    served = judge.serve(model)
+    served = unchanged.served if unchanged is not None else judge.serve(model)
     from surgery.runtimes import runtime_class
 
     figures = {**judge.reference(), "drop": 0.0} if runtime_class(runtime).as_is else judge.judge(served.model)
-    speed, interval = (1.0, None) if runtime == config.against_runtime else source.speedup(
-        model, model, runtime=runtime, reference_runtime=config.against_runtime,
-        served=served.model if served.directory is not None else None)
+    if runtime == config.against_runtime:
+        speed, interval = 1.0, None
+    elif unchanged is not None and unchanged.speedup is not None:  # timed once, with the ratios
+        speed, interval = unchanged.speedup
+    else:
+        speed, interval = source.speedup(model, model, runtime=runtime, reference_runtime=config.against_runtime,
+                                         served=served.model if served.directory is not None else None)
     result = result_of("unchanged", "unchanged", runtime, Removal(), Structure.from_model(model), predicted=speed,
                        figures=figures, started=started, tier="none")
     result.measured_speedup, result.speedup_interval, result.artefact = round(speed, 4), interval, served.digests
@@ -203,7 +236,10 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
     was_training = model.training
     model.eval()
     try:
-        ratios = runtime_ratios(source, model, names, config.against_runtime)
+        # Where times are measured, each runtime's unchanged model is written once for the whole run: timed here
+        # beside the others, then its search (or its judging as it is) uses the same files and the same time.
+        written = write_unchanged(model, data, config, names) if callable(getattr(source, "ratios", None)) else {}
+        ratios = runtime_ratios(source, model, names, config.against_runtime, written)
     finally:
         model.train(was_training)
     clock.phase("runtimes", since)
@@ -226,11 +262,12 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
         emit(ProgressEvent("compress: runtime", i + 1, len(searched), {"runtime": name}))
         if row["unchanged_only"]:
             results[name] = _unchanged_result(model, data, config, name, eval_data=eval_data, source=source,
-                                              batch_size=batch_size, seq_len=seq_len, ratio=ratios[name], shape=shape)
+                                              batch_size=batch_size, seq_len=seq_len, ratio=ratios[name], shape=shape,
+                                              unchanged=written.get(name))
         else:
             results[name], costs = compress_on(model, data, config.model_copy(update={"runtime": name}), runtime=name,
                                                eval_data=eval_data, latency=latency, progress=progress,
-                                               clock=run_clock, costs=costs)
+                                               clock=run_clock, costs=costs, unchanged=written.get(name))
         row["winner"] = results[name].report.winner
         won = results[name].report.winner_result()
         row.update(measured_speedup=won.measured_speedup if won else None, drop=won.drop if won else None)
@@ -243,14 +280,15 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
 
 def _unchanged_result(model: nn.Module, data: Any, config: CompressConfig, runtime: str, *, eval_data: Any,
                       source: LatencySource, batch_size: int, seq_len: int, ratio: float,
-                      shape: ServingShape | None = None) -> CompressResult:
+                      shape: ServingShape | None = None, unchanged: Unchanged | None = None) -> CompressResult:
     """A one-candidate result: the unchanged model on ``runtime`` (judged and timed on its artefact)."""
     from surgery.measure.machine import machine_info
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
         result, judge, directory = _unchanged_on(model, data, config, runtime, eval_data=eval_data, source=source,
-                                                 workdir=Path(tmp), batch_size=batch_size, seq_len=seq_len)
+                                                 workdir=Path(tmp), batch_size=batch_size, seq_len=seq_len,
+                                                 unchanged=unchanged)
         artefact = keep_artefact(directory)
     name = f"unchanged@{result.measured_speedup:.2f}x"
     result.name = name

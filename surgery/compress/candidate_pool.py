@@ -126,7 +126,10 @@ def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple
         notes += precision_build(model, judge, job.int8_float)
     out = judge.workdir / f"candidate-{job.index}"
     try:
-        served = judge.serve(model, out / "artefact")
+        # The unchanged model's files were written once for the run (the estimate, the table and its speedup
+        # used them): judged on those, not exported again.
+        unchanged = judge.unchanged if removal.units() == 0 and not job.int8_float else None
+        served = unchanged or judge.serve(model, out / "artefact")
     except (RuntimeError, ValueError, SurgeryError) as exc:
         if removal.units() == 0:  # the unchanged model must run: nothing to compare with otherwise
             raise

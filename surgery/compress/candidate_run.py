@@ -313,11 +313,15 @@ class CandidateRun:
         if result.removal.units() == 0 and self.runtime == self.against:
             result.measured_speedup = 1.0  # the original itself
             return
-        model = self.model_of(result.name)
-        directory = self.artefacts.get(result.name)
-        served = self.judge.load(directory, model) if directory is not None else None
-        value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime,
-                                              reference_runtime=self.against, served=served)
+        if result.origin == "unchanged" and not result.int8_float:
+            # Timed once per run, by the plan, on the very files this candidate was judged on.
+            value, interval = self.plan.unchanged_speedup, self.plan.unchanged_interval
+        else:
+            model = self.model_of(result.name)
+            directory = self.artefacts.get(result.name)
+            served = self.judge.load(directory, model) if directory is not None else None
+            value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime,
+                                                  reference_runtime=self.against, served=served)
         result.measured_speedup = round(value, 4)
         result.speedup_interval = interval
         for twin in self.results:  # the same cut under another name: the same files, the same time

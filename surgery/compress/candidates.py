@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
@@ -31,6 +31,9 @@ from surgery.compress.removal_path import Removal
 from surgery.compress.structure import Structure
 from surgery.training.refit import RefitResult, refit_projections
 from surgery.training.task_accuracy import accuracy, example_correct
+
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
 
 #: Examples int8 calibration reads: NNCF's own ``subset_size`` default (``nncf.quantize``), which its
 #: authors size for the statistics the quantizer needs; more only costs time per candidate.
@@ -123,6 +126,68 @@ class Served:
     digests: dict[str, str]
 
 
+def served_on(runtime: Runtime, model: nn.Module, out: Path, *, objective: str,
+              calibration: Sequence[Mapping[str, torch.Tensor]], threads: int | None) -> Served:
+    """``model`` as it runs on ``runtime``: itself where the runtime runs it as is, else its artefact written into
+    ``out`` (int8 calibrated on the first :data:`INT8_CALIBRATION_EXAMPLES` of ``calibration``, the user's
+    batches) and loaded from there, with its files' digests.
+
+    Example:
+        >>> from surgery.runtimes import get_runtime
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> served_on(get_runtime("torch"), model, Path("unused"), objective="task", calibration=[],
+        ...           threads=1).model is model
+        True
+    """
+    if runtime.as_is:
+        return Served(model, None, {})
+    batches = int8_calibration(calibration) if runtime.needs_calibration else None
+    artefact = runtime.write_artefact(model, out, task="base" if objective == "embedding" else "auto",
+                                      calibration=batches, threads=threads)
+    loaded = runtime.load(artefact.directory, config=model.config, threads=threads)
+    return Served(loaded, artefact.directory, file_digests(artefact.directory))
+
+
+@dataclass
+class Unchanged:
+    """The unchanged model on one runtime, written once per run and runtime (:func:`unchanged_on`).
+
+    The up-front estimate times its export and a forward of it, the latency table times it as its
+    ``model`` probe, the unchanged speedup is measured on it once (``speedup``: the paired value and its
+    interval), and the ``unchanged`` candidate is judged on it: the same files throughout, never
+    exported again. Its directory lives in a temporary one of its own, removed when this is dropped
+    (unless the files were moved away as the winner's artefact).
+    """
+
+    runtime: str
+    served: Served
+    seconds: float
+    speedup: tuple[float, list[float] | None] | None = None
+    holder: Any = None  # the TemporaryDirectory that holds the artefact (None where nothing is written)
+
+
+def unchanged_on(runtime: Runtime, model: nn.Module, *, objective: str,
+                 calibration: Sequence[Mapping[str, torch.Tensor]], threads: int | None) -> Unchanged:
+    """The unchanged ``model`` written and loaded on ``runtime`` once (:func:`served_on`), as a candidate's is.
+
+    Example:
+        >>> from surgery.runtimes import get_runtime
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> found = unchanged_on(get_runtime("torch"), tiny_model(TinySpec("bert")), objective="task",
+        ...                      calibration=[], threads=1)
+        >>> found.served.directory is None, found.runtime
+        (True, 'torch')
+    """
+    import tempfile
+
+    holder = None if runtime.as_is else tempfile.TemporaryDirectory(prefix="surgery-unchanged-")
+    started = time.perf_counter()
+    served = served_on(runtime, model, Path(holder.name) / "artefact" if holder is not None else Path("unused"),
+                       objective=objective, calibration=calibration, threads=threads)
+    return Unchanged(runtime.name, served, time.perf_counter() - started, holder=holder)
+
+
 @dataclass
 class PartScores:
     """One model's per-example scores on one part of the dev data (plain data: it crosses processes).
@@ -189,6 +254,9 @@ class Judge:
     max_length: int | None = None
     threads: int | None = None
     parts: dict[str, list[Any]] = field(default_factory=dict)
+    #: the unchanged model as served, written once per run (:class:`Unchanged`): the unchanged candidate is judged
+    #: on these files, not on a fresh export
+    unchanged: Served | None = None
     _teacher_cache: Any = None
     _calibration_reference: list[torch.Tensor] | None = None
     _reference: dict[str, float] | None = None
@@ -258,15 +326,11 @@ class Judge:
         from surgery.runtimes import get_runtime
 
         runtime = get_runtime(self.runtime)
-        if runtime.as_is:
-            return Served(model, None, {})
-        if out is None:
+        if out is None and not runtime.as_is:
             self._exports += 1
             out = self.workdir / f"candidate-{self._exports}"
-        calibration = int8_calibration(self.smoothing or self.calibration) if runtime.needs_calibration else None
-        artefact = runtime.write_artefact(model, out, task="base" if self.objective == "embedding" else "auto",
-                                          calibration=calibration, threads=self.threads)
-        return Served(self.load(artefact.directory, model), artefact.directory, file_digests(artefact.directory))
+        return served_on(runtime, model, out or self.workdir, objective=self.objective,
+                         calibration=self.smoothing or self.calibration, threads=self.threads)
 
     def load(self, directory: Path, model: nn.Module) -> nn.Module:
         """The runtime artefact in ``directory`` (written for ``model``) loaded to run, on this judge's threads."""

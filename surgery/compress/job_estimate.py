@@ -4,9 +4,11 @@
 
 * the original in PyTorch (one batch: the unit of the Fisher, the refit and the layer costs), and on
   the target runtime, its artefact written as a candidate's is (int8 calibrated on the user's
-  batches): that export is a candidate's export, and its artefact is then reused to time the
-  unchanged model, so it is not spent twice;
-* one latency probe (two full layers of the model's widest layer) written and timed on the runtime;
+  batches): that export is the run's only export of the unchanged model
+  (:class:`~surgery.compress.candidates.Unchanged`), whose files the latency table, the unchanged
+  speedup and the ``unchanged`` candidate then use, so it is not spent twice;
+* one latency probe (two full layers of the model's widest layer) written and timed on the runtime: the
+  latency table's own full-width probe, handed to it rather than written again;
 * the mask Fisher of one calibration batch (kept: it is the importance phase's first batch).
 
 :func:`estimate_job` turns these into seconds per phase by counting what each phase does with them
@@ -27,13 +29,13 @@ from typing import Any
 
 from torch import nn
 
+from surgery.compress.candidates import Unchanged
 from surgery.compress.compress_report import SpeedupTarget, Target
 from surgery.compress.latency_measure import REPEATS as TABLE_REPEATS
 from surgery.compress.latency_source import SPEEDUP_REPEATS
 from surgery.compress.mask_fisher import FisherBatch
 from surgery.compress.structure import Structure
 from surgery.measure.cost import MAX_JOB_SECONDS
-from surgery.runtimes.registry import runtime_class
 
 #: The fewest timing rounds a budget may leave the latency table (its median polish needs 3; default
 #: :data:`~surgery.compress.latency_measure.REPEATS`) and each speedup (default
@@ -268,9 +270,13 @@ def probe_fraction(model: nn.Module) -> tuple[int, float]:
 
 
 def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
-                calibration: list[Any], fisher: Any, workdir: Path) -> tuple[Probes, nn.Module | None]:
-    """Time the small steps of the module doc; returns them and the model's runtime artefact, loaded (None for
-    ``torch``), for the unchanged model's timing to reuse. ``fisher()`` computes and returns the first Fisher batch.
+                fisher: Any, workdir: Path, unchanged: Unchanged, started: float | None = None
+                ) -> tuple[Probes, dict[str, nn.Module]]:
+    """Time the small steps of the module doc; returns them and the probe it wrote, loaded, by the latency table's
+    name for it (the table's full-width probe: timed here, never written twice). ``unchanged`` is the model as
+    it runs on ``runtime``, written once for the run: its export's seconds and a forward of it are the export and
+    runtime probes. ``fisher()`` computes and returns the first Fisher batch; ``started`` (default: now) is when
+    the estimate began (before ``unchanged`` was written, when it was written for it).
     """
     from surgery.compress.latency_measure import (
         PROBE_LAYERS,
@@ -282,7 +288,7 @@ def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int
     )
     from surgery.measure.timing import make_inputs, time_once, torch_threads
 
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     device = next(model.parameters()).device
     inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, device=device)
 
@@ -291,41 +297,35 @@ def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int
 
     with torch_threads(threads):
         forward = once(model)
-        served = None
-        export = 0.0
-        runtime_forward = forward
-        if not runtime_class(runtime).as_is:  # the runtime serves its own artefact: time writing it
-            since = time.perf_counter()
-            served = runtime_model(model, runtime, workdir / "model", threads=threads, calibration=calibration)
-            export = time.perf_counter() - since
-            runtime_forward = once(served)
+        served = unchanged.served.model
+        runtime_forward = forward if served is model else once(served)
         template = template_layer(model)
         shape = Structure.from_model(model).kept[template]
         since = time.perf_counter()
-        probe = runtime_model(build_probe(model, Probe("heads all", PROBE_LAYERS, shape.heads, shape.ffn_width),
-                                          template), runtime, workdir / "probe", threads=threads,
-                              calibration=probe_calibration_batches(model, seq_len))
+        probe = Probe(f"heads {shape.heads}", PROBE_LAYERS, shape.heads, shape.ffn_width)  # the table's own
+        written = runtime_model(build_probe(model, probe, template), runtime, workdir / "probe", threads=threads,
+                                calibration=probe_calibration_batches(model, seq_len))
         probe_export = time.perf_counter() - since
-        probe_forward = once(probe)
-        del probe
+        probe_forward = once(written)
         first: FisherBatch = fisher()
-    probes = Probes(forward=forward, runtime_forward=runtime_forward, export=export, probe_export=probe_export,
-                    probe_forward=probe_forward, fisher_batch=first.seconds,
+    probes = Probes(forward=forward, runtime_forward=runtime_forward, export=unchanged.seconds,
+                    probe_export=probe_export, probe_forward=probe_forward, fisher_batch=first.seconds,
                     seconds=time.perf_counter() - started)
-    return probes, served
+    return probes, {probe.name: written}
 
 
 def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: str, against_runtime: str,
-                  batch_size: int, seq_len: int, threads: int | None, calibration: list[Any], fisher_batches: int,
+                  batch_size: int, seq_len: int, threads: int | None, fisher_batches: int,
                   refit_batches: int, dev_examples: int, removable_layers: int, budget_seconds: float | None,
-                  train: bool, fisher: Any) -> tuple[JobEstimate, nn.Module | None, tempfile.TemporaryDirectory[str]]:
-    """Time the probes and estimate the job (see the module doc). Returns the estimate, the model's runtime
-    artefact (loaded) and the temporary directory that holds it (removed when dropped)."""
+                  train: bool, fisher: Any, unchanged: Unchanged, started: float | None = None
+                  ) -> tuple[JobEstimate, dict[str, nn.Module], tempfile.TemporaryDirectory[str]]:
+    """Time the probes and estimate the job (see the module doc). Returns the estimate, the latency probe it wrote
+    (loaded, by the table's name for it) and the temporary directory that holds it (removed when dropped)."""
     from surgery.compress.latency_measure import table_cached
 
     work = tempfile.TemporaryDirectory(prefix="surgery-estimate-")
-    probes, served = time_probes(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
-                                 calibration=calibration, fisher=fisher, workdir=Path(work.name))
+    probes, written = time_probes(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
+                                  fisher=fisher, workdir=Path(work.name), unchanged=unchanged, started=started)
     count, fraction = probe_fraction(model)
     train_rows = len(getattr(data, "train", None) or [])
     shape = JobShape(layers=len(Structure.from_model(model).layers), removable_layers=removable_layers,
@@ -337,7 +337,7 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: str, 
                      cached_table=table_cached(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
                                                threads=threads),
                      runtime_differs=runtime != against_runtime)
-    return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), served, work
+    return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
 
 
 def forward_equivalents(model: nn.Module, target: Target, *, dev_examples: int, batch_size: int,

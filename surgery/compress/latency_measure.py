@@ -366,15 +366,16 @@ def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: in
 
 
 def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, batch_size: int, seq_len: int,
-                       threads: int | None, repeats: int = CHECK_REPEATS, batches: Sequence[Batch] | None = None
-                       ) -> str | None:
+                       threads: int | None, repeats: int = CHECK_REPEATS, batches: Sequence[Batch] | None = None,
+                       served: nn.Module | None = None) -> str | None:
     """Why a cached table may not be used for ``model`` here: its prediction is off the model's own time.
 
     The model is timed in ``runtime`` at the table's batch shape (``batches``: the table's drawn batches) (a
     few rounds, one export for an ONNX
     runtime: far less than measuring a table) and compared with what the table predicts for it; more
     than ``1 + CHECK_TOLERANCE`` times apart (a tampered or foreign file, a changed library) and the table
-    is measured again. None when they agree.
+    is measured again. None when they agree. ``served``: the model already as it runs in ``runtime`` (written
+    once for the run), timed as it is.
 
     Example:
         >>> from surgery.compress.shape_table import shape_latency_table
@@ -393,11 +394,12 @@ def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, b
     model.eval()
     try:
         with tempfile.TemporaryDirectory(prefix="surgery-cache-check-") as tmp, torch_threads(threads):
-            served = {"model": runtime_model(model, runtime, Path(tmp), threads=threads)}
+            timed = {"model": runtime_model(model, runtime, Path(tmp), threads=threads) if served is None
+                     else served}
             inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len,
                                     batches=batches)
-            timing = time_models(served, inputs, repeats=repeats, warmup=1, device=device, least=MIN_TIMED_SECONDS)
-            del served  # an ONNX Runtime session holds its file open until released
+            timing = time_models(timed, inputs, repeats=repeats, warmup=1, device=device, least=MIN_TIMED_SECONDS)
+            del timed, served  # an ONNX Runtime session holds its file open until released
     finally:
         model.train(was_training)
     measured = statistics.median(timing.seconds["model"]) * 1000.0
@@ -442,6 +444,7 @@ def measure_latency_table(
     reference_runtime: str | None = None,
     progress: ProgressCallback | None = None,
     batches: Sequence[Batch] | None = None,
+    prepared: Mapping[str, nn.Module] | None = None,
 ) -> LatencyTable:
     """Measure (or read from the cache) the latency table of ``model``'s shape on ``runtime`` here.
 
@@ -465,6 +468,8 @@ def measure_latency_table(
             own longest (:func:`surgery.measure.serving.serving_batches`); round ``r`` runs the ``r``-th
             on every probe, so the table is the typical round's. ``batch_size`` and ``seq_len`` are then
             read off them (the batch, the longest); the lengths' summary is in the table and its cache key.
+        prepared: probes already as they run in ``runtime``, by probe name (``"model"``: the model itself, as
+            ``compress`` wrote it once for the whole run); they are timed as given, not written again.
 
     Returns:
         The :class:`LatencyTable`; ``measured`` says how it was measured, ``measured['cached']`` whether
@@ -501,7 +506,7 @@ def measure_latency_table(
         found, stale = read_cached(path, key)
         if found is not None:  # a file is untrusted: used only if it predicts this model's own time here
             disagreement = cache_disagreement(found, model, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
-                                              threads=threads, batches=batches)
+                                              threads=threads, batches=batches, served=(prepared or {}).get("model"))
             if disagreement is None:
                 return found.model_copy(update={"machine": machine.model_dump(mode="json"),
                                                 "measured": {**found.measured, "cached": True,
@@ -509,7 +514,7 @@ def measure_latency_table(
             stale = f"{path}: {disagreement}"
     table = _measure(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
                      repeats=repeats, probe_layers=probe_layers, device=device, progress=progress or no_progress,
-                     reference_runtime=reference_runtime, batches=batches,
+                     reference_runtime=reference_runtime, batches=batches, prepared=prepared,
                      model_key=model_key(shape), machine=machine.model_dump(mode="json"))
     cache_note = try_write_cached(path, key, table) if cache and write_cache else None
     return table.model_copy(update={"measured": {**table.measured, "cached": False,
@@ -560,8 +565,8 @@ def table_cached(model: nn.Module, *, runtime: str, batch_size: int, seq_len: in
 
 def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int, repeats: int,
              probe_layers: int, device: torch.device, progress: ProgressCallback, model_key: str,
-             machine: dict[str, Any], reference_runtime: str | None, batches: Sequence[Batch] | None = None
-             ) -> LatencyTable:
+             machine: dict[str, Any], reference_runtime: str | None, batches: Sequence[Batch] | None = None,
+             prepared: Mapping[str, nn.Module] | None = None) -> LatencyTable:
     started = time.perf_counter()
     structure = Structure.from_model(model)
     template = template_layer(model)
@@ -580,9 +585,13 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
                 timed["reference"] = runtime_model(model, reference_runtime, Path(tmp) / "reference",
                                                    threads=threads, calibration=calibration)
             for done, probe in enumerate([*plan, None]):
-                name, source = ("model", model) if probe is None else (probe.name, build_probe(model, probe, template))
-                timed[name] = runtime_model(source, runtime, Path(tmp) / str(done), threads=threads,
-                                            calibration=calibration)
+                name = "model" if probe is None else probe.name
+                if prepared and name in prepared:  # written already (the run's unchanged model, the estimate's probe)
+                    timed[name] = prepared[name]
+                else:
+                    source = model if probe is None else build_probe(model, probe, template)
+                    timed[name] = runtime_model(source, runtime, Path(tmp) / str(done), threads=threads,
+                                                calibration=calibration)
                 progress(ProgressEvent("latency probes", done + 1, len(plan) + 1, {"probe": name}))
             inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len,
                                     batches=batches)
@@ -684,13 +693,16 @@ def measured_speedup(
 def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runtime: str = "torch", batch_size: int,
                    seq_len: int, threads: int | None = None, repeats: int = 15,
                    calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
-                   batches: Sequence[Batch] | None = None) -> dict[str, list[float]]:
+                   batches: Sequence[Batch] | None = None,
+                   prepared: Mapping[str, nn.Module] | None = None) -> dict[str, list[float]]:
     """The unchanged ``model`` in each of ``runtimes`` against it in ``reference_runtime``, side by side.
 
     Every runtime's form of the model is prepared first (:func:`runtime_model`), then all are timed in
     the same interleaved rounds (:func:`~surgery.measure.timing.time_models`), so the load of the
     moment hits them alike, on ``batches`` at a serving shape (:func:`timing_batches`). Returns runtime ->
-    ``[paired speedup, 95% low, 95% high]`` (the reference itself included, at 1).
+    ``[paired speedup, 95% low, 95% high]`` (the reference itself included, at 1). ``prepared``: runtimes
+    whose form of the model is already written and loaded (``compress --runtime auto`` writes each once for
+    the whole run), timed as given.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -703,7 +715,8 @@ def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runti
                     repeats=repeats, what="runtime ratios")
     others = [r for r in dict.fromkeys(runtimes) if r != reference_runtime]
     with tempfile.TemporaryDirectory(prefix="surgery-runtimes-") as tmp:
-        served = {name: runtime_model(model, name, Path(tmp) / str(i), threads=threads, calibration=calibration)
+        served = {name: (prepared or {}).get(name) or runtime_model(model, name, Path(tmp) / str(i), threads=threads,
+                                                                    calibration=calibration)
                   for i, name in enumerate([reference_runtime, *others])}
         device = next(model.parameters()).device
         inputs = timing_batches(shared_vocab(served), batch_size=batch_size, seq_len=seq_len, batches=batches)

@@ -51,13 +51,15 @@ class MeasuredLatency:
     #: the batches every table and speedup is timed on at a serving shape (texts drawn from the data, each padded
     #: to its own longest: :func:`surgery.measure.serving.serving_batches`); None: one random batch_size x seq_len
     batches: list[dict[str, Any]] | None = None
+    #: probes already as they run (``"model"``: the run's unchanged model, written once), timed as given
+    prepared: dict[str, nn.Module] = field(default_factory=dict)
 
     def table(self, model: nn.Module, runtime: str) -> LatencyTable:
         from surgery.compress.latency_measure import measure_latency_table
 
         return measure_latency_table(model, runtime=runtime, batch_size=self.batch_size, seq_len=self.seq_len,
                                      threads=self.threads, cache_dir=self.cache_dir, write_cache=self.write_cache,
-                                     batches=self.batches,
+                                     batches=self.batches, prepared=self.prepared,
                                      **({"repeats": self.table_repeats} if self.table_repeats else {}))
 
     def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
@@ -71,13 +73,16 @@ class MeasuredLatency:
                                            candidate_prepared=served is not None, batches=self.batches)
         return float(value), _bounds(interval)
 
-    def ratios(self, model: nn.Module, runtimes: list[str], *, reference_runtime: str) -> dict[str, list[float]]:
+    def ratios(self, model: nn.Module, runtimes: list[str], *, reference_runtime: str,
+               prepared: Mapping[str, nn.Module] | None = None) -> dict[str, list[float]]:
         """The unchanged ``model`` in every runtime against it in ``reference_runtime``, side by side in one
-        process: runtime -> ``[paired speedup, interval low, interval high]``."""
+        process: runtime -> ``[paired speedup, interval low, interval high]``; ``prepared``: runtimes whose form
+        of the model is already written and loaded, timed as given."""
         from surgery.compress.latency_measure import runtime_ratios
 
         return runtime_ratios(model, runtimes, reference_runtime=reference_runtime, batch_size=self.batch_size,
-                              seq_len=self.seq_len, threads=self.threads, repeats=self.repeats, batches=self.batches)
+                              seq_len=self.seq_len, threads=self.threads, repeats=self.repeats, batches=self.batches,
+                              prepared=prepared)
 
 
 def _bounds(interval: Any) -> list[float] | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from surgery.compress.candidates import Unchanged, unchanged_on
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
 from surgery.compress.job_estimate import JobEstimate, plan_settings
 from surgery.compress.latency_source import SPEEDUP_REPEATS, LatencySource, MeasuredLatency
@@ -119,6 +120,11 @@ class CompressPlan:
     shape: ServingShape | None = None
     #: the batches of the data's texts every time is measured on (``lengths="data"``; None: one random batch)
     batches: list[Any] | None = None
+    #: the unchanged model as it runs on the runtime, written once for the run, with its measured speedup (None
+    #: where times were not measured here: the ``unchanged`` candidate then writes it)
+    unchanged: Unchanged | None = None
+    #: the unchanged speedup's interval where it was measured (None: a prediction, or the reference runtime itself)
+    unchanged_interval: list[float] | None = None
 
     def families(self) -> dict[str, RemovalPath]:
         """Every search path by its candidates' origin: ``path``, ``units-path``, ``uniform-path``."""
@@ -225,7 +231,8 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
                   seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
                   threads: int | None = None, progress: ProgressCallback | None = None,
                   clock: Clock | None = None, write_cache: bool = True, costs: UnitCosts | None = None,
-                  dev_examples: int | None = None, train: bool = False, lengths: str = "fixed") -> CompressPlan:
+                  dev_examples: int | None = None, train: bool = False, lengths: str = "fixed",
+                  unchanged: Unchanged | None = None) -> CompressPlan:
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
 
     ``costs``: what every unit carries, when already measured (``--runtime auto`` plans several
@@ -240,6 +247,11 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     ``lengths="data"``: every time (the latency table, the speedups) is measured on batches of the data's
     own texts, each padded to its own longest (:func:`surgery.measure.serving.data_batches`), at
     ``batch_size`` and ``threads``: the serving shape, recorded in ``CompressPlan.shape``.
+
+    The unchanged model is written on the runtime once (:func:`~surgery.compress.candidates.unchanged_on`,
+    or ``unchanged`` when the caller wrote it: ``--runtime auto`` times every runtime's first): the
+    estimate times it, the latency table times it as its ``model`` probe, its speedup is measured on it
+    once, and the plan hands it on (``CompressPlan.unchanged``) for the ``unchanged`` candidate.
 
     Example:
         >>> from surgery.compress.latency_source import TableLatency
@@ -269,7 +281,9 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
                                                        "lengths": lengths, "objective": chosen}))
     importance_objective = data.importance_objective() if chosen == "embedding" else None
     first: FisherBatch | None = None
-    estimate, served, held = None, None, None
+    estimate, held = None, None
+    written: dict[str, nn.Module] = {}
+    interval = None
     if latency is None:  # times are measured here: estimate the job before spending it
         since = time.perf_counter()
 
@@ -280,36 +294,49 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
             first = fisher_batch(model, calibration[0], objective=chosen, importance_objective=importance_objective)
             return first
 
+        if unchanged is None:  # the run's one export of the unchanged model, as a candidate's (user calibration)
+            from surgery.compress.latency_measure import resolve_runtime
+
+            unchanged = unchanged_on(resolve_runtime(runtime, "compress"), model, objective=chosen,
+                                     calibration=calibration, threads=threads)
         budget = None if clock.deadline is None else max(clock.left(), 0.0)
-        estimate, served, held = plan_settings(
+        estimate, written, held = plan_settings(
             model, data, target, runtime=runtime, against_runtime=against_runtime, batch_size=batch_size,
-            seq_len=seq_len, threads=threads, calibration=calibration, fisher_batches=len(calibration),
+            seq_len=seq_len, threads=threads, fisher_batches=len(calibration),
             refit_batches=max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH)),
             dev_examples=dev_examples if dev_examples is not None else len(getattr(data, "eval", None) or []),
             removable_layers=0 if costs is not None else len(Structure.from_model(model).layers),
-            budget_seconds=budget, train=train, fisher=fisher)
+            budget_seconds=budget, train=train, fisher=fisher, unchanged=unchanged, started=since)
         clock.phase("estimate", since)
         emit(ProgressEvent("compress: estimate", 1, 1, estimate.info()))
     since = time.perf_counter()
     # write_cache=False: --dry-run reads a cached latency table but writes nothing, the cache included.
+    # The table times the run's unchanged model and the estimate's probe as they are: neither is written again.
     source = latency or MeasuredLatency(
         batch_size=batch_size, seq_len=seq_len, threads=threads, write_cache=write_cache,
         table_repeats=estimate.settings.table_repeats if estimate is not None else None,
-        repeats=estimate.settings.speedup_repeats if estimate is not None else SPEEDUP_REPEATS, batches=batches)
+        repeats=estimate.settings.speedup_repeats if estimate is not None else SPEEDUP_REPEATS, batches=batches,
+        prepared={**written, **({"model": unchanged.served.model} if unchanged is not None
+                                and unchanged.served.directory is not None else {})})
     table = source.table(model, runtime)
-    unchanged = 1.0
-    if runtime != against_runtime:  # the runtime alone is worth something (int8): the path starts from it
-        # The estimate's artefact of the model is the one timed (written once, with the user's calibration).
-        unchanged, _ = source.speedup(model, model, runtime=runtime, reference_runtime=against_runtime,
-                                      served=served)
-    served = None
+    written = {}
     if held is not None:
         held.cleanup()
+    speedup = 1.0
+    if runtime != against_runtime:  # the runtime alone is worth something (int8): the path starts from it
+        if unchanged is not None and unchanged.speedup is not None:  # timed already (--runtime auto's ratios)
+            speedup, interval = unchanged.speedup
+        else:  # timed once, on the run's artefact of the model; the unchanged candidate reads it from the plan
+            speedup, interval = source.speedup(model, model, runtime=runtime, reference_runtime=against_runtime,
+                                               served=None if unchanged is None or unchanged.served.directory is None
+                                               else unchanged.served.model)
+            if unchanged is not None:
+                unchanged.speedup = (speedup, interval)
     clock.phase("latency", since)
     start = Structure.from_model(model)
     emit(ProgressEvent("compress: latency table", 1, 1, {"runtime": runtime,
                                                          "predicted_ms": round(table.predict_ms(start), 3),
-                                                         "unchanged_speedup": round(unchanged, 3)}))
+                                                         "unchanged_speedup": round(speedup, 3)}))
     since = time.perf_counter()
     pooled = None
     if chosen == "embedding":
@@ -331,7 +358,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     emit(ProgressEvent("compress: importance", 1, 1, {"examples": costs.examples,
                                                       "seconds": round(costs.seconds, 1)}))
     since = time.perf_counter()
-    reference_ms = table.predict_ms(start) * unchanged
+    reference_ms = table.predict_ms(start) * speedup
     stop = target.speedup * max(AROUND_TARGET) if isinstance(target, SpeedupTarget) else None
     path = search_path(costs, table, start, reference_ms=reference_ms, stop_speedup=stop, stock=stock,
                        fixed_layers=fixed_layers)
@@ -346,9 +373,10 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     if estimate is not None and isinstance(target, SpeedupTarget):  # the cuts are known now: say it again
         paths = [p for p in (path, units_path, uniform_path) if p is not None]
         emit(ProgressEvent("compress: estimate after the search", 1, 1, estimate.refine(
-            distinct_cuts(paths, target.speedup), unchanged >= target.speedup)))
+            distinct_cuts(paths, target.speedup), speedup >= target.speedup)))
     refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
     return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path,
-                        start=start, unchanged_speedup=unchanged, batch_size=batch_size, seq_len=seq_len,
+                        start=start, unchanged_speedup=speedup, batch_size=batch_size, seq_len=seq_len,
                         objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases,
-                        estimate=estimate, shape=shape, batches=batches)
+                        estimate=estimate, shape=shape, batches=batches, unchanged=unchanged,
+                        unchanged_interval=interval)

@@ -17,7 +17,7 @@ from torch import nn
 
 from surgery.compress.candidate_pool import default_workers
 from surgery.compress.candidate_run import CandidateRun
-from surgery.compress.candidates import Judge
+from surgery.compress.candidates import Judge, Unchanged
 from surgery.compress.compress_report import CompressResult, KeptDirectory
 from surgery.compress.config import CompressConfig
 from surgery.compress.held_out import DevSplit, split_dev
@@ -72,8 +72,12 @@ def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: i
 
 def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime: str, eval_data: Any = None,
                 latency: LatencySource | None = None, progress: ProgressCallback | None = None,
-                clock: Clock, costs: UnitCosts | None = None) -> tuple[CompressResult, UnitCosts]:
-    """One search on one ``runtime`` (phases 1-6) within ``clock``; returns the result and the unit costs it read."""
+                clock: Clock, costs: UnitCosts | None = None, unchanged: Unchanged | None = None
+                ) -> tuple[CompressResult, UnitCosts]:
+    """One search on one ``runtime`` (phases 1-6) within ``clock``; returns the result and the unit costs it read.
+
+    ``unchanged``: the unchanged model already written (and timed) on ``runtime`` for this run, used as it is.
+    """
     budget_minutes = None if clock.deadline is None else round(max(clock.left(), 0.0) / 60.0, 3)
     check_arguments(config.target, runtime, config.against_runtime, None, config.batch_size, config.seq_len,
                     config.objective)
@@ -94,7 +98,7 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
                              batch_size=config.batch_size, seq_len=config.seq_len, stock=config.stock,
                              latency=latency, threads=config.threads, progress=progress, clock=clock, costs=costs,
                              dev_examples=sum(int(b["input_ids"].shape[0]) for b in dev) or len(texts),
-                             train=config.train, lengths=config.lengths)
+                             train=config.train, lengths=config.lengths, unchanged=unchanged)
         source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=config.threads,
                                             repeats=plan.speedup_repeats, batches=plan.batches)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
@@ -102,7 +106,8 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
                           smoothing=plan.smoothing, workdir=Path(tmp), dev=dev, texts=texts,
                           tokenizer=getattr(data, "tokenizer", None), sentence=getattr(data, "sentence_config", None),
                           max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=config.threads,
-                          parts=parts)
+                          parts=parts, unchanged=None if plan.unchanged is None or plan.unchanged.served.directory
+                          is None else plan.unchanged.served)
             workers = config.workers or default_workers(model)
             run = CandidateRun(plan, judge, source, clock, emit, config.target, runtime, config.against_runtime,
                                split=split, workers=workers, threads=config.threads)
