@@ -731,7 +731,8 @@ def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runti
 
 
 def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: int, seq_len: int,
-                           threads: int | None, repeats: int = REPEATS) -> FallbackCosts:
+                           threads: int | None, repeats: int = REPEATS, batches: Sequence[Batch] | None = None
+                           ) -> FallbackCosts:
     """What each op group costs in float on top of int8, measured on the int8 OpenVINO artefact of ``model``.
 
     Probes (as the latency table's: interleaved rounds, :data:`MIN_TIMED_SECONDS` per call, median
@@ -740,7 +741,7 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
     (:func:`surgery.deploy.openvino_export.with_float_groups`), compiled as the artefact is. A part's
     extra time, divided by the heads or neurons of all layers together, is its cost per unit
     (:class:`~surgery.compress.latency_table.FallbackCosts`). Noise can make a part look free: a cost
-    is at least 0.
+    is at least 0. ``batches``: the serving shape's batches, as the table's (:func:`timing_batches`).
     """
     import openvino as ov
 
@@ -762,8 +763,8 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
             path = Path(tmp) / f"{part}.xml"
             ov.save_model(with_float_groups(quantized, model, members), str(path), compress_to_fp16=False)
             timed[part] = OpenVinoModel(path, config=model.config, threads=threads)
-        inputs = make_inputs(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len)
-        timing = time_models(timed, [inputs], repeats=repeats, warmup=WARMUP, device=device, least=MIN_TIMED_SECONDS)
+        inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, batches=batches)
+        timing = time_models(timed, inputs, repeats=repeats, warmup=WARMUP, device=device, least=MIN_TIMED_SECONDS)
         del timed
     seconds, round_load = timing.steady()
     per_unit = {}

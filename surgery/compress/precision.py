@@ -136,6 +136,6 @@ def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, j
     gains = start_indexed(fallback_gains(served_dir, model, objective, threads=judge.threads),
                           path.removal_at(step))
     costs = measure_fallback_costs(served_dir, model, batch_size=plan.batch_size, seq_len=plan.seq_len,
-                                   threads=judge.threads)
+                                   threads=judge.threads, batches=plan.batches)
     choice = buy_fallbacks(path, step, gains, costs, target_speedup=goal)
     return choice, describe_choice(gains, costs, path.structure_at(step))
