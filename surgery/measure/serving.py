@@ -102,15 +102,6 @@ class ServingShape(BaseModel):
         return (f"batch {self.batch_size} of texts drawn from the data (each batch padded to its longest{cut}), "
                 f"{threads}{drawn}")
 
-    def key(self) -> dict[str, Any]:
-        """What a measurement at this shape depends on (a cache key part): the drawn lengths included.
-
-        Example:
-            >>> ServingShape(batch_size=1, threads=2, seq_len=8).key()
-            {'batch_size': 1, 'threads': 2, 'lengths': 'fixed', 'seq_len': 8, 'summary': None}
-        """
-        return self.model_dump(mode="json")
-
 
 def data_batches(data: Any, *, batch_size: int, count: int = DATA_BATCHES, seed: int = 0, split: str = "train"
                  ) -> list[dict[str, torch.Tensor]]:
