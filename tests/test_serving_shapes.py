@@ -85,6 +85,21 @@ def test_bench_models_on_drawn_batches_reports_the_shape_and_latency_ratios() ->
     assert c.p95_speedup == pytest.approx(a.latency_p95_ms / b.latency_p95_ms)
 
 
+def test_the_latency_cache_key_holds_the_serving_shape() -> None:
+    from surgery.compress.latency_measure import table_key
+
+    model = tiny_model(TinySpec("bert"))
+    fixed = table_key(model, runtime="torch", batch_size=1, seq_len=9, threads=1)
+    short = [make_inputs(99, batch_size=1, seq_len=n) for n in (5, 9)]
+    drawn = table_key(model, runtime="torch", batch_size=1, seq_len=9, threads=1, batches=short)
+    longer = table_key(model, runtime="torch", batch_size=1, seq_len=9, threads=1,
+                       batches=[make_inputs(99, batch_size=1, seq_len=n) for n in (8, 9)])
+    assert "lengths" not in fixed  # tables measured at a fixed length keep their keys
+    assert drawn["lengths"] == "data" and drawn["length_summary"]["padded_p50"] == 7
+    assert len({str(sorted(k.items())) for k in (fixed, drawn, longer)}) == 3
+    assert table_key(model, runtime="torch", batch_size=32, seq_len=9, threads=2) != fixed
+
+
 def test_bench_at_batch_1_with_lengths_from_data_leads_with_p50_and_p95(served: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from surgery.cli.app import app
