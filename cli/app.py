@@ -71,10 +71,10 @@ from surgery.data.data_diagnosis import (
     TEXT_SUFFIXES,
     check_input_file,
 )
-from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.atomic import atomic_write, saved_outputs
 from surgery.persist.config_values import check_batch_memory, check_length, check_lengths, threads_warning
+from surgery.runtimes.shared.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 
 EXIT_BAD_INPUT = 2
 #: Exit status after SIGINT / SIGTERM, as a shell reports a process killed by that signal (128 + number).
@@ -516,7 +516,7 @@ def bench_command(
                                files=[("--json", json_file)], overwrite=overwrite).file("--json")
     if runtimes or int8_fp32 or calibration is not None:  # each runtime's flags, from its class: before torch
         from surgery.runtimes import get_runtime
-        from surgery.runtimes.registry import check_calibration_use
+        from surgery.runtimes.runtime_registry import check_calibration_use
 
         named = [get_runtime(name) for name in dict.fromkeys(runtimes or ["torch"])]  # unknown or unavailable
         if int8_fp32 and not any("int8_fp32" in r.export_settings for r in named):
@@ -539,7 +539,7 @@ def bench_command(
     # --calibration without an int8 runtime, and openvino-int8 without --calibration.
     if runtimes or int8_fp32 or data is not None or calibration is not None:
         from surgery.runtimes import runtime_class
-        from surgery.runtimes.bench import bench_runtimes, resolve_runtimes
+        from surgery.runtimes.runtime_bench import bench_runtimes, resolve_runtimes
 
         # --int8-fp32 and --smooth-alpha go to the runtimes that read int8_fp32 (onnxruntime-int8).
         readers = [n for n in runtimes or [] if "int8_fp32" in runtime_class(n).export_settings]
@@ -586,9 +586,9 @@ def bench_rows(paths: list[str], *, allow_pickle: bool, threads: int | None) -> 
         if not openvino_ir(where):
             rows.update(load_dirs([path], [name], allow_pickle=allow_pickle))
             continue
-        from surgery.deploy.openvino_ir_bench import OpenVinoIrRow
         from surgery.persist.config_values import load_config
         from surgery.runtimes import get_runtime
+        from surgery.runtimes.openvino.openvino_ir_bench import OpenVinoIrRow
 
         served = get_runtime("openvino").load(where, config=load_config(where), threads=threads)
         rows[name] = OpenVinoIrRow(served, where)

@@ -52,9 +52,9 @@ from surgery.data.data_diagnosis import (
     calibration_warning,
     check_input_file,
 )
-from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.config_values import check_length, check_opset, check_tolerance, threads_warning
+from surgery.runtimes.shared.names import CALIBRATION_TEXTS, SMOOTH_ALPHA, TASKS
 
 FORMATS = ("graph", "onnx", "sentence-transformers", "stock")
 #: --runtime's default (what a --format stock export compares with to tell that --runtime was given).
@@ -62,9 +62,9 @@ DEFAULT_RUNTIME = "onnxruntime"
 #: Tokens --calibration texts are cut at when --max-length is not given (what they always were).
 CALIBRATION_LENGTH = 64
 
-if TYPE_CHECKING:  # surgery.deploy.export imports torch; `surgery --help` must not
-    from surgery.deploy.export import ExportReport
-    from surgery.deploy.openvino_export import OpenVinoExportReport
+if TYPE_CHECKING:  # surgery.runtimes.onnx.onnx_export imports torch; `surgery --help` must not
+    from surgery.runtimes.onnx.onnx_export import ExportReport
+    from surgery.runtimes.openvino.openvino_export import OpenVinoExportReport
 
 
 def int8_label(report: ExportReport) -> str:
@@ -251,7 +251,7 @@ def export_command(
     batches = None
     if data is not None:
         from surgery.cli.prepare import DataFiles, DataOptions, load_task
-        from surgery.deploy.tokenizer import serving_max_length, source_max_seq_length
+        from surgery.runtimes.shared.tokenizer import serving_max_length, source_max_seq_length
 
         # Judged at the length the exported tokenizer cuts at (the export's own rule, so the two cannot differ):
         # an accuracy measured at 64 tokens is not the accuracy of a tokenizer that cuts at 512.
@@ -287,7 +287,7 @@ def export_command(
 def runtimes_view() -> RenderableType:
     """Every registered runtime, what it is, and whether it runs here (else why, and the fix)."""
     from surgery.runtimes import available_runtimes, runtime_class
-    from surgery.runtimes.registry import refused_runtimes
+    from surgery.runtimes.runtime_registry import refused_runtimes
 
     table = Table(title="Runtimes (--runtime NAME)", title_justify="left")
     for column in ("runtime", "what", "here"):
@@ -305,8 +305,8 @@ def runtimes_view() -> RenderableType:
 
 def report_view(report: object, out: Path) -> RenderableType:
     """The view of whichever report the export returned (ONNX, OpenVINO, or another runtime's artefact)."""
-    from surgery.deploy.export import ExportReport
-    from surgery.deploy.openvino_export import OpenVinoExportReport
+    from surgery.runtimes.onnx.onnx_export import ExportReport
+    from surgery.runtimes.openvino.openvino_export import OpenVinoExportReport
 
     if isinstance(report, ExportReport):
         return export_view(report, out)
@@ -378,8 +378,8 @@ def calibration_texts_batches(ctx: typer.Context, calibration: str | None, token
     """``--calibration``'s texts (a seeded sample of ``max_texts``) as tokenized batches; None without it."""
     if calibration is None:
         return None
-    from surgery.deploy.smooth import text_calibration_batches
     from surgery.embedding.texts import read_texts
+    from surgery.runtimes.shared.smooth import text_calibration_batches
 
     with quiet_datasets(ctx.ensure_object(CliState).debug):
         texts = read_texts(calibration, text_column=text_column)

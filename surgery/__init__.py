@@ -56,11 +56,11 @@ _LAZY = {
     "compress": "surgery.compress", "SpeedupTarget": "surgery.compress.compress_report",
     "DropTarget": "surgery.compress.compress_report",
     # needs the optional onnx extra only when called
-    "export_onnx": "surgery.deploy",
+    "export_onnx": "surgery.runtimes.onnx",
     # surgery.export(model, out_dir, ExportConfig(runtime=...)): any runtime's artefact (surgery.runtimes)
     "export": "surgery.runtimes.export_config", "ExportConfig": "surgery.runtimes.export_config",
     # needs the optional embeddings extra (sentence-transformers) only when called
-    "to_sentence_transformer": "surgery.deploy.sentence_interop",
+    "to_sentence_transformer": "surgery.runtimes.sentence_interop",
 }
 
 __version__ = "0.1.0"

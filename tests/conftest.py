@@ -115,7 +115,7 @@ class UnevenExports:
 
     def onnx(self, family: str) -> dict[str, Any]:
         if (family, "onnx") not in self.done:
-            from surgery.deploy import export_onnx
+            from surgery.runtimes.onnx import export_onnx
             from tests.helpers import uneven_model
 
             model, spec = uneven_model(family)

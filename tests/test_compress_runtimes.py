@@ -32,7 +32,7 @@ from surgery.measure import bench
 from surgery.measure.bench import bench_models
 from surgery.measure.timing import make_inputs, time_models
 from surgery.runtimes import get_runtime, register_runtime, runtime_names
-from surgery.runtimes.torch_runtime import TorchRuntime
+from surgery.runtimes.torch.torch_runtime import TorchRuntime
 from surgery.testing import TinySpec, tiny_inputs, tiny_model, tiny_task_data
 from tests.helpers import labelled_rows, tiny_tokenizer, write_rows
 
@@ -174,7 +174,7 @@ def test_cli_saves_the_judged_artefact_byte_for_byte(tmp_path: Path, monkeypatch
     tiny_tokenizer().save_pretrained(tmp_path / "classifier")
     data = write_rows(tmp_path / "train.csv", labelled_rows(64))
     exports: list[str] = []
-    from surgery.deploy import export as export_module
+    from surgery.runtimes.onnx import onnx_export as export_module
 
     real = export_module.export_onnx
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
-from surgery.deploy import INFO_NAME, ExportParityError, MissingDependencyError, OnnxRuntimeModel, export_onnx
-from surgery.deploy.export import agreement, check_parity, export_target
+from surgery.runtimes.onnx import INFO_NAME, ExportParityError, MissingDependencyError, OnnxRuntimeModel, export_onnx
+from surgery.runtimes.shared.graph_export import agreement, check_parity, export_target
 from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,
@@ -185,7 +185,7 @@ def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_
 def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> None:
     import onnx
 
-    from surgery.deploy.export import part_modules
+    from surgery.runtimes.onnx.onnx_export import part_modules
 
     model = tiny_model(TinySpec("bert", layers=2))
     _ = surgery.convert(model, FFNPruningStrategy(ratio=0.5))  # uneven widths: parts are found by role, not shape

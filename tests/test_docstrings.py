@@ -20,16 +20,18 @@ MODULES = sorted({p.__name__ for p in PACKAGES} | {
 
 
 #: Modules whose examples need an optional extra (module -> import name): skipped where it is not installed.
-NEEDS_EXTRA = {"surgery.deploy.openvino_export": "openvino", "surgery.runtimes.openvino_runtime": "openvino",
-               "surgery.deploy.openvino_ir_bench": "openvino"}
+NEEDS_EXTRA = {"surgery.runtimes.openvino.openvino_export": "openvino",
+               "surgery.runtimes.openvino.openvino_runtime": "openvino",
+               "surgery.runtimes.openvino.openvino_ir_bench": "openvino"}
 
 
 #: Modules whose examples export, train or time models (over ~5 s): they run in the slow lane only.
-SLOW = {"surgery.compress.latency_measure", "surgery.deploy.export", "surgery.deploy.openvino_export",
-        "surgery.deploy.sentence_interop", "surgery.embedding.objective", "surgery.runtimes.export_config",
-        "surgery.runtimes.onnx_runtime", "surgery.runtimes.openvino_runtime", "surgery.strategies.doe.doe",
+SLOW = {"surgery.compress.latency_measure", "surgery.runtimes.onnx.onnx_export",
+        "surgery.runtimes.openvino.openvino_export", "surgery.runtimes.sentence_interop", "surgery.embedding.objective",
+        "surgery.runtimes.export_config", "surgery.runtimes.onnx.onnx_runtime",
+        "surgery.runtimes.openvino.openvino_runtime", "surgery.strategies.doe.doe",
         "surgery.strategies.shrp.shrp", "surgery.training.recover", "surgery.training.trainer",
-        "surgery.runtimes.bench", "surgery.cli.export_command", "surgery.deploy.openvino_ir_bench"}
+        "surgery.runtimes.runtime_bench", "surgery.cli.export_command", "surgery.runtimes.openvino.openvino_ir_bench"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODULES])

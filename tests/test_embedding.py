@@ -89,7 +89,7 @@ def test_sentence_config_roundtrips_through_surgery_file(tmp_path: Path) -> None
 
 @needs_st
 def test_to_sentence_transformer_encodes_with_uneven_heads(tmp_path: Path) -> None:
-    from surgery.deploy.sentence_interop import to_sentence_transformer
+    from surgery.runtimes.sentence_interop import to_sentence_transformer
 
     root = st_dir(tmp_path / "src", {"pooling_mode_mean_tokens": True}, True)
     model = surgery.from_pretrained(root)

@@ -217,7 +217,7 @@ def test_dropout_off_means_every_dropout_off() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None, reason="needs sentence-transformers")
 def test_cli_detects_the_embedding_objective_and_saves_an_encodable_model(tmp_path: Path) -> None:
-    from surgery.deploy.sentence_interop import to_sentence_transformer
+    from surgery.runtimes.sentence_interop import to_sentence_transformer
 
     source = st_dir(tmp_path / "st", {"pooling_mode_mean_tokens": True}, True)
     corpus = tmp_path / "corpus.txt"

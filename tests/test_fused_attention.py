@@ -17,9 +17,9 @@ import torch
 
 import surgery
 from surgery.core.errors import ConfigError
-from surgery.deploy import INFO_NAME, OnnxRuntimeModel, export_onnx
-from surgery.deploy.export import agreement
-from surgery.deploy.fused_attention import FUSED_DOMAIN, FUSED_OP, fused_attention
+from surgery.runtimes.onnx import INFO_NAME, OnnxRuntimeModel, export_onnx
+from surgery.runtimes.onnx.fused_attention import FUSED_DOMAIN, FUSED_OP, fused_attention
+from surgery.runtimes.shared.graph_export import agreement
 from surgery.strategies import HeadPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 

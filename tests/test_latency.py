@@ -319,7 +319,7 @@ def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tm
     timed = len(calls)
     assert measure_latency_table(model, runtime="onnxruntime", **settings).measured["cached"] and len(calls) == timed
     # The exporter changed what it writes (as fused attention did): the old table no longer says how fast it is.
-    from surgery.runtimes.onnx_runtime import OnnxRuntimeRuntime
+    from surgery.runtimes.onnx.onnx_runtime import OnnxRuntimeRuntime
 
     monkeypatch.setattr(OnnxRuntimeRuntime, "graph_format", OnnxRuntimeRuntime.graph_format + 1)
     again = measure_latency_table(model, runtime="onnxruntime", **settings)

@@ -25,13 +25,13 @@ from surgery.cli.export_command import calibration_texts_batches
 from surgery.core.errors import ModelLoadError
 from surgery.data.data_diagnosis import QUANTIZER_SUBSET, DataWarning
 from surgery.data.task_data import load_task_data
-from surgery.deploy.runtime_bench import BenchedRuntimeModel
 from surgery.embedding.pooling import read_sentence_config
 from surgery.measure.bench import bench_models
 from surgery.persist.atomic import output_lock
 from surgery.persist.tokenizer_files import read_tokenizer
 from surgery.persist.untrusted import check_safetensors_dir
-from surgery.runtimes.torch_runtime import TorchBf16Runtime
+from surgery.runtimes.shared.benched_model import BenchedRuntimeModel
+from surgery.runtimes.torch.torch_runtime import TorchBf16Runtime
 from surgery.testing import TinySpec, tiny_model
 from tests.helpers import labelled_rows, run_cli, runner, saved_classifier, st_dir, tiny_tokenizer, write_rows
 
@@ -198,9 +198,9 @@ def test_empty_texts_are_named_not_called_numbers(tmp_path: Path) -> None:
 @pytest.mark.openvino
 @pytest.mark.slow
 def test_an_openvino_ir_is_said_to_be_one_and_benches_as_it_is(tmp_path: Path) -> None:
-    from surgery.deploy.export import export_target
     from surgery.measure.flops import count_flops
-    from surgery.runtimes.openvino_runtime import OpenVinoRuntime
+    from surgery.runtimes.openvino.openvino_runtime import OpenVinoRuntime
+    from surgery.runtimes.shared.graph_export import export_target
 
     model = tiny_model(TinySpec("distilbert", heads=4))  # no pooler: the IR holds every parameter of the model
     source = tmp_path / "source"

@@ -17,8 +17,8 @@ pytest.importorskip("nncf", reason="the openvino extra is not installed: pip ins
 import surgery
 from surgery.cli.app import app
 from surgery.core.errors import ConfigError
-from surgery.deploy.openvino_export import OV_INFO, OV_XML, OpenVinoModel, export_openvino
 from surgery.runtimes import get_runtime
+from surgery.runtimes.openvino.openvino_export import OV_INFO, OV_XML, OpenVinoModel, export_openvino
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 
@@ -173,7 +173,7 @@ def _bf16_here() -> str | None:
 def test_the_ir_records_the_precision_it_was_checked_at(tmp_path) -> None:
     import openvino as ov
 
-    from surgery.deploy.openvino_export import PRECISION_KEY, ir_precision
+    from surgery.runtimes.openvino.openvino_export import PRECISION_KEY, ir_precision
 
     spec = TinySpec("bert")
     artefact = get_runtime("openvino").write_artefact(tiny_model(spec), tmp_path / "ir", threads=1)
@@ -200,7 +200,7 @@ def test_a_bf16_export_where_openvino_cannot_run_bf16_is_refused_in_one_line(tmp
 def test_openvino_bf16_runs_in_bf16_within_its_gate_and_plain_openvino_gets_bf16(tmp_path, task) -> None:
     import openvino as ov
 
-    from surgery.deploy.openvino_export import BF16_MIN_COSINE, PRECISION_KEY, served_precision
+    from surgery.runtimes.openvino.openvino_export import BF16_MIN_COSINE, PRECISION_KEY, served_precision
 
     spec = TinySpec("bert", task=task)
     model = uneven(spec).eval()

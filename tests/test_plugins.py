@@ -333,7 +333,7 @@ def test_guide_shows_the_package_verbatim() -> None:
 RUNTIME_DIST = "surgery-copy-runtime"
 RUNTIME_MODULE = '''
 """A third party's runtimes: the model's artefact is its safetensors (one fp32, one 'int8')."""
-from surgery.runtimes.torch_runtime import TorchRuntime
+from surgery.runtimes.torch.torch_runtime import TorchRuntime
 
 
 class CopyRuntime(TorchRuntime):

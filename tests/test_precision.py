@@ -22,16 +22,16 @@ import surgery
 from surgery.anatomy import adapter_for
 from surgery.core.errors import ConfigError
 from surgery.core.manifest import int8_float_of, set_int8_float
-from surgery.deploy.openvino_export import (
+from surgery.runtimes.openvino.openvino_export import (
     OV_INFO,
     OV_XML,
     export_openvino,
     quantized_product_inputs,
     with_float_groups,
 )
-from surgery.deploy.quantized_refit import quantization_aware_refit
-from surgery.deploy.runtime import graph_feeds
-from surgery.deploy.weight_products import precision_groups
+from surgery.runtimes.openvino.quantized_refit import quantization_aware_refit
+from surgery.runtimes.shared.graph_export import graph_feeds
+from surgery.runtimes.shared.weight_products import precision_groups
 from surgery.testing import TinySpec, tiny_inputs, tiny_model
 from surgery.training.refit import projection_name, refit_projections
 

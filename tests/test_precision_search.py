@@ -63,7 +63,7 @@ def test_onnx_runtime_int8_replays_a_recorded_precision_map(tmp_path) -> None:
     import onnx
 
     from surgery.core.manifest import set_int8_float
-    from surgery.deploy import export_onnx
+    from surgery.runtimes.onnx import export_onnx
     from surgery.testing import TinySpec, tiny_model
 
     model = tiny_model(TinySpec("bert", layers=2))

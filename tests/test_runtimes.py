@@ -18,11 +18,10 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
-from surgery.core.errors import ConfigError
-from surgery.deploy.runtime import MissingDependencyError
+from surgery.core.errors import ConfigError, MissingDependencyError
 from surgery.runtimes import available_runtimes, get_runtime, register_runtime, runtime_class, runtime_names
-from surgery.runtimes.base import Runtime
 from surgery.runtimes.export_config import ExportConfig
+from surgery.runtimes.shared.runtime import Runtime
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
 BUILTINS = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-bf16",
@@ -31,7 +30,7 @@ BUILTINS = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int
 THIRD_PARTY = '''
 from torch import nn
 
-from surgery.runtimes.torch_runtime import TorchRuntime
+from surgery.runtimes.torch.torch_runtime import TorchRuntime
 
 
 class Doubled(nn.Module):
@@ -74,11 +73,11 @@ def test_builtins_are_registered_through_the_entry_point_group_in_order() -> Non
 
 
 def test_resolving_one_name_imports_only_that_runtime(monkeypatch) -> None:
-    for module in ("surgery.runtimes.openvino_runtime", "surgery.runtimes.onnx_runtime"):
+    for module in ("surgery.runtimes.openvino.openvino_runtime", "surgery.runtimes.onnx.onnx_runtime"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     get_runtime("torch")
-    assert "surgery.runtimes.openvino_runtime" not in sys.modules
-    assert "surgery.runtimes.onnx_runtime" not in sys.modules
+    assert "surgery.runtimes.openvino.openvino_runtime" not in sys.modules
+    assert "surgery.runtimes.onnx.onnx_runtime" not in sys.modules
 
 
 def test_unknown_runtime_is_refused_listing_the_registered_names() -> None:
@@ -107,7 +106,7 @@ def test_a_third_party_runtime_registers_through_an_entry_point(tmp_path, monkey
 
 
 def test_register_runtime_in_process_and_a_broken_entry_is_reported_not_raised(tmp_path, monkeypatch) -> None:
-    from surgery.runtimes.torch_runtime import TorchRuntime
+    from surgery.runtimes.torch.torch_runtime import TorchRuntime
 
     @register_runtime
     class Renamed(TorchRuntime):
@@ -342,7 +341,7 @@ def plugin_site(tmp_path: Path, dist: str, entries: dict[str, str], module: str 
 
 
 RAISING = '''
-from surgery.runtimes.torch_runtime import TorchRuntime
+from surgery.runtimes.torch.torch_runtime import TorchRuntime
 
 
 class Raising(TorchRuntime):
@@ -373,7 +372,7 @@ def test_a_plugin_cannot_crash_the_listing_take_a_builtin_name_or_escape(tmp_pat
     found = available_runtimes()
     assert found["raising-rt"] == "its availability check failed: RuntimeError: driver probe crashed"
     assert "../../esc" not in runtime_names()
-    assert runtime_class("onnxruntime").__module__ == "surgery.runtimes.onnx_runtime"
+    assert runtime_class("onnxruntime").__module__ == "surgery.runtimes.onnx.onnx_runtime"
     with pytest.raises(ConfigError, match="availability check failed"):
         get_runtime("raising-rt")
     listed = CliRunner().invoke(app, ["export", "--runtime", "list"], env={"COLUMNS": "400"})  # no model needed;
@@ -399,7 +398,7 @@ def test_tolerance_must_be_finite_and_positive_in_the_cli_and_the_config(value) 
     assert line.startswith("error: --tolerance must be a finite positive number"), line
     with pytest.raises(ValueError, match="--tolerance must be a finite positive number"):
         ExportConfig(tolerance=float(value))
-    from surgery.deploy.export import check_export_settings
+    from surgery.runtimes.shared.graph_export import check_export_settings
 
     with pytest.raises(ConfigError, match="export: tolerance must be a finite positive number"):
         check_export_settings(4, 8, float(value))
@@ -429,3 +428,27 @@ def test_compress_config_bounds_are_the_clis() -> None:
         CompressConfig(max_drop=200)  # the CLI: --max-drop must be between 0 and 100
     with pytest.raises(ValueError, match="less than or equal to 65536"):
         CompressConfig(speedup=2, batch_size=10**9)
+
+
+def test_the_old_deploy_paths_still_import_and_warn_naming_the_new_one(monkeypatch) -> None:
+    # surgery.deploy was documented as public: for one release every old import reads the new module and warns.
+    from surgery.runtimes.onnx import onnx_export
+    from surgery.runtimes.shared import graph_export, smooth
+
+    monkeypatch.delitem(sys.modules, "surgery.deploy.smooth", raising=False)
+    monkeypatch.delitem(sys.modules, "surgery.deploy.export", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"surgery\.deploy\.smooth moved to surgery\.runtimes\.shared\.smooth"):
+        from surgery.deploy.smooth import text_calibration_batches
+    assert text_calibration_batches is smooth.text_calibration_batches
+    with pytest.warns(DeprecationWarning, match=r"surgery\.runtimes\.onnx\.onnx_export"):
+        from surgery.deploy.export import agreement, export_onnx  # agreement now lives in shared.graph_export
+    assert (export_onnx, agreement) == (onnx_export.export_onnx, graph_export.agreement)
+    import surgery.deploy
+
+    monkeypatch.delitem(vars(surgery.deploy), "MissingDependencyError", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"deploy\.MissingDependencyError moved to surgery\.runtimes\.onnx"):
+        assert surgery.deploy.MissingDependencyError is MissingDependencyError
+    with pytest.raises(AttributeError), pytest.warns(DeprecationWarning):
+        surgery.deploy.no_such_name  # noqa: B018
+    with pytest.raises(ImportError):
+        import surgery.deploy.no_such_module

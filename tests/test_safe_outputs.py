@@ -543,7 +543,7 @@ main()
 def test_the_four_data_loss_classes_in_real_processes(tiny: dict[str, Path], tmp_path: Path) -> None:
     """Issue 35's data-loss cases, each a real ``surgery`` process refused in one line with the tree byte for byte
     as it was; the planted temporaries survive a run that succeeds; a real output is replaced."""
-    from surgery.deploy.export import export_onnx
+    from surgery.runtimes.onnx.onnx_export import export_onnx
 
     model, data = str(tiny["model"]), str(tiny["data"])
     loaded = surgery.from_pretrained(tiny["model"])
@@ -637,7 +637,7 @@ def test_the_four_data_loss_classes_in_real_processes(tiny: dict[str, Path], tmp
 @pytest.mark.openvino
 def test_a_real_openvino_export_is_replaced_with_overwrite_in_a_real_process(tiny: dict[str, Path],
                                                                              tmp_path: Path) -> None:
-    from surgery.deploy.openvino_export import export_openvino
+    from surgery.runtimes.openvino.openvino_export import export_openvino
 
     out = tmp_path / "ov"
     export_openvino(surgery.from_pretrained(tiny["model"]), out, batch=2, seq=8)

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
-from surgery.deploy import export_onnx
-from surgery.deploy.export import part_modules
-from surgery.deploy.smooth import SmoothedLinear, smooth_linears, smoothing_scale, text_calibration_batches
+from surgery.runtimes.onnx import export_onnx
+from surgery.runtimes.onnx.onnx_export import part_modules
+from surgery.runtimes.shared.smooth import SmoothedLinear, smooth_linears, smoothing_scale, text_calibration_batches
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 
@@ -196,9 +196,9 @@ def test_cli_bench_int8_with_calibration_benches_the_smoothed_graph(tmp_path) ->
 def test_sentence_transformers_export_smooths_too(tmp_path) -> None:
     from transformers import AutoTokenizer
 
-    from surgery.deploy.sentence_interop import export_sentence_transformers
-    from surgery.deploy.smooth import text_calibration_batches
     from surgery.embedding import SentenceConfig
+    from surgery.runtimes.sentence_interop import export_sentence_transformers
+    from surgery.runtimes.shared.smooth import text_calibration_batches
 
     saved, corpus = saved_with_corpus(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(saved)

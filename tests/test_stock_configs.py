@@ -21,7 +21,7 @@ import torch
 import transformers
 
 import surgery
-from surgery.deploy import export_onnx
+from surgery.runtimes.onnx import export_onnx
 from surgery.strategies import ExpertAttentionStrategy
 from surgery.testing import FAMILIES, TinySpec, tiny_config
 

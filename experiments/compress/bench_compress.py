@@ -31,10 +31,10 @@ from transformers import AutoTokenizer
 
 import surgery
 from surgery.compress import SpeedupTarget
-from surgery.deploy.names import GRAPH_FORMAT
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import mean_std
 from surgery.persist.assets import resolve_model_path
+from surgery.runtimes.shared.names import GRAPH_FORMAT
 from surgery.training import accuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
@@ -77,8 +77,8 @@ def runtime_accuracy(result: Any, runtime: str, test: Any, workdir: Path) -> flo
     """Test accuracy of the winner on the runtime it was chosen for."""
     if runtime == "torch":
         return accuracy(result.model, test.loader("eval"))
-    from surgery.deploy.export import export_onnx
-    from surgery.deploy.runtime import OnnxRuntimeModel
+    from surgery.runtimes.onnx.onnx_export import export_onnx
+    from surgery.runtimes.onnx.onnx_session import OnnxRuntimeModel
 
     out = workdir / "onnx"
     int8 = runtime.endswith("int8")

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from transformers import BertConfig, BertModel
 
-from surgery.deploy import export_onnx
 from surgery.persist.model_io import from_pretrained
-from surgery.runtimes.bench import bench_runtimes, runtime_label
+from surgery.runtimes.onnx import export_onnx
+from surgery.runtimes.runtime_bench import bench_runtimes, runtime_label
 
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 RESULT = ROOT / "experiments" / "deploy" / "results" / "deploy.json"

@@ -19,7 +19,7 @@ against the teacher: mean cosine and recall@10 on the held-out texts, and linear
 (logistic regression on frozen embeddings) on the probe tasks. Speed: one interleaved benchmark of
 every model in one process at the end (paired ratios). Results are written after every variant.
 ``--int8`` also exports the teacher and every variant to ONNX Runtime's dynamically quantized int8
-graph (``surgery.deploy.export_onnx``) and evaluates those graphs the same way (rows ``... [int8]``);
+graph (``surgery.runtimes.onnx.export_onnx``) and evaluates those graphs the same way (rows ``... [int8]``);
 with ``--smooth-alpha A`` their activations are smoothed first on 512 training texts
 (``surgery export --int8 --calibration``).
 ``--merge A.json B.json ...`` combines runs of several seeds (one process per variant and seed) into
@@ -44,13 +44,13 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
-from surgery.deploy.smooth import text_calibration_batches
 from surgery.embedding import TeacherCache, evaluate_embeddings, load_text_data, read_sentence_config
 from surgery.embedding.objective import recover_embeddings
 from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
 from surgery.persist.assets import resolve_model_path
+from surgery.runtimes.shared.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
+from surgery.runtimes.shared.smooth import text_calibration_batches
 from surgery.strategies.pruning.ffn_prune import FFNPruningStrategy
 from surgery.strategies.pruning.head_prune import HeadPruningStrategy
 from surgery.strategies.pruning.layer_drop import LayerDropStrategy
@@ -196,8 +196,8 @@ def main() -> None:
 
     def evaluate_int8(model: torch.nn.Module, name: str) -> dict[str, Any]:
         """Export ``model``'s int8 graph (on the CPU, where ONNX Runtime serves it) and evaluate it."""
-        from surgery.deploy import export_onnx
-        from surgery.deploy.runtime import OnnxRuntimeModel
+        from surgery.runtimes.onnx import export_onnx
+        from surgery.runtimes.onnx.onnx_session import OnnxRuntimeModel
 
         cpu = copy.deepcopy(model).cpu().eval()
         report = export_onnx(cpu, work / f"{name}-int8", tokenizer=tokenizer, task="base", int8=True,
@@ -272,7 +272,7 @@ def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: a
     if args.int8:
         # Every model in PyTorch fp32, ONNX Runtime fp32 and ONNX Runtime int8 (the graphs the
         # evaluation scored), interleaved in one process; ratios against the teacher in PyTorch.
-        from surgery.runtimes.bench import bench_runtimes
+        from surgery.runtimes.runtime_bench import bench_runtimes
 
         calibration = None
         if args.smooth_alpha:  # the speed of a smoothed graph does not depend on which texts calibrated it

@@ -54,15 +54,14 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.deploy import export_onnx
-from surgery.deploy.runtime import OnnxRuntimeModel, optimize_graph, require_onnx
-from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.measure.bench import bench_models
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import bootstrap_median
 from surgery.measure.timing import make_inputs
 from surgery.persist.assets import resolve_model_path
+from surgery.runtimes.onnx import export_onnx
+from surgery.runtimes.onnx.onnx_session import BenchedOnnxModel, OnnxRuntimeModel, optimize_graph, require_onnx
 from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,

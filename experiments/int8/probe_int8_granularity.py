@@ -30,13 +30,12 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.deploy import export_onnx
-from surgery.deploy.export import int8_fp32_scopes
-from surgery.deploy.runtime import OnnxRuntimeModel, quantize_int8
-from surgery.deploy.runtime_bench import BenchedOnnxModel
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.measure.bench import bench_models
 from surgery.persist.assets import resolve_model_path
+from surgery.runtimes.onnx import export_onnx
+from surgery.runtimes.onnx.onnx_export import int8_fp32_scopes
+from surgery.runtimes.onnx.onnx_session import BenchedOnnxModel, OnnxRuntimeModel, quantize_int8
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 from experiments.embedding_suite import corpus_texts, probe_suite

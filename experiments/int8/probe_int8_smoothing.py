@@ -1,7 +1,7 @@
 """Activation smoothing (SmoothQuant) before dynamic int8: fidelity over alphas and seeds, and speed.
 
 ``surgery export --int8 --calibration DATA`` smooths every attention and FFN projection's input on
-the user's texts before ONNX Runtime's dynamic quantization (surgery/deploy/smooth.py). This script
+the user's texts before ONNX Runtime's dynamic quantization (surgery/runtimes/shared/smooth.py). This script
 measures it against plain per-channel int8 (the export without ``--calibration``), in one process:
 
 * ``embeddings``: the unchanged all-MiniLM-L6-v2 on the held-out texts of ``bench_embed.py`` (same
@@ -36,14 +36,13 @@ import torch
 from transformers import AutoTokenizer
 
 import surgery
-from surgery.deploy import export_onnx
-from surgery.deploy.runtime import OnnxRuntimeModel
-from surgery.deploy.runtime_bench import BenchedOnnxModel
-from surgery.deploy.smooth import DEFAULT_ALPHA
 from surgery.embedding import TeacherCache, evaluate_embeddings, read_sentence_config
 from surgery.measure.bench import bench_models
 from surgery.measure.stats import mean_std
 from surgery.persist.assets import resolve_model_path
+from surgery.runtimes.onnx import export_onnx
+from surgery.runtimes.onnx.onnx_session import BenchedOnnxModel, OnnxRuntimeModel
+from surgery.runtimes.shared.smooth import DEFAULT_ALPHA
 from surgery.training.task_accuracy import accuracy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules

@@ -41,14 +41,14 @@ from typing import Any
 import torch
 
 import surgery
-from surgery.deploy.openvino_export import OV_XML, PRECISION_KEY, OpenVinoModel, served_precision
 from surgery.embedding import read_sentence_config
 from surgery.embedding.evaluate import embed_texts, mean_cosine
 from surgery.measure.stats import bootstrap_median
 from surgery.measure.timing import time_models
-from surgery.runtimes.base import Runtime
-from surgery.runtimes.openvino_runtime import OpenVinoBf16Runtime, OpenVinoRuntime
-from surgery.runtimes.torch_runtime import TorchBf16Runtime, TorchRuntime
+from surgery.runtimes.openvino.openvino_export import OV_XML, PRECISION_KEY, OpenVinoModel, served_precision
+from surgery.runtimes.openvino.openvino_runtime import OpenVinoBf16Runtime, OpenVinoRuntime
+from surgery.runtimes.shared.runtime import Runtime
+from surgery.runtimes.torch.torch_runtime import TorchBf16Runtime, TorchRuntime
 from surgery.testing import FAMILIES as TINY_FAMILIES
 from surgery.testing import TinySpec, tiny_model
 

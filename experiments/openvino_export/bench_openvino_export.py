@@ -11,7 +11,7 @@ Three steps (run.sh runs them; ``time`` under the machine's timing lock):
   300-500 tokens (no long corpus is installed), both calibrated on short texts only.
 * ``time WORK --threads 1 --rounds N``: paired interleaved rounds, batch 32 of held-out texts (padded to
   the longest of the batch), the three models in an order rotated every round; both IRs loaded with
-  ``openvino`` in this process by the same class and settings (:class:`surgery.deploy.openvino_export.
+  ``openvino`` in this process by the same class and settings (:class:`surgery.runtimes.openvino.openvino_export.
   OpenVinoModel`: f32 for the non-int8 operators, INFERENCE_NUM_THREADS, pinning off, LATENCY hint).
 * ``report WORK``: medians of the per-round ratios with 95% bootstrap intervals
   (:func:`surgery.measure.stats.bootstrap_median`), the machine (:func:`surgery.measure.machine.machine_info`),
@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 import surgery
-from surgery.deploy.openvino_export import OV_INFO, OpenVinoModel
 from surgery.embedding import read_sentence_config
 from surgery.embedding.evaluate import embed_texts, mean_cosine, retrieval_agreement
 from surgery.measure.machine import machine_info
 from surgery.measure.stats import bootstrap_median
+from surgery.runtimes.openvino.openvino_export import OV_INFO, OpenVinoModel
 
 HERE = Path(__file__).resolve().parent
 PEER_XML = "peer/openvino/openvino_model_qint8_quantized.xml"

@@ -9,7 +9,7 @@ experiments/compress_runtimes):
    this shared 2-core machine per run; every speed reported below is measured, not predicted);
 2. ``refit``: the first path point predicted to reach the speedup, cut, refitted (least squares against the
    original, fp32 inputs), NNCF int8 (compress's recipe, calibrated on the same training batches);
-3. ``qa-refit``: the same cut with the quantization-aware refit (``surgery.deploy.quantized_refit``: the
+3. ``qa-refit``: the same cut with the quantization-aware refit (``surgery.runtimes.openvino.quantized_refit``: the
    projections solved against the inputs the int8 IR feeds them), then NNCF int8;
 4. ``qa-refit+fallbacks``: the precision pass: each op group's measured gain (calibration loss of the
    qa-refit int8 artefact minus that with the group alone in float) and measured cost (ms per head or
@@ -53,10 +53,10 @@ from surgery.compress.precision import describe_choice, fallback_gains, task_los
 from surgery.compress.removal_path import buy_fallbacks, start_indexed
 from surgery.compress.structure import Structure
 from surgery.core.manifest import set_int8_float
-from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, export_openvino
-from surgery.deploy.quantized_refit import quantization_aware_refit
 from surgery.measure.machine import machine_info
 from surgery.measure.timing import make_inputs, time_models
+from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, export_openvino
+from surgery.runtimes.openvino.quantized_refit import quantization_aware_refit
 from surgery.training import accuracy
 from surgery.training.refit import refit_projections
 

@@ -28,10 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from experiments.compress.bench_compress import embedding_split
 from surgery.anatomy import adapter_for
-from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, export_openvino
-from surgery.deploy.quantized_refit import quantization_aware_refit
 from surgery.embedding.evaluate import evaluate_embeddings
 from surgery.measure.machine import machine_info
+from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, export_openvino
+from surgery.runtimes.openvino.quantized_refit import quantization_aware_refit
 from surgery.training.refit import refit_projections, task_calibration_batches
 
 OUT = Path(__file__).resolve().parent / "results" / "qa_refit_embeddings.json"

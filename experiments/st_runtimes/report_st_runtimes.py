@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from surgery.deploy.runtime import op_counts
 from surgery.embedding.evaluate import mean_cosine, retrieval_agreement
 from surgery.measure.stats import bootstrap_median
+from surgery.runtimes.onnx.onnx_session import op_counts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REFERENCE = "torch-fp32"

@@ -738,7 +738,7 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
     Probes (as the latency table's: interleaved rounds, :data:`MIN_TIMED_SECONDS` per call, median
     polish of log times): the artefact itself, and per part (``attention``, ``ffn-up``, ``ffn-down``,
     ``classifier``) the artefact with that part back in float in every layer
-    (:func:`surgery.deploy.openvino_export.with_float_groups`), compiled as the artefact is. A part's
+    (:func:`surgery.runtimes.openvino.openvino_export.with_float_groups`), compiled as the artefact is. A part's
     extra time, divided by the heads or neurons of all layers together, is its cost per unit
     (:class:`~surgery.compress.latency_table.FallbackCosts`). Noise can make a part look free: a cost
     is at least 0. ``batches``: the serving shape's batches, as the table's (:func:`timing_batches`).
@@ -746,8 +746,8 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
     import openvino as ov
 
     from surgery.compress.latency_table import FALLBACK_UNITS
-    from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, compile_config, with_float_groups
-    from surgery.deploy.weight_products import precision_groups
+    from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, compile_config, with_float_groups
+    from surgery.runtimes.shared.weight_products import precision_groups
 
     groups = precision_groups(model)
     structure = Structure.from_model(model)

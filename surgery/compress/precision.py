@@ -1,7 +1,7 @@
 """Precision as a search dimension on an int8 runtime: which op groups to leave in float, at what cost.
 
 Per op group (a layer's attention projections, its FFN up, its FFN down, the classifier:
-:func:`surgery.deploy.weight_products.precision_groups`), int8 or float. NNCF's accuracy control
+:func:`surgery.runtimes.shared.weight_products.precision_groups`), int8 or float. NNCF's accuracy control
 (``quantize_with_accuracy_control``) ranks quantizer groups by their effect on the user's metric and
 reverts the worst to float until the model is within ``max_drop``, for an unchanged model. Here the
 ranking is measured the same way on the cut model and put on the same scale as the cuts:
@@ -9,7 +9,7 @@ ranking is measured the same way on the cut model and put on the same scale as t
 * **gain** (:func:`fallback_gains`): the objective on calibration batches (mean task loss, or mean
   squared embedding distance to the original: the units of the removal path's estimates) of the int8
   artefact, minus the same with that group alone back in float
-  (:func:`surgery.deploy.openvino_export.with_float_groups`, the NNCF revert without quantizing again);
+  (:func:`surgery.runtimes.openvino.openvino_export.with_float_groups`, the NNCF revert without quantizing again);
 * **cost** (:func:`surgery.compress.latency_measure.measure_fallback_costs`): milliseconds, measured
   in the runtime on the artefact, per head or neuron of the part;
 * **trade** (:func:`surgery.compress.removal_path.buy_fallbacks`): a fallback is bought back when its
@@ -63,7 +63,7 @@ def fallback_gains(served_dir: str | Path, model: nn.Module, objective: Callable
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
-        >>> from surgery.deploy.openvino_export import export_openvino
+        >>> from surgery.runtimes.openvino.openvino_export import export_openvino
         >>> spec = TinySpec("bert", task="seq-cls", layers=1)
         >>> model = tiny_model(spec).eval()
         >>> batches = [{**tiny_inputs(spec, batch=8, seq=12), "labels": torch.zeros(8, dtype=torch.long)}]
@@ -74,8 +74,8 @@ def fallback_gains(served_dir: str | Path, model: nn.Module, objective: Callable
     """
     import openvino as ov
 
-    from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, read_openvino_info, with_float_groups
-    from surgery.deploy.weight_products import precision_groups
+    from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, read_openvino_info, with_float_groups
+    from surgery.runtimes.shared.weight_products import precision_groups
 
     info = read_openvino_info(served_dir)
     chosen = list(groups) if groups is not None else list(precision_groups(model))
@@ -111,12 +111,12 @@ PRECISION_RUNTIMES = ("openvino-int8",)
 def precision_build(model: nn.Module, judge: Any, int8_float: Sequence[str]) -> list[str]:
     """Prepare a precision candidate: record its map on ``model`` and refit it against its int8 inputs.
 
-    The quantization-aware refit (:func:`surgery.deploy.quantized_refit.quantization_aware_refit`)
+    The quantization-aware refit (:func:`surgery.runtimes.openvino.quantized_refit.quantization_aware_refit`)
     quantizes the cut model with its map as the artefact will be, and solves the cut projections
     against the inputs that int8 model feeds them. Returns notes for the candidate.
     """
     from surgery.core.manifest import set_int8_float
-    from surgery.deploy.quantized_refit import quantization_aware_refit
+    from surgery.runtimes.openvino.quantized_refit import quantization_aware_refit
 
     set_int8_float(model, int8_float)
     result = quantization_aware_refit(model, judge.original, judge.calibration,

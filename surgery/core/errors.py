@@ -41,3 +41,7 @@ class OutputPathError(SurgeryError):
 
 class StockFormatError(SurgeryError):
     """A surgered structure that a stock Hugging Face config cannot express (``save_stock``, ``--stock``)."""
+
+
+class MissingDependencyError(SurgeryError):
+    """An optional package that a feature needs is not installed (ONNX Runtime, OpenVINO ...)."""

@@ -26,7 +26,7 @@ _STEPS_ATTR = "_surgery_steps"
 _SOURCE_ATTR = "_surgery_source_dir"
 _INT8_FLOAT_ATTR = "_surgery_int8_float"
 #: How an op group is spelled in an int8 precision map: ``layer.3.ffn-down``, or ``classifier``
-#: (:func:`surgery.deploy.weight_products.precision_groups` lists a model's groups).
+#: (:func:`surgery.runtimes.shared.weight_products.precision_groups` lists a model's groups).
 PRECISION_GROUP_PATTERN = r"^(layer\.[0-9]+\.(attention|ffn-up|ffn-down)|classifier)$"
 
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from surgery.core.errors import ConfigError
+from surgery.core.strategy import Batch  # one batch type (a model-input mapping)
 from surgery.measure.machine import MachineInfo, machine_info
 from surgery.measure.stats import Interval, bootstrap_median, median_polish, paired_ratios
 from surgery.persist.config_values import usable_positions
@@ -46,7 +47,6 @@ from surgery.persist.config_values import usable_positions
 #: Calls per timed unit are capped here (a probe of microseconds would otherwise run for ever).
 MAX_CALLS = 1000
 
-Batch = Mapping[str, torch.Tensor]
 
 
 def make_inputs(vocab_size: int, *, batch_size: int, seq_len: int, seed: int = 0, device: str | torch.device = "cpu"

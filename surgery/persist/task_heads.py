@@ -52,6 +52,7 @@ _NEW_HEAD_ATTR = "_surgery_new_head_keys"
 #: name one and ship only the encoder), such a head is part of what the checkpoint is: without its tensors
 #: the weights are damaged, and a random head in their place would be scored and saved as the model.
 TRAINED_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForMultipleChoice", "ForQuestionAnswering")
+#: Names listed in a message before "and N more".
 SHOWN = 4
 
 

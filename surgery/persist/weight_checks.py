@@ -29,9 +29,7 @@ import torch
 from torch import nn
 
 from surgery.core.errors import ModelLoadError
-
-#: Tensors named in a message before "and N more".
-SHOWN = 4
+from surgery.persist.task_heads import SHOWN
 
 
 def _listed(keys: list[str]) -> str:

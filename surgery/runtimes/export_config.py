@@ -7,9 +7,9 @@ OpenVINO, ``--int8-fp32`` without ONNX Runtime int8 ...) is refused in one line 
 :func:`export` writes the runtime's artefact with the tokenizer next to it (``format="graph"``) or as a
 directory stock sentence-transformers loads (``format="sentence-transformers"``). Which settings a runtime
 reads, whether it is int8 and which sentence-transformers backend loads it are the runtime's own answers
-(:class:`~surgery.runtimes.base.Runtime`); the artefact is written by the runtime's
-:meth:`~surgery.runtimes.base.Runtime.export`, which for any runtime (``torch-bf16``, a third party's) is
-its :meth:`~surgery.runtimes.base.Runtime.write_artefact` with the tokenizer and, given labelled data, the
+(:class:`~surgery.runtimes.shared.runtime.Runtime`); the artefact is written by the runtime's
+:meth:`~surgery.runtimes.shared.runtime.Runtime.export`, which for any runtime (``torch-bf16``, a third party's) is
+its :meth:`~surgery.runtimes.shared.runtime.Runtime.write_artefact` with the tokenizer and, given labelled data, the
 accuracy of PyTorch and of the artefact; the ONNX Runtime and OpenVINO runtimes hand their whole export
 (tokenizer, data, parity batch) to their exporter, which their ``write_artefact`` wraps too.
 
@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from surgery.core.errors import ConfigError
-from surgery.deploy.names import CALIBRATION_TEXTS, TASKS
 from surgery.persist.config_values import MAX_BATCH, check_tolerance
-from surgery.runtimes.registry import runtime_class, runtime_names
+from surgery.runtimes.runtime_registry import runtime_class, runtime_names
+from surgery.runtimes.shared.names import CALIBRATION_TEXTS, TASKS
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 #: What ``format`` may be: the runtime's own artefact directory, or a sentence-transformers directory.
 FORMATS = ("graph", "sentence-transformers")
-#: Settings that only some runtimes read (their :attr:`~surgery.runtimes.base.Runtime.export_settings`), with
+#: Settings that only some runtimes read (their :attr:`~surgery.runtimes.shared.runtime.Runtime.export_settings`), with
 #: their CLI spellings.
 RUNTIME_SETTINGS = {"opset": "--opset", "optimize": "--optimize", "fuse_attention": "--no-fuse-attention",
                     "per_tensor": "--per-tensor", "int8_fp32": "--int8-fp32", "int8_mode": "--int8-mode"}
@@ -152,10 +152,10 @@ def export(model: nn.Module, out_dir: str | os.PathLike[str], config: ExportConf
 
     ``calibration`` (tokenized batches of the user's texts) feeds the int8 runtimes; ``data`` (labelled
     batches) records the accuracy of PyTorch and of the artefact (sequence classifiers), for every runtime.
-    The runtime writes its artefact (:meth:`~surgery.runtimes.base.Runtime.export`); the report is
-    :class:`~surgery.deploy.export.ExportReport` (ONNX Runtime),
-    :class:`~surgery.deploy.openvino_export.OpenVinoExportReport` (OpenVINO) or the runtime's
-    :class:`~surgery.runtimes.base.RuntimeArtefact` (any other runtime).
+    The runtime writes its artefact (:meth:`~surgery.runtimes.shared.runtime.Runtime.export`); the report is
+    :class:`~surgery.runtimes.onnx.onnx_export.ExportReport` (ONNX Runtime),
+    :class:`~surgery.runtimes.openvino.openvino_export.OpenVinoExportReport` (OpenVINO) or the runtime's
+    :class:`~surgery.runtimes.shared.runtime.RuntimeArtefact` (any other runtime).
 
     Example:
         >>> import tempfile
@@ -166,7 +166,7 @@ def export(model: nn.Module, out_dir: str | os.PathLike[str], config: ExportConf
         (False, True, True)
     """
     from surgery.persist.config_values import check_length
-    from surgery.runtimes.registry import get_runtime
+    from surgery.runtimes.runtime_registry import get_runtime
 
     config = config or ExportConfig()
     runtime = get_runtime(config.runtime)  # refuses an unavailable runtime in one line
@@ -177,7 +177,7 @@ def export(model: nn.Module, out_dir: str | os.PathLike[str], config: ExportConf
     if getattr(model, "config", None) is not None:  # the CLI checks --seq against the model directory the same way
         check_length(model.config, config.seq, "seq", "the model")
     if config.format == "sentence-transformers":
-        from surgery.deploy.sentence_interop import export_sentence_transformers
+        from surgery.runtimes.sentence_interop import export_sentence_transformers
 
         return export_sentence_transformers(model, out_dir, tokenizer=tokenizer, sentence_config=sentence_config,
                                             backend=runtime.sentence_backend or "", int8=runtime.int8,

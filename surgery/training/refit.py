@@ -270,9 +270,10 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
     matrix. A projection whose solve would not lower the calibration error keeps its weights.
 
     ``quantized_inputs`` makes it quantization-aware (GPTQ-style): each projection is solved against
-    the inputs the int8 model actually feeds it (:func:`surgery.deploy.quantized_refit.quantization_aware_refit`
-    reads them off the quantized OpenVINO IR), so the cut's error and the int8 error upstream are
-    compensated together; all projections are then solved from one pass (the inputs are fixed).
+    the inputs the int8 model actually feeds it
+    (:func:`surgery.runtimes.openvino.quantized_refit.quantization_aware_refit` reads them off the quantized
+    OpenVINO IR), so the cut's error and the int8 error upstream are compensated together; all projections
+    are then solved from one pass (the inputs are fixed).
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_cut_pair, tiny_inputs

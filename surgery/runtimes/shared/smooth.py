@@ -19,7 +19,7 @@ explicit elementwise ``Mul`` in front of each product input (2.39x against 2.45x
 for plain int8 on MiniLM, one thread; experiments/int8/results/int8_smoothing.md).
 
 :func:`smooth_linears` measures ``max|X_j|`` on calibration batches and wraps each attention and
-FFN projection in a :class:`SmoothedLinear`, in place; :func:`surgery.deploy.export_onnx` applies it
+FFN projection in a :class:`SmoothedLinear`, in place; :func:`surgery.runtimes.onnx.export_onnx` applies it
 to its own copy of the model when given ``calibration`` batches with ``int8``.
 """
 
@@ -34,9 +34,9 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from surgery.core.errors import ConfigError
-from surgery.deploy.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
+from surgery.runtimes.shared.names import CALIBRATION_TEXTS, SMOOTH_ALPHA
 
-#: SmoothQuant's migration strength (defined torch-free in :mod:`surgery.deploy.names` for the CLI).
+#: SmoothQuant's migration strength (defined torch-free in :mod:`surgery.runtimes.shared.names` for the CLI).
 DEFAULT_ALPHA = SMOOTH_ALPHA
 
 
@@ -133,7 +133,7 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     """Smooth the inputs of every attention and FFN projection of ``model`` in place (see the module doc).
 
     Every supported family and every surgered structure (uneven heads, pruned FFNs) is covered
-    (:func:`surgery.deploy.weight_products.product_groups`). Products that read the same input (q, k and v)
+    (:func:`surgery.runtimes.shared.weight_products.product_groups`). Products that read the same input (q, k and v)
     share one scale, so ONNX Runtime still quantizes that input once. Modules named in ``skip``
     (qualified names, e.g. products kept in fp32) are left alone. The model computes the same
     function afterwards, up to float rounding.
@@ -149,7 +149,7 @@ def smooth_linears(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
     """
     if not 0.0 <= alpha <= 1.0:
         raise ConfigError(f"smoothing alpha must be between 0 and 1, got {alpha}")
-    from surgery.deploy.weight_products import product_groups
+    from surgery.runtimes.shared.weight_products import product_groups
 
     groups = [[n for n in group.names if n not in skip] for group in product_groups(model)]
     # A product with no weights (an FFN pruned to width 0 has empty up and down projections) has no

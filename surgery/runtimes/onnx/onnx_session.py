@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import ast
 import importlib
-import logging
 import os
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,12 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
-from surgery.core.errors import SurgeryError
-from surgery.deploy.names import ONNX_PACKAGES
+from surgery.core.errors import MissingDependencyError
+from surgery.runtimes.shared.benched_model import BenchedRuntimeModel
+from surgery.runtimes.shared.graph_export import graph_feeds, quiet_loggers
+from surgery.runtimes.shared.names import ONNX_PACKAGES
 
 INSTALL_HINT = "pip install 'encoder-surgery[onnx]'"
-
-
-class MissingDependencyError(SurgeryError):
-    """An optional package that a feature needs is not installed."""
 
 
 def require_onnx(feature: str = "ONNX export") -> None:
@@ -46,26 +43,6 @@ def require_onnx(feature: str = "ONNX export") -> None:
     if missing:
         raise MissingDependencyError(
             f"{feature} needs {', '.join(missing)} (not installed); install the extra: {INSTALL_HINT}")
-
-
-@contextmanager
-def quiet_loggers(*names: str) -> Iterator[None]:
-    """Raise the named loggers (``""`` is the root logger) to ERROR for the block, then restore them.
-
-    Example:
-        >>> with quiet_loggers("onnxscript"):
-        ...     logging.getLogger("onnxscript").level
-        40
-    """
-    loggers = [logging.getLogger(name or None) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
 
 
 def make_session(path: str | os.PathLike[str], *, threads: int | None = None, optimized_to: Path | None = None,
@@ -140,7 +117,7 @@ def prepared_for_quantization(src: Path, dst: Path, keep_fp32: Collection[str] =
 
     Yields ``(bare graph, nodes kept in fp32 by keep_fp32, nodes to exclude)``; the copy is removed after
     the block. Shared by dynamic (:func:`quantize_int8`) and static
-    (:func:`surgery.deploy.static_int8.quantize_static_int8`) quantization, so both skip the same nodes.
+    (:func:`surgery.runtimes.onnx.static_int8.quantize_static_int8`) quantization, so both skip the same nodes.
     """
     import onnx
 
@@ -207,25 +184,6 @@ def quantize_int8(src: Path, dst: Path, *, per_channel: bool = True, keep_fp32: 
     return kept
 
 
-def graph_feeds(batch: Mapping[str, torch.Tensor | None], names: Sequence[str]) -> dict[str, Any]:
-    """A tokenized batch as an exported graph's int64 inputs ``names`` (missing: ones for a mask, else zeros).
-
-    Example:
-        >>> feeds = graph_feeds({"input_ids": torch.tensor([[2, 5]])}, ["input_ids", "attention_mask"])
-        >>> {k: v.tolist() for k, v in feeds.items()}
-        {'input_ids': [[2, 5]], 'attention_mask': [[1, 1]]}
-    """
-    ids = batch["input_ids"]
-    assert ids is not None
-    feeds = {}
-    for name in names:
-        value = batch.get(name)
-        if value is None:
-            value = torch.ones_like(ids) if name == "attention_mask" else torch.zeros_like(ids)
-        feeds[name] = value.detach().cpu().numpy().astype("int64", copy=False)
-    return feeds
-
-
 _OUTPUT_TYPES = {"logits": SequenceClassifierOutput, "last_hidden_state": BaseModelOutput}
 
 
@@ -237,7 +195,7 @@ class OnnxRuntimeModel(nn.Module):
     Inputs the graph was not exported with are ignored; ``attention_mask`` and ``token_type_ids``
     default to ones and zeros when the graph has them and the caller does not pass them.
 
-    :func:`surgery.deploy.export_onnx` writes such a graph and checks it with this class; its
+    :func:`surgery.runtimes.onnx.export_onnx` writes such a graph and checks it with this class; its
     docstring shows it in use.
     """
 
@@ -266,3 +224,10 @@ class OnnxRuntimeModel(nn.Module):
         """Size of the ONNX file (with external data, if any, next to it)."""
         extra = self.path.with_name(self.path.name + ".data")
         return self.path.stat().st_size + (extra.stat().st_size if extra.exists() else 0)
+
+
+def BenchedOnnxModel(path: str | os.PathLike[str], source: nn.Module, *, output: str, task: str,
+                     threads: int | None) -> BenchedRuntimeModel:
+    """An ONNX graph in ONNX Runtime as a bench row of ``source`` (named like the class it used to be)."""
+    served = OnnxRuntimeModel(path, config=source.config, output=output, threads=threads, task=task)
+    return BenchedRuntimeModel(served, source, runtime="onnxruntime", artefact_bytes=served.file_bytes())

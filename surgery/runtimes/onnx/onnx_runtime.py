@@ -1,7 +1,7 @@
 """The ONNX Runtime runtimes: ``onnxruntime`` (the fp32 graph) and ``onnxruntime-int8`` (dynamic int8, smoothed
 on calibration texts when given).
 
-Both wrap :func:`surgery.deploy.export.export_onnx`, the one ONNX export (parity check, fused attention,
+Both wrap :func:`surgery.runtimes.onnx.onnx_export.export_onnx`, the one ONNX export (parity check, fused attention,
 quantization, smoothing): the artefact is the directory it writes, ``model.onnx`` and ``surgery-onnx.json``.
 
 Example:
@@ -24,12 +24,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from surgery.deploy.names import GRAPH_FORMAT, ONNX_NAME, ONNX_PACKAGES
-from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, artefact_of
+from surgery.runtimes.shared.names import GRAPH_FORMAT, ONNX_NAME, ONNX_PACKAGES
+from surgery.runtimes.shared.runtime import Runtime, RuntimeArtefact, artefact_of
 
 if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
     from torch import nn
     from transformers import PretrainedConfig
+
+    from surgery.core.strategy import Batch
 
 
 class OnnxRuntimeRuntime(Runtime):
@@ -47,8 +49,9 @@ class OnnxRuntimeRuntime(Runtime):
     export_settings: ClassVar[frozenset[str]] = frozenset({"opset", "optimize", "fuse_attention"})
 
     def __init__(self, **export_options: Any) -> None:
-        #: Further keyword arguments of :func:`surgery.deploy.export.export_onnx` (``int8_fp32``, ``smooth_alpha``,
-        #: ``per_channel``, ``int8_mode``, ``fuse_attention`` ...), as ``bench --int8-fp32`` passes them.
+        #: Further keyword arguments of :func:`surgery.runtimes.onnx.onnx_export.export_onnx` (``int8_fp32``,
+        #: ``smooth_alpha``, ``per_channel``, ``int8_mode``, ``fuse_attention`` ...), as ``bench --int8-fp32``
+        #: passes them.
         self.export_options = export_options
 
     def unavailable(self) -> str | None:
@@ -57,7 +60,7 @@ class OnnxRuntimeRuntime(Runtime):
     def write_artefact(self, model: nn.Module, out_dir: Path, *, task: str = "auto",
                        calibration: Sequence[Batch] | None = None, threads: int | None = None,
                        opset: int | None = None) -> RuntimeArtefact:
-        from surgery.deploy.export import export_onnx
+        from surgery.runtimes.onnx.onnx_export import export_onnx
 
         report = export_onnx(model, out_dir, task=task, threads=threads, opset=opset, int8=self.int8,
                              calibration=list(calibration) if (self.int8 and calibration) else None,
@@ -67,15 +70,16 @@ class OnnxRuntimeRuntime(Runtime):
                            info=report.model_dump(mode="json"))
 
     def smooth_alpha(self, config: Any) -> float | None:
-        from surgery.deploy.names import SMOOTH_ALPHA
+        from surgery.runtimes.shared.names import SMOOTH_ALPHA
 
         return config.smooth_alpha if config.smooth_alpha is not None else SMOOTH_ALPHA
 
     def export(self, model: nn.Module, out_dir: Path, config: Any, *, tokenizer: Any = None,
                calibration: Sequence[Batch] | None = None, data: Any = None) -> Any:
-        """The whole ONNX export (:func:`surgery.deploy.export.export_onnx`: tokenizer, parity batch, accuracy on
-        ``data``), as ``config`` says; returns its :class:`~surgery.deploy.export.ExportReport`."""
-        from surgery.deploy.export import export_onnx
+        """The whole ONNX export (:func:`surgery.runtimes.onnx.onnx_export.export_onnx`: tokenizer, parity batch,
+        accuracy on ``data``), as ``config`` says; returns its
+        :class:`~surgery.runtimes.onnx.onnx_export.ExportReport`."""
+        from surgery.runtimes.onnx.onnx_export import export_onnx
 
         options = {"per_channel": not config.per_tensor, "int8_fp32": config.int8_fp32,
                    "smooth_alpha": self.smooth_alpha(config), "optimize": config.optimize, "opset": config.opset,
@@ -93,13 +97,13 @@ class OnnxRuntimeRuntime(Runtime):
                 "outputs = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})"]
 
     def read_info(self, out_dir: Path) -> dict[str, Any]:
-        from surgery.deploy.export import read_export_info
+        from surgery.runtimes.onnx.onnx_export import read_export_info
 
         return read_export_info(out_dir).model_dump(mode="json")
 
     def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
-        from surgery.deploy.export import read_export_info
-        from surgery.deploy.runtime import OnnxRuntimeModel
+        from surgery.runtimes.onnx.onnx_export import read_export_info
+        from surgery.runtimes.onnx.onnx_session import OnnxRuntimeModel
 
         info = read_export_info(out_dir)
         return OnnxRuntimeModel(Path(out_dir) / ONNX_NAME, config=config, output=info.output, threads=threads,

@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, artefact_files, bf16_cpu_missing
+from surgery.runtimes.shared.runtime import Runtime, RuntimeArtefact, artefact_files, bf16_cpu_missing
 
 if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
     from torch import nn
     from transformers import PretrainedConfig
+
+    from surgery.core.strategy import Batch
 
 
 def _hold_threads(threads: int | None) -> None:
@@ -56,8 +58,8 @@ class TorchRuntime(Runtime):
 
         import torch
 
-        from surgery.deploy.export import export_target
-        from surgery.runtimes.half_precision import Float32Outputs
+        from surgery.runtimes.shared.graph_export import export_target
+        from surgery.runtimes.torch.half_precision import Float32Outputs
 
         target, _, _ = export_target(model, task)
         if self.dtype is None:
@@ -70,8 +72,8 @@ class TorchRuntime(Runtime):
         import torch
 
         from surgery.persist.model_io import save_pretrained
-        from surgery.runtimes.half_precision import Float32Outputs
-        from surgery.runtimes.parity import agreement_of, reference_batch
+        from surgery.runtimes.shared.parity import agreement_of, reference_batch
+        from surgery.runtimes.torch.half_precision import Float32Outputs
 
         _hold_threads(threads)
         ref = reference_batch(model, task)
@@ -87,7 +89,7 @@ class TorchRuntime(Runtime):
 
     def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
         from surgery.persist.model_io import from_pretrained
-        from surgery.runtimes.half_precision import Float32Outputs
+        from surgery.runtimes.torch.half_precision import Float32Outputs
 
         _hold_threads(threads)
         model = from_pretrained(out_dir).eval()

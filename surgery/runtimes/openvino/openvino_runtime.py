@@ -1,7 +1,7 @@
 """The OpenVINO runtimes: ``openvino`` (the fp32 IR, held to f32), ``openvino-bf16`` (the same IR run in bf16)
 and ``openvino-int8`` (NNCF int8, calibrated).
 
-All wrap :func:`surgery.deploy.openvino_export.export_openvino`: the artefact is the IR directory it
+All wrap :func:`surgery.runtimes.openvino.openvino_export.export_openvino`: the artefact is the IR directory it
 writes (``openvino_model.xml``/``.bin``, ``config.json``, ``surgery-openvino.json``), which ``openvino``
 alone serves and optimum-intel's ``OVModelFor*`` loads. The IR records the inference precision it was
 checked at in its runtime options (``rt_info``), so it tells whoever compiles it.
@@ -26,11 +26,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from surgery.runtimes.base import Batch, Runtime, RuntimeArtefact, artefact_of, bf16_cpu_missing
+from surgery.runtimes.shared.runtime import Runtime, RuntimeArtefact, artefact_of, bf16_cpu_missing
 
 if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
     from torch import nn
     from transformers import PretrainedConfig
+
+    from surgery.core.strategy import Batch
 
 
 class OpenVinoRuntime(Runtime):
@@ -47,7 +49,7 @@ class OpenVinoRuntime(Runtime):
     inference_precision: ClassVar[str] = "f32"
 
     def __init__(self, **export_options: Any) -> None:
-        #: Further keyword arguments of :func:`surgery.deploy.openvino_export.export_openvino`
+        #: Further keyword arguments of :func:`surgery.runtimes.openvino.openvino_export.export_openvino`
         #: (``smooth_quant_alpha`` ...).
         self.export_options = export_options
 
@@ -57,7 +59,7 @@ class OpenVinoRuntime(Runtime):
     def write_artefact(self, model: nn.Module, out_dir: Path, *, task: str = "auto",
                        calibration: Sequence[Batch] | None = None, threads: int | None = None,
                        opset: int | None = None) -> RuntimeArtefact:
-        from surgery.deploy.openvino_export import export_openvino
+        from surgery.runtimes.openvino.openvino_export import export_openvino
 
         self.check_calibration(calibration)
         report = export_openvino(model, out_dir, task=task, threads=threads, int8=self.int8,
@@ -69,16 +71,16 @@ class OpenVinoRuntime(Runtime):
                            info=report.model_dump(mode="json"))
 
     def smooth_alpha(self, config: Any) -> float | None:
-        from surgery.deploy.openvino_export import SMOOTH_QUANT_ALPHA
+        from surgery.runtimes.openvino.openvino_export import SMOOTH_QUANT_ALPHA
 
         return config.smooth_alpha if config.smooth_alpha is not None else SMOOTH_QUANT_ALPHA
 
     def export(self, model: nn.Module, out_dir: Path, config: Any, *, tokenizer: Any = None,
                calibration: Sequence[Batch] | None = None, data: Any = None) -> Any:
-        """The whole OpenVINO export (:func:`surgery.deploy.openvino_export.export_openvino`: tokenizer, parity
-        batch, accuracy on ``data``), as ``config`` says; returns its
-        :class:`~surgery.deploy.openvino_export.OpenVinoExportReport`."""
-        from surgery.deploy.openvino_export import export_openvino
+        """The whole OpenVINO export (:func:`surgery.runtimes.openvino.openvino_export.export_openvino`: tokenizer,
+        parity batch, accuracy on ``data``), as ``config`` says; returns its
+        :class:`~surgery.runtimes.openvino.openvino_export.OpenVinoExportReport`."""
+        from surgery.runtimes.openvino.openvino_export import export_openvino
 
         options = {"smooth_quant_alpha": self.smooth_alpha(config), **self.export_options}
         return export_openvino(model, out_dir, tokenizer=tokenizer, task=config.task, int8=self.int8,
@@ -87,7 +89,7 @@ class OpenVinoRuntime(Runtime):
                                overwrite=config.overwrite, max_length=config.max_length, **options)
 
     def serving_code(self, directory: str) -> list[str]:
-        from surgery.deploy.openvino_export import OV_XML
+        from surgery.runtimes.openvino.openvino_export import OV_XML
 
         return ["import openvino, transformers",
                 f'model = openvino.Core().compile_model("{directory}/{OV_XML}", "CPU", {{"INFERENCE_PRECISION_HINT": '
@@ -97,12 +99,12 @@ class OpenVinoRuntime(Runtime):
                 "outputs = model({p.any_name: batch[p.any_name] for p in model.inputs})"]
 
     def read_info(self, out_dir: Path) -> dict[str, Any]:
-        from surgery.deploy.openvino_export import read_openvino_info
+        from surgery.runtimes.openvino.openvino_export import read_openvino_info
 
         return read_openvino_info(out_dir).model_dump(mode="json")
 
     def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
-        from surgery.deploy.openvino_export import OV_XML, OpenVinoModel, read_openvino_info
+        from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, read_openvino_info
 
         info = read_openvino_info(out_dir)
         return OpenVinoModel(Path(out_dir) / OV_XML, config=config, output=info.output, threads=threads,
@@ -113,7 +115,7 @@ class OpenVinoBf16Runtime(OpenVinoRuntime):
     """OpenVINO on the CPU, the fp32 IR run with the bf16 inference precision hint (CPUs with avx512_bf16 or AMX).
 
     The same f32 IR as ``openvino``, parity-checked in f32 as it is; then run in bf16, its drift from PyTorch
-    fp32 must keep a per-example cosine of at least :data:`surgery.deploy.openvino_export.BF16_MIN_COSINE`.
+    fp32 must keep a per-example cosine of at least :data:`surgery.runtimes.openvino.openvino_export.BF16_MIN_COSINE`.
     """
 
     name: ClassVar[str] = "openvino-bf16"

@@ -25,7 +25,7 @@ from surgery.core.errors import ConfigError
 from surgery.core.registry import BUILTIN_DISTRIBUTION
 
 if TYPE_CHECKING:
-    from surgery.runtimes.base import Runtime
+    from surgery.runtimes.shared.runtime import Runtime
 
 #: The entry-point group runtimes register under (``name = "module:Class"``).
 RUNTIME_GROUP = "surgery.runtimes"
@@ -108,10 +108,11 @@ def runtime_names() -> tuple[str, ...]:
 
 
 def register_runtime(cls: type[Runtime]) -> type[Runtime]:
-    """Register a :class:`~surgery.runtimes.base.Runtime` subclass in-process under ``cls.name`` (a decorator).
+    """Register a :class:`~surgery.runtimes.shared.runtime.Runtime` subclass in-process under ``cls.name`` (a
+    decorator).
 
     Example:
-        >>> from surgery.runtimes.torch_runtime import TorchRuntime
+        >>> from surgery.runtimes.torch.torch_runtime import TorchRuntime
         >>> @register_runtime
         ... class Mine(TorchRuntime):
         ...     '''PyTorch under another name.'''
@@ -128,7 +129,7 @@ def register_runtime(cls: type[Runtime]) -> type[Runtime]:
 
 def runtime_class(name: str) -> type[Runtime]:
     """The class registered as ``name`` (imports only its module); an unknown name is a one-line ConfigError."""
-    from surgery.runtimes.base import Runtime
+    from surgery.runtimes.shared.runtime import Runtime
 
     if name in _registered:
         return _registered[name]
@@ -161,8 +162,8 @@ def reason_unavailable(runtime: Runtime) -> str | None:
 def get_runtime(name: str, *, require_available: bool = True) -> Runtime:
     """The runtime registered as ``name``; refused in one line when unknown or (by default) unavailable here.
 
-    An unavailable runtime raises :class:`~surgery.deploy.runtime.MissingDependencyError` when a package it
-    declares (:attr:`~surgery.runtimes.base.Runtime.packages`) is missing and
+    An unavailable runtime raises :class:`~surgery.runtimes.onnx.onnx_session.MissingDependencyError` when a package it
+    declares (:attr:`~surgery.runtimes.shared.runtime.Runtime.packages`) is missing and
     :class:`~surgery.core.errors.ConfigError` otherwise (a CPU flag), each with the runtime's own reason and fix.
 
     Example:
@@ -179,7 +180,7 @@ def get_runtime(name: str, *, require_available: bool = True) -> Runtime:
     if require_available:
         reason = reason_unavailable(runtime)
         if reason is not None:
-            from surgery.deploy.runtime import MissingDependencyError
+            from surgery.core.errors import MissingDependencyError
 
             error = MissingDependencyError if runtime.missing() is not None else ConfigError
             raise error(f"runtime {name!r} is not available here: {reason}")

@@ -5,7 +5,7 @@ user would serve it: the same weights in PyTorch bf16, an ONNX graph in ONNX Run
 int8 where the runtime quantizes. ``surgery export --runtime``, ``surgery bench --runtime`` and
 ``surgery compress --runtime`` all go through this one interface, by the same names, and a third
 party adds a runtime (TensorRT, CTranslate2 ...) by registering a subclass under the entry-point
-group ``surgery.runtimes`` (:mod:`surgery.runtimes.registry`), as the built-ins are.
+group ``surgery.runtimes`` (:mod:`surgery.runtimes.runtime_registry`), as the built-ins are.
 
 Every runtime holds itself to ``threads`` (torch's intra-op threads, ONNX Runtime's
 ``intra_op_num_threads``, OpenVINO's ``INFERENCE_NUM_THREADS`` with pinning off), so timings taken
@@ -48,13 +48,12 @@ if TYPE_CHECKING:  # the class attributes are read before torch is imported (fla
     from torch import nn
     from transformers import PretrainedConfig
 
+    from surgery.core.strategy import Batch  # a tokenized batch: input_ids, attention_mask (, token_type_ids)
+
 from surgery.persist.atomic import OUTPUT_MANIFEST
 
-__all__ = ["BF16_CPU_FLAGS", "Batch", "Runtime", "RuntimeArtefact", "artefact_files", "artefact_of", "bf16_cpu_missing",
+__all__ = ["BF16_CPU_FLAGS", "Runtime", "RuntimeArtefact", "artefact_files", "artefact_of", "bf16_cpu_missing",
            "fp32_copy", "missing_packages"]
-
-#: A tokenized batch: ``input_ids``, ``attention_mask`` and, where the family has them, ``token_type_ids``.
-Batch = Mapping[str, "torch.Tensor"]
 
 #: The numbers a runtime may compute in (:attr:`Runtime.precision`).
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -116,7 +115,7 @@ class Runtime(ABC):
     #: is written, and the unchanged model's figures there are the original's own.
     as_is: ClassVar[bool] = False
     #: The import names it needs; a missing one makes it unavailable with a
-    #: :class:`~surgery.deploy.runtime.MissingDependencyError` naming :attr:`extra`.
+    #: :class:`~surgery.runtimes.onnx.onnx_session.MissingDependencyError` naming :attr:`extra`.
     packages: ClassVar[tuple[str, ...]] = ()
     #: The distributions whose versions change its kernels or its artefact (a cached timing is keyed on them);
     #: the distribution that ships the runtime's class is always added (:meth:`cache_key`).
@@ -159,7 +158,7 @@ class Runtime(ABC):
             >>> from surgery.runtimes import get_runtime
             >>> key = get_runtime("torch").cache_key()
             >>> key["name"], key["class"], "encoder-surgery" in key["versions"]
-            ('torch', 'surgery.runtimes.torch_runtime:TorchRuntime', True)
+            ('torch', 'surgery.runtimes.torch.torch_runtime:TorchRuntime', True)
         """
         cls = type(self)
         owner = _distribution_of(cls.__module__)
@@ -176,7 +175,7 @@ class Runtime(ABC):
                  threads: int | None = None) -> float | None:
         """Accuracy of its artefact in ``out_dir`` (loaded as it serves) on labelled ``batches``; None where the
         artefact is not a single-label sequence classifier."""
-        from surgery.deploy.runtime_bench import accuracy_of
+        from surgery.runtimes.shared.benched_model import accuracy_of
 
         return accuracy_of(self.load(out_dir, config=config, threads=threads), batches)
 
@@ -198,8 +197,8 @@ class Runtime(ABC):
         from dataclasses import replace
 
         from surgery.core.errors import ConfigError
-        from surgery.deploy.runtime_bench import accuracy_of
         from surgery.persist.model_io import atomic_directory
+        from surgery.runtimes.shared.benched_model import accuracy_of
 
         out = Path(out_dir).expanduser()
         with atomic_directory(out, overwrite=config.overwrite) as tmp:
@@ -338,7 +337,7 @@ def missing_packages(packages: Sequence[str], hint: str) -> str | None:
 def artefact_of(runtime: str, out_dir: Path, *, task: str, output: str, found: Any, info: dict[str, Any]
                 ) -> RuntimeArtefact:
     """A :class:`RuntimeArtefact` for the files in ``out_dir``, with ``found`` (an export report's
-    :class:`~surgery.deploy.export.Agreement`) as its parity figures."""
+    :class:`~surgery.runtimes.onnx.onnx_export.Agreement`) as its parity figures."""
     out = Path(out_dir).expanduser().resolve()
     parity = {"max_abs_diff": float(found.max_abs_diff), "mean_cosine": float(found.mean_cosine or 0.0),
               "min_cosine": float(found.min_cosine)}

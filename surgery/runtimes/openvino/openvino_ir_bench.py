@@ -9,7 +9,7 @@ length, which is how :func:`surgery.measure.flops.count_flops` counts a PyTorch 
 
 Example:
     >>> import tempfile
-    >>> from surgery.deploy.openvino_export import export_openvino
+    >>> from surgery.runtimes.openvino.openvino_export import export_openvino
     >>> from surgery.testing import TinySpec, tiny_model
     >>> d = Path(tempfile.mkdtemp()) / "ir"
     >>> _ = export_openvino(tiny_model(TinySpec("bert")), d, threads=1)

@@ -1,12 +1,12 @@
 """Static int8: activation scales calibrated once on the user's texts (QDQ), instead of per batch at run time.
 
-Dynamic int8 (:func:`surgery.deploy.runtime.quantize_int8`) measures every product input's range on
+Dynamic int8 (:func:`surgery.runtimes.onnx.onnx_session.quantize_int8`) measures every product input's range on
 each batch while serving: one reduction and one quantization pass per product per batch. Static
 int8 fixes those ranges beforehand from calibration batches (ONNX Runtime's ``quantize_static``,
 MinMax calibration) and writes them into the graph as QuantizeLinear/DequantizeLinear pairs around
 each product, which ONNX Runtime fuses into integer kernels when the session is built. It needs
 texts like the ones the model will serve: the same batches ``--calibration`` already takes for
-activation smoothing (:mod:`surgery.deploy.smooth`), which runs first, so the ranges are measured on
+activation smoothing (:mod:`surgery.runtimes.shared.smooth`), which runs first, so the ranges are measured on
 the smoothed activations.
 
 Weights are signed int8 with one scale per output channel and activations unsigned int8
@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from surgery.core.errors import ConfigError
-from surgery.deploy.runtime import graph_feeds, prepared_for_quantization, quantizer_options, require_onnx
+from surgery.runtimes.onnx.onnx_session import prepared_for_quantization, quantizer_options, require_onnx
+from surgery.runtimes.shared.graph_export import graph_feeds
 
 #: How export_onnx's ``int8_mode`` can quantize.
 INT8_MODES = ("dynamic", "static")
@@ -88,7 +89,7 @@ def quantize_static_int8(src: Path, dst: Path, batches: Iterable[Mapping[str, to
     """ONNX Runtime static (QDQ) quantization of ``src`` to ``dst``, activation ranges calibrated on ``batches``.
 
     ``keep_fp32`` names modules whose products stay fp32 (as in
-    :func:`surgery.deploy.runtime.quantize_int8`); the names of those nodes are returned.
+    :func:`surgery.runtimes.onnx.onnx_session.quantize_int8`); the names of those nodes are returned.
     """
     require_onnx("static int8 quantization")
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static

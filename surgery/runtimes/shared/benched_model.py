@@ -1,15 +1,14 @@
 """Pieces of cross-runtime benchmarks that need no runtime registry: a served model's bench row, and accuracy.
 
 The benchmark itself (each model in each named runtime, side by side) is
-:func:`surgery.runtimes.bench.bench_runtimes`; :class:`BenchedRuntimeModel` is how a model served outside
+:func:`surgery.runtimes.runtime_bench.bench_runtimes`; :class:`BenchedRuntimeModel` is how a model served outside
 PyTorch (ONNX Runtime, OpenVINO ...) reports the counts :func:`surgery.measure.bench.bench_models`
-reads, and :func:`BenchedOnnxModel` builds one for an ONNX graph (as the int8 studies under
-``experiments/`` do).
+reads (:func:`surgery.runtimes.onnx.onnx_session.BenchedOnnxModel` builds one for an ONNX graph, as the int8
+studies under ``experiments/`` do).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,7 +17,6 @@ from torch import nn
 
 from surgery.core.report import ParamCount
 from surgery.core.run import count_params
-from surgery.deploy.runtime import OnnxRuntimeModel
 from surgery.measure.flops import count_flops
 from surgery.measure.memory import memory_use
 
@@ -72,13 +70,6 @@ class BenchedRuntimeModel(nn.Module):
             weights, peak, total, method = memory_use(self.served, inputs, device)
             return self.params, flops, weights, peak, total, f"{self.runtime}: {method}"
         return self.params, flops, self.artefact_bytes, None, None, f"{self.runtime} artefact size; memory not measured"
-
-
-def BenchedOnnxModel(path: str | os.PathLike[str], source: nn.Module, *, output: str, task: str,
-                     threads: int | None) -> BenchedRuntimeModel:
-    """An ONNX graph in ONNX Runtime as a bench row of ``source`` (named like the class it used to be)."""
-    served = OnnxRuntimeModel(path, config=source.config, output=output, threads=threads, task=task)
-    return BenchedRuntimeModel(served, source, runtime="onnxruntime", artefact_bytes=served.file_bytes())
 
 
 def accuracy_of(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]]) -> float | None:

@@ -47,9 +47,10 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from surgery.anatomy.empty_ffn import fill_empty_ffns_
-from surgery.core.errors import ConfigError
+from surgery.core.errors import ConfigError, MissingDependencyError
 from surgery.core.manifest import int8_float_of, source_dir_of
-from surgery.deploy.export import (
+from surgery.persist.model_io import atomic_directory
+from surgery.runtimes.shared.graph_export import (
     Agreement,
     ExportParityError,
     ExportRecord,
@@ -60,13 +61,13 @@ from surgery.deploy.export import (
     data_accuracy,
     export_record,
     export_target,
+    graph_feeds,
     input_names,
     parity_inputs,
+    quiet_loggers,
 )
-from surgery.deploy.runtime import MissingDependencyError, graph_feeds, quiet_loggers
-from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
-from surgery.deploy.weight_products import float_group_modules
-from surgery.persist.model_io import atomic_directory
+from surgery.runtimes.shared.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
+from surgery.runtimes.shared.weight_products import float_group_modules
 
 #: The IR file names optimum-intel and sentence-transformers' OpenVINO backend look for.
 OV_XML = "openvino_model.xml"
@@ -78,7 +79,7 @@ SMOOTH_QUANT_ALPHA = 0.95
 #: Where the IR keeps the precision it is meant to run at: OpenVINO's runtime options in the model's rt_info.
 PRECISION_KEY = ("runtime_options", "INFERENCE_PRECISION_HINT")
 #: The inference precisions an fp32 IR is exported for (``INFERENCE_PRECISION_HINT`` values).
-PRECISIONS = ("f32", "bf16")
+HINT_PRECISIONS = ("f32", "bf16")
 #: The least per-example cosine (real tokens) a bf16 run may keep against fp32 PyTorch on the parity batch.
 #: bf16 keeps 8 bits of mantissa: measured on the tiny test models and on all-MiniLM-L6-v2
 #: (experiments/openvino_bf16), its cosine stays far above this; a broken graph or a wrong dtype falls far below.
@@ -106,8 +107,8 @@ def compile_config(threads: int | None, precision: str = "f32") -> dict[str, Any
         >>> compile_config(1, "bf16")["INFERENCE_PRECISION_HINT"]
         'bf16'
     """
-    if precision not in PRECISIONS:
-        raise ConfigError(f"OpenVINO precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in HINT_PRECISIONS:
+        raise ConfigError(f"OpenVINO precision {precision!r} is not one of {', '.join(HINT_PRECISIONS)}")
     return {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
             "ENABLE_CPU_PINNING": False, "PERFORMANCE_HINT": "LATENCY"}
 
@@ -131,7 +132,7 @@ class OpenVinoModel(nn.Module):
     """An OpenVINO IR compiled for the CPU, callable like the Hugging Face model it came from.
 
     ``model(input_ids=..., attention_mask=...)`` returns ``.last_hidden_state`` or ``.logits`` as torch
-    tensors (``MaskedLMOutput`` for an ``mlm`` task), like :class:`surgery.deploy.runtime.OnnxRuntimeModel`,
+    tensors (``MaskedLMOutput`` for an ``mlm`` task), like :class:`surgery.runtimes.onnx.onnx_session.OnnxRuntimeModel`,
     so evaluation and benchmark code written for torch models runs unchanged. :func:`export_openvino`'s
     docstring shows it in use.
     """
@@ -243,7 +244,7 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def convert(wrapper: nn.Module, inputs: Mapping[str, torch.Tensor]) -> Any:
+def convert_to_ir(wrapper: nn.Module, inputs: Mapping[str, torch.Tensor]) -> Any:
     """``openvino.convert_model`` of ``wrapper`` (a :class:`SingleOutput`), dynamic batch and sequence, int64 inputs."""
     import openvino as ov
 
@@ -340,7 +341,7 @@ def product_nodes(ov_model: Any, modules: Iterable[str], *, optional: Iterable[s
 
 def head_modules(module: nn.Module) -> tuple[str, ...]:
     """The Linear modules of ``module``'s ``classifier`` op group (pooler, task head); none for a bare encoder."""
-    from surgery.deploy.weight_products import CLASSIFIER_GROUP, precision_groups
+    from surgery.runtimes.shared.weight_products import CLASSIFIER_GROUP, precision_groups
 
     return precision_groups(module).get(CLASSIFIER_GROUP, ())
 
@@ -470,7 +471,7 @@ def export_openvino(
         model: any supported model, surgered or not (in any float dtype; the IR is fp32 or int8).
         out_dir: a new or empty directory (written atomically).
         tokenizer: saved next to the IR, and used to build the parity batch from sample sentences.
-        task: ``auto``, ``base``, ``seq-cls`` or ``mlm`` (:func:`surgery.deploy.export.export_target`).
+        task: ``auto``, ``base``, ``seq-cls`` or ``mlm`` (:func:`surgery.runtimes.onnx.onnx_export.export_target`).
         int8: quantize the IR with NNCF on ``calibration`` (required); its drift from PyTorch is recorded.
         calibration: tokenized batches of the user's own texts (a few hundred texts); each text is one
             calibration example, unpadded.
@@ -486,7 +487,7 @@ def export_openvino(
         data: labelled batches; the accuracy of PyTorch and of the written IR is recorded (classifiers).
         threads: OpenVINO threads for the checks (default: torch's).
         overwrite: replace a non-empty ``out_dir``.
-        max_length: the tokens the saved tokenizer truncates at (as :func:`surgery.deploy.export_onnx`).
+        max_length: the tokens the saved tokenizer truncates at (as :func:`surgery.runtimes.onnx.export_onnx`).
         int8_float: with ``int8``, op groups left out of quantization (``layer.N.attention``,
             ``layer.N.ffn-up``, ``layer.N.ffn-down``, ``classifier``: the precision map); default: the
             map recorded on the model (:func:`surgery.core.manifest.int8_float_of`, saved with it).
@@ -514,8 +515,8 @@ def export_openvino(
     check_export_settings(batch, seq, tolerance)
     if not 0.0 <= smooth_quant_alpha <= 1.0:
         raise ConfigError(f"export: smooth_quant_alpha must be in [0, 1], got {smooth_quant_alpha}")
-    if precision not in PRECISIONS:
-        raise ConfigError(f"export: OpenVINO precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in HINT_PRECISIONS:
+        raise ConfigError(f"export: OpenVINO precision {precision!r} is not one of {', '.join(HINT_PRECISIONS)}")
     if precision != "f32" and int8:
         raise ConfigError(f"export: int8 and precision {precision!r} exclude each other (int8 quantizes the f32 IR)")
     if not 0.0 < bf16_min_cosine <= 1.0:  # NaN fails too
@@ -547,7 +548,7 @@ def export_openvino(
             expected = wrapper(**inputs).detach().float()
         with atomic_directory(out_dir, overwrite=overwrite) as tmp:
             start = time.perf_counter()
-            ov_model = convert(wrapper, inputs)
+            ov_model = convert_to_ir(wrapper, inputs)
             seconds = time.perf_counter() - start
             path = tmp / OV_XML
             # The IR says the precision it is meant to run at (OpenVINO's runtime options), so that the bare

@@ -23,7 +23,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from surgery.deploy.openvino_export import OV_XML, SMOOTH_QUANT_ALPHA, export_openvino, quantized_product_inputs
+from surgery.runtimes.openvino.openvino_export import (
+    OV_XML,
+    SMOOTH_QUANT_ALPHA,
+    export_openvino,
+    quantized_product_inputs,
+)
 from surgery.training.refit import RefitResult, projection_name, refit_projections, refit_targets
 
 

@@ -9,7 +9,7 @@ ONNX_NAME = "model.onnx"
 INFO_NAME = "surgery-onnx.json"
 #: ``--task`` values: ``auto`` exports the head the model was saved with.
 TASKS: tuple[str, ...] = ("auto", "base", "seq-cls", "mlm")
-#: SmoothQuant's migration strength for ``--calibration`` (surgery.deploy.smooth), chosen on MiniLM
+#: SmoothQuant's migration strength for ``--calibration`` (surgery.runtimes.shared.smooth), chosen on MiniLM
 #: embeddings and fine-tuned MiniLM classifiers (experiments/int8/probe_int8_smoothing.py).
 SMOOTH_ALPHA = 0.85
 #: How many texts calibrate the activation ranges by default (``--calibration-texts``).

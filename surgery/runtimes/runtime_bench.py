@@ -1,7 +1,7 @@
 """Benchmarks across runtimes: each model in each named runtime, side by side in one process.
 
 :func:`bench_runtimes` loads each model once, turns it into every runtime asked for with that
-runtime's own :meth:`~surgery.runtimes.base.Runtime.prepare` (the artefact it would deploy, checked as
+runtime's own :meth:`~surgery.runtimes.shared.runtime.Runtime.prepare` (the artefact it would deploy, checked as
 its export checks it: a parity check for fp32, the drift recorded for int8), and hands every variant
 to :func:`surgery.measure.bench.bench_models`: same inputs, interleaved rounds, same thread count
 (each runtime holds itself to it), ratios against the first row. With labelled data, every variant's
@@ -20,10 +20,11 @@ import torch
 from torch import nn
 
 from surgery.core.errors import ConfigError
-from surgery.deploy.runtime_bench import BenchedRuntimeModel, accuracy_of
+from surgery.core.strategy import Batch
 from surgery.measure.bench import BenchReport, bench_models
-from surgery.runtimes.base import Batch, Runtime
-from surgery.runtimes.registry import check_calibration_use, get_runtime, runtime_class
+from surgery.runtimes.runtime_registry import check_calibration_use, get_runtime, runtime_class
+from surgery.runtimes.shared.benched_model import BenchedRuntimeModel, accuracy_of
+from surgery.runtimes.shared.runtime import Runtime
 
 
 def runtime_label(name: str, runtime: str) -> str:

@@ -19,11 +19,11 @@ from torch import nn
 
 from surgery.core.errors import ConfigError, ModelLoadError
 from surgery.core.manifest import source_dir_of
-from surgery.deploy.names import SMOOTH_ALPHA
 from surgery.embedding.evaluate import EXTRA_HINT, encoder_of
 from surgery.embedding.pooling import SentenceConfig, read_sentence_config
 from surgery.persist.assets import resolve_model_path
 from surgery.persist.model_io import from_pretrained
+from surgery.runtimes.shared.names import SMOOTH_ALPHA
 
 _PRELOADED = "surgery_model"  # the model_kwargs key that hands an in-memory model to the module
 
@@ -132,7 +132,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
     """Write a directory that stock ``SentenceTransformer(out_dir, backend="onnx")`` loads and encodes with.
 
     The directory holds the encoder's graph in ``onnx/model.onnx`` (exported and parity-checked by
-    :func:`surgery.deploy.export_onnx`, optionally int8, with ``int8_fp32`` parts kept in fp32), its
+    :func:`surgery.runtimes.onnx.export_onnx`, optionally int8, with ``int8_fp32`` parts kept in fp32), its
     ``config.json`` and tokenizer, and
     sentence-transformers' own ``modules.json``, ``1_Pooling/config.json`` and
     ``sentence_bert_config.json``. The graph holds every weight, so the surgered structure (uneven
@@ -144,11 +144,11 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
 
     ``fuse_attention`` and ``int8_mode`` pass to the export (``--no-fuse-attention``, ``--int8-mode``).
     ``backend="openvino"`` writes the OpenVINO IR to ``openvino/openvino_model.xml`` instead
-    (:func:`surgery.deploy.openvino_export.export_openvino`; ``int8`` is NNCF's, calibrated on
+    (:func:`surgery.runtimes.openvino.openvino_export.export_openvino`; ``int8`` is NNCF's, calibrated on
     ``calibration``, which it then requires; ``precision="bf16"`` records and checks the IR for bf16), for
     ``SentenceTransformer(out_dir, backend="openvino")``.
     The pooling comes from ``sentence_config``, else from the directory the model was loaded from.
-    Returns the :class:`~surgery.deploy.ExportReport` of the graph (also written as
+    Returns the :class:`~surgery.runtimes.onnx.ExportReport` of the graph (also written as
     ``onnx/surgery-onnx.json``). The directory is written atomically.
 
     Example:
@@ -166,10 +166,10 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         >>> report.fused_attention.layers, unfused.fused_attention
         ([0, 1], None)
     """
-    from surgery.deploy.export import export_onnx
-    from surgery.deploy.tokenizer import save_serving_tokenizer, serving_max_length
     from surgery.embedding.pooling import write_sentence_transformers_files
     from surgery.persist.model_io import atomic_directory
+    from surgery.runtimes.onnx.onnx_export import export_onnx
+    from surgery.runtimes.shared.tokenizer import save_serving_tokenizer, serving_max_length
 
     config = sentence_config
     source = source_dir_of(model)
@@ -183,7 +183,7 @@ def export_sentence_transformers(model: nn.Module, out_dir: str | os.PathLike[st
         raise ConfigError(f"export --format sentence-transformers: backend {backend!r} is not onnx or openvino")
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         if backend == OPENVINO_SUBFOLDER:  # openvino/openvino_model.xml, where backend="openvino" looks
-            from surgery.deploy.openvino_export import export_openvino
+            from surgery.runtimes.openvino.openvino_export import export_openvino
 
             report = export_openvino(encoder, tmp / OPENVINO_SUBFOLDER, tokenizer=tokenizer, save_tokenizer=False,
                                      write_config=False, task="base", int8=int8, calibration=calibration,
