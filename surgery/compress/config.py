@@ -23,34 +23,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
-from surgery.core.errors import ConfigError
+from surgery.core.errors import ConfigError, as_field_error
 from surgery.core.strategy import validation_message
 from surgery.persist.config_values import MAX_BATCH
 
 #: ``--runtime auto``: time the unchanged model on every runtime available here and search on those that can reach
 #: the target.
 AUTO = "auto"
-
-
-def check_runtime_name(name: str, field: str = "runtime", *, auto: bool = False) -> str:
-    """``name`` if it is a registered runtime (or ``auto`` where allowed), else a one-line ConfigError.
-
-    Only the name is checked here; whether the runtime runs on this machine is checked when it is used.
-
-    Example:
-        >>> check_runtime_name("openvino-int8"), check_runtime_name("auto", auto=True)
-        ('openvino-int8', 'auto')
-        >>> check_runtime_name("tensorrt-doc")
-        Traceback (most recent call last):
-        ...
-        surgery.core.errors.ConfigError: runtime 'tensorrt-doc' is not one of torch, torch-bf16, ...
-    """
-    from surgery.runtimes import runtime_names
-
-    known = runtime_names()
-    if name in known or (auto and name == AUTO):
-        return name
-    raise ConfigError(f"{field} {name!r} is not one of {', '.join([*known, *([AUTO] if auto else [])])}")
 
 
 class CompressConfig(BaseModel):
@@ -103,18 +82,18 @@ class CompressConfig(BaseModel):
     @field_validator("runtime")
     @classmethod
     def _runtime(cls, value: str) -> str:
-        try:
-            return check_runtime_name(value, auto=True)
-        except ConfigError as exc:  # pydantic names the field; the message says the choices
-            raise ValueError(str(exc).removeprefix("runtime ")) from None
+        from surgery.runtimes.runtime_registry import check_runtime_name
+
+        with as_field_error("runtime "):  # pydantic names the field; the message says the choices
+            return check_runtime_name(value, also=(AUTO,))
 
     @field_validator("against_runtime")
     @classmethod
     def _against(cls, value: str) -> str:
-        try:
+        from surgery.runtimes.runtime_registry import check_runtime_name
+
+        with as_field_error("runtime "):
             return check_runtime_name(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc).removeprefix("runtime ")) from None
 
     @model_validator(mode="after")
     def _lengths(self) -> CompressConfig:

@@ -6,6 +6,9 @@ prints it as is and exits with status 2.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class SurgeryError(Exception):
     """Base class for every error that surgery raises on bad input."""
@@ -21,6 +24,31 @@ class StrategyNotFoundError(SurgeryError):
 
 class ConfigError(SurgeryError):
     """A strategy config or a plan is invalid."""
+
+
+@contextmanager
+def as_field_error(prefix: str = "") -> Iterator[None]:
+    """Inside a pydantic validator: a shared check's :class:`ConfigError` raised as the ``ValueError`` pydantic
+    reports under the field's name (``prefix``, where the message names the field itself, taken off).
+
+    Every config (``ExportConfig``, ``CompressConfig``) validates a field with the same check the CLI runs,
+    through this one conversion.
+
+    Example:
+        >>> def check_positive(value: int) -> int:
+        ...     if value <= 0:
+        ...         raise ConfigError(f"batch must be positive, got {value}")
+        ...     return value
+        >>> with as_field_error("batch "):
+        ...     check_positive(-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: must be positive, got -1
+    """
+    try:
+        yield
+    except ConfigError as exc:
+        raise ValueError(str(exc).removeprefix(prefix)) from None
 
 
 class PlanError(SurgeryError):

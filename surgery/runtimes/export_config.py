@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from surgery.core.errors import ConfigError
+from surgery.core.errors import ConfigError, as_field_error
 from surgery.persist.config_values import MAX_BATCH, check_tolerance
-from surgery.runtimes.runtime_registry import runtime_class, runtime_names
+from surgery.runtimes.runtime_registry import check_runtime_name, runtime_class, runtime_names
 from surgery.runtimes.shared.names import CALIBRATION_TEXTS, TASKS
 
 if TYPE_CHECKING:
@@ -92,10 +92,8 @@ class ExportConfig(BaseModel):
     @field_validator("runtime")
     @classmethod
     def _known_runtime(cls, value: str) -> str:
-        names = runtime_names()
-        if value not in names:
-            raise ValueError(f"runtime {value!r} is not one of {', '.join(names)}")
-        return value
+        with as_field_error():
+            return check_runtime_name(value)
 
     @field_validator("task")
     @classmethod
@@ -108,10 +106,8 @@ class ExportConfig(BaseModel):
     @classmethod
     def _finite_tolerance(cls, value: float) -> float:
         # inf would turn the fp32 parity gate off and NaN compares false with everything: both refused, as the CLI does.
-        try:
+        with as_field_error():
             return check_tolerance(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _settings_fit_the_runtime(self) -> ExportConfig:

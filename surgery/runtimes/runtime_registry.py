@@ -107,6 +107,25 @@ def runtime_names() -> tuple[str, ...]:
     return tuple(sorted(dict.fromkeys(names), key=lambda n: (order.get(n, len(order)), n)))
 
 
+def check_runtime_name(name: str, field: str = "runtime", *, also: tuple[str, ...] = ()) -> str:
+    """``name`` if it is a registered runtime (or one of ``also``), else a one-line ConfigError listing the choices.
+
+    Only the name is checked; whether the runtime runs on this machine is checked when it is used.
+
+    Example:
+        >>> check_runtime_name("openvino-int8"), check_runtime_name("auto", also=("auto",))
+        ('openvino-int8', 'auto')
+        >>> check_runtime_name("tensorrt-doc")
+        Traceback (most recent call last):
+        ...
+        surgery.core.errors.ConfigError: runtime 'tensorrt-doc' is not one of torch, torch-bf16, ...
+    """
+    known = runtime_names()
+    if name in known or name in also:
+        return name
+    raise ConfigError(f"{field} {name!r} is not one of {', '.join([*known, *also])}")
+
+
 def register_runtime(cls: type[Runtime]) -> type[Runtime]:
     """Register a :class:`~surgery.runtimes.shared.runtime.Runtime` subclass in-process under ``cls.name`` (a
     decorator).
