@@ -461,10 +461,7 @@ def compress_command(
             if config.auto:
                 typer.echo(json.dumps(auto_preview(inputs.model, task_data, config), indent=2))
                 return
-            plan = plan_compress(inputs.model, task_data, progress=progress, write_cache=False, target=config.target,
-                                 runtime=config.runtime, against_runtime=config.against_runtime,
-                                 objective=config.objective, batch_size=config.batch_size, seq_len=config.seq_len,
-                                 stock=config.stock, threads=config.threads, lengths=config.lengths)
+            plan = plan_compress(inputs.model, task_data, config, progress=progress, write_cache=False)
             typer.echo(json.dumps(plan.preview(target), indent=2))
             return
         result = compress(inputs.model, task_data, config, progress=progress)

@@ -31,7 +31,7 @@ import math
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -56,6 +56,9 @@ from surgery.core.errors import ConfigError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.measure.serving import ServingShape, data_batches, measured_shape
 from surgery.measure.timing import batch_length
+
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
 
 #: Points of drop within which two runtimes' models count as equally faithful for ``--runtime auto`` without
 #: ``--max-drop`` (0.1 point: a mean cosine 0.999 apart; below one dev example in 400 for accuracy).
@@ -94,19 +97,18 @@ def runtime_ratios(source: LatencySource, model: nn.Module, runtimes: list[str],
     return {name: source.speedup(model, model, runtime=name, reference_runtime=against)[0] for name in runtimes}
 
 
-def write_unchanged(model: nn.Module, data: Any, config: CompressConfig, runtimes: list[str]) -> dict[str, Unchanged]:
+def write_unchanged(model: nn.Module, data: Any, config: CompressConfig, runtimes: list[Runtime]
+                    ) -> dict[str, Unchanged]:
     """The unchanged model written once on each of ``runtimes`` that writes an artefact, as a candidate's is (int8
     calibrated on the data's batches): timed side by side for the ratios, then handed to that runtime's search
     (its estimate, latency table, speedup and ``unchanged`` candidate) or judged as it is."""
-    from surgery.runtimes import get_runtime
     from surgery.training.refit import task_calibration_batches
 
     objective = data_objective(data, config.objective)
     smoothing = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
                                          batch_size=CALIBRATION_BATCH)
-    served = [get_runtime(name) for name in runtimes]
     return {runtime.name: unchanged_on(runtime, model, objective=objective, calibration=smoothing,
-                                       threads=config.threads) for runtime in served if not runtime.as_is}
+                                       threads=config.threads) for runtime in runtimes if not runtime.as_is}
 
 
 def plan_runtimes(ratios: dict[str, float], unavailable: dict[str, str], config: CompressConfig
@@ -149,8 +151,8 @@ def plan_runtimes(ratios: dict[str, float], unavailable: dict[str, str], config:
     return rows
 
 
-def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: str, *, eval_data: Any,
-                  source: LatencySource, workdir: Path, batch_size: int, seq_len: int,
+def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: Runtime, against: Runtime, *,
+                  eval_data: Any, source: LatencySource, workdir: Path, batch_size: int, seq_len: int,
                   unchanged: Unchanged | None = None) -> tuple[CandidateResult, Judge, Path | None]:
     """The unchanged model on ``runtime``: its artefact written (int8 calibrated on the data), judged and timed;
     ``unchanged``: written and timed already for the run, judged as it is."""
@@ -168,17 +170,15 @@ def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: 
                   sentence=getattr(data, "sentence_config", None),
                   max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=config.threads)
     served = unchanged.served if unchanged is not None else judge.serve(model)
-    from surgery.runtimes import runtime_class
-
-    figures = {**judge.reference(), "drop": 0.0} if runtime_class(runtime).as_is else judge.judge(served.model)
-    if runtime == config.against_runtime:
+    figures = {**judge.reference(), "drop": 0.0} if runtime.as_is else judge.judge(served.model)
+    if runtime.name == against.name:
         speed, interval = 1.0, None
     elif unchanged is not None and unchanged.speedup is not None:  # timed once, with the ratios
         speed, interval = unchanged.speedup
     else:
-        speed, interval = source.speedup(model, model, runtime=runtime, reference_runtime=config.against_runtime,
+        speed, interval = source.speedup(model, model, runtime=runtime.name, reference_runtime=against.name,
                                          served=served.model if served.directory is not None else None)
-    result = result_of("unchanged", "unchanged", runtime, Removal(), Structure.from_model(model), predicted=speed,
+    result = result_of("unchanged", "unchanged", runtime.name, Removal(), Structure.from_model(model), predicted=speed,
                        figures=figures, started=started, tier="none")
     result.measured_speedup, result.speedup_interval, result.artefact = round(speed, 4), interval, served.digests
     return result, judge, served.directory
@@ -215,7 +215,7 @@ def _pick(winners: dict[str, CandidateResult], config: CompressConfig) -> tuple[
 def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_data: Any = None,
                   latency: LatencySource | None = None, progress: ProgressCallback | None = None) -> CompressResult:
     """``compress`` with ``runtime='auto'`` (see the module doc); the report names the winning runtime."""
-    from surgery.runtimes import available_runtimes
+    from surgery.runtimes import available_runtimes, get_runtime
 
     clock = Clock(config.budget_minutes)
     emit = progress or no_progress
@@ -225,6 +225,9 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
     if config.against_runtime not in names:
         raise ConfigError(f"compress: against_runtime {config.against_runtime!r} is not available here: "
                           f"{unavailable.get(config.against_runtime)}")
+    # Each available runtime resolved once, here: its search and its judging are handed the object.
+    runtimes = {name: get_runtime(name, require_available=False) for name in names}
+    against = runtimes[config.against_runtime]
     batch_size = config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
     batches = data_batches(data, batch_size=batch_size) if config.lengths == "data" else None
     seq_len = max(batch_length(b) for b in batches) if batches else config.seq_len or batch_seq_len(data, batch_size)
@@ -238,7 +241,8 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
     try:
         # Where times are measured, each runtime's unchanged model is written once for the whole run: timed here
         # beside the others, then its search (or its judging as it is) uses the same files and the same time.
-        written = write_unchanged(model, data, config, names) if callable(getattr(source, "ratios", None)) else {}
+        written = write_unchanged(model, data, config, list(runtimes.values())) if callable(
+            getattr(source, "ratios", None)) else {}
         ratios = runtime_ratios(source, model, names, config.against_runtime, written)
     finally:
         model.train(was_training)
@@ -261,13 +265,15 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
         run_clock = Clock(share) if share is None or share > 0 else Clock(1e-6)
         emit(ProgressEvent("compress: runtime", i + 1, len(searched), {"runtime": name}))
         if row["unchanged_only"]:
-            results[name] = _unchanged_result(model, data, config, name, eval_data=eval_data, source=source,
-                                              batch_size=batch_size, seq_len=seq_len, ratio=ratios[name], shape=shape,
+            results[name] = _unchanged_result(model, data, config, runtimes[name], against, eval_data=eval_data,
+                                              source=source, batch_size=batch_size, seq_len=seq_len,
+                                              ratio=ratios[name], shape=shape,
                                               unchanged=written.get(name))
         else:
-            results[name], costs = compress_on(model, data, config.model_copy(update={"runtime": name}), runtime=name,
-                                               eval_data=eval_data, latency=latency, progress=progress,
-                                               clock=run_clock, costs=costs, unchanged=written.get(name))
+            results[name], costs = compress_on(model, data, config.model_copy(update={"runtime": name}),
+                                               runtime=runtimes[name], against=against, eval_data=eval_data,
+                                               latency=latency, progress=progress, clock=run_clock, costs=costs,
+                                               unchanged=written.get(name))
         row["winner"] = results[name].report.winner
         won = results[name].report.winner_result()
         row.update(measured_speedup=won.measured_speedup if won else None, drop=won.drop if won else None)
@@ -278,29 +284,30 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
     return _merged(results, chosen, why, rows, config, clock)
 
 
-def _unchanged_result(model: nn.Module, data: Any, config: CompressConfig, runtime: str, *, eval_data: Any,
-                      source: LatencySource, batch_size: int, seq_len: int, ratio: float,
+def _unchanged_result(model: nn.Module, data: Any, config: CompressConfig, runtime: Runtime, against: Runtime, *,
+                      eval_data: Any, source: LatencySource, batch_size: int, seq_len: int, ratio: float,
                       shape: ServingShape | None = None, unchanged: Unchanged | None = None) -> CompressResult:
     """A one-candidate result: the unchanged model on ``runtime`` (judged and timed on its artefact)."""
     from surgery.measure.machine import machine_info
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
-        result, judge, directory = _unchanged_on(model, data, config, runtime, eval_data=eval_data, source=source,
+        result, judge, directory = _unchanged_on(model, data, config, runtime, against, eval_data=eval_data,
+                                                 source=source,
                                                  workdir=Path(tmp), batch_size=batch_size, seq_len=seq_len,
                                                  unchanged=unchanged)
         artefact = keep_artefact(directory)
     name = f"unchanged@{result.measured_speedup:.2f}x"
     result.name = name
     report = CompressReport(
-        target=config.target.describe(), runtime=runtime, against_runtime=config.against_runtime,
-        objective=judge.objective, reference=reference_label(config.against_runtime),
+        target=config.target.describe(), runtime=runtime.name, against_runtime=against.name,
+        objective=judge.objective, reference=reference_label(against),
         metric="dev accuracy" if judge.objective == "task" else "mean cosine and recall@10 of embeddings",
         original=judge.reference(), batch_size=batch_size, seq_len=seq_len, threads=config.threads,
         serving_shape=shape,
         stock=config.stock, budget_minutes=config.budget_minutes, machine=machine_info().model_dump(mode="json"),
         unchanged_speedup=round(ratio, 4), candidates=[result], winner=name,
-        why=f"the unchanged model on {runtime} measured {result.measured_speedup:.2f}x, meeting the target",
+        why=f"the unchanged model on {runtime.name} measured {result.measured_speedup:.2f}x, meeting the target",
         phases={"unchanged": round(time.perf_counter() - started, 3)},
         seconds=round(time.perf_counter() - started, 3), config=config.model_dump(mode="json"),
         artefact=dict(result.artefact))

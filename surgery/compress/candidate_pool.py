@@ -196,7 +196,7 @@ def write_shared(judge: Judge, directory: Path) -> Path:
             for key, value in batch.items():
                 tensors[f"{group}/{i}/{key}"] = value.clone()  # own storage: one batch may be in two groups
     save_file(tensors, str(directory / "batches.safetensors"))
-    settings = {"objective": judge.objective, "runtime": judge.runtime, "workdir": str(judge.workdir),
+    settings = {"objective": judge.objective, "runtime": judge.runtime.name, "workdir": str(judge.workdir),
                 "max_length": judge.max_length, "parts": list(judge.parts),
                 "texts": judge.parts if judge.objective == "embedding" else {},
                 "sentence": judge.sentence.to_dict() if judge.sentence is not None else None}

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -36,6 +36,9 @@ from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.precision import PRECISION_RUNTIMES, precision_choice
 from surgery.compress.removal_path import Removal, RemovalPath
 from surgery.core.progress import ProgressEvent
+
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
 
 #: Predicted and measured speedups further apart than this are reported.
 PREDICTION_TOLERANCE = 0.05
@@ -126,10 +129,14 @@ class CandidateRun:
     """Phase 5 and 6: build, judge and time candidates within the budget, pick, train the winner."""
 
     def __init__(self, plan: CompressPlan, judge: Judge, source: LatencySource, clock: Clock,
-                 emit: Callable[[ProgressEvent], None], target: Target, runtime: str, against: str, *,
-                 split: DevSplit | None = None, workers: int = 1, threads: int | None = None) -> None:
+                 emit: Callable[[ProgressEvent], None], target: Target, runtime: Runtime | str,
+                 against: Runtime | str, *, split: DevSplit | None = None, workers: int = 1,
+                 threads: int | None = None) -> None:
+        from surgery.compress.latency_measure import resolve_runtime
+
         self.plan, self.judge, self.source, self.clock, self.emit = plan, judge, source, clock, emit
-        self.target, self.runtime, self.against = target, runtime, against
+        # Objects, resolved by the caller once (a name is resolved here, once)
+        self.target, self.runtime, self.against = target, resolve_runtime(runtime), resolve_runtime(against)
         self.split = split
         self.results: list[CandidateResult] = []
         #: candidate name -> the directory of the runtime artefact it was judged and timed on (None: torch)
@@ -179,7 +186,8 @@ class CandidateRun:
         for (i, _), built in zip(jobs, answers, strict=True):
             want = wants[i]
             if built.error is not None:
-                self.notes.append(f"skipped candidate {want.name}: {self.runtime} could not run it ({built.error})")
+                self.notes.append(f"skipped candidate {want.name}: {self.runtime.name} could not run it "
+                                  f"({built.error})")
                 continue
             out[i] = self.record(want, built)
             fresh.append(out[i])  # type: ignore[arg-type]
@@ -215,7 +223,7 @@ class CandidateRun:
         self.scores[want.name] = dict(built.scores)
         self.judged["screen"] += sum(len(s.values) for s in built.scores.values())
         judged, figures = self.judge.figures(list(built.scores.values()), list(built.scores))
-        result = result_of(want.name, want.origin, self.runtime, want.removal, self.plan.start,  # type: ignore[arg-type]
+        result = result_of(want.name, want.origin, self.runtime.name, want.removal, self.plan.start,  # type: ignore[arg-type]
                            predicted=predicted, figures=figures, started=time.perf_counter() - built.seconds,
                            path_step=want.path_step, estimated_loss=estimated,
                            tier="refit" if built.refitted else "none", notes=built.notes)
@@ -310,7 +318,7 @@ class CandidateRun:
         result.timed_because = why
         if result.measured_speedup is not None:
             return
-        if result.removal.units() == 0 and self.runtime == self.against:
+        if result.removal.units() == 0 and self.runtime.name == self.against.name:
             result.measured_speedup = 1.0  # the original itself
             return
         if result.origin == "unchanged" and not result.int8_float:
@@ -320,8 +328,8 @@ class CandidateRun:
             model = self.model_of(result.name)
             directory = self.artefacts.get(result.name)
             served = self.judge.load(directory, model) if directory is not None else None
-            value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime,
-                                                  reference_runtime=self.against, served=served)
+            value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime.name,
+                                                  reference_runtime=self.against.name, served=served)
         result.measured_speedup = round(value, 4)
         result.speedup_interval = interval
         for twin in self.results:  # the same cut under another name: the same files, the same time
@@ -407,7 +415,7 @@ class CandidateRun:
             for r in self.evaluate([drop]):
                 if r is not None:
                     self.time(r, "the uniform layer-drop at the chosen point's predicted speed")
-        if self.runtime in PRECISION_RUNTIMES:
+        if self.runtime.name in PRECISION_RUNTIMES:
             self.precision(goal)
 
     def precision(self, goal: float) -> None:
@@ -617,7 +625,7 @@ class CandidateRun:
         reference = reference_label(self.against)
         table = self.plan.table
         return CompressReport(
-            target=self.target.describe(), runtime=self.runtime, against_runtime=self.against,
+            target=self.target.describe(), runtime=self.runtime.name, against_runtime=self.against.name,
             objective=self.plan.objective, reference=reference,
             metric="dev accuracy" if self.plan.objective == "task" else "mean cosine and recall@10 of embeddings",
             original=self.reference, batch_size=self.plan.batch_size, seq_len=self.plan.seq_len, threads=threads,
@@ -645,7 +653,7 @@ class CandidateRun:
                 "examples_judged": {"search": self.judged["screen"] + self.judged["rest"],
                                     "pick": self.judged["pick"], "every_candidate_on_the_whole_search_part": full},
                 "search_log": self.search_log,
-                "int8_calibration_examples": INT8_CALIBRATION_EXAMPLES if self.runtime.endswith("int8") else None,
+                "int8_calibration_examples": INT8_CALIBRATION_EXAMPLES if self.runtime.int8 else None,
                 "max_drop_rule": (None if self.target.max_drop is None else
                                   f"held by the upper end of the held-out drop's {CONFIDENCE:.0%} paired bootstrap "
                                   "interval (the retained accuracy's lower end)")}

@@ -243,7 +243,8 @@ class Judge:
 
     original: nn.Module
     objective: Literal["task", "embedding"]
-    runtime: str
+    #: the runtime, resolved (a registered name is resolved once, here: a worker rebuilding the judge from files)
+    runtime: Runtime
     calibration: list[Mapping[str, torch.Tensor]]
     workdir: Path
     smoothing: list[Mapping[str, torch.Tensor]] = field(default_factory=list)
@@ -262,6 +263,12 @@ class Judge:
     _reference: dict[str, float] | None = None
     _reference_parts: dict[str, PartScores] = field(default_factory=dict)
     _exports: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.runtime, str):
+            from surgery.runtimes import get_runtime
+
+            self.runtime = get_runtime(self.runtime)
 
     def reference(self) -> dict[str, float]:
         """The original's own figures (PyTorch fp32): dev accuracy, or fidelity 1 against itself."""
@@ -323,20 +330,15 @@ class Judge:
         judged and timed on exactly the files a user would deploy; their SHA-256 digests are kept,
         and the winner's directory is the one ``compress`` hands back.
         """
-        from surgery.runtimes import get_runtime
-
-        runtime = get_runtime(self.runtime)
-        if out is None and not runtime.as_is:
+        if out is None and not self.runtime.as_is:
             self._exports += 1
             out = self.workdir / f"candidate-{self._exports}"
-        return served_on(runtime, model, out or self.workdir, objective=self.objective,
+        return served_on(self.runtime, model, out or self.workdir, objective=self.objective,
                          calibration=self.smoothing or self.calibration, threads=self.threads)
 
     def load(self, directory: Path, model: nn.Module) -> nn.Module:
         """The runtime artefact in ``directory`` (written for ``model``) loaded to run, on this judge's threads."""
-        from surgery.runtimes import get_runtime
-
-        return get_runtime(self.runtime).load(directory, config=model.config, threads=self.threads)
+        return self.runtime.load(directory, config=model.config, threads=self.threads)
 
     def on_runtime(self, model: nn.Module) -> nn.Module:
         """``model`` as it will run (:meth:`serve`), without the artefact's whereabouts."""
@@ -427,16 +429,15 @@ def finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def reference_label(against: str) -> str:
+def reference_label(against: Runtime) -> str:
     """How a report names what its speedups are against: the original model in that runtime, unchanged.
 
     Example:
-        >>> reference_label("torch")
+        >>> from surgery.runtimes import get_runtime
+        >>> reference_label(get_runtime("torch"))
         'the original model in torch (fp32), unchanged'
     """
-    from surgery.runtimes import runtime_class
-
-    return f"the original model in {against} ({runtime_class(against).precision}), unchanged"
+    return f"the original model in {against.name} ({against.precision}), unchanged"
 
 
 def result_of(name: str, origin: Origin, runtime: str, removal: Removal, start: Structure, *, predicted: float,

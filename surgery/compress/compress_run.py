@@ -91,6 +91,11 @@ def compress(model: nn.Module, data: Any, config: CompressConfig | None = None, 
         from surgery.compress.auto_runtime import compress_auto
 
         return compress_auto(model, data, config, eval_data=eval_data, latency=latency, progress=progress)
-    result, _ = compress_on(model, data, config, runtime=config.runtime, eval_data=eval_data, latency=latency,
-                            progress=progress, clock=Clock(config.budget_minutes))
+    from surgery.compress.latency_measure import resolve_runtime
+
+    # Resolved once, here: every phase below is handed these objects, never the names again.
+    runtime = resolve_runtime(config.runtime, "compress")
+    against = resolve_runtime(config.against_runtime, "compress: against_runtime")
+    result, _ = compress_on(model, data, config, runtime=runtime, against=against, eval_data=eval_data,
+                            latency=latency, progress=progress, clock=Clock(config.budget_minutes))
     return result

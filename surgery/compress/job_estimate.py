@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -36,6 +36,9 @@ from surgery.compress.latency_source import SPEEDUP_REPEATS
 from surgery.compress.mask_fisher import FisherBatch
 from surgery.compress.structure import Structure
 from surgery.measure.cost import MAX_JOB_SECONDS
+
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
 
 #: The fewest timing rounds a budget may leave the latency table (its median polish needs 3; default
 #: :data:`~surgery.compress.latency_measure.REPEATS`) and each speedup (default
@@ -269,7 +272,7 @@ def probe_fraction(model: nn.Module) -> tuple[int, float]:
     return len(plan) + 1, sum(cost(p) for p in plan) / (len(plan) * full)
 
 
-def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
+def time_probes(model: nn.Module, *, runtime: Runtime, batch_size: int, seq_len: int, threads: int | None,
                 fisher: Any, workdir: Path, unchanged: Unchanged, started: float | None = None
                 ) -> tuple[Probes, dict[str, nn.Module]]:
     """Time the small steps of the module doc; returns them and the probe it wrote, loaded, by the latency table's
@@ -314,7 +317,7 @@ def time_probes(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int
     return probes, {probe.name: written}
 
 
-def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: str, against_runtime: str,
+def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runtime, against: Runtime,
                   batch_size: int, seq_len: int, threads: int | None, fisher_batches: int,
                   refit_batches: int, dev_examples: int, removable_layers: int, budget_seconds: float | None,
                   train: bool, fisher: Any, unchanged: Unchanged, started: float | None = None
@@ -334,9 +337,9 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: str, 
                      train_batches=math.ceil(train_rows / max(min(batch_size, 32), 1)),
                      target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
                      drop_search=not isinstance(target, SpeedupTarget),
-                     cached_table=table_cached(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
+                     cached_table=table_cached(model, runtime=runtime.name, batch_size=batch_size, seq_len=seq_len,
                                                threads=threads),
-                     runtime_differs=runtime != against_runtime)
+                     runtime_differs=runtime.name != against.name)
     return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
 
 

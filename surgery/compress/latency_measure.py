@@ -287,20 +287,25 @@ def solve_table(seconds: Mapping[str, float], probe_list: Sequence[Probe], struc
     })
 
 
-def resolve_runtime(name: str, what: str = "latency") -> Runtime:
+def resolve_runtime(name: str | Runtime, what: str = "latency") -> Runtime:
     """The registered runtime called ``name`` (:mod:`surgery.runtimes`), refused in one line when unknown or
-    unavailable on this machine.
+    unavailable on this machine; a :class:`~surgery.runtimes.Runtime` already resolved is returned as it is.
 
     Example:
         >>> resolve_runtime("torch").name
         'torch'
+        >>> torch_runtime = resolve_runtime("torch")
+        >>> resolve_runtime(torch_runtime) is torch_runtime
+        True
         >>> resolve_runtime("tensorrt-doc")
         Traceback (most recent call last):
         ...
         surgery.core.errors.ConfigError: latency: runtime 'tensorrt-doc' is not one of torch, torch-bf16, ...
     """
-    from surgery.runtimes import get_runtime
+    from surgery.runtimes import Runtime, get_runtime
 
+    if isinstance(name, Runtime):
+        return name
     try:
         return get_runtime(name)
     except SurgeryError as exc:  # ConfigError or MissingDependencyError: keep its class, say who asked
@@ -345,9 +350,10 @@ def shape_fields(batches: Sequence[Batch] | None) -> dict[str, Any]:
     return {"lengths": "data", "length_summary": LengthSummary.of(batches).model_dump(mode="json")}
 
 
-def runtime_model(model: nn.Module, runtime: str, work_dir: Path, *, threads: int | None,
+def runtime_model(model: nn.Module, runtime: str | Runtime, work_dir: Path, *, threads: int | None,
                   calibration: Sequence[Mapping[str, torch.Tensor]] | None = None, task: str = "auto") -> nn.Module:
-    """``model`` as it runs in ``runtime``: :meth:`surgery.runtimes.Runtime.prepare` (its artefact, loaded).
+    """``model`` as it runs in ``runtime`` (a name, or the runtime resolved): :meth:`surgery.runtimes.Runtime.prepare`
+    (its artefact, loaded).
 
     An int8 runtime calibrates on ``calibration`` (random tokens when not given: a probe's speed does
     not depend on its scales); ``torch-bf16`` gives a bf16 copy; ``torch`` the fp32 model.

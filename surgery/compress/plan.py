@@ -10,12 +10,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from surgery.compress.candidates import Unchanged, unchanged_on
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
+from surgery.compress.config import CompressConfig
 from surgery.compress.job_estimate import JobEstimate, plan_settings
 from surgery.compress.latency_source import SPEEDUP_REPEATS, LatencySource, MeasuredLatency
 from surgery.compress.latency_table import LatencyTable
@@ -28,6 +29,9 @@ from surgery.measure.serving import ServingShape, data_batches, measured_shape
 from surgery.measure.timing import batch_length
 from surgery.training.refit import task_calibration_batches
 
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
+
 #: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes); int8
 #: smoothing reads them too (as many as ``surgery export --calibration`` reads texts by default).
 FISHER_EXAMPLES = 512
@@ -38,35 +42,6 @@ REFIT_EXAMPLES = 256
 CALIBRATION_BATCH = 32
 #: Path points tried around a --speedup target, as factors of it (the target first).
 AROUND_TARGET = (1.0, 1.1, 0.9)
-
-def check_arguments(target: Any, runtime: str, against_runtime: str, budget_minutes: float | None,
-                    batch_size: int | None, seq_len: int | None, objective: str | None) -> None:
-    """Refuse bad settings in one line each, before any work.
-
-    Example:
-        >>> check_arguments(SpeedupTarget(speedup=2), "torch", "torch", None, None, None, None)
-        >>> try:
-        ...     check_arguments(SpeedupTarget(speedup=2), "tensorrt", "torch", None, None, None, None)
-        ... except ConfigError as err:
-        ...     print(err)  # doctest: +ELLIPSIS
-        compress: runtime 'tensorrt' is not one of torch, torch-bf16, ...
-    """
-    from surgery.compress.latency_measure import resolve_runtime
-
-    if not isinstance(target, SpeedupTarget | DropTarget):
-        raise ConfigError("compress: target must be SpeedupTarget(speedup=X) or DropTarget(max_drop=P)")
-    for name, value in (("runtime", runtime), ("against_runtime", against_runtime)):
-        # Registered (surgery.runtimes) and available on this machine, or one line saying why not and the fix.
-        resolve_runtime(value, "compress" if name == "runtime" else "compress: against_runtime")
-    if budget_minutes is not None and not budget_minutes > 0:
-        raise ConfigError(f"compress: budget_minutes must be positive (minutes for the whole job), "
-                          f"got {budget_minutes}")
-    for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
-        if value is not None and value < 1:
-            raise ConfigError(f"compress: {name} must be at least 1, got {value}")
-    if objective not in (None, "task", "embedding"):
-        raise ConfigError(f"compress: objective {objective!r} is not 'task' or 'embedding'")
-
 
 def data_objective(data: Any, requested: str | None) -> ObjectiveName:
     """The objective ``data`` supports (unlabelled texts: embedding; task data: task), checked against a request."""
@@ -226,14 +201,20 @@ def stock_search_limits(model: nn.Module) -> list[int]:
     return stock_fixed_layers(model)
 
 
-def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str = "torch",
-                  against_runtime: str = "torch", objective: str | None = None, batch_size: int | None = None,
-                  seq_len: int | None = None, stock: bool = False, latency: LatencySource | None = None,
-                  threads: int | None = None, progress: ProgressCallback | None = None,
+def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = None, *,
+                  runtime: Runtime | None = None, against: Runtime | None = None,
+                  latency: LatencySource | None = None, progress: ProgressCallback | None = None,
                   clock: Clock | None = None, write_cache: bool = True, costs: UnitCosts | None = None,
-                  dev_examples: int | None = None, train: bool = False, lengths: str = "fixed",
-                  unchanged: Unchanged | None = None) -> CompressPlan:
+                  dev_examples: int | None = None, unchanged: Unchanged | None = None, **settings: Any
+                  ) -> CompressPlan:
     """Phases 1-4 of :func:`compress`: measure, score, search. Changes nothing (``--dry-run`` stops here).
+
+    ``config`` (:class:`~surgery.compress.config.CompressConfig`) holds the settings the plan reads: the
+    target, the runtime, what speedups are against, the objective, the batch shape, ``stock``, the
+    threads and ``train``. Its fields may be given as keywords instead (``target=SpeedupTarget(...)``,
+    ``runtime="onnxruntime"``, ``against_runtime=...``, ``batch_size=...``: a config is built of them,
+    ``train`` False unless given). ``runtime`` and ``against`` are the config's runtimes already resolved
+    (:func:`surgery.runtimes.get_runtime`) by a caller that resolved them once; resolved here otherwise.
 
     ``costs``: what every unit carries, when already measured (``--runtime auto`` plans several
     runtimes on one model: the mask Fisher does not depend on the runtime).
@@ -244,7 +225,7 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
     phases are scaled down to fit it. ``dev_examples`` (the dev set's size) and ``train`` (distillation
     allowed) inform that estimate.
 
-    ``lengths="data"``: every time (the latency table, the speedups) is measured on batches of the data's
+    ``config.lengths == "data"``: every time (the latency table, the speedups) is measured on batches of the data's
     own texts, each padded to its own longest (:func:`surgery.measure.serving.data_batches`), at
     ``batch_size`` and ``threads``: the serving shape, recorded in ``CompressPlan.shape``.
 
@@ -263,15 +244,30 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
         >>> plan.path.speedup_at(plan.target_step(SpeedupTarget(speedup=1.5))) >= 1.5
         True
     """
-    check_arguments(target, runtime, against_runtime, None, batch_size, seq_len, objective)
+    if config is None:  # the keywords of before: the config's fields
+        if isinstance(runtime, str):
+            settings["runtime"], runtime = runtime, None
+        config = CompressConfig.build(**{"train": False, **settings})
+    elif settings:
+        raise ConfigError(f"plan_compress: pass settings in the CompressConfig or as keywords, not both (got "
+                          f"{', '.join(sorted(settings))})")
+    if runtime is None or against is None:
+        from surgery.compress.latency_measure import resolve_runtime
+
+        if config.auto:
+            raise ConfigError("plan_compress: runtime 'auto' is chosen by compress; plan one runtime (a name)")
+        runtime = runtime or resolve_runtime(config.runtime, "compress")
+        against = against or resolve_runtime(config.against_runtime, "compress: against_runtime")
+    target, stock, threads, train = config.target, config.stock, config.threads, config.train
     fixed_layers = stock_search_limits(model) if stock else []
     clock = clock or Clock(None)
     emit = progress or no_progress
-    chosen = data_objective(data, objective)
+    chosen = data_objective(data, config.objective)
     since = time.perf_counter()
-    batch_size = batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
+    batch_size = config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
+    lengths = config.lengths
     batches = data_batches(data, batch_size=batch_size) if lengths == "data" else None
-    seq_len = max(batch_length(b) for b in batches) if batches else seq_len or batch_seq_len(data, batch_size)
+    seq_len = max(batch_length(b) for b in batches) if batches else config.seq_len or batch_seq_len(data, batch_size)
     shape = measured_shape(ServingShape(batch_size=batch_size, threads=threads, lengths=lengths,  # type: ignore[arg-type]
                                         seq_len=seq_len), batches or [])
     calibration = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
@@ -295,13 +291,10 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
             return first
 
         if unchanged is None:  # the run's one export of the unchanged model, as a candidate's (user calibration)
-            from surgery.compress.latency_measure import resolve_runtime
-
-            unchanged = unchanged_on(resolve_runtime(runtime, "compress"), model, objective=chosen,
-                                     calibration=calibration, threads=threads)
+            unchanged = unchanged_on(runtime, model, objective=chosen, calibration=calibration, threads=threads)
         budget = None if clock.deadline is None else max(clock.left(), 0.0)
         estimate, written, held = plan_settings(
-            model, data, target, runtime=runtime, against_runtime=against_runtime, batch_size=batch_size,
+            model, data, target, runtime=runtime, against=against, batch_size=batch_size,
             seq_len=seq_len, threads=threads, fisher_batches=len(calibration),
             refit_batches=max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH)),
             dev_examples=dev_examples if dev_examples is not None else len(getattr(data, "eval", None) or []),
@@ -318,23 +311,23 @@ def plan_compress(model: nn.Module, data: Any, *, target: Target, runtime: str =
         repeats=estimate.settings.speedup_repeats if estimate is not None else SPEEDUP_REPEATS, batches=batches,
         prepared={**written, **({"model": unchanged.served.model} if unchanged is not None
                                 and unchanged.served.directory is not None else {})})
-    table = source.table(model, runtime)
+    table = source.table(model, runtime.name)
     written = {}
     if held is not None:
         held.cleanup()
     speedup = 1.0
-    if runtime != against_runtime:  # the runtime alone is worth something (int8): the path starts from it
+    if runtime.name != against.name:  # the runtime alone is worth something (int8): the path starts from it
         if unchanged is not None and unchanged.speedup is not None:  # timed already (--runtime auto's ratios)
             speedup, interval = unchanged.speedup
         else:  # timed once, on the run's artefact of the model; the unchanged candidate reads it from the plan
-            speedup, interval = source.speedup(model, model, runtime=runtime, reference_runtime=against_runtime,
+            speedup, interval = source.speedup(model, model, runtime=runtime.name, reference_runtime=against.name,
                                                served=None if unchanged is None or unchanged.served.directory is None
                                                else unchanged.served.model)
             if unchanged is not None:
                 unchanged.speedup = (speedup, interval)
     clock.phase("latency", since)
     start = Structure.from_model(model)
-    emit(ProgressEvent("compress: latency table", 1, 1, {"runtime": runtime,
+    emit(ProgressEvent("compress: latency table", 1, 1, {"runtime": runtime.name,
                                                          "predicted_ms": round(table.predict_ms(start), 3),
                                                          "unchanged_speedup": round(speedup, 3)}))
     since = time.perf_counter()

@@ -11,7 +11,7 @@ import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -23,11 +23,14 @@ from surgery.compress.config import CompressConfig
 from surgery.compress.held_out import DevSplit, split_dev
 from surgery.compress.latency_source import LatencySource, MeasuredLatency
 from surgery.compress.mask_fisher import ObjectiveName, UnitCosts
-from surgery.compress.plan import CALIBRATION_BATCH, Clock, check_arguments, data_objective, plan_compress
+from surgery.compress.plan import CALIBRATION_BATCH, Clock, data_objective, plan_compress
 from surgery.core.errors import DataError
 from surgery.core.progress import ProgressCallback, no_progress
 from surgery.data.task_data import check_label_order
 from surgery.measure.memory import peak_rss_bytes
+
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
 
 
 def dev_source(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int) -> tuple[list[Any], list[str]]:
@@ -70,17 +73,18 @@ def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: i
     return {part: [dev[i] for i in getattr(split, part)] for part in ("screen", "rest", "pick")}, split
 
 
-def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime: str, eval_data: Any = None,
-                latency: LatencySource | None = None, progress: ProgressCallback | None = None,
+def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime: Runtime, against: Runtime,
+                eval_data: Any = None, latency: LatencySource | None = None, progress: ProgressCallback | None = None,
                 clock: Clock, costs: UnitCosts | None = None, unchanged: Unchanged | None = None
                 ) -> tuple[CompressResult, UnitCosts]:
     """One search on one ``runtime`` (phases 1-6) within ``clock``; returns the result and the unit costs it read.
 
-    ``unchanged``: the unchanged model already written (and timed) on ``runtime`` for this run, used as it is.
+    ``config`` is the run's settings, validated once (its ``runtime`` is ``runtime``'s name, or ``auto``);
+    ``runtime`` and ``against`` are its runtimes resolved once by the caller (:func:`surgery.runtimes.get_runtime`),
+    handed on as they are. ``unchanged``: the unchanged model already written (and timed) on ``runtime`` for
+    this run, used as it is.
     """
     budget_minutes = None if clock.deadline is None else round(max(clock.left(), 0.0) / 60.0, 3)
-    check_arguments(config.target, runtime, config.against_runtime, None, config.batch_size, config.seq_len,
-                    config.objective)
     emit = progress or no_progress
     was_training = model.training
     model.eval()
@@ -93,12 +97,9 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         if type(model).__name__.endswith("ForSequenceClassification"):  # ids numbered as the head reads them
             for name, source in (("compress: the data", data), ("compress: the eval data", eval_data)):
                 check_label_order(model.config, getattr(source, "label_names", None) or [], name)
-        plan = plan_compress(model, data, target=config.target, runtime=runtime,
-                             against_runtime=config.against_runtime, objective=config.objective,
-                             batch_size=config.batch_size, seq_len=config.seq_len, stock=config.stock,
-                             latency=latency, threads=config.threads, progress=progress, clock=clock, costs=costs,
-                             dev_examples=sum(int(b["input_ids"].shape[0]) for b in dev) or len(texts),
-                             train=config.train, lengths=config.lengths, unchanged=unchanged)
+        plan = plan_compress(model, data, config, runtime=runtime, against=against, latency=latency,
+                             progress=progress, clock=clock, costs=costs, unchanged=unchanged,
+                             dev_examples=sum(int(b["input_ids"].shape[0]) for b in dev) or len(texts))
         source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=config.threads,
                                             repeats=plan.speedup_repeats, batches=plan.batches)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
@@ -109,7 +110,7 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
                           parts=parts, unchanged=None if plan.unchanged is None or plan.unchanged.served.directory
                           is None else plan.unchanged.served)
             workers = config.workers or default_workers(model)
-            run = CandidateRun(plan, judge, source, clock, emit, config.target, runtime, config.against_runtime,
+            run = CandidateRun(plan, judge, source, clock, emit, config.target, runtime, against,
                                split=split, workers=workers, threads=config.threads)
             try:
                 run.try_all()
