@@ -336,7 +336,7 @@ def test_an_openvino_int8_table_is_measured_on_quantized_probes_and_cached_per_r
     assert stored["runtime"] == "openvino-int8" and stored["runtime_key"]["versions"]["nncf"]
     again = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=2, seq_len=8,
                                                   threads=1, cache_dir=tmp_path, repeats=3)
-    assert again.measured["cached"] is True
+    assert again.measured["cached"] is True, again.measured  # names why a stored table was not used
 
 
 def test_auto_picks_the_fastest_model_that_meets_the_target() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import doctest
 import importlib
 import pkgutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -35,7 +37,10 @@ SLOW = {"surgery.compress.latency_measure", "surgery.runtimes.onnx.onnx_export",
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODULES])
-def test_docstring_examples_run(name: str) -> None:
+def test_docstring_examples_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The examples make their directories with tempfile.mkdtemp(), as a reader would; here those land under this
+    # test's tmp_path (which pytest removes), not as a leftover in the system's /tmp for every run.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     if name in NEEDS_EXTRA:
         pytest.importorskip(NEEDS_EXTRA[name], reason=f"{name}'s examples need the openvino extra")
     module = importlib.import_module(name)

@@ -39,19 +39,23 @@ def calibration(spec: TinySpec) -> list[dict[str, torch.Tensor]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_ir_of_every_family_with_uneven_heads_and_ffn_reloads_and_matches(tmp_path, family) -> None:
-    spec = TinySpec(family, task="seq-cls")
-    model = uneven(spec).eval()
-    runtime = get_runtime("openvino")
-    artefact = runtime.write_artefact(model, tmp_path / "ir", threads=1)
-    assert artefact.parity["max_abs_diff"] < 1e-4 and artefact.output == "logits"
+def test_the_ir_of_every_family_with_uneven_heads_and_an_empty_ffn_reloads_and_matches(family, uneven_exports) -> None:
+    # The session's IR of the family's uneven model (conftest ``uneven_exports``): heads 1, 4, 3 of 4 and FFN
+    # widths 9, 0, 11 of 12. OpenVINO returns an empty tensor for a zero-sized product; the export serves the
+    # width-0 layer as one zero neuron. A classifier for every other family, a bare encoder for the rest.
+    exported = uneven_exports.openvino(family)
+    model, spec, artefact = exported["model"].eval(), exported["spec"], exported["artefact"]
+    assert [(layer.heads, layer.ffn_width) for layer in surgery.inspect(model).layers] == [(1, 9), (4, 0), (3, 11)]
+    assert artefact.parity["max_abs_diff"] < 1e-4
+    assert artefact.output == ("logits" if spec.task == "seq-cls" else "last_hidden_state")
     assert {OV_XML, "openvino_model.bin", "config.json", OV_INFO} <= set(artefact.files)
-    served = runtime.load(artefact.directory, config=model.config, threads=1)
-    # Another batch and length than the parity check's: the IR's batch and sequence are dynamic.
-    for batch, seq in ((5, 11), (1, 3)):
+    served = get_runtime("openvino").load(artefact.directory, config=model.config, threads=1)
+    # Other batches and lengths than the parity check's: the IR's batch and sequence are dynamic.
+    for batch, seq in ((5, 11), (1, 3), (3, 7)):
         inputs = tiny_inputs(spec, batch=batch, seq=seq)
         with torch.no_grad():
-            torch.testing.assert_close(served(**inputs).logits, model(**inputs).logits, atol=1e-4, rtol=0)
+            torch.testing.assert_close(main_output(served, inputs), main_output(model, inputs), atol=1e-4, rtol=0)
+    assert surgery.adapter_for(model).layer(1).ffn.width == 0  # the caller's model is not changed
 
 
 @pytest.mark.slow
@@ -146,22 +150,6 @@ def test_cli_bench_runs_the_openvino_runtimes_side_by_side(tmp_path) -> None:
     # Every row times its own artefact: the IR files, and the int8 one is another IR than the f32 one.
     assert rows[1]["weights_bytes"] > 0 and rows[2]["weights_bytes"] != rows[1]["weights_bytes"]
     assert "openvino-int8 artefact size" in rows[2]["memory_method"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
-def test_a_layer_whose_ffn_lost_every_neuron_runs_on_openvino(tmp_path, family) -> None:
-    # OpenVINO returns an empty tensor for a zero-sized product; the export serves the layer as one zero neuron.
-    spec = TinySpec(family, task="seq-cls")
-    model = tiny_model(spec).eval()
-    surgery.adapter_for(model).keep_neurons(1, [])
-    runtime = get_runtime("openvino")
-    artefact = runtime.write_artefact(model, tmp_path / "ir", threads=1)
-    served = runtime.load(artefact.directory, config=model.config, threads=1)
-    inputs = tiny_inputs(spec, batch=3, seq=7)
-    with torch.no_grad():
-        torch.testing.assert_close(served(**inputs).logits, model(**inputs).logits, atol=1e-4, rtol=0)
-    assert surgery.adapter_for(model).layer(1).ffn.width == 0  # the caller's model is not changed
 
 
 # -- openvino-bf16: the same f32 IR, recorded and served with the bf16 hint -----------------------------------
