@@ -136,6 +136,34 @@ def test_max_drop_is_held_by_the_intervals_upper_end(tmp_path: Path) -> None:
     assert fast.timed_because is None or fast.timed_because.startswith("not timed")
 
 
+def test_where_no_interval_holds_the_fastest_within_on_the_held_out_estimate_is_picked_with_a_warning(
+        tmp_path: Path) -> None:
+    model = task_model()
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path)
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    fast, slow, lossy = run.evaluate([run.path_want(len(run.plan.path.steps) // 2), run.path_want(2),
+                                      run.path_want(len(run.plan.path.steps) - 1)])
+    assert fast is not None and slow is not None and lossy is not None
+    for result in run.results:
+        result.drop = 0.0
+    # a small held-out part: no upper end within 1 point, not even the unchanged model's
+    run.results[0].held_out = Judged(examples=40, value=0.5, reference=0.5, drop=1.0, drop_interval=[0.0, 2.5])
+    fast.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.5, drop_interval=[-1.0, 3.0])
+    slow.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.0, drop_interval=[-1.5, 2.0])
+    lossy.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=5.0, drop_interval=[2.0, 8.0])
+    winner, why, warnings = run.pick()
+    assert winner.name == fast.name and winner.measured_speedup is not None
+    assert "point estimate" in why and "40 held-out examples" in why
+    assert warnings and "more than --max-drop 1" in warnings[0]  # --strict still exits 3
+    assert lossy.measured_speedup is None  # outside even on the estimate: never timed for the pick
+    # nothing within even on the estimate: the one that lost least, as before
+    for result in (run.results[0], fast, slow):
+        result.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=2.0, drop_interval=[1.0, 3.0])
+    winner, why, warnings = run.pick()
+    assert "lost least" in why and warnings
+
+
 # -- what the pick times ---------------------------------------------------------------------------
 def test_the_timed_set_covers_the_fastest_predicted_within_the_drop() -> None:
     model = task_model()

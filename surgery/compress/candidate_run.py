@@ -549,17 +549,35 @@ class CandidateRun:
                    f"held-out {metric} drop stays within {limit:g} points at the upper end of its {held} "
                    f"({self.held_high(winner):.2f}; {len(timed)} timed, fastest predicted first)")
         else:
-            pool = finalists or [self.results[0]]
-            self.hold_out(pool)
-            winner = min(pool, key=lambda r: (self.held_high(r), -r.predicted_speedup))
-            if winner.measured_speedup is None:
-                self.time(winner, "the one that lost least: no candidate held the drop")
-            why = (f"no candidate within {limit:g} points at the upper end of its held-out {held}; the one that "
-                   f"lost least ({self.held_drop(winner):.2f}, interval up to {self.held_high(winner):.2f})")
+            # No interval's upper end is within: on a few hundred held-out examples even a model that
+            # matches the original can't be bounded to a point (one example is 100/n points, and the
+            # runtime's own int8 error lands there too). The held-out point estimate is still unbiased
+            # (the search never read those examples), so the fastest within on it is returned rather
+            # than the least-losing one (often the unchanged model, slower than the asked speed), and
+            # the warning below says the bound was not met, so --strict still exits 3.
+            point = [r for r in finalists if self.held_drop(r) <= limit]
+            self.time_fastest(point)
+            timed = [r for r in point if r.measured_speedup is not None]
+            examples = next((r.held_out.examples for r in finalists if r.held_out is not None), 0)
+            if timed:
+                winner = max(timed, key=lambda r: (r.measured_speedup or 0, -self.held_drop(r)))
+                why = (f"no candidate within {limit:g} points at the upper end of its held-out {held} ({examples} "
+                       f"held-out examples: one is {100 / max(examples, 1):.2g} points); the fastest "
+                       f"({winner.measured_speedup:.2f}x measured) of the {len(point)} whose held-out point estimate "
+                       f"is within ({self.held_drop(winner):.2f}, interval up to {self.held_high(winner):.2f})")
+            else:
+                pool = finalists or [self.results[0]]
+                self.hold_out(pool)
+                winner = min(pool, key=lambda r: (self.held_high(r), -r.predicted_speedup))
+                if winner.measured_speedup is None:
+                    self.time(winner, "the one that lost least: no candidate held the drop")
+                why = (f"no candidate within {limit:g} points at the upper end of its held-out {held}, nor on its "
+                       f"held-out point estimate; the one that lost least ({self.held_drop(winner):.2f}, interval "
+                       f"up to {self.held_high(winner):.2f})")
         if self.held_high(winner) > limit:
             warnings.append(f"the chosen model loses {self.held_drop(winner):.2f} points of {metric} on the held-out "
                             f"examples (up to {self.held_high(winner):.2f} at its {held}'s end), more than --max-drop "
-                            f"{limit:g}")
+                            f"{limit:g} at that end (more dev data narrows the interval)")
         return winner, why, warnings
 
     # -- the training tier ----------------------------------------------------------------
@@ -656,4 +674,5 @@ class CandidateRun:
                 "int8_calibration_examples": INT8_CALIBRATION_EXAMPLES if self.runtime.int8 else None,
                 "max_drop_rule": (None if self.target.max_drop is None else
                                   f"held by the upper end of the held-out drop's {CONFIDENCE:.0%} paired bootstrap "
-                                  "interval (the retained accuracy's lower end)")}
+                                  "interval (the retained accuracy's lower end); where no candidate holds it there, "
+                                  "the fastest within on the held-out point estimate, with a warning")}

@@ -5,7 +5,8 @@ accuracy control is known for on small data). So the dev examples are split once
 permutation, into the *search* part (bisection, screening, every decision of the search) and the
 *pick* part (read only for the finalists). Figures on the pick part carry a paired bootstrap
 interval of the drop against the original on the same examples, and ``--max-drop`` is held by its
-upper end (the retained accuracy's lower end).
+upper end (the retained accuracy's lower end). Where no finalist holds it there, the pick falls back to
+the held-out point estimate (still unbiased: the search never read those examples) and warns.
 
 Successive halving reads the search part in two rungs: every candidate on a *screen* subset first,
 only the contenders on the whole search part.
