@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,6 +169,23 @@ def test_quantization_aware_refit_lowers_the_int8_models_layer_error(tmp_path) -
 
 
 @pytest.mark.slow
+def test_quantization_aware_refit_solves_an_emptied_ffn_from_the_teacher_alone() -> None:
+    spec = TinySpec("bert", layers=2, ffn=37)
+    teacher = tiny_model(spec).eval()
+    student = copy.deepcopy(teacher)
+    adapter_for(student).remove_units(0, {"neurons": list(range(10))})
+    adapter_for(student).remove_units(1, {"neurons": list(range(37))})  # layer 1's FFN emptied
+    batches = [tiny_inputs(spec, batch=16, seq=12, seed=s) for s in range(2)]
+    plain = copy.deepcopy(student)
+    expected = refit_projections(plain, teacher, batches)
+    result = quantization_aware_refit(student, teacher, batches, calibration=batches, threads=1)
+    # the emptied down projection (bias only) is solved as the plain refit solves it; layer 0's from int8 inputs
+    assert "1:down" in result.error and result.error["1:down"] == expected.error["1:down"]
+    assert "0:down" in result.error
+    assert torch.equal(adapter_for(student).layer(1).ffn.down.bias, adapter_for(plain).layer(1).ffn.down.bias)
+
+
+@pytest.mark.slow
 def test_compress_buys_a_fallback_and_records_its_map_in_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
     from surgery.compress import precision
     from surgery.compress.compress_run import compress
@@ -201,3 +219,54 @@ def test_compress_buys_a_fallback_and_records_its_map_in_the_report(monkeypatch:
     assert any("precision pass" in note and "1 fallback(s)" in note for note in result.report.notes)
     others = [c for c in result.report.candidates if c.origin != "precision"]
     assert all(c.int8_float == [] for c in others)
+
+
+def test_the_max_drop_pass_measures_no_gain_where_no_part_runs_faster_in_float(monkeypatch: pytest.MonkeyPatch
+                                                                                  ) -> None:
+    from types import SimpleNamespace
+
+    from surgery.compress import precision
+    from surgery.compress.latency_table import FallbackCosts
+
+    def gains(*_a, **_k):
+        raise AssertionError("gains measured although no fallback can be free")
+
+    monkeypatch.setattr(precision, "fallback_gains", gains)
+    monkeypatch.setattr("surgery.compress.latency_measure.measure_fallback_costs", lambda *_a, **_k: FallbackCosts(
+        runtime="openvino-int8", precision="f32", per_unit_ms={"ffn-down": 0.01, "attention": 0.002}))
+    plan = SimpleNamespace(batch_size=2, seq_len=8, batches=None)
+    judge = SimpleNamespace(threads=1)
+    assert precision.precision_choice(None, 3, None, Path("unused"), judge, plan, 2.0, free_only=True) == (None, [])
+
+
+@pytest.mark.slow
+def test_max_drop_takes_the_parts_faster_in_float_on_the_deepest_cut_within(monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import precision
+    from surgery.compress.compress_run import compress
+    from surgery.compress.config import CompressConfig
+    from surgery.compress.latency_source import TableLatency
+    from surgery.compress.latency_table import FallbackCosts
+    from surgery.compress.shape_table import shape_latency_table
+    from surgery.testing import tiny_task_data
+
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+
+    def gains(_served, cut_model, *_a, **_k) -> dict[str, float]:
+        return {g: 0.5 if g.endswith("attention") else 1.0 for g in precision_groups(cut_model)}
+
+    monkeypatch.setattr(precision, "fallback_gains", gains)
+    # attention measured faster in float than in int8 (as on a CPU without VNNI); the FFN slower
+    monkeypatch.setattr("surgery.compress.latency_measure.measure_fallback_costs", lambda *_a, **_k: FallbackCosts(
+        runtime="openvino-int8", precision="f32", per_unit_ms={"ffn-down": 0.01, "attention": -0.01}))
+    tables = TableLatency({"torch": shape_latency_table(model), "openvino-int8": shape_latency_table(
+        model, "openvino-int8", scale=1 / 1.5)})
+    result = compress(model, tiny_task_data(), CompressConfig(max_drop=100.0, runtime="openvino-int8", threads=1),
+                      latency=tables)
+    chosen = [c for c in result.report.candidates if c.origin == "precision"]
+    assert len(chosen) == 1 and chosen[0].int8_float
+    # only the free parts, on the very cut the search judged deepest within the drop
+    assert all(g.endswith(".attention") for g in chosen[0].int8_float)
+    anchor = max((c for c in result.report.candidates if c.origin == "path" and c.drop <= 100.0),
+                 key=lambda c: c.path_step or 0)
+    assert chosen[0].path_step == anchor.path_step and chosen[0].removal == anchor.removal
+    assert any("precision pass" in n and "faster in float than in int8" in n for n in result.report.notes)

@@ -47,6 +47,31 @@ def test_a_fallback_worth_less_than_the_cuts_it_needs_is_not_bought() -> None:
     assert choice.int8_float == [] and choice.step == k0 and choice.bought == []
 
 
+def test_a_fallback_measured_faster_in_float_is_bought_for_free_and_walks_the_path_back() -> None:
+    p = path()
+    k0 = p.first_reaching(1.5)
+    faster = COSTS.model_copy(update={"per_unit_ms": {"attention": -0.2, "ffn-down": 0.02}})
+    choice = buy_fallbacks(p, k0, {"layer.2.attention": 1e-6}, faster, target_speedup=1.5)
+    assert choice.int8_float == ["layer.2.attention"]
+    # the time float gives back buys fewer cuts: an earlier path point, still meeting the target
+    assert choice.step < k0 and p.reference_ms / choice.predicted_ms >= 1.5 - 1e-9
+    ms = p.start_ms if choice.step == 0 else p.steps[choice.step - 1].predicted_ms
+    assert choice.predicted_ms < ms
+    assert choice.bought[0]["extra_cut_loss"] == 0.0 and choice.bought[0]["steps"] == choice.step - k0
+    # a free group with no measured gain is still not taken (the float variant was no more accurate)
+    assert buy_fallbacks(p, k0, {"layer.2.attention": -1e-6}, faster, target_speedup=1.5).int8_float == []
+
+
+def test_free_fallbacks_come_first_and_paid_ones_are_still_traded_against_cuts() -> None:
+    p = path()
+    k0 = p.first_reaching(1.5)
+    costs = COSTS.model_copy(update={"per_unit_ms": {"attention": -0.01, "ffn-down": 0.02}})
+    choice = buy_fallbacks(p, k0, {"layer.0.attention": 1e-6, "layer.2.ffn-down": 5.0}, costs, target_speedup=1.5)
+    assert choice.int8_float == ["layer.0.attention", "layer.2.ffn-down"]
+    assert [b["group"] for b in choice.bought] == ["layer.0.attention", "layer.2.ffn-down"]
+    assert p.reference_ms / choice.predicted_ms >= 1.5 - 1e-9
+
+
 def test_nothing_is_bought_with_no_gain_and_groups_are_renumbered_by_the_cut_model() -> None:
     p = path()
     k0 = p.first_reaching(1.5)

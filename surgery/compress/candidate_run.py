@@ -418,12 +418,17 @@ class CandidateRun:
         if self.runtime.name in PRECISION_RUNTIMES:
             self.precision(goal)
 
-    def precision(self, goal: float) -> None:
+    def precision(self, goal: float, at: int | None = None) -> None:
         """The precision pass (:mod:`surgery.compress.precision`): at the path point that reaches ``goal``,
         measure each op group's gain in float and its cost, trade them against further cuts, and try
-        the cut it lands on with that precision map (when a fallback was worth its cuts)."""
+        the cut it lands on with that precision map (when a fallback was worth its cuts).
+
+        With ``at`` (``--max-drop``: the deepest path point judged within the drop), only the fallbacks
+        measured faster in float than in int8 are taken, on that cut itself: a candidate as deep and
+        faster; it is judged, and the pick times it like any other.
+        """
         path = self.plan.path
-        k = path.first_reaching(goal)
+        k = path.first_reaching(goal) if at is None else at
         base = next((r for r in self.results if r.origin == "path" and r.path_step == k), None)
         if k is None or base is None or self.artefacts.get(base.name) is None:
             return
@@ -431,15 +436,20 @@ class CandidateRun:
             self.notes.append("precision pass skipped: the budget has no room for it")
             return
         choice, rows = precision_choice(path, k, self.model_of(base.name), self.artefacts[base.name], self.judge,
-                                        self.plan, goal)
-        self.notes.append(f"precision pass at {base.name}: {len(choice.bought)} fallback(s) worth their cuts "
-                          f"({', '.join(b['group'] for b in choice.bought) or 'none'}; best gain per ms: "
-                          f"{', '.join(str(r['group']) for r in rows[:3])})")
+                                        self.plan, goal, free_only=at is not None)
+        if choice is None:
+            self.notes.append(f"precision pass at {base.name}: no op group runs faster in float than in int8 on "
+                              "this machine; every candidate stays all int8")
+            return
+        free = [b["group"] for b in choice.bought if b["cost_ms"] < 0]
+        self.notes.append(f"precision pass at {base.name}: {len(choice.bought)} fallback(s) taken, {len(free)} of "
+                          f"them faster in float than in int8 ({', '.join(b['group'] for b in choice.bought) or 'none'}"
+                          f"; best first: {', '.join(str(r['group']) for r in rows[:3])})")
         if choice.int8_float:
             want = Want(f"precision-{choice.step}@{path.speedup_at(choice.step):.2f}x", "precision",
                         path.removal_at(choice.step), choice.step, path, list(choice.int8_float))
             for r in self.evaluate([want]):
-                if r is not None:
+                if r is not None and at is None:
                     self.time(r, f"--speedup {goal:g}: the precision pass's candidate")
 
     def drop_candidates(self, max_drop: float) -> None:
@@ -475,6 +485,8 @@ class CandidateRun:
             if (drop := self.layer_drop_want(path.speedup_at(anchor))) is not None:
                 extra.append(drop)
         self.evaluate(extra)
+        if anchor > 0 and self.runtime.name in PRECISION_RUNTIMES:
+            self.precision(path.speedup_at(anchor), at=anchor)
 
     def layer_drop_want(self, speedup: float) -> Want | None:
         """The uniform layer-drop candidate at (at least) the predicted speed of the chosen path point."""

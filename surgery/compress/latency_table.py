@@ -145,8 +145,9 @@ class FallbackCosts(BaseModel):
     ``per_unit_ms`` holds, per part, the extra milliseconds per head (``attention``: its q, k, v and
     output projections), per FFN neuron (``ffn-up``, ``ffn-down``) or for the whole ``classifier``,
     measured as the extra time of the int8 model with that part in float in every layer, split over
-    the layers by their widths (the products scale with them). ``precision`` is what a float group
-    runs in there (the compiled model's inference precision).
+    the layers by their widths (the products scale with them). A cost is signed: negative where the
+    part runs faster in float than in int8. ``precision`` is what a float group runs in there (the
+    compiled model's inference precision).
 
     Example:
         >>> costs = FallbackCosts(runtime="openvino-int8", precision="f32",

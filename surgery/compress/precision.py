@@ -11,7 +11,8 @@ ranking is measured the same way on the cut model and put on the same scale as t
   artefact, minus the same with that group alone back in float
   (:func:`surgery.runtimes.openvino.openvino_export.with_float_groups`, the NNCF revert without quantizing again);
 * **cost** (:func:`surgery.compress.latency_measure.measure_fallback_costs`): milliseconds, measured
-  in the runtime on the artefact, per head or neuron of the part;
+  in the runtime on the artefact, per head or neuron of the part; negative where float runs faster
+  than int8 there (a CPU without VNNI), and then the fallback is free;
 * **trade** (:func:`surgery.compress.removal_path.buy_fallbacks`): a fallback is bought back when its
   gain beats the estimated loss of the further cuts along the path that pay for its milliseconds.
 
@@ -95,13 +96,25 @@ def fallback_gains(served_dir: str | Path, model: nn.Module, objective: Callable
 
 
 def describe_choice(gains: Mapping[str, float], costs: Any, structure: Any) -> list[dict[str, Any]]:
-    """Every group's measured gain, cost and gain per millisecond, best first (for reports)."""
+    """Every group's measured gain, cost and gain per millisecond, best first (for reports): groups
+    measured faster in float (``free``) first, by gain; then by gain per millisecond.
+
+    Example:
+        >>> from surgery.compress.latency_table import FallbackCosts
+        >>> from surgery.compress.structure import LayerShape, Structure
+        >>> costs = FallbackCosts(runtime="demo", precision="f32", per_unit_ms={"attention": -0.1, "ffn-up": 0.01})
+        >>> rows = describe_choice({"layer.0.ffn-up": 0.5, "layer.0.attention": 0.01}, costs,
+        ...                        Structure((LayerShape(2, 10),)))
+        >>> [(r["group"], r["free"], r["gain_per_ms"]) for r in rows]
+        [('layer.0.attention', True, None), ('layer.0.ffn-up', False, 5.0)]
+    """
     rows = []
     for group, gain in gains.items():
         cost = costs.cost(group, structure)
+        free = cost is not None and cost < 0
         rows.append({"group": group, "gain": round(gain, 6), "cost_ms": None if cost is None else round(cost, 6),
-                     "gain_per_ms": None if not cost else round(gain / cost, 6)})
-    return sorted(rows, key=lambda r: -(r["gain_per_ms"] or 0.0))
+                     "free": free, "gain_per_ms": None if free or not cost else round(gain / cost, 6)})
+    return sorted(rows, key=lambda r: (not r["free"], -(r["gain"] if r["free"] else r["gain_per_ms"] or 0.0)))
 
 
 #: The runtimes whose artefacts take a precision map (op groups left out of quantization).
@@ -126,16 +139,22 @@ def precision_build(model: nn.Module, judge: Any, int8_float: Sequence[str]) -> 
 
 
 def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, judge: Any, plan: Any,
-                     goal: float) -> tuple[Any, list[dict[str, Any]]]:
+                     goal: float, *, free_only: bool = False) -> tuple[Any, list[dict[str, Any]]]:
     """The precision pass at path point ``step`` (its model and int8 artefact): measured gains and costs,
-    traded along ``path`` (:func:`surgery.compress.removal_path.buy_fallbacks`); also the ranked groups."""
+    traded along ``path`` (:func:`surgery.compress.removal_path.buy_fallbacks`); also the ranked groups.
+
+    Costs are measured first (a handful of timed variants); with ``free_only`` (``--max-drop``) and no
+    part measured faster in float, the gains are not measured and the answer is ``(None, [])``.
+    """
     from surgery.compress.latency_measure import measure_fallback_costs
     from surgery.compress.removal_path import buy_fallbacks, start_indexed
 
+    costs = measure_fallback_costs(served_dir, model, batch_size=plan.batch_size, seq_len=plan.seq_len,
+                                   threads=judge.threads, batches=plan.batches)
+    if free_only and not any(cost < 0 for cost in costs.per_unit_ms.values()):
+        return None, []
     objective = task_loss(judge.calibration) if judge.objective == "task" else judge.calibration_objective
     gains = start_indexed(fallback_gains(served_dir, model, objective, threads=judge.threads),
                           path.removal_at(step))
-    costs = measure_fallback_costs(served_dir, model, batch_size=plan.batch_size, seq_len=plan.seq_len,
-                                   threads=judge.threads, batches=plan.batches)
-    choice = buy_fallbacks(path, step, gains, costs, target_speedup=goal)
+    choice = buy_fallbacks(path, step, gains, costs, target_speedup=goal, free_only=free_only)
     return choice, describe_choice(gains, costs, path.structure_at(step))

@@ -357,8 +357,23 @@ def start_indexed(gains: dict[str, float], removal: Removal) -> dict[str, float]
     return out
 
 
+def free_fallbacks(gains: dict[str, float], costs: Any, structure: Structure) -> list[str]:
+    """The groups that gained in float and were measured faster in float than in int8 at ``structure``,
+    best gain first: a fallback that costs nothing (a group with no units left costs 0 and is not one).
+
+    Example:
+        >>> from surgery.compress.latency_table import FallbackCosts
+        >>> costs = FallbackCosts(runtime="demo", precision="f32", per_unit_ms={"attention": -0.1, "ffn-up": 0.01})
+        >>> free_fallbacks({"layer.0.attention": 0.2, "layer.1.attention": -0.1, "layer.0.ffn-up": 0.5}, costs,
+        ...                Structure((LayerShape(2, 4), LayerShape(2, 4))))
+        ['layer.0.attention']
+    """
+    return sorted((g for g, gain in gains.items() if gain > 0
+                   for cost in [costs.cost(g, structure)] if cost is not None and cost < 0), key=lambda g: -gains[g])
+
+
 def buy_fallbacks(path: RemovalPath, start_step: int, gains: dict[str, float], costs: Any, *,
-                  target_speedup: float) -> PrecisionChoice:
+                  target_speedup: float, free_only: bool = False) -> PrecisionChoice:
     """Trade float fallbacks against further cuts along ``path``, by loss per millisecond.
 
     A fallback is the opposite of a cut: it costs milliseconds and buys loss back. The path (all
@@ -369,8 +384,13 @@ def buy_fallbacks(path: RemovalPath, start_step: int, gains: dict[str, float], c
     It is taken when its gain exceeds the estimated loss of the extra cuts it needs: exactly when
     buying it back is better per millisecond than the marginal cuts it displaces. Fallbacks are tried
     best gain per millisecond first; the slack a path point already has under the target is free.
-    Groups are named by the starting model's layers in ``gains``; a group whose layer the extra cuts
-    remove is skipped.
+    A fallback measured *faster* in float than in int8 (cost < 0: int8 matmuls without VNNI, or
+    the quantize/dequantize around small products) costs nothing and gains loss back: it is taken
+    first, and the time it gives back walks the path back to an earlier point (fewer cuts) that
+    still meets the target. Groups are named by the starting model's layers in ``gains``; a group
+    whose layer the extra cuts remove is skipped. ``free_only``: only the free fallbacks, at
+    ``start_step`` itself (``--max-drop``: the cut is the one judged within the drop; float where it
+    runs faster makes it faster still).
 
     Example:
         >>> from surgery.compress.latency_table import FallbackCosts
@@ -384,6 +404,13 @@ def buy_fallbacks(path: RemovalPath, start_step: int, gains: dict[str, float], c
         ...                        target_speedup=10 / 9)
         >>> choice.step, choice.int8_float
         (2, ['layer.0.ffn-down'])
+
+        Attention measured faster in float gives back a millisecond: no cut is needed any more.
+
+        >>> faster = FallbackCosts(runtime="demo", precision="f32", per_unit_ms={"attention": -0.5})
+        >>> choice = buy_fallbacks(path, 1, {"layer.0.attention": 0.001}, faster, target_speedup=10 / 9)
+        >>> choice.step, choice.int8_float, choice.predicted_ms
+        (0, ['layer.0.attention'], 9.0)
     """
     budget_ms = path.reference_ms / target_speedup
 
@@ -399,9 +426,21 @@ def buy_fallbacks(path: RemovalPath, start_step: int, gains: dict[str, float], c
         return None if any(c is None for c in found) else float(sum(found))  # type: ignore[arg-type]
 
     start = path.structure_at(start_step)
-    ranked = sorted(((gain / cost, g) for g, gain in gains.items() if gain > 0
-                     for cost in [costs.cost(g, start)] if cost is not None and cost > 0), reverse=True)
     step, chosen, bought = start_step, [], []
+    # Free first: float measured no slower than int8 (every layer's group at once, as measured).
+    if free := free_fallbacks(gains, costs, start):
+        chosen = free
+        bought = [{"group": g, "gain": round(gains[g], 6), "cost_ms": round(float(costs.cost(g, start)), 6),
+                   "extra_cut_loss": 0.0, "steps": 0} for g in free]
+        # The time they give back: the earliest point at or before the start that still meets the target.
+        while not free_only and step > 0 and (back := spent_at(step - 1, chosen)) is not None and \
+                ms_at(step - 1) + back <= budget_ms + 1e-12:
+            step -= 1
+        for row in bought:
+            row["steps"] = step - start_step
+    ranked = [] if free_only else sorted(
+        ((gain / cost, g) for g, gain in gains.items() if gain > 0
+         for cost in [costs.cost(g, start)] if cost is not None and cost > 0), reverse=True)
     for _, group in ranked:
         trial = [*chosen, group]
         for k in range(step, len(path.steps) + 1):

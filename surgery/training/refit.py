@@ -290,8 +290,11 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
     layer_map, targets = refit_targets(student, teacher, layer_map=layer_map, only_changed=only_changed)
     result = RefitResult()
     try:
-        given = _accumulate_given(student, teacher, batches, targets, layer_map, quantized_inputs) \
-            if quantized_inputs is not None and targets else {}
+        # A projection with no inputs left (an emptied FFN's down) has only its bias to solve: from the
+        # teacher's outputs alone, as the plain refit does (the int8 model has no product there to read).
+        fed = [t for t in targets if (linear := projection(student, *t)) is not None and linear.in_features > 0]
+        given = _accumulate_given(student, teacher, batches, fed, layer_map, quantized_inputs) \
+            if quantized_inputs is not None and fed else {}
         for layer, name in targets:  # in layer order: each pass sees the layers below as already refitted
             normal = given.get((layer, name)) or _accumulate(student, teacher, batches, layer, name, layer_map[layer])
             linear = projection(student, layer, name)

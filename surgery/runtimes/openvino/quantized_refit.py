@@ -29,7 +29,7 @@ from surgery.runtimes.openvino.openvino_export import (
     export_openvino,
     quantized_product_inputs,
 )
-from surgery.training.refit import RefitResult, projection_name, refit_projections, refit_targets
+from surgery.training.refit import RefitResult, projection, projection_name, refit_projections, refit_targets
 
 
 def quantization_aware_refit(student: nn.Module, teacher: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]],
@@ -58,7 +58,8 @@ def quantization_aware_refit(student: nn.Module, teacher: nn.Module, batches: Se
     _, targets = refit_targets(student, teacher, only_changed=only_changed)
     if not targets:
         return RefitResult()
-    names = [projection_name(student, layer, name) for layer, name in targets]
+    names = [projection_name(student, layer, name) for layer, name in targets
+             if (linear := projection(student, layer, name)) is not None and linear.in_features > 0]
     with tempfile.TemporaryDirectory(prefix="surgery-qa-refit-") as tmp:
         export_openvino(student, Path(tmp) / "ir", task="auto", int8=True, calibration=calibration,
                         smooth_quant_alpha=smooth_quant_alpha, save_tokenizer=False, write_config=False,
