@@ -21,6 +21,7 @@ import surgery
 from surgery.cli.app import app
 from surgery.compress import latency_measure
 from surgery.compress.auto_runtime import plan_runtimes
+from surgery.compress.candidate_run import CandidateRun
 from surgery.compress.candidates import file_digests
 from surgery.compress.compress_report import CompressResult
 from surgery.compress.compress_run import compress
@@ -114,6 +115,8 @@ def test_compress_judges_the_runtime_artefact_and_hands_it_back(runtime: str, mo
     # only, so a few candidates are exported on the runtime, not those of all three paths (the three paths'
     # search is tested in tests/test_compress.py).
     monkeypatch.setattr(CompressPlan, "families", lambda self: {"path": self.path})
+    # The int8 precision pass (tests/test_precision.py) adds its own timed variants, not what is handed back.
+    monkeypatch.setattr(CandidateRun, "precision", lambda *_a, **_k: None)
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     result = compress(model, tiny_task_data(), CompressConfig(max_drop=50.0, runtime=runtime, threads=1),
                       latency=tables(model, {"torch": 1.0, runtime: 1.5}))

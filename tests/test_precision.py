@@ -169,6 +169,24 @@ def test_quantization_aware_refit_lowers_the_int8_models_layer_error(tmp_path) -
 
 
 @pytest.mark.slow
+def test_a_float_variant_leaves_an_emptied_ffn_as_the_ir_has_it(tmp_path) -> None:
+    spec = TinySpec("bert", layers=2, ffn=37)
+    model = tiny_model(spec).eval()
+    adapter_for(model).remove_units(1, {"neurons": list(range(37))})  # layer 1's FFN emptied
+    export_openvino(model, tmp_path / "ir", int8=True, calibration=calibration(spec), batch=2, seq=8)
+    quantized = ov.Core().read_model(str(tmp_path / "ir" / OV_XML))
+    variant = with_float_groups(quantized, model, list(precision_groups(model)))  # it raised on the empty FFN
+    compiled = ov.Core().compile_model(variant, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    inputs = tiny_inputs(spec, batch=4, seq=12, seed=7)
+    got = torch.from_numpy(compiled(graph_feeds(inputs, [p.get_any_name() for p in variant.inputs]))[
+        compiled.outputs[0]])
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+    # every product back in float: the variant runs like the fp32 model (the biases keep NNCF's small correction)
+    assert float((got - expected).abs().max()) < 0.1 * float(expected.abs().max())
+
+
+@pytest.mark.slow
 def test_quantization_aware_refit_solves_an_emptied_ffn_from_the_teacher_alone() -> None:
     spec = TinySpec("bert", layers=2, ffn=37)
     teacher = tiny_model(spec).eval()

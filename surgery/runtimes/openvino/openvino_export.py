@@ -374,8 +374,10 @@ def with_float_groups(quantized: Any, module: nn.Module, groups: Sequence[str]) 
     linears = dict(module.named_modules())
     for name, node in product_nodes(model, float_group_modules(module, groups),
                                     optional=head_modules(module)).items():
-        matmul = ops[node]
         weight = linears[name].weight.detach().float()
+        if weight.numel() == 0:  # an emptied FFN's projection: the IR's stand-in product has no weights to restore
+            continue
+        matmul = ops[node]
         activation = matmul.input_value(0)
         if activation.get_node().get_type_name() == "FakeQuantize":
             activation = activation.get_node().input_value(0)
