@@ -66,25 +66,71 @@ def timed_by_tables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 #: Test modules that must share a worker (and so its session fixtures) under ``--dist loadfile``: module -> group.
 SHARED_WORKER = {"test_deploy.py": "uneven-exports", "test_fused_attention.py": "uneven-exports"}
+#: Modules whose tests share no module fixture: under ``--dist loadfile`` each test is its own unit of work, so
+#: that one long module does not keep a worker busy while the other has nothing left.
+EACH_TEST_A_UNIT = {"test_docstrings.py"}
+#: About how many seconds each long unit of work takes: the scheduler hands out the longest first, so that the last
+#: units to finish are short ones. From a profile of the suite on this project's 2-core machine (``pytest -n 2
+#: --dist loadfile --durations=80``, loaded): its 80 longest tests summed per unit, so only the order matters. A
+#: unit not named here counts a second per test.
+UNIT_SECONDS: dict[str, float] = {
+    "test_compress_runtimes.py": 446, "uneven-exports": 309, "test_latency.py": 303, "test_safe_outputs.py": 242,
+    "test_precision.py": 144, "test_openvino.py": 58, "test_flags_and_cache.py": 41, "test_smooth.py": 39,
+    "test_plugins.py": 37, "test_method_contract.py": 30, "test_multiprocess.py": 29, "test_stock_configs.py": 28,
+    "test_precision_search.py": 28, "test_hostile.py": 24, "test_shrp.py": 22, "test_embedding_objective.py": 20,
+    "test_pick.py": 18, "test_compress.py": 16,
+    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.sentence_interop]": 14,
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work ``nodeid`` belongs to under ``--dist loadfile`` (see ``pytest_xdist_make_scheduler``).
+
+    Example:
+        >>> work_unit("tests/test_deploy.py::test_x"), work_unit("tests/test_docstrings.py::test_y[m]")
+        ('uneven-exports', 'tests/test_docstrings.py::test_y[m]')
+    """
+    module = nodeid.split("::", 1)[0]
+    name = Path(module).name
+    if name in EACH_TEST_A_UNIT:
+        return nodeid
+    return SHARED_WORKER.get(name, module)
+
+
+def unit_seconds(unit: str, tests: int) -> float:
+    """What a unit of work is expected to take: its UNIT_SECONDS (keyed by module file name, group, or
+    ``module::test`` for EACH_TEST_A_UNIT), else a second per test."""
+    module, _, test = unit.partition("::")
+    return UNIT_SECONDS.get(Path(module).name + (f"::{test}" if test else ""), float(tests))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, except that the modules of one SHARED_WORKER group are one unit of work.
+    """``--dist loadfile``, with the units of ``work_unit`` handed out longest first (``unit_seconds``).
 
     Not ``--dist loadgroup`` with ``xdist_group`` marks: pytest-xdist 3.8 writes the group into
     ``item._nodeid``, which pytest 9.2 no longer reads, so every test became its own unit.
     """
     if config.getoption("dist") != "loadfile":
         return None
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadFileScheduling
 
-    class SharedModules(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = super()._split_scope(nodeid)
-            return SHARED_WORKER.get(Path(module).name, module)
+    class LongestFirst(LoadFileScheduling):
+        ordered = False
 
-    return SharedModules(config, log)
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the queue is complete before the first unit is handed out
+                self.workqueue = OrderedDict(sorted(self.workqueue.items(),
+                                                    key=lambda item: -unit_seconds(item[0], len(item[1]))))
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
