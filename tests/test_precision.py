@@ -86,6 +86,7 @@ def test_a_fallback_map_is_left_out_of_quantization_recorded_saved_and_replayed(
     assert every.int8_float == [] and all(fake_quantized_products(tmp_path / "all" / OV_XML).values())
 
 
+@pytest.mark.slow
 def test_a_precision_map_names_real_groups_and_needs_int8(tmp_path) -> None:
     spec = TinySpec("bert", layers=2)
     model = tiny_model(spec)

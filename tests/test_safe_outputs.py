@@ -401,6 +401,7 @@ def test_the_previous_output_survives_any_exception_in_the_swap(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_signal_during_the_swap_waits_until_it_is_done(tmp_path: Path, swap_kind: str,
                                                         monkeypatch: pytest.MonkeyPatch,

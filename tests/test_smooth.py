@@ -178,6 +178,7 @@ def test_cli_export_int8_with_calibration(tmp_path) -> None:
     assert result.exit_code == 2 and "missing.txt" in result.stderr and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.onnx
 def test_cli_bench_int8_with_calibration_benches_the_smoothed_graph(tmp_path) -> None:
     saved, corpus = saved_with_corpus(tmp_path)
