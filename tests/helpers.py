@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import pytest
 import torch
 from torch import nn
 from transformers import BertTokenizer
@@ -107,6 +108,32 @@ def tables_for(model: torch.nn.Module) -> TableLatency:
     """Latency from shape tables: torch and ORT fp32 alike; int8 at 40% of their time."""
     return TableLatency({"torch": shape_latency_table(model), "onnxruntime": shape_latency_table(model, "onnxruntime"),
                          "onnxruntime-int8": shape_latency_table(model, "onnxruntime-int8", scale=0.4)})
+
+
+def few_latency_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured latency tables of few probes (heads none or all, the FFN whole or empty) timed in short units: for
+    tests of what a table is keyed, cached, counted or exported on, not of its grid (each probe is an export)."""
+    from surgery.compress import latency_measure
+
+    monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
+    monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
+    monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
+
+
+def judge_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --max-drop search that judges two candidates on each runtime: the unchanged model and the main path's first
+    cut (its only point here), with no layer-drop candidate beside it and no int8 precision pass after it. For tests
+    of what is done with judged candidates (handed back, exported once), not of the search: tests/test_compress.py
+    tests the three paths', tests/test_precision.py the precision pass.
+
+    Example: ``judge_two(monkeypatch)`` before ``surgery.compress(model, data, CompressConfig(max_drop=50, ...))``."""
+    from surgery.compress.candidate_run import CandidateRun
+    from surgery.compress.plan import CompressPlan
+
+    monkeypatch.setattr(CompressPlan, "families",
+                        lambda self: {"path": self.path.model_copy(update={"steps": self.path.steps[:1]})})
+    monkeypatch.setattr(CandidateRun, "layer_drop_want", lambda self, speedup: None)
+    monkeypatch.setattr(CandidateRun, "precision", lambda *_a, **_k: None)
 
 
 #: The uneven model's heads removed per layer: 1, 4 and 3 of 4 heads left.

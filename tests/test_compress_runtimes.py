@@ -21,13 +21,11 @@ import surgery
 from surgery.cli.app import app
 from surgery.compress import latency_measure
 from surgery.compress.auto_runtime import plan_runtimes
-from surgery.compress.candidate_run import CandidateRun
 from surgery.compress.candidates import file_digests
 from surgery.compress.compress_report import CompressResult
 from surgery.compress.compress_run import compress
 from surgery.compress.config import CompressConfig
 from surgery.compress.latency_source import MeasuredLatency, TableLatency
-from surgery.compress.plan import CompressPlan
 from surgery.compress.shape_table import shape_latency_table
 from surgery.core.errors import ConfigError, SurgeryError
 from surgery.measure import bench
@@ -36,7 +34,7 @@ from surgery.measure.timing import make_inputs, time_models
 from surgery.runtimes import get_runtime, register_runtime, runtime_names
 from surgery.runtimes.torch.torch_runtime import TorchRuntime
 from surgery.testing import TinySpec, tiny_inputs, tiny_model, tiny_task_data
-from tests.helpers import labelled_rows, tiny_tokenizer, write_rows
+from tests.helpers import few_latency_probes, judge_two, labelled_rows, tiny_tokenizer, write_rows
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -111,17 +109,14 @@ RUNTIME_PATHS = [
 @pytest.mark.parametrize("runtime", RUNTIME_PATHS)
 def test_compress_judges_the_runtime_artefact_and_hands_it_back(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
     needs(runtime)
-    # What is checked here is the hand-back of the judged artefact, not the search: bisect the main removal path
-    # only, so a few candidates are exported on the runtime, not those of all three paths (the three paths'
-    # search is tested in tests/test_compress.py).
-    monkeypatch.setattr(CompressPlan, "families", lambda self: {"path": self.path})
-    # The int8 precision pass (tests/test_precision.py) adds its own timed variants, not what is handed back.
-    monkeypatch.setattr(CandidateRun, "precision", lambda *_a, **_k: None)
+    # What is checked here is the hand-back of the judged artefact, not the search: two candidates.
+    judge_two(monkeypatch)
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     result = compress(model, tiny_task_data(), CompressConfig(max_drop=50.0, runtime=runtime, threads=1),
                       latency=tables(model, {"torch": 1.0, runtime: 1.5}))
     winner = result.report.winner_result()
     assert winner is not None and winner.runtime == runtime and result.report.runtime == runtime
+    assert [c.origin for c in result.report.candidates] == ["unchanged", "path"] and winner.origin == "path"
     # The handed-back directory holds exactly the files the winner was judged on.
     assert result.artefact is not None and file_digests(result.artefact) == winner.artefact == result.report.artefact
     served = get_runtime(runtime).load(result.artefact, config=result.model.config, threads=1)
@@ -239,10 +234,7 @@ def count_unchanged_exports(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Mod
             return _real(self, written, *args, **kwargs)
 
         monkeypatch.setattr(owner, "write_artefact", spy)
-    # A small latency table (5 probes, short timed units): the count, not the table, is under test.
-    monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
-    monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
-    monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
+    few_latency_probes(monkeypatch)  # the count, not the table, is under test
     return counts
 
 
@@ -273,6 +265,7 @@ def test_auto_exports_each_runtimes_unchanged_model_once(monkeypatch: pytest.Mon
     monkeypatch.setattr(runtimes, "available_runtimes", lambda: {"torch": None, **dict.fromkeys(names)})
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
     exports = count_unchanged_exports(monkeypatch, model, names)
+    judge_two(monkeypatch)  # the unchanged model's exports are counted, not the cuts'
     result = compress(model, tiny_task_data(), CompressConfig(max_drop=50.0, runtime="auto", threads=1, batch_size=4,
                                                               seq_len=8, budget_minutes=1, train=False))
     rows = {r["runtime"]: r for r in result.report.runtimes}
@@ -322,9 +315,7 @@ def test_measured_speedup_times_the_served_artefact_as_it_is(monkeypatch: pytest
 def test_an_openvino_int8_table_is_measured_on_quantized_probes_and_cached_per_runtime(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     needs("openvino-int8")
-    monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
-    monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
-    monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
+    few_latency_probes(monkeypatch)
     seen: list[tuple[str, bool]] = []
     real = latency_measure.runtime_model
 

@@ -35,6 +35,7 @@ from surgery.measure.machine import INT8_FLAGS, SPEED_FLAGS, MachineInfo, machin
 from surgery.measure.stats import median_polish
 from surgery.strategies import FFNPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
+from tests.helpers import few_latency_probes
 
 FAST = dict(batch_size=2, seq_len=8, threads=1, repeats=3, cache=False)
 
@@ -203,8 +204,7 @@ def test_an_int8_onnxruntime_table_of_probes_with_ffns_of_width_zero(monkeypatch
     pytest.importorskip("onnxruntime")
     # Fewer grid points: every probe is an export of seconds. The FFNs of width 0 (base, fewest, width 0)
     # go through smoothing and int8 quantization, which used to fail on their empty products.
-    monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
-    monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
+    few_latency_probes(monkeypatch)
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     table = measure_latency_table(model, runtime="onnxruntime-int8", reference_runtime="torch", **FAST)
     assert table.runtime == "onnxruntime-int8" and sorted(table.attention_ms) == [1, 4] and list(table.ffn_ms) == [37]
@@ -232,6 +232,7 @@ def count_timing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_a_cache_hit_times_nothing_and_a_corrupt_cache_is_measured_again(tmp_path, monkeypatch) -> None:
     calls = count_timing(monkeypatch)
+    few_latency_probes(monkeypatch)  # the cache key is under test, not the grid: each probe is an ONNX export
     # A hit is checked against the model's own time (tests/test_flags_and_cache.py); at 3 rounds on a
     # loaded machine that check may rightly refuse the table, which is not what this test is about.
     monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
@@ -310,6 +311,7 @@ def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tm
     import surgery.compress.latency_measure as latency_measure
 
     calls = count_timing(monkeypatch)
+    few_latency_probes(monkeypatch)  # the cache key is under test, not the grid: each probe is an ONNX export
     # A hit is checked against the model's own time (tests/test_flags_and_cache.py); at 3 rounds on a
     # loaded machine that check may rightly refuse the table, which is not what this test is about.
     monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)

@@ -39,7 +39,7 @@ from surgery.persist.atomic import (
     saved_outputs,
 )
 from surgery.testing import TinySpec, tiny_model
-from tests.helpers import labelled_rows, tiny_tokenizer, write_rows
+from tests.helpers import judge_two, labelled_rows, tiny_tokenizer, write_rows
 
 HEX = "0123abcd"
 
@@ -777,7 +777,7 @@ def test_the_artefact_path_keeps_its_directory_while_it_is_used(tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.onnx
-def test_surgery_compress_artefact_outlives_the_result(tmp_path: Path) -> None:
+def test_surgery_compress_artefact_outlives_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``path = surgery.compress(...).artefact``: the issue's case, the result dropped at once."""
     from surgery.compress.candidates import file_digests
     from surgery.compress.config import CompressConfig
@@ -793,6 +793,7 @@ def test_surgery_compress_artefact_outlives_the_result(tmp_path: Path) -> None:
     latency = TableLatency({name: shape_latency_table(model, name, scale=scale)
                             for name, scale in (("torch", 1.0), ("onnxruntime", 1 / 1.5))})
     config = CompressConfig(max_drop=50.0, runtime="onnxruntime", threads=1, train=False)
+    judge_two(monkeypatch)  # what outlives the result is under test, not the search
     result = surgery.compress(model, tiny_task_data(), config, latency=latency)
     judged = dict(result.report.artefact)
     path = result.artefact
