@@ -164,6 +164,28 @@ def test_where_no_interval_holds_the_fastest_within_on_the_held_out_estimate_is_
     assert "lost least" in why and warnings
 
 
+def test_the_unchanged_models_tight_interval_alone_does_not_return_it_over_a_cut_within(tmp_path: Path) -> None:
+    model = task_model()
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path)
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    fast, slow = run.evaluate([run.path_want(len(run.plan.path.steps) // 2), run.path_want(2)])
+    assert fast is not None and slow is not None
+    for result in run.results:
+        result.drop = 0.0
+    # int8 of the unchanged model changes few predictions: its interval is tight and within; no cut's is
+    run.results[0].held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.0, drop_interval=[0.0, 0.0])
+    fast.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.5, drop_interval=[-1.0, 3.0])
+    slow.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.0, drop_interval=[-1.5, 2.0])
+    winner, why, warnings = run.pick()
+    assert winner.name == fast.name and "no cut within" in why and "point estimate" in why
+    assert warnings and "more than --max-drop 1" in warnings[0]  # --strict still exits 3
+    # a cut whose interval holds is picked on the interval, as before, without a warning
+    slow.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.0, drop_interval=[-1.0, 0.5])
+    winner, why, warnings = run.pick()
+    assert winner.name == slow.name and "upper end of its" in why and not warnings
+
+
 # -- what the pick times ---------------------------------------------------------------------------
 def test_the_timed_set_covers_the_fastest_predicted_within_the_drop() -> None:
     model = task_model()
