@@ -62,9 +62,9 @@ DEFAULT_RUNTIME = "onnxruntime"
 #: Tokens --calibration texts are cut at when --max-length is not given (what they always were).
 CALIBRATION_LENGTH = 64
 
-if TYPE_CHECKING:  # surgery.runtimes.onnx.onnx_export imports torch; `surgery --help` must not
-    from surgery.runtimes.onnx.onnx_export import ExportReport
-    from surgery.runtimes.openvino.openvino_export import OpenVinoExportReport
+if TYPE_CHECKING:  # surgery.runtimes.onnx.onnx_graph imports torch; `surgery --help` must not
+    from surgery.runtimes.onnx.onnx_graph import ExportReport
+    from surgery.runtimes.openvino.openvino_ir import OpenVinoExportReport
 
 
 def int8_label(report: ExportReport) -> str:
@@ -305,8 +305,8 @@ def runtimes_view() -> RenderableType:
 
 def report_view(report: object, out: Path) -> RenderableType:
     """The view of whichever report the export returned (ONNX, OpenVINO, or another runtime's artefact)."""
-    from surgery.runtimes.onnx.onnx_export import ExportReport
-    from surgery.runtimes.openvino.openvino_export import OpenVinoExportReport
+    from surgery.runtimes.onnx.onnx_graph import ExportReport
+    from surgery.runtimes.openvino.openvino_ir import OpenVinoExportReport
 
     if isinstance(report, ExportReport):
         return export_view(report, out)

@@ -23,12 +23,14 @@ MODULES = sorted({p.__name__ for p in PACKAGES} | {
 
 #: Modules whose examples need an optional extra (module -> import name): skipped where it is not installed.
 NEEDS_EXTRA = {"surgery.runtimes.openvino.openvino_export": "openvino",
+               "surgery.runtimes.openvino.openvino_ir": "openvino",
                "surgery.runtimes.openvino.openvino_runtime": "openvino",
                "surgery.runtimes.openvino.openvino_ir_bench": "openvino"}
 
 
 #: Modules whose examples export, train or time models (over ~5 s): they run in the slow lane only.
-SLOW = {"surgery.compress.latency_measure", "surgery.runtimes.onnx.onnx_export",
+SLOW = {"surgery.compress.latency_measure", "surgery.runtimes.onnx.onnx_export", "surgery.runtimes.onnx.onnx_graph",
+        "surgery.runtimes.openvino.openvino_ir",
         "surgery.runtimes.openvino.openvino_export", "surgery.runtimes.sentence_interop", "surgery.embedding.objective",
         "surgery.runtimes.export_config", "surgery.runtimes.onnx.onnx_runtime",
         "surgery.runtimes.openvino.openvino_runtime", "surgery.strategies.doe.doe",

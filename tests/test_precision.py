@@ -254,7 +254,7 @@ def test_the_max_drop_pass_measures_no_gain_where_no_part_runs_faster_in_float(m
     monkeypatch.setattr("surgery.compress.latency_measure.measure_fallback_costs", lambda *_a, **_k: FallbackCosts(
         runtime="openvino-int8", precision="f32", per_unit_ms={"ffn-down": 0.01, "attention": 0.002}))
     plan = SimpleNamespace(batch_size=2, seq_len=8, batches=None)
-    judge = SimpleNamespace(threads=1)
+    judge = SimpleNamespace(threads=1, runtime=None)  # the costs are stubbed: no runtime is asked
     assert precision.precision_choice(None, 3, None, Path("unused"), judge, plan, 2.0, free_only=True) == (None, [])
 
 

@@ -22,6 +22,7 @@ from surgery.core.errors import ConfigError, MissingDependencyError
 from surgery.runtimes import available_runtimes, get_runtime, register_runtime, runtime_class, runtime_names
 from surgery.runtimes.export_config import ExportConfig
 from surgery.runtimes.shared.runtime import Runtime
+from surgery.runtimes.torch.torch_runtime import TorchRuntime
 from surgery.testing import TinySpec, main_output, tiny_inputs, tiny_model
 
 BUILTINS = ("torch", "torch-bf16", "torch-fp16", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-bf16",
@@ -295,6 +296,60 @@ def test_no_runtime_name_is_compared_as_a_string_outside_the_runtimes_package() 
     # The pattern finds what it is meant to find (so an empty result means something).
     assert NAME_TESTS.search('if runtime == "torch":') and NAME_TESTS.search('name.endswith("-int8")')
     assert NAME_TESTS.search('"bf16" in runtime') and not NAME_TESTS.search('method.startswith("torch.profiler")')
+
+
+class AcmeQuantRuntime(TorchRuntime):
+    """A third party's int8 runtime whose name says nothing of it: it declares float fallback and its own refit."""
+
+    name = "acme-quant"
+    precision = "int8"
+    as_is = False
+    float_fallback = True
+
+    def __init__(self) -> None:
+        self.copies: list[list[str]] = []
+
+    def with_float_groups(self, served_dir, model, groups, out_dir):
+        import shutil
+
+        self.copies.append(list(groups))
+        shutil.copytree(served_dir, out_dir)
+        return out_dir
+
+    def int8_refit(self, model, teacher, batches, *, calibration, threads=None):
+        return ["0:down"]
+
+
+def test_the_precision_pass_follows_the_runtimes_float_fallback_not_its_name(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from surgery.compress.latency_measure import measure_fallback_costs
+    from surgery.compress.precision import fallback_gains, precision_build, task_loss
+    from surgery.core.manifest import int8_float_of
+    from surgery.runtimes.shared.weight_products import precision_groups
+
+    spec = TinySpec("bert", task="seq-cls")
+    model = tiny_model(spec).eval()
+    batches = [{**tiny_inputs(spec), "labels": torch.tensor([0, 1, 2])}]
+    acme = AcmeQuantRuntime()
+    served = acme.write_artefact(model, tmp_path / "served").directory
+    # Gains and costs are measured on the third party's own copies with groups in float, loaded by its own load().
+    gains = fallback_gains(served, model, task_loss(batches), runtime=acme, threads=1)
+    assert sorted(gains) == sorted(precision_groups(model)) == sorted(g for [g] in acme.copies)
+    assert all(abs(gain) < 1e-6 for gain in gains.values())  # its copies are the same model: nothing gained
+    costs = measure_fallback_costs(served, model, runtime=acme, batch_size=2, seq_len=8, threads=1, repeats=2)
+    assert costs.runtime == "acme-quant" and {"attention", "ffn-up", "ffn-down", "classifier"} <= set(costs.per_unit_ms)
+    # A candidate of the pass is refit by the runtime's own int8 refit; a runtime without one is not refit.
+    judge = SimpleNamespace(runtime=acme, original=model, calibration=batches, smoothing=[], threads=1)
+    assert precision_build(model, judge, ["layer.0.ffn-down"])[1] == "quantization-aware refit: 0:down"
+    assert int8_float_of(model) == ["layer.0.ffn-down"]
+    assert precision_build(model, SimpleNamespace(**{**vars(judge), "runtime": TorchRuntime()}),
+                           ["layer.0.ffn-down"]) == ["precision map: layer.0.ffn-down in float"]
+    # A runtime that does not declare it is refused in one line, whatever its name.
+    lookalike = type("Lookalike", (TorchRuntime,), {"name": "openvino-int8-like", "precision": "int8"})()
+    assert not lookalike.float_fallback and get_runtime("openvino-int8", require_available=False).float_fallback
+    with pytest.raises(ConfigError, match="'openvino-int8-like' keeps no op groups in float"):
+        fallback_gains(served, model, task_loss(batches), runtime=lookalike, threads=1)
 
 
 def test_openvino_bf16_is_refused_in_one_line_without_the_cpu_flag(monkeypatch) -> None:

@@ -55,6 +55,7 @@ from surgery.compress.structure import Structure
 from surgery.core.manifest import set_int8_float
 from surgery.measure.machine import machine_info
 from surgery.measure.timing import make_inputs, time_models
+from surgery.runtimes import get_runtime
 from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, export_openvino
 from surgery.runtimes.openvino.quantized_refit import quantization_aware_refit
 from surgery.training import accuracy
@@ -145,9 +146,11 @@ def run(args: argparse.Namespace, task_name: str, seed: int, speedups: list[floa
         qa = quantization_aware_refit(aware, original, refit_batches, calibration=calibration, threads=1)
         variants["qa-refit"] = (aware, *int8(aware, work / f"{speedup}-qa", calibration))
         # The precision pass on the qa-refit artefact: measured gains and costs, traded along the path.
-        gains = fallback_gains(work / f"{speedup}-qa", aware, task_loss(refit_batches), threads=1)
-        costs = measure_fallback_costs(work / f"{speedup}-qa", aware, batch_size=32, seq_len=seq_len, threads=1,
-                                       repeats=args.repeats)
+        openvino_int8 = get_runtime("openvino-int8")
+        gains = fallback_gains(work / f"{speedup}-qa", aware, task_loss(refit_batches), runtime=openvino_int8,
+                               threads=1)
+        costs = measure_fallback_costs(work / f"{speedup}-qa", aware, runtime=openvino_int8, batch_size=32,
+                                       seq_len=seq_len, threads=1, repeats=args.repeats)
         removal0 = path.removal_at(k0)
         choice = buy_fallbacks(path, k0, start_indexed(gains, removal0), costs, target_speedup=speedup)
         chosen = cut(original, path, choice.step, refit_batches)

@@ -31,6 +31,7 @@ from surgery.compress.latency_measure import measure_fallback_costs, timing_batc
 from surgery.measure.machine import machine_info  # noqa: E402
 from surgery.measure.timing import load_average, time_models  # noqa: E402
 from surgery.persist.assets import resolve_model_path  # noqa: E402
+from surgery.runtimes import get_runtime  # noqa: E402
 from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, export_openvino  # noqa: E402
 from surgery.training.refit import task_calibration_batches  # noqa: E402
 
@@ -47,8 +48,8 @@ def one(work: Path, task_name: str, seed: int, tokenizer, repeats: int) -> dict:
         export_openvino(model, Path(tmp) / "int8", int8=True, calibration=calibration, threads=1,
                         save_tokenizer=False)
         export_openvino(model, Path(tmp) / "f32", threads=1, save_tokenizer=False)
-        costs = measure_fallback_costs(Path(tmp) / "int8", model, batch_size=32, seq_len=seq_len, threads=1,
-                                       repeats=repeats)
+        costs = measure_fallback_costs(Path(tmp) / "int8", model, runtime=get_runtime("openvino-int8"), batch_size=32,
+                                       seq_len=seq_len, threads=1, repeats=repeats)
         served = {"torch fp32": model,
                   "openvino f32": OpenVinoModel(Path(tmp) / "f32" / OV_XML, config=model.config, threads=1),
                   "openvino int8": OpenVinoModel(Path(tmp) / "int8" / OV_XML, config=model.config, threads=1)}

@@ -33,7 +33,7 @@ from surgery.compress.compress_report import CompressReport, SpeedupTarget, Targ
 from surgery.compress.held_out import CONFIDENCE, DevSplit
 from surgery.compress.latency_source import LatencySource
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
-from surgery.compress.precision import PRECISION_RUNTIMES, precision_choice
+from surgery.compress.precision import precision_choice
 from surgery.compress.removal_path import Removal, RemovalPath
 from surgery.core.progress import ProgressEvent
 
@@ -415,7 +415,7 @@ class CandidateRun:
             for r in self.evaluate([drop]):
                 if r is not None:
                     self.time(r, "the uniform layer-drop at the chosen point's predicted speed")
-        if self.runtime.name in PRECISION_RUNTIMES:
+        if self.runtime.float_fallback:  # its int8 artefact can keep op groups in float: search the precision map
             self.precision(goal)
 
     def precision(self, goal: float, at: int | None = None) -> None:
@@ -485,7 +485,7 @@ class CandidateRun:
             if (drop := self.layer_drop_want(path.speedup_at(anchor))) is not None:
                 extra.append(drop)
         self.evaluate(extra)
-        if anchor > 0 and self.runtime.name in PRECISION_RUNTIMES:
+        if anchor > 0 and self.runtime.float_fallback:
             self.precision(path.speedup_at(anchor), at=anchor)
 
     def layer_drop_want(self, speedup: float) -> Want | None:

@@ -736,15 +736,15 @@ def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runti
     return {name: out[name] for name in runtimes if name in out}
 
 
-def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: int, seq_len: int,
+def measure_fallback_costs(served_dir: Path, model: nn.Module, *, runtime: Runtime, batch_size: int, seq_len: int,
                            threads: int | None, repeats: int = REPEATS, batches: Sequence[Batch] | None = None
                            ) -> FallbackCosts:
-    """What each op group costs in float on top of int8, measured on the int8 OpenVINO artefact of ``model``.
+    """What each op group costs in float on top of int8, measured on ``runtime``'s int8 artefact of ``model``.
 
     Probes (as the latency table's: interleaved rounds, :data:`MIN_TIMED_SECONDS` per call, median
     polish of log times): the artefact itself, and per part (``attention``, ``ffn-up``, ``ffn-down``,
-    ``classifier``) the artefact with that part back in float in every layer
-    (:func:`surgery.runtimes.openvino.openvino_export.with_float_groups`), compiled as the artefact is. A part's
+    ``classifier``) the artefact with that part back in float in every layer (the runtime's
+    :meth:`~surgery.runtimes.Runtime.with_float_groups`), loaded as the artefact is. A part's
     extra time, divided by the heads or neurons of all layers together, is its cost per unit
     (:class:`~surgery.compress.latency_table.FallbackCosts`). The cost is signed: a part can run
     faster in float than in int8 (on a CPU without VNNI, int8 products plus their quantize and
@@ -753,26 +753,22 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
     can only make a part that truly costs little look free, which the candidate's own timing then shows.
     ``batches``: the serving shape's batches, as the table's (:func:`timing_batches`).
     """
-    import openvino as ov
-
     from surgery.compress.latency_table import FALLBACK_UNITS
-    from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, compile_config, with_float_groups
     from surgery.runtimes.shared.weight_products import precision_groups
 
     groups = precision_groups(model)
     structure = Structure.from_model(model)
-    quantized = ov.Core().read_model(str(Path(served_dir) / OV_XML))
     device = torch.device("cpu")
     with tempfile.TemporaryDirectory(prefix="surgery-fallback-") as tmp, torch_threads(threads or 1):
-        timed: dict[str, nn.Module] = {"int8": OpenVinoModel(Path(served_dir) / OV_XML, config=model.config,
-                                                             threads=threads)}
+        timed: dict[str, nn.Module] = {"int8": runtime.load(Path(served_dir), config=model.config, threads=threads)}
+        #: What a float group runs in there, as the served model says (OpenVINO's compiled precision).
+        precision = str(getattr(timed["int8"], "precision", "fp32"))
         for part in FALLBACK_UNITS:
             members = [g for g in groups if g == part or g.endswith(f".{part}")]
             if not members:
                 continue
-            path = Path(tmp) / f"{part}.xml"
-            ov.save_model(with_float_groups(quantized, model, members), str(path), compress_to_fp16=False)
-            timed[part] = OpenVinoModel(path, config=model.config, threads=threads)
+            copy = runtime.with_float_groups(Path(served_dir), model, members, Path(tmp) / part)
+            timed[part] = runtime.load(copy, config=model.config, threads=threads)
         inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, batches=batches)
         timing = time_models(timed, inputs, repeats=repeats, warmup=WARMUP, device=device, least=MIN_TIMED_SECONDS)
         del timed
@@ -783,8 +779,7 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, batch_size: in
         kind = FALLBACK_UNITS[part]
         count = 1 if kind == "whole" else sum(s.heads if kind == "heads" else s.ffn_width for s in structure.kept)
         per_unit[part] = extra_ms / max(count, 1)
-    return FallbackCosts(runtime="openvino-int8", precision=compile_config(threads)["INFERENCE_PRECISION_HINT"],
-                         per_unit_ms=per_unit,
+    return FallbackCosts(runtime=runtime.name, precision=precision, per_unit_ms=per_unit,
                          measured={"int8_ms": seconds["int8"] * 1000,
                                    "float_part_ms": {p: seconds[p] * 1000 for p in seconds if p != "int8"},
                                    "repeats": repeats, "round_load": round_load, "batch_size": batch_size,

@@ -1,5 +1,8 @@
 """Precision as a search dimension on an int8 runtime: which op groups to leave in float, at what cost.
 
+It runs on every runtime that declares :attr:`~surgery.runtimes.Runtime.float_fallback` (OpenVINO int8 does), through
+the runtime's own :meth:`~surgery.runtimes.Runtime.with_float_groups` and :meth:`~surgery.runtimes.Runtime.int8_refit`.
+
 Per op group (a layer's attention projections, its FFN up, its FFN down, the classifier:
 :func:`surgery.runtimes.shared.weight_products.precision_groups`), int8 or float. NNCF's accuracy control
 (``quantize_with_accuracy_control``) ranks quantizer groups by their effect on the user's metric and
@@ -9,7 +12,8 @@ ranking is measured the same way on the cut model and put on the same scale as t
 * **gain** (:func:`fallback_gains`): the objective on calibration batches (mean task loss, or mean
   squared embedding distance to the original: the units of the removal path's estimates) of the int8
   artefact, minus the same with that group alone back in float
-  (:func:`surgery.runtimes.openvino.openvino_export.with_float_groups`, the NNCF revert without quantizing again);
+  (the runtime's :meth:`~surgery.runtimes.Runtime.with_float_groups`; OpenVINO's is the NNCF revert without
+  quantizing again);
 * **cost** (:func:`surgery.compress.latency_measure.measure_fallback_costs`): milliseconds, measured
   in the runtime on the artefact, per head or neuron of the part; negative where float runs faster
   than int8 there (a CPU without VNNI), and then the fallback is free;
@@ -26,10 +30,13 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from surgery.runtimes import Runtime
 
 
 def task_loss(batches: Sequence[Mapping[str, torch.Tensor]]) -> Callable[[nn.Module], float]:
@@ -55,43 +62,41 @@ def task_loss(batches: Sequence[Mapping[str, torch.Tensor]]) -> Callable[[nn.Mod
 
 
 def fallback_gains(served_dir: str | Path, model: nn.Module, objective: Callable[[nn.Module], float], *,
-                   groups: Sequence[str] | None = None, threads: int | None = None) -> dict[str, float]:
-    """Objective drop when each op group alone goes back to float in the int8 artefact ``served_dir``.
+                   runtime: Runtime, groups: Sequence[str] | None = None, threads: int | None = None
+                   ) -> dict[str, float]:
+    """Objective drop when each op group alone goes back to float in the int8 artefact ``served_dir`` of ``runtime``.
 
     ``objective(served)`` is the objective of a served model on calibration batches (:func:`task_loss`,
     or the embedding distance to the original's); ``groups`` default to every op group of ``model``.
-    Positive: the group's int8 error costs that much objective.
+    Positive: the group's int8 error costs that much objective. Each copy is the runtime's own
+    (:meth:`~surgery.runtimes.Runtime.with_float_groups`), so any runtime that declares
+    :attr:`~surgery.runtimes.Runtime.float_fallback` is measured the same way.
 
     Example:
-        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> from surgery.runtimes import get_runtime
         >>> from surgery.runtimes.openvino.openvino_export import export_openvino
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
         >>> spec = TinySpec("bert", task="seq-cls", layers=1)
         >>> model = tiny_model(spec).eval()
         >>> batches = [{**tiny_inputs(spec, batch=8, seq=12), "labels": torch.zeros(8, dtype=torch.long)}]
         >>> out = Path(tempfile.mkdtemp()) / "ir"
         >>> _ = export_openvino(model, out, int8=True, calibration=batches, batch=2, seq=8)
-        >>> sorted(fallback_gains(out, model, task_loss(batches), threads=1))
+        >>> sorted(fallback_gains(out, model, task_loss(batches), runtime=get_runtime("openvino-int8"), threads=1))
         ['classifier', 'layer.0.attention', 'layer.0.ffn-down', 'layer.0.ffn-up']
     """
-    import openvino as ov
-
-    from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, read_openvino_info, with_float_groups
     from surgery.runtimes.shared.weight_products import precision_groups
 
-    info = read_openvino_info(served_dir)
     chosen = list(groups) if groups is not None else list(precision_groups(model))
 
-    def load(path: Path) -> nn.Module:
-        return OpenVinoModel(path, config=model.config, output=info.output, threads=threads, task=info.task)
+    def load(directory: Path) -> nn.Module:
+        return runtime.load(directory, config=model.config, threads=threads)
 
-    base = objective(load(Path(served_dir) / OV_XML))
-    quantized = ov.Core().read_model(str(Path(served_dir) / OV_XML))
+    base = objective(load(Path(served_dir)))
     gains: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="surgery-precision-") as tmp:
         for group in chosen:
-            path = Path(tmp) / f"{group}.xml"
-            ov.save_model(with_float_groups(quantized, model, [group]), str(path), compress_to_fp16=False)
-            gains[group] = base - objective(load(path))
+            copy = runtime.with_float_groups(Path(served_dir), model, [group], Path(tmp) / group)
+            gains[group] = base - objective(load(copy))
     return gains
 
 
@@ -117,25 +122,22 @@ def describe_choice(gains: Mapping[str, float], costs: Any, structure: Any) -> l
     return sorted(rows, key=lambda r: (not r["free"], -(r["gain"] if r["free"] else r["gain_per_ms"] or 0.0)))
 
 
-#: The runtimes whose artefacts take a precision map (op groups left out of quantization).
-PRECISION_RUNTIMES = ("openvino-int8",)
-
-
 def precision_build(model: nn.Module, judge: Any, int8_float: Sequence[str]) -> list[str]:
     """Prepare a precision candidate: record its map on ``model`` and refit it against its int8 inputs.
 
-    The quantization-aware refit (:func:`surgery.runtimes.openvino.quantized_refit.quantization_aware_refit`)
+    The runtime's quantization-aware refit (:meth:`~surgery.runtimes.Runtime.int8_refit`; OpenVINO int8's
     quantizes the cut model with its map as the artefact will be, and solves the cut projections
-    against the inputs that int8 model feeds them. Returns notes for the candidate.
+    against the inputs that int8 model feeds them). Returns notes for the candidate.
     """
     from surgery.core.manifest import set_int8_float
-    from surgery.runtimes.openvino.quantized_refit import quantization_aware_refit
 
     set_int8_float(model, int8_float)
-    result = quantization_aware_refit(model, judge.original, judge.calibration,
+    notes = [f"precision map: {', '.join(int8_float)} in float"]
+    solved = judge.runtime.int8_refit(model, judge.original, judge.calibration,
                                       calibration=judge.smoothing or judge.calibration, threads=judge.threads)
-    solved = ", ".join(result.projections) or "none"
-    return [f"precision map: {', '.join(int8_float)} in float", f"quantization-aware refit: {solved}"]
+    if solved is not None:
+        notes.append(f"quantization-aware refit: {', '.join(solved) or 'none'}")
+    return notes
 
 
 def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, judge: Any, plan: Any,
@@ -149,12 +151,12 @@ def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, j
     from surgery.compress.latency_measure import measure_fallback_costs
     from surgery.compress.removal_path import buy_fallbacks, start_indexed
 
-    costs = measure_fallback_costs(served_dir, model, batch_size=plan.batch_size, seq_len=plan.seq_len,
-                                   threads=judge.threads, batches=plan.batches)
+    costs = measure_fallback_costs(served_dir, model, runtime=judge.runtime, batch_size=plan.batch_size,
+                                   seq_len=plan.seq_len, threads=judge.threads, batches=plan.batches)
     if free_only and not any(cost < 0 for cost in costs.per_unit_ms.values()):
         return None, []
     objective = task_loss(judge.calibration) if judge.objective == "task" else judge.calibration_objective
-    gains = start_indexed(fallback_gains(served_dir, model, objective, threads=judge.threads),
+    gains = start_indexed(fallback_gains(served_dir, model, objective, runtime=judge.runtime, threads=judge.threads),
                           path.removal_at(step))
     choice = buy_fallbacks(path, step, gains, costs, target_speedup=goal, free_only=free_only)
     return choice, describe_choice(gains, costs, path.structure_at(step))

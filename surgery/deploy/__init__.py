@@ -27,7 +27,7 @@ MOVED: dict[str, str] = {
     "runtime": "surgery.runtimes.onnx.onnx_session",
     "static_int8": "surgery.runtimes.onnx.static_int8",
     "fused_attention": "surgery.runtimes.onnx.fused_attention",
-    "openvino_export": "surgery.runtimes.openvino.openvino_export",
+    "openvino_export": "surgery.runtimes.openvino.openvino_ir",
     "openvino_ir_bench": "surgery.runtimes.openvino.openvino_ir_bench",
     "quantized_refit": "surgery.runtimes.openvino.quantized_refit",
     "names": "surgery.runtimes.shared.names",
@@ -41,9 +41,10 @@ MOVED: dict[str, str] = {
 MOVED_NAMES: dict[str, str] = {
     **dict.fromkeys(("Task", "SAMPLE_TEXTS", "ExportParityError", "Agreement", "ExportRecord", "export_record",
                      "SingleOutput", "export_target", "input_names", "parity_inputs", "agreement", "check_parity",
-                     "check_export_settings", "data_accuracy", "quiet_loggers", "graph_feeds"),
+                     "check_export_settings", "quiet_loggers", "graph_feeds"),
                     "surgery.runtimes.shared.graph_export"),
     "MissingDependencyError": "surgery.core.errors",
+    "export_openvino": "surgery.runtimes.openvino.openvino_export",
     "BenchedOnnxModel": "surgery.runtimes.onnx.onnx_session",
 }
 NEW_FACE = "surgery.runtimes.onnx"

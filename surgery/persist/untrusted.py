@@ -343,7 +343,7 @@ def pickled_weights(path: Path) -> list[Path]:
                   and not p.name.startswith("training_args"))
 
 
-#: The files of an OpenVINO IR directory, as surgery.runtimes.openvino.openvino_export writes them (OV_XML, OV_INFO).
+#: The files of an OpenVINO IR directory, as surgery.runtimes.openvino.openvino_ir writes them (OV_XML, OV_INFO).
 OPENVINO_XML = "openvino_model.xml"
 OPENVINO_RECORD = "surgery-openvino.json"
 

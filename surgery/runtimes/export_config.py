@@ -7,11 +7,11 @@ OpenVINO, ``--int8-fp32`` without ONNX Runtime int8 ...) is refused in one line 
 :func:`export` writes the runtime's artefact with the tokenizer next to it (``format="graph"``) or as a
 directory stock sentence-transformers loads (``format="sentence-transformers"``). Which settings a runtime
 reads, whether it is int8 and which sentence-transformers backend loads it are the runtime's own answers
-(:class:`~surgery.runtimes.shared.runtime.Runtime`); the artefact is written by the runtime's
-:meth:`~surgery.runtimes.shared.runtime.Runtime.export`, which for any runtime (``torch-bf16``, a third party's) is
-its :meth:`~surgery.runtimes.shared.runtime.Runtime.write_artefact` with the tokenizer and, given labelled data, the
-accuracy of PyTorch and of the artefact; the ONNX Runtime and OpenVINO runtimes hand their whole export
-(tokenizer, data, parity batch) to their exporter, which their ``write_artefact`` wraps too.
+(:class:`~surgery.runtimes.shared.runtime.Runtime`); the folder is written by the runtime's
+:meth:`~surgery.runtimes.shared.runtime.Runtime.export`, the same for every runtime (built-in or a third party's):
+its :meth:`~surgery.runtimes.shared.runtime.Runtime.write_artefact` with the settings it reads from this config
+(:meth:`~surgery.runtimes.shared.runtime.Runtime.artefact_options`), the serving tokenizer and, given labelled
+data, the accuracy of PyTorch and of the artefact.
 
 Example:
     >>> ExportConfig(runtime="openvino-int8").runtime
@@ -149,8 +149,8 @@ def export(model: nn.Module, out_dir: str | os.PathLike[str], config: ExportConf
     ``calibration`` (tokenized batches of the user's texts) feeds the int8 runtimes; ``data`` (labelled
     batches) records the accuracy of PyTorch and of the artefact (sequence classifiers), for every runtime.
     The runtime writes its artefact (:meth:`~surgery.runtimes.shared.runtime.Runtime.export`); the report is
-    :class:`~surgery.runtimes.onnx.onnx_export.ExportReport` (ONNX Runtime),
-    :class:`~surgery.runtimes.openvino.openvino_export.OpenVinoExportReport` (OpenVINO) or the runtime's
+    :class:`~surgery.runtimes.onnx.onnx_graph.ExportReport` (ONNX Runtime),
+    :class:`~surgery.runtimes.openvino.openvino_ir.OpenVinoExportReport` (OpenVINO) or the runtime's
     :class:`~surgery.runtimes.shared.runtime.RuntimeArtefact` (any other runtime).
 
     Example:

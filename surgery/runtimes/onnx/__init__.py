@@ -19,15 +19,16 @@ from surgery.core.lazy_exports import lazy_exports
 from surgery.runtimes.shared.names import INFO_NAME, ONNX_NAME
 
 if TYPE_CHECKING:
-    from surgery.runtimes.onnx.onnx_export import ExportReport, export_onnx, read_export_info
+    from surgery.runtimes.onnx.onnx_export import export_onnx
+    from surgery.runtimes.onnx.onnx_graph import ExportReport, read_export_info
     from surgery.runtimes.onnx.onnx_session import OnnxRuntimeModel, require_onnx
     from surgery.runtimes.shared.graph_export import Agreement, ExportParityError
 
 # Imported on first use: the export pulls in torch, which `surgery --help` must not pay for.
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "Agreement": "surgery.runtimes.shared.graph_export", "ExportParityError": "surgery.runtimes.shared.graph_export",
-    "ExportReport": "surgery.runtimes.onnx.onnx_export", "export_onnx": "surgery.runtimes.onnx.onnx_export",
-    "read_export_info": "surgery.runtimes.onnx.onnx_export", "OnnxRuntimeModel": "surgery.runtimes.onnx.onnx_session",
+    "ExportReport": "surgery.runtimes.onnx.onnx_graph", "export_onnx": "surgery.runtimes.onnx.onnx_export",
+    "read_export_info": "surgery.runtimes.onnx.onnx_graph", "OnnxRuntimeModel": "surgery.runtimes.onnx.onnx_session",
     "require_onnx": "surgery.runtimes.onnx.onnx_session",
 })
 

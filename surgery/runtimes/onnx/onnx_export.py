@@ -1,350 +1,76 @@
-"""ONNX export of any surgered model, with a parity check against PyTorch, optional int8 and graph optimization.
+"""``export_onnx``: a model as a directory that needs only ``onnxruntime`` to serve.
 
-:func:`export_onnx` writes a directory that needs only ``onnxruntime`` to serve:
+The directory is what every runtime's export writes (:meth:`surgery.runtimes.shared.runtime.Runtime.write_folder`:
+atomic, the serving tokenizer, accuracy on data) around the ONNX Runtime runtime's artefact
+(:func:`surgery.runtimes.onnx.onnx_graph.write_onnx`: ``model.onnx`` and ``surgery-onnx.json``, parity-checked
+against PyTorch). ``surgery export --runtime onnxruntime`` writes the same directory.
 
-* ``model.onnx``: one self-contained graph with dynamic batch and sequence axes, exported by
-  ``torch.onnx.export(..., dynamo=True)`` (the TorchScript exporter cannot trace SHRP's routed layers
-  and is deprecated); with ``int8`` it is the dynamically quantized graph;
-* the tokenizer files, when a tokenizer is given;
-* ``surgery-onnx.json``: input and output names, opset, exporter and library versions, the task,
-  the parity check (maximum absolute difference and cosine of ONNX Runtime against PyTorch on a
-  padded batch), the int8 drift and accuracy, the optimizer's fused operators and timings.
-
-The export fails with a one-line :class:`ExportParityError` when the fp32 graph differs from
-PyTorch by more than ``tolerance``; quantization error is recorded, never a failure.
+The graph's names are importable from here too, as before the graph moved to :mod:`surgery.runtimes.onnx.onnx_graph`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
-import json
 import os
-import time
-import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from surgery.core.errors import ConfigError
-from surgery.core.manifest import int8_float_of, source_dir_of
-from surgery.persist.config_values import check_model_argument, check_opset
-from surgery.persist.model_io import atomic_directory
-from surgery.runtimes.onnx.fused_attention import FusedAttentionInfo, fused_attention, fusion_info
-from surgery.runtimes.onnx.onnx_session import (
-    OnnxRuntimeModel,
-    op_counts,
-    optimize_graph,
-    quantize_int8,
-    require_onnx,
+from surgery.runtimes.onnx.onnx_graph import (
+    ExportReport,
+    check_int8_fp32,
+    int8_fp32_scopes,
+    part_modules,
+    read_export_info,
+    write_onnx,
 )
-from surgery.runtimes.onnx.static_int8 import check_int8_mode, quantize_static_int8
-from surgery.runtimes.shared.graph_export import (
-    Agreement,
-    ExportParityError,
-    ExportRecord,
-    SingleOutput,
-    agreement,
-    check_export_settings,
-    check_parity,
-    data_accuracy,
-    export_record,
-    export_target,
-    input_names,
-    parity_inputs,
-    quiet_loggers,
-)
-from surgery.runtimes.shared.names import INFO_NAME, ONNX_NAME
-from surgery.runtimes.shared.smooth import DEFAULT_ALPHA, SmoothingInfo, smooth_linears
-from surgery.runtimes.shared.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
-from surgery.runtimes.shared.weight_products import INT8_FP32_PARTS, float_group_modules, part_modules
+from surgery.runtimes.onnx.onnx_runtime import OnnxRuntimeInt8Runtime, OnnxRuntimeRuntime
+
+__all__ = ["ExportReport", "check_int8_fp32", "export_onnx", "int8_fp32_scopes", "part_modules", "read_export_info",
+           "write_onnx"]
 
 
-class ExportReport(ExportRecord):
-    """What :func:`export_onnx` wrote and measured; saved as ``surgery-onnx.json`` next to the graph."""
+def export_onnx(model: nn.Module, out_dir: str | os.PathLike[str], *, tokenizer: Any = None, int8: bool = False,
+                calibration: Iterable[Mapping[str, torch.Tensor]] | None = None, task: str = "auto",
+                save_tokenizer: bool = True, data: Iterable[Mapping[str, torch.Tensor]] | None = None,
+                threads: int | None = None, overwrite: bool = False, max_length: int | None = None,
+                **graph: Any) -> ExportReport:
+    """Export ``model`` to ``out_dir``: ``model.onnx`` checked against PyTorch, optionally int8, with the tokenizer.
 
-    onnx_file: str = ONNX_NAME
-    opset: int
-    exporter: str
-    parity: Agreement = Field(description="fp32 ONNX Runtime against fp32 PyTorch")
-    fused_attention: FusedAttentionInfo | None = Field(default=None, description="the layers whose attention is "
-                                                       "one fused operator (None: fusion turned off)")
-    operators: dict[str, int] = Field(default_factory=dict, description="operator counts of the written graph")
-    optimized: dict[str, int] | None = Field(default=None, description="operator counts after ORT's optimizer")
-    optimized_parity: Agreement | None = None
-    int8: bool = False
-    int8_mode: str | None = Field(default=None, description="dynamic: activation scales per batch at run time; "
-                                  "static: calibrated on the calibration texts (QDQ); None: no int8")
-    int8_per_channel: bool | None = Field(default=None, description="int8 weight scales per output channel "
-                                          "(False: per tensor; None: no int8)")
-    int8_fp32: list[str] = Field(default_factory=list, description="parts whose products stayed in fp32")
-    int8_fp32_nodes: int = Field(default=0, description="weight products left in fp32 by int8_fp32 and int8_float")
-    int8_float: list[str] = Field(default_factory=list, description="op groups of the model's recorded precision "
-                                  "map, left in fp32")
-    int8_smoothing: SmoothingInfo | None = Field(default=None, description="activation smoothing before int8 "
-                                                 "(None: activations quantized as they are)")
-    int8_drift: Agreement | None = Field(default=None, description="int8 ONNX Runtime against fp32 PyTorch, on "
-                                         "the parity batch's real tokens (padded positions left out)")
-    accuracy_torch: float | None = Field(default=None, description="fp32 PyTorch accuracy on the given data")
-    accuracy_onnx: float | None = Field(default=None, description="accuracy of the written graph on the data")
-    onnx_bytes: int
-    export_seconds: float
-
-    def write(self, out_dir: Path) -> Path:
-        path = out_dir / INFO_NAME
-        path.write_text(self.model_dump_json(indent=2) + "\n")
-        return path
-
-
-def check_int8_fp32(parts: Sequence[str], int8: bool, what: str) -> None:
-    """Refuse, in one line, an unknown part or parts to keep in fp32 without int8.
-
-    Example:
-        >>> check_int8_fp32(["mlp"], True, "export")
-        Traceback (most recent call last):
-        ...
-        surgery.core.errors.ConfigError: export: --int8-fp32 'mlp' is not one of attention, ffn, ffn-up, ffn-down
-    """
-    unknown = [p for p in parts if p not in INT8_FP32_PARTS]
-    if unknown:
-        raise ConfigError(f"{what}: --int8-fp32 {unknown[0]!r} is not one of {', '.join(INT8_FP32_PARTS)}")
-    if parts and not int8:
-        raise ConfigError(f"{what}: --int8-fp32 (parts kept in fp32) needs --int8")
-
-
-def int8_fp32_scopes(module: nn.Module, parts: Sequence[str]) -> set[str]:
-    """The exporter's name scopes of ``parts``' Linear modules once ``module`` is exported (the export
-    wraps it as ``model``): what :func:`surgery.runtimes.onnx.onnx_session.quantize_int8` takes as ``keep_fp32``."""
-    return _export_scopes(part_modules(module, parts))
-
-
-def _export_scopes(modules: set[str]) -> set[str]:
-    return {f"model.{name}" for name in modules}
-
-
-def _torch_export(module: nn.Module, inputs: Mapping[str, torch.Tensor], path: Path, *, opset: int | None,
-                  max_seq: int | None) -> None:
-    batch = torch.export.Dim("batch", min=1)
-    seq = torch.export.Dim("sequence", min=2, max=max_seq) if max_seq else torch.export.Dim("sequence", min=2)
-    dynamic = {name: {0: batch, 1: seq} for name in inputs}
-    kwargs: dict[str, Any] = {"opset_version": opset} if opset is not None else {}
-    try:
-        # The exporter prints progress to stdout and warns about axis names and tensors that routed layers
-        # keep for inspection (last_probs); a library keeps that quiet. Failures still raise.
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), \
-                quiet_loggers("torch.onnx", "onnxscript", "onnx_ir", "torch.export", "torch._dynamo"):
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module, args=(), kwargs=dict(inputs), f=str(path), dynamo=True, dynamic_shapes=dynamic,
-                input_names=list(inputs), output_names=[module.output], external_data=False, verbose=False,
-                **kwargs)
-    except Exception as exc:  # the exporter raises many types; all mean "this graph could not be exported"
-        detail = " ".join(str(exc).split())[:300]
-        raise ExportParityError(f"export: torch.onnx.export(dynamo=True) failed: {detail}") from exc
-
-
-def _max_positions(config: Any) -> int | None:
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if value else None
-
-
-def _run_torch(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    with torch.no_grad():
-        return module(**inputs).detach().float()
-
-
-def _versions() -> dict[str, str]:
-    import onnx
-    import onnxruntime
-    import onnxscript
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__, "onnxscript": onnxscript.__version__}
-
-
-def export_onnx(
-    model: nn.Module,
-    out_dir: str | os.PathLike[str],
-    *,
-    tokenizer: Any = None,
-    task: str = "auto",
-    int8: bool = False,
-    per_channel: bool = True,
-    int8_fp32: Sequence[str] = (),
-    calibration: Iterable[Mapping[str, torch.Tensor]] | None = None,
-    smooth_alpha: float = DEFAULT_ALPHA,
-    save_tokenizer: bool = True,
-    optimize: bool = False,
-    batch: int = 4,
-    seq: int = 32,
-    tolerance: float = 1e-4,
-    opset: int | None = None,
-    data: Iterable[Mapping[str, torch.Tensor]] | None = None,
-    threads: int | None = None,
-    overwrite: bool = False,
-    max_length: int | None = None,
-    fuse_attention: bool = True,
-    int8_mode: str = "dynamic",
-) -> ExportReport:
-    """Export ``model`` to ``out_dir/model.onnx``, check ONNX Runtime against PyTorch, optionally quantize.
+    ``int8``, ``calibration`` and ``**graph`` are :func:`~surgery.runtimes.onnx.onnx_graph.write_onnx`'s settings
+    (``per_channel``, ``int8_fp32``, ``smooth_alpha``, ``optimize``, ``batch``, ``seq``, ``tolerance``, ``opset``,
+    ``fuse_attention``, ``int8_mode``), with their defaults there; ``tokenizer`` also builds its parity batch.
+    The rest are the folder's (:meth:`~surgery.runtimes.shared.runtime.Runtime.write_folder`):
 
     Args:
-        model: any supported model, surgered or not (in any float dtype; the graph is fp32).
-        out_dir: a new or empty directory (written atomically).
-        tokenizer: saved next to the graph, and used to build the parity batch from sample sentences.
-        task: ``auto``, ``base``, ``seq-cls`` or ``mlm`` (see :func:`export_target`).
-        int8: write ONNX Runtime's dynamically quantized graph; its drift from PyTorch is recorded.
-        per_channel: with ``int8``, one weight scale per output channel (default) rather than per tensor.
-        int8_fp32: with ``int8``, parts whose products stay in fp32 (:data:`INT8_FP32_PARTS`): mixed
-            precision for models whose outputs int8 moves too far (see docs/deploy.md).
-        calibration: with ``int8``, tokenized batches of the user's own texts (a few hundred texts);
-            the activations are smoothed on them before quantization (:mod:`surgery.runtimes.shared.smooth`),
-            which on all-MiniLM-L6-v2 lifted recall@10 against the fp32 embeddings from 0.85 to 0.92.
-        smooth_alpha: SmoothQuant's migration strength for ``calibration`` (0 to 1).
-        save_tokenizer: write ``tokenizer``'s files next to the graph (else it only builds the parity batch).
-        optimize: write the graph after ONNX Runtime's offline optimizations (fusions); checked again.
-        batch, seq: shape of the parity batch (right-padded); the graph itself takes any shape.
-        tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
-        opset: ONNX opset (default: the exporter's).
+        tokenizer: saved next to the graph (unless ``save_tokenizer`` is False) as the serving tokenizer.
         data: labelled batches (``labels`` key); the accuracy of PyTorch and of the written graph is recorded.
         threads: ONNX Runtime threads for the checks (default: torch's).
-        overwrite: replace a non-empty ``out_dir``.
+        overwrite: replace a non-empty ``out_dir`` that surgery wrote.
         max_length: the tokens the saved ``tokenizer.json`` truncates at; default: ``max_seq_length`` of
             the source's ``sentence_bert_config.json``, else the tokenizer's own limit, else the model's
             positions (:mod:`surgery.runtimes.shared.tokenizer`); it pads to the longest text of each batch.
-        fuse_attention: write each layer's attention core as one ONNX Runtime ``MultiHeadAttention``
-            operator with the layer's own head count (:mod:`surgery.runtimes.onnx.fused_attention`); layers
-            whose family computes attention its own way stay MatMul + Softmax. False: the plain graph.
-        int8_mode: with ``int8``, ``dynamic`` (activation scales per batch at run time) or ``static``
-            (scales calibrated once on ``calibration``, after smoothing; :mod:`surgery.runtimes.onnx.static_int8`).
+
+    Returns the :class:`~surgery.runtimes.onnx.onnx_graph.ExportReport` saved as ``surgery-onnx.json``.
 
     Example:
         >>> import tempfile
+        >>> from pathlib import Path
         >>> import surgery
         >>> from surgery.strategies import HeadPruningStrategy
         >>> from surgery.testing import TinySpec, tiny_model
         >>> model = tiny_model(TinySpec("bert"))
         >>> _ = surgery.convert(model, HeadPruningStrategy(heads={0: [1, 2]}))
-        >>> report = export_onnx(model, Path(tempfile.mkdtemp()) / "onnx", batch=2, seq=8)
-        >>> report.parity.max_abs_diff < 1e-4, report.inputs, report.steps
-        (True, ['input_ids', 'attention_mask', 'token_type_ids'], ['head-prune'])
+        >>> out = Path(tempfile.mkdtemp()) / "onnx"
+        >>> report = export_onnx(model, out, batch=2, seq=8)
+        >>> report.parity.max_abs_diff < 1e-4, report.steps, sorted(p.name for p in out.iterdir())
+        (True, ['head-prune'], ['.surgery-manifest.json', 'model.onnx', 'surgery-onnx.json'])
     """
-    check_model_argument(model, "export")
-    require_onnx()
-    check_export_settings(batch, seq, tolerance)
-    check_opset(opset, "export: opset")
-    check_int8_fp32(int8_fp32, int8, "export")
     if calibration is not None and not int8:
         raise ConfigError("export: calibration batches smooth the activations for int8; they need --int8")
-    if calibration is not None:
-        calibration = list(calibration)  # read twice with static int8: smoothing, then the activation ranges
-    check_int8_mode(int8_mode, int8=int8, calibrated=calibration is not None)
-    target, output, task = export_target(model, task)
-    source_dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    was_training = model.training
-    model.eval()
-    try:
-        # Exported from a copy: tracing leaves routed layers' inspection attributes (last_probs) pointing
-        # at traced tensors, and ORT's CPU kernels are fp32, so a half-precision model is exported as fp32.
-        module = copy.deepcopy(target).float()
-        names = input_names(module)
-        wrapper = SingleOutput(module, output, names).eval()
-        inputs = parity_inputs(module.config, names, batch=batch, seq=seq, tokenizer=tokenizer)
-        expected = _run_torch(wrapper, inputs)
-        # The model's recorded precision map (compress's, surgery.core.manifest) is replayed: its groups stay fp32.
-        float_groups = int8_float_of(model) if int8 else []
-        fp32_modules = part_modules(module, int8_fp32) | set(float_group_modules(module, float_groups))
-        smoothing = None
-        if calibration is not None:
-            # Smoothed before the trace, so the fp32 parity check below also proves it changed nothing.
-            feeds = ({k: v for k, v in b.items() if k in names} for b in calibration)
-            smoothing = smooth_linears(module, feeds, alpha=smooth_alpha, skip=fp32_modules)
-        with atomic_directory(out_dir, overwrite=overwrite) as tmp:
-            path = tmp / ONNX_NAME
-            start = time.perf_counter()
-            with fused_attention(module) if fuse_attention else contextlib.nullcontext() as recorder:
-                _torch_export(wrapper, inputs, path, opset=opset, max_seq=_max_positions(module.config))
-            if opset is not None and _opset_of(path) != opset:  # the exporter keeps its own when conversion fails
-                raise ExportParityError(f"export: the exporter wrote opset {_opset_of(path)}, not the {opset} "
-                                        "asked for (it could not convert this graph); leave --opset out or pick "
-                                        "another")
-            fusion = fusion_info(module, recorder) if fuse_attention else None
-            seconds = time.perf_counter() - start
-
-            def session(graph: Path) -> OnnxRuntimeModel:
-                return OnnxRuntimeModel(graph, config=module.config, output=output, threads=threads, task=task)
-
-            runtime = session(path)
-            parity = check_parity(expected, runtime, inputs, tolerance=tolerance)
-            optimized = optimized_parity = drift = None
-            fp32_nodes: list[str] = []
-            if int8:  # before optimizing: the quantizer's shape inference rejects ORT's fused contrib ops
-                quantized = tmp / "model.int8.onnx"
-                if int8_mode == "static" and calibration is not None:
-                    fp32_nodes = quantize_static_int8(path, quantized, calibration, input_names=names,
-                                                      per_channel=per_channel, keep_fp32=_export_scopes(fp32_modules))
-                else:
-                    fp32_nodes = quantize_int8(path, quantized, per_channel=per_channel,
-                                               keep_fp32=_export_scopes(fp32_modules))
-                os.replace(quantized, path)
-                runtime = session(path)
-                drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
-            if optimize:
-                fused = tmp / "model.optimized.onnx"
-                optimized = optimize_graph(path, fused, threads=threads)
-                runtime = session(fused)
-                if int8:
-                    drift = agreement(expected, getattr(runtime(**inputs), output), inputs.get("attention_mask"))
-                else:
-                    optimized_parity = check_parity(expected, runtime, inputs, tolerance=tolerance,
-                                                    what="the ORT-optimized graph", hint="export without --optimize")
-                os.replace(fused, path)
-            accuracy_torch = accuracy_onnx = None
-            if data is not None:
-                if task != "seq-cls":
-                    raise ConfigError(f"export: accuracy on data needs a sequence classifier, this export is {task!r}")
-                batches = list(data)
-                accuracy_torch = data_accuracy(module, batches)
-                accuracy_onnx = data_accuracy(runtime, batches)
-            if tokenizer is not None and save_tokenizer:
-                limit = max_length or source_max_seq_length(source_dir_of(model))
-                save_serving_tokenizer(tokenizer, tmp, serving_max_length(module.config, tokenizer, limit))
-            report = ExportReport(
-                **export_record(model, module, task=task, source_dtype=source_dtype, inputs=names, output=output,
-                                versions=_versions(), parity_batch=(batch, seq), tolerance=tolerance),
-                opset=_opset_of(path), exporter="torch.onnx.export(dynamo=True)",
-                parity=parity, fused_attention=fusion, operators=op_counts(path),
-                optimized=optimized, optimized_parity=optimized_parity,
-                int8=int8, int8_mode=int8_mode if int8 else None,
-                int8_per_channel=per_channel if int8 else None, int8_fp32=list(int8_fp32),
-                int8_float=float_groups, int8_fp32_nodes=len(fp32_nodes), int8_smoothing=smoothing, int8_drift=drift,
-                accuracy_torch=accuracy_torch, accuracy_onnx=accuracy_onnx,
-                onnx_bytes=path.stat().st_size, export_seconds=seconds,
-            )
-            report.write(tmp)
-            del runtime  # release the session's file handles before the directory is renamed
-    finally:
-        model.train(was_training)
-    return report
-
-
-def _opset_of(path: Path) -> int:
-    import onnx
-
-    proto = onnx.load(str(path), load_external_data=False)
-    return next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
-def read_export_info(directory: str | os.PathLike[str]) -> ExportReport:
-    """The :class:`ExportReport` saved next to an exported graph."""
-    path = Path(directory) / INFO_NAME
-    try:
-        return ExportReport.model_validate(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is missing or not an export record ({exc}); export the model again") from None
+    runtime = (OnnxRuntimeInt8Runtime if int8 else OnnxRuntimeRuntime)(**graph, parity_tokenizer=tokenizer)
+    return runtime.write_folder(model, out_dir, task=task, tokenizer=tokenizer if save_tokenizer else None,
+                                calibration=None if calibration is None else list(calibration), data=data,
+                                threads=threads, overwrite=overwrite, max_length=max_length)

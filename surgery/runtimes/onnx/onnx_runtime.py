@@ -1,7 +1,8 @@
 """The ONNX Runtime runtimes: ``onnxruntime`` (the fp32 graph) and ``onnxruntime-int8`` (dynamic int8, smoothed
 on calibration texts when given).
 
-Both wrap :func:`surgery.runtimes.onnx.onnx_export.export_onnx`, the one ONNX export (parity check, fused attention,
+Both are :class:`~surgery.runtimes.shared.graph_runtime.GraphRuntime` around
+:func:`surgery.runtimes.onnx.onnx_graph.write_onnx`, the one ONNX export (parity check, fused attention,
 quantization, smoothing): the artefact is the directory it writes, ``model.onnx`` and ``surgery-onnx.json``.
 
 Example:
@@ -20,22 +21,29 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from surgery.runtimes.shared.names import GRAPH_FORMAT, ONNX_NAME, ONNX_PACKAGES
-from surgery.runtimes.shared.runtime import Runtime, RuntimeArtefact, artefact_of
+from surgery.runtimes.shared.graph_runtime import GraphRuntime
+from surgery.runtimes.shared.names import GRAPH_FORMAT, ONNX_NAME, ONNX_PACKAGES, SMOOTH_ALPHA
 
 if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
+    from collections.abc import Sequence
+
     from torch import nn
     from transformers import PretrainedConfig
 
     from surgery.core.strategy import Batch
+    from surgery.runtimes.onnx.onnx_graph import ExportReport
 
 
-class OnnxRuntimeRuntime(Runtime):
-    """ONNX Runtime on the CPU, the fp32 graph (each layer's attention one fused operator)."""
+class OnnxRuntimeRuntime(GraphRuntime):
+    """ONNX Runtime on the CPU, the fp32 graph (each layer's attention one fused operator).
+
+    ``export_options`` are further keyword arguments of :func:`surgery.runtimes.onnx.onnx_graph.write_onnx`
+    (``int8_fp32``, ``smooth_alpha``, ``per_channel``, ``int8_mode``, ``fuse_attention`` ...), as ``bench
+    --int8-fp32`` passes them.
+    """
 
     name: ClassVar[str] = "onnxruntime"
     extra: ClassVar[str | None] = "onnx"
@@ -48,46 +56,33 @@ class OnnxRuntimeRuntime(Runtime):
     sentence_backend: ClassVar[str | None] = "onnx"
     export_settings: ClassVar[frozenset[str]] = frozenset({"opset", "optimize", "fuse_attention"})
 
-    def __init__(self, **export_options: Any) -> None:
-        #: Further keyword arguments of :func:`surgery.runtimes.onnx.onnx_export.export_onnx` (``int8_fp32``,
-        #: ``smooth_alpha``, ``per_channel``, ``int8_mode``, ``fuse_attention`` ...), as ``bench --int8-fp32``
-        #: passes them.
-        self.export_options = export_options
+    def write_graph(self, model: nn.Module, out_dir: Path, *, task: str, threads: int | None,
+                    calibration: list[Batch] | None, **options: Any) -> ExportReport:
+        from surgery.runtimes.onnx.onnx_graph import write_onnx
 
-    def unavailable(self) -> str | None:
-        return self.missing()
+        return write_onnx(model, out_dir, task=task, threads=threads, int8=self.int8, calibration=calibration,
+                          **options)
 
-    def write_artefact(self, model: nn.Module, out_dir: Path, *, task: str = "auto",
-                       calibration: Sequence[Batch] | None = None, threads: int | None = None,
-                       opset: int | None = None) -> RuntimeArtefact:
-        from surgery.runtimes.onnx.onnx_export import export_onnx
+    def read_record(self, out_dir: Path) -> ExportReport:
+        from surgery.runtimes.onnx.onnx_graph import read_export_info
 
-        report = export_onnx(model, out_dir, task=task, threads=threads, opset=opset, int8=self.int8,
-                             calibration=list(calibration) if (self.int8 and calibration) else None,
-                             **self.export_options)
-        found = report.int8_drift if report.int8_drift is not None else report.parity
-        return artefact_of(self.name, Path(out_dir), task=report.task, output=report.output, found=found,
-                           info=report.model_dump(mode="json"))
+        return read_export_info(out_dir)
+
+    def served(self, out_dir: Path, record: Any, *, config: PretrainedConfig, threads: int | None = None
+               ) -> nn.Module:
+        from surgery.runtimes.onnx.onnx_session import OnnxRuntimeModel
+
+        return OnnxRuntimeModel(Path(out_dir) / ONNX_NAME, config=config, output=record.output, threads=threads,
+                                task=record.task)
 
     def smooth_alpha(self, config: Any) -> float | None:
-        from surgery.runtimes.shared.names import SMOOTH_ALPHA
-
         return config.smooth_alpha if config.smooth_alpha is not None else SMOOTH_ALPHA
 
-    def export(self, model: nn.Module, out_dir: Path, config: Any, *, tokenizer: Any = None,
-               calibration: Sequence[Batch] | None = None, data: Any = None) -> Any:
-        """The whole ONNX export (:func:`surgery.runtimes.onnx.onnx_export.export_onnx`: tokenizer, parity batch,
-        accuracy on ``data``), as ``config`` says; returns its
-        :class:`~surgery.runtimes.onnx.onnx_export.ExportReport`."""
-        from surgery.runtimes.onnx.onnx_export import export_onnx
-
-        options = {"per_channel": not config.per_tensor, "int8_fp32": config.int8_fp32,
-                   "smooth_alpha": self.smooth_alpha(config), "optimize": config.optimize, "opset": config.opset,
-                   "fuse_attention": config.fuse_attention, "int8_mode": config.int8_mode, **self.export_options}
-        return export_onnx(model, out_dir, tokenizer=tokenizer, task=config.task, int8=self.int8,
-                           calibration=calibration, batch=config.batch, seq=config.seq, tolerance=config.tolerance,
-                           data=data, threads=config.threads, overwrite=config.overwrite,
-                           max_length=config.max_length, **options)
+    def artefact_options(self, config: Any, *, tokenizer: Any = None) -> dict[str, Any]:
+        """The parity batch, opset, optimization, fused attention and the int8 settings of ``config``."""
+        return {**super().artefact_options(config, tokenizer=tokenizer), "per_channel": not config.per_tensor,
+                "int8_fp32": config.int8_fp32, "smooth_alpha": self.smooth_alpha(config), "optimize": config.optimize,
+                "opset": config.opset, "fuse_attention": config.fuse_attention, "int8_mode": config.int8_mode}
 
     def serving_code(self, directory: str) -> list[str]:
         return ["import onnxruntime, transformers",
@@ -95,19 +90,6 @@ class OnnxRuntimeRuntime(Runtime):
                 f'batch = transformers.AutoTokenizer.from_pretrained("{directory}")(texts, padding=True, '
                 'return_tensors="np")',
                 "outputs = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})"]
-
-    def read_info(self, out_dir: Path) -> dict[str, Any]:
-        from surgery.runtimes.onnx.onnx_export import read_export_info
-
-        return read_export_info(out_dir).model_dump(mode="json")
-
-    def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
-        from surgery.runtimes.onnx.onnx_export import read_export_info
-        from surgery.runtimes.onnx.onnx_session import OnnxRuntimeModel
-
-        info = read_export_info(out_dir)
-        return OnnxRuntimeModel(Path(out_dir) / ONNX_NAME, config=config, output=info.output, threads=threads,
-                                task=info.task)
 
 
 class OnnxRuntimeInt8Runtime(OnnxRuntimeRuntime):

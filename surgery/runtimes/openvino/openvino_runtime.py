@@ -1,10 +1,11 @@
 """The OpenVINO runtimes: ``openvino`` (the fp32 IR, held to f32), ``openvino-bf16`` (the same IR run in bf16)
 and ``openvino-int8`` (NNCF int8, calibrated).
 
-All wrap :func:`surgery.runtimes.openvino.openvino_export.export_openvino`: the artefact is the IR directory it
-writes (``openvino_model.xml``/``.bin``, ``config.json``, ``surgery-openvino.json``), which ``openvino``
-alone serves and optimum-intel's ``OVModelFor*`` loads. The IR records the inference precision it was
-checked at in its runtime options (``rt_info``), so it tells whoever compiles it.
+All are :class:`~surgery.runtimes.shared.graph_runtime.GraphRuntime` around
+:func:`surgery.runtimes.openvino.openvino_ir.write_openvino`: the artefact is the IR directory it writes
+(``openvino_model.xml``/``.bin``, ``config.json``, ``surgery-openvino.json``), which ``openvino`` alone serves and
+optimum-intel's ``OVModelFor*`` loads. The IR records the inference precision it was checked at in its runtime
+options (``rt_info``), so it tells whoever compiles it.
 
 Example:
     >>> import tempfile
@@ -22,21 +23,28 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from surgery.runtimes.shared.runtime import Runtime, RuntimeArtefact, artefact_of, bf16_cpu_missing
+from surgery.runtimes.shared.graph_runtime import GraphRuntime
+from surgery.runtimes.shared.runtime import bf16_cpu_missing
 
 if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
+    from collections.abc import Sequence
+
     from torch import nn
     from transformers import PretrainedConfig
 
     from surgery.core.strategy import Batch
+    from surgery.runtimes.openvino.openvino_ir import OpenVinoExportReport
 
 
-class OpenVinoRuntime(Runtime):
-    """OpenVINO on the CPU, the fp32 IR held to f32 (the CPU plugin would otherwise pick bf16 where it can)."""
+class OpenVinoRuntime(GraphRuntime):
+    """OpenVINO on the CPU, the fp32 IR held to f32 (the CPU plugin would otherwise pick bf16 where it can).
+
+    ``export_options`` are further keyword arguments of :func:`surgery.runtimes.openvino.openvino_ir.write_openvino`
+    (``smooth_quant_alpha`` ...).
+    """
 
     name: ClassVar[str] = "openvino"
     extra: ClassVar[str | None] = "openvino"
@@ -48,48 +56,37 @@ class OpenVinoRuntime(Runtime):
     #: The ``INFERENCE_PRECISION_HINT`` the IR is served (and recorded) with.
     inference_precision: ClassVar[str] = "f32"
 
-    def __init__(self, **export_options: Any) -> None:
-        #: Further keyword arguments of :func:`surgery.runtimes.openvino.openvino_export.export_openvino`
-        #: (``smooth_quant_alpha`` ...).
-        self.export_options = export_options
+    def write_graph(self, model: nn.Module, out_dir: Path, *, task: str, threads: int | None,
+                    calibration: list[Batch] | None, **options: Any) -> OpenVinoExportReport:
+        from surgery.runtimes.openvino.openvino_ir import write_openvino
 
-    def unavailable(self) -> str | None:
-        return self.missing()
+        return write_openvino(model, out_dir, task=task, threads=threads, int8=self.int8, calibration=calibration,
+                              **{"precision": self.inference_precision, **options})
 
-    def write_artefact(self, model: nn.Module, out_dir: Path, *, task: str = "auto",
-                       calibration: Sequence[Batch] | None = None, threads: int | None = None,
-                       opset: int | None = None) -> RuntimeArtefact:
-        from surgery.runtimes.openvino.openvino_export import export_openvino
+    def read_record(self, out_dir: Path) -> OpenVinoExportReport:
+        from surgery.runtimes.openvino.openvino_ir import read_openvino_info
 
-        self.check_calibration(calibration)
-        report = export_openvino(model, out_dir, task=task, threads=threads, int8=self.int8,
-                                 precision=self.inference_precision,
-                                 calibration=list(calibration) if (self.int8 and calibration) else None,
-                                 **self.export_options)
-        found = report.int8_drift or report.bf16_drift or report.parity
-        return artefact_of(self.name, Path(out_dir), task=report.task, output=report.output, found=found,
-                           info=report.model_dump(mode="json"))
+        return read_openvino_info(out_dir)
+
+    def served(self, out_dir: Path, record: Any, *, config: PretrainedConfig, threads: int | None = None
+               ) -> nn.Module:
+        from surgery.runtimes.openvino.openvino_ir import OV_XML, OpenVinoModel
+
+        return OpenVinoModel(Path(out_dir) / OV_XML, config=config, output=record.output, threads=threads,
+                             task=record.task, precision=self.inference_precision)
 
     def smooth_alpha(self, config: Any) -> float | None:
-        from surgery.runtimes.openvino.openvino_export import SMOOTH_QUANT_ALPHA
+        from surgery.runtimes.openvino.openvino_ir import SMOOTH_QUANT_ALPHA
 
         return config.smooth_alpha if config.smooth_alpha is not None else SMOOTH_QUANT_ALPHA
 
-    def export(self, model: nn.Module, out_dir: Path, config: Any, *, tokenizer: Any = None,
-               calibration: Sequence[Batch] | None = None, data: Any = None) -> Any:
-        """The whole OpenVINO export (:func:`surgery.runtimes.openvino.openvino_export.export_openvino`: tokenizer,
-        parity batch, accuracy on ``data``), as ``config`` says; returns its
-        :class:`~surgery.runtimes.openvino.openvino_export.OpenVinoExportReport`."""
-        from surgery.runtimes.openvino.openvino_export import export_openvino
-
-        options = {"smooth_quant_alpha": self.smooth_alpha(config), **self.export_options}
-        return export_openvino(model, out_dir, tokenizer=tokenizer, task=config.task, int8=self.int8,
-                               precision=self.inference_precision, calibration=calibration, batch=config.batch,
-                               seq=config.seq, tolerance=config.tolerance, data=data, threads=config.threads,
-                               overwrite=config.overwrite, max_length=config.max_length, **options)
+    def artefact_options(self, config: Any, *, tokenizer: Any = None) -> dict[str, Any]:
+        """The parity batch and the int8 smoothing strength of ``config``."""
+        return {**super().artefact_options(config, tokenizer=tokenizer),
+                "smooth_quant_alpha": self.smooth_alpha(config)}
 
     def serving_code(self, directory: str) -> list[str]:
-        from surgery.runtimes.openvino.openvino_export import OV_XML
+        from surgery.runtimes.openvino.openvino_ir import OV_XML
 
         return ["import openvino, transformers",
                 f'model = openvino.Core().compile_model("{directory}/{OV_XML}", "CPU", {{"INFERENCE_PRECISION_HINT": '
@@ -98,24 +95,12 @@ class OpenVinoRuntime(Runtime):
                 'return_tensors="np")',
                 "outputs = model({p.any_name: batch[p.any_name] for p in model.inputs})"]
 
-    def read_info(self, out_dir: Path) -> dict[str, Any]:
-        from surgery.runtimes.openvino.openvino_export import read_openvino_info
-
-        return read_openvino_info(out_dir).model_dump(mode="json")
-
-    def load(self, out_dir: Path, *, config: PretrainedConfig, threads: int | None = None) -> nn.Module:
-        from surgery.runtimes.openvino.openvino_export import OV_XML, OpenVinoModel, read_openvino_info
-
-        info = read_openvino_info(out_dir)
-        return OpenVinoModel(Path(out_dir) / OV_XML, config=config, output=info.output, threads=threads,
-                             task=info.task, precision=self.inference_precision)
-
 
 class OpenVinoBf16Runtime(OpenVinoRuntime):
     """OpenVINO on the CPU, the fp32 IR run with the bf16 inference precision hint (CPUs with avx512_bf16 or AMX).
 
     The same f32 IR as ``openvino``, parity-checked in f32 as it is; then run in bf16, its drift from PyTorch
-    fp32 must keep a per-example cosine of at least :data:`surgery.runtimes.openvino.openvino_export.BF16_MIN_COSINE`.
+    fp32 must keep a per-example cosine of at least :data:`surgery.runtimes.openvino.openvino_ir.BF16_MIN_COSINE`.
     """
 
     name: ClassVar[str] = "openvino-bf16"
@@ -140,3 +125,27 @@ class OpenVinoInt8Runtime(OpenVinoRuntime):
     precision: ClassVar[str] = "int8"
     packages: ClassVar[tuple[str, ...]] = ("openvino", "nncf")
     versioned: ClassVar[tuple[str, ...]] = ("openvino", "nncf")
+    float_fallback: ClassVar[bool] = True
+
+    def with_float_groups(self, served_dir: Path, model: nn.Module, groups: Sequence[str], out_dir: Path) -> Path:
+        """The IR with ``groups``' products back in float, beside a copy of the record
+        (:func:`surgery.runtimes.openvino.openvino_ir.with_float_groups`: NNCF's revert without quantizing again)."""
+        import shutil
+
+        import openvino as ov
+
+        from surgery.runtimes.openvino.openvino_ir import OV_INFO, OV_XML, with_float_groups
+
+        out = Path(out_dir)
+        out.mkdir(parents=True)
+        quantized = ov.Core().read_model(str(Path(served_dir) / OV_XML))
+        ov.save_model(with_float_groups(quantized, model, list(groups)), str(out / OV_XML), compress_to_fp16=False)
+        shutil.copyfile(Path(served_dir) / OV_INFO, out / OV_INFO)
+        return out
+
+    def int8_refit(self, model: nn.Module, teacher: nn.Module, batches: Sequence[Batch], *,
+                   calibration: Sequence[Batch], threads: int | None = None) -> list[str] | None:
+        """The quantization-aware refit (:func:`surgery.runtimes.openvino.quantized_refit.quantization_aware_refit`)."""
+        from surgery.runtimes.openvino.quantized_refit import quantization_aware_refit
+
+        return quantization_aware_refit(model, teacher, batches, calibration=calibration, threads=threads).projections

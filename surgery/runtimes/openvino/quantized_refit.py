@@ -23,12 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from surgery.runtimes.openvino.openvino_export import (
-    OV_XML,
-    SMOOTH_QUANT_ALPHA,
-    export_openvino,
-    quantized_product_inputs,
-)
+from surgery.runtimes.openvino.openvino_ir import OV_XML, SMOOTH_QUANT_ALPHA, quantized_product_inputs, write_openvino
 from surgery.training.refit import RefitResult, projection, projection_name, refit_projections, refit_targets
 
 
@@ -61,9 +56,8 @@ def quantization_aware_refit(student: nn.Module, teacher: nn.Module, batches: Se
     names = [projection_name(student, layer, name) for layer, name in targets
              if (linear := projection(student, layer, name)) is not None and linear.in_features > 0]
     with tempfile.TemporaryDirectory(prefix="surgery-qa-refit-") as tmp:
-        export_openvino(student, Path(tmp) / "ir", task="auto", int8=True, calibration=calibration,
-                        smooth_quant_alpha=smooth_quant_alpha, save_tokenizer=False, write_config=False,
-                        threads=threads, batch=2, seq=8)
+        write_openvino(student, Path(tmp) / "ir", task="auto", int8=True, calibration=calibration,
+                       smooth_quant_alpha=smooth_quant_alpha, write_config=False, threads=threads, batch=2, seq=8)
         import openvino as ov
 
         quantized = ov.Core().read_model(str(Path(tmp) / "ir" / OV_XML))

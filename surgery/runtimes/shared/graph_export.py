@@ -1,8 +1,8 @@
 """What every graph exporter shares (ONNX, OpenVINO): the module to export, its inputs, the parity batch and
 the agreement it is judged by, the fields every export records, and a batch as a graph's feeds.
 
-Each runtime's own exporter (:mod:`surgery.runtimes.onnx.onnx_export`,
-:mod:`surgery.runtimes.openvino.openvino_export`) builds on these; nothing here needs onnx or openvino.
+Each runtime's own exporter (:mod:`surgery.runtimes.onnx.onnx_graph`,
+:mod:`surgery.runtimes.openvino.openvino_ir`) builds on these; nothing here needs onnx or openvino.
 
 Example:
     >>> from surgery.testing import TinySpec, tiny_model
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar, Self
 
 import torch
 from pydantic import BaseModel, Field
@@ -53,7 +56,20 @@ class Agreement(BaseModel):
 
 
 class ExportRecord(BaseModel):
-    """What every export records about the exported model: task, class, inputs and output, the steps."""
+    """What every graph export records about the exported model: task, class, inputs and output, the steps.
+
+    Each runtime's record (:class:`~surgery.runtimes.onnx.onnx_graph.ExportReport`,
+    :class:`~surgery.runtimes.openvino.openvino_ir.OpenVinoExportReport`) adds its own fields and names its file
+    (:attr:`record_file`), the field its artefact's accuracy on data goes in (:attr:`accuracy_field`) and the
+    agreement that describes the artefact as it runs (:meth:`served_agreement`).
+    """
+
+    #: The file the record is saved as, next to the graph.
+    record_file: ClassVar[str]
+    #: What the record is called in the one-line error when it is missing or damaged.
+    record_kind: ClassVar[str] = "export record"
+    #: The field holding the accuracy of the written graph on labelled data.
+    accuracy_field: ClassVar[str]
 
     task: str
     model_class: str
@@ -66,6 +82,26 @@ class ExportRecord(BaseModel):
     versions: dict[str, str]
     parity_batch: tuple[int, int]
     tolerance: float
+
+    def served_agreement(self) -> Agreement:
+        """How closely the artefact, as it runs, agrees with PyTorch fp32: its int8 or bf16 drift, else its parity."""
+        raise NotImplementedError
+
+    def write(self, out_dir: Path) -> Path:
+        """Save the record as :attr:`record_file` in ``out_dir``."""
+        path = Path(out_dir) / self.record_file
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike[str]) -> Self:
+        """The record saved next to an exported graph; a one-line error when it is missing or damaged."""
+        path = Path(directory) / cls.record_file
+        try:
+            return cls.model_validate(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} is missing or not an {cls.record_kind} ({exc}); export the model "
+                              "again") from None
 
 
 def export_record(model: nn.Module, module: nn.Module, *, task: str, source_dtype: str, inputs: list[str],
@@ -223,17 +259,6 @@ def check_export_settings(batch: int, seq: int, tolerance: float) -> None:
         if value < least:
             raise ConfigError(f"export: {field} must be at least {least}, got {value}")
     check_tolerance(tolerance, "export: tolerance")  # inf would turn the parity gate off
-
-
-def data_accuracy(model: nn.Module, data: Iterable[Mapping[str, torch.Tensor]]) -> float:
-    """Accuracy of a classifier (torch, ONNX Runtime or OpenVINO) on labelled batches (NaN without any)."""
-    correct = total = 0
-    with torch.no_grad():
-        for batch in data:
-            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-            correct += int((logits.argmax(-1) == batch["labels"]).sum())
-            total += int(batch["labels"].numel())
-    return correct / total if total else float("nan")
 
 
 @contextmanager

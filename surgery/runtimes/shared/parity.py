@@ -51,7 +51,7 @@ def agreement_of(expected: torch.Tensor, got: torch.Tensor, mask: torch.Tensor |
     """``max_abs_diff``, ``mean_cosine`` and ``min_cosine`` (per example) of ``got`` against ``expected``.
 
     Per-token outputs (``[batch, seq, ...]``) are compared on real tokens only (``mask``), as
-    :func:`surgery.runtimes.onnx.onnx_export.agreement` does: padded positions are read by nothing downstream.
+    :func:`surgery.runtimes.shared.graph_export.agreement` does: padded positions are read by nothing downstream.
     """
     found = agreement(expected, got, mask)
     return {"max_abs_diff": found.max_abs_diff, "mean_cosine": float(found.mean_cosine or 0.0),

@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -130,6 +131,10 @@ class Runtime(ABC):
     #: The runtime-specific export settings it reads (:class:`~surgery.runtimes.export_config.ExportConfig`
     #: field names: ``opset``, ``int8_mode`` ...); any other one given is refused in one line.
     export_settings: ClassVar[frozenset[str]] = frozenset()
+    #: True where its int8 artefact can leave op groups in float (a precision map, recorded on the model and replayed
+    #: by every export) and :meth:`with_float_groups` writes such a copy of an artefact: compress's precision pass
+    #: (:mod:`surgery.compress.precision`) searches maps on it.
+    float_fallback: ClassVar[bool] = False
 
     @property
     def int8(self) -> bool:
@@ -184,41 +189,102 @@ class Runtime(ABC):
         own default; None where it does not smooth."""
         return config.smooth_alpha
 
+    def artefact_options(self, config: Any, *, tokenizer: Any = None) -> dict[str, Any]:
+        """The keyword arguments of :meth:`write_artefact` that ``config`` (an
+        :class:`~surgery.runtimes.export_config.ExportConfig`) sets for this runtime: its own export settings.
+
+        This default passes ``opset`` (the one setting the interface names); a runtime that reads more (the
+        parity batch, its int8 settings, ``tokenizer`` for the parity batch's texts) returns them.
+        """
+        return {"opset": config.opset}
+
     def export(self, model: nn.Module, out_dir: Path, config: Any, *, tokenizer: Any = None,
                calibration: Sequence[Batch] | None = None, data: Iterable[Mapping[str, torch.Tensor]] | None = None
                ) -> Any:
-        """``surgery export``'s graph format: :meth:`write_artefact`, the tokenizer beside it and, with labelled
-        ``data``, the accuracy of PyTorch fp32 and of the artefact as served (:meth:`accuracy`), written atomically
-        into ``out_dir`` as ``config`` (an :class:`~surgery.runtimes.export_config.ExportConfig`) says.
+        """``surgery export``'s graph format, as ``config`` (an :class:`~surgery.runtimes.export_config.ExportConfig`)
+        says: :meth:`write_folder` with this runtime's :meth:`artefact_options`. Returns :meth:`export_report`."""
+        return self.write_folder(model, out_dir, task=config.task, tokenizer=tokenizer, calibration=calibration,
+                                 data=data, threads=config.threads, overwrite=config.overwrite,
+                                 max_length=config.max_length, **self.artefact_options(config, tokenizer=tokenizer))
 
-        Returns the :class:`RuntimeArtefact` (``info["accuracy_torch"]`` and ``info["accuracy"]`` with ``data``).
-        Runtimes whose exporter writes the whole directory itself (ONNX Runtime, OpenVINO) override it.
+    def write_folder(self, model: nn.Module, out_dir: str | os.PathLike[str], *, task: str = "auto",
+                     tokenizer: Any = None, calibration: Sequence[Batch] | None = None,
+                     data: Iterable[Mapping[str, torch.Tensor]] | None = None, threads: int | None = None,
+                     overwrite: bool = False, max_length: int | None = None, **options: Any) -> Any:
+        """The deployable folder, for every runtime: :meth:`write_artefact` (with ``options``), the serving tokenizer
+        beside it and, with labelled ``data``, the accuracy of PyTorch fp32 and of the artefact as served
+        (:meth:`accuracy`, kept by :meth:`record_accuracy`), written atomically into ``out_dir`` (an existing one is
+        replaced only with ``overwrite``, and only when surgery wrote it whole).
+
+        ``tokenizer`` is saved truncating at ``max_length`` (default: the source's ``max_seq_length``, else the
+        tokenizer's or the model's limit; :mod:`surgery.runtimes.shared.tokenizer`). Returns :meth:`export_report`
+        of the :class:`RuntimeArtefact` (``info["accuracy_torch"]`` and ``info["accuracy"]`` with ``data``).
+
+        Example:
+            >>> import tempfile
+            >>> from surgery.runtimes import get_runtime
+            >>> from surgery.testing import TinySpec, tiny_model
+            >>> out = Path(tempfile.mkdtemp()) / "t"
+            >>> art = get_runtime("torch").write_folder(tiny_model(TinySpec("bert")), out)
+            >>> art.directory == out.resolve(), (out / "model.safetensors").is_file()
+            (True, True)
         """
         from dataclasses import replace
 
         from surgery.core.errors import ConfigError
+        from surgery.core.manifest import source_dir_of
         from surgery.persist.model_io import atomic_directory
         from surgery.runtimes.shared.benched_model import accuracy_of
+        from surgery.runtimes.shared.tokenizer import save_serving_tokenizer, serving_max_length, source_max_seq_length
 
         out = Path(out_dir).expanduser()
-        with atomic_directory(out, overwrite=config.overwrite) as tmp:
-            artefact = self.write_artefact(model, tmp / "artefact", task=config.task, calibration=calibration,
-                                           threads=config.threads, opset=config.opset)
+        with atomic_directory(out, overwrite=overwrite) as tmp:
+            artefact = self.write_artefact(model, tmp / "artefact", task=task, calibration=calibration,
+                                           threads=threads, **options)
             for item in artefact.directory.iterdir():
                 item.rename(tmp / item.name)
             artefact.directory.rmdir()
             info = dict(artefact.info)
             if data is not None:
                 batches = list(data)
-                info["accuracy_torch"] = accuracy_of(fp32_copy(model), batches)
-                info["accuracy"] = self.accuracy(tmp, batches, config=model.config, threads=config.threads)
-                if info["accuracy"] is None or info["accuracy_torch"] is None:
+                on_torch = accuracy_of(fp32_copy(model), batches)
+                served = self.accuracy(tmp, batches, config=model.config, threads=threads)
+                if served is None or on_torch is None:
                     raise ConfigError(f"export: accuracy on data needs a sequence classifier; this export is "
                                       f"{artefact.task!r} (drop --data)")
+                info = self.record_accuracy(tmp, info, accuracy_torch=on_torch, accuracy=served)
             if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+                limit = max_length or source_max_seq_length(source_dir_of(model))
+                save_serving_tokenizer(tokenizer, tmp, serving_max_length(model.config, tokenizer, limit))
             files = tuple(sorted(p.name for p in tmp.iterdir()))
-        return replace(artefact, directory=out.resolve(), files=files, info=info)
+        return self.export_report(replace(artefact, directory=out.resolve(), files=files, info=info))
+
+    def record_accuracy(self, out_dir: Path, info: dict[str, Any], *, accuracy_torch: float, accuracy: float
+                        ) -> dict[str, Any]:
+        """Keep the accuracy on data of PyTorch fp32 and of the artefact in ``out_dir``: this default adds
+        ``accuracy_torch`` and ``accuracy`` to ``info``; a runtime with its own record writes them there. Returns
+        the artefact's info."""
+        return {**info, "accuracy_torch": accuracy_torch, "accuracy": accuracy}
+
+    def export_report(self, artefact: RuntimeArtefact) -> Any:
+        """What :meth:`write_folder` returns for the folder it wrote: this default returns ``artefact``; a runtime
+        with its own report (the ONNX export report ...) returns that."""
+        return artefact
+
+    def with_float_groups(self, served_dir: Path, model: nn.Module, groups: Sequence[str], out_dir: Path) -> Path:
+        """A copy of its int8 artefact in ``served_dir`` (of ``model``) with ``groups``' products back in float,
+        written into ``out_dir`` (new) for :meth:`load`: how compress's precision pass measures a fallback's gain and
+        cost without quantizing again. Where :attr:`float_fallback` is False it is refused in one line."""
+        from surgery.core.errors import ConfigError
+
+        raise ConfigError(f"runtime {self.name!r} keeps no op groups in float (its float_fallback is False)")
+
+    def int8_refit(self, model: nn.Module, teacher: nn.Module, batches: Sequence[Batch], *,
+                   calibration: Sequence[Batch], threads: int | None = None) -> list[str] | None:
+        """Refit ``model``'s cut projections in place against the inputs its int8 artefact feeds them (``teacher``'s
+        outputs as targets, ``calibration`` quantizing as the artefact will); the projections solved. This default
+        refits nothing and returns None (a runtime with such a refit overrides it)."""
+        return None
 
     def serving_code(self, directory: str) -> list[str]:
         """Python lines that serve its artefact in ``directory`` (``texts`` a list of strings): what a generated
@@ -337,7 +403,7 @@ def missing_packages(packages: Sequence[str], hint: str) -> str | None:
 def artefact_of(runtime: str, out_dir: Path, *, task: str, output: str, found: Any, info: dict[str, Any]
                 ) -> RuntimeArtefact:
     """A :class:`RuntimeArtefact` for the files in ``out_dir``, with ``found`` (an export report's
-    :class:`~surgery.runtimes.onnx.onnx_export.Agreement`) as its parity figures."""
+    :class:`~surgery.runtimes.shared.graph_export.Agreement`) as its parity figures."""
     out = Path(out_dir).expanduser().resolve()
     parity = {"max_abs_diff": float(found.max_abs_diff), "mean_cosine": float(found.mean_cosine or 0.0),
               "min_cosine": float(found.min_cosine)}
