@@ -177,15 +177,15 @@ def test_cli_saves_the_judged_artefact_byte_for_byte(tmp_path: Path, monkeypatch
     tiny_tokenizer().save_pretrained(tmp_path / "classifier")
     data = write_rows(tmp_path / "train.csv", labelled_rows(64))
     exports: list[str] = []
-    from surgery.runtimes.onnx import onnx_export as export_module
+    # Every graph the runtime writes goes through its write_artefact (compress's candidates, probes, the unchanged).
+    owner = next(c for c in type(get_runtime("onnxruntime-int8")).__mro__ if "write_artefact" in c.__dict__)
+    real = owner.__dict__["write_artefact"]
 
-    real = export_module.export_onnx
+    def counted(self: Any, written: torch.nn.Module, out_dir: Path, *args: Any, **kwargs: Any) -> Any:
+        exports.append(str(out_dir))
+        return real(self, written, out_dir, *args, **kwargs)
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        exports.append(str(args[1] if len(args) > 1 else kwargs.get("out_dir")))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(export_module, "export_onnx", counted)
+    monkeypatch.setattr(owner, "write_artefact", counted)
     monkeypatch.setattr(MeasuredLatency, "table", lambda self, m, runtime: tables(m, {"torch": 1.0,
                                                                                        runtime: 2.5}).table(m, runtime))
     monkeypatch.setattr(MeasuredLatency, "speedup", lambda self, original, candidate, *, runtime, reference_runtime,
