@@ -171,3 +171,55 @@ def run_cli(args: list[str], cwd: Path) -> tuple[int, str, list[str]]:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     imported = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("IMPORTED ").replace("'", '"'))
     return done.returncode, done.stderr, imported
+
+
+#: Runs CLI cases one after another in one new interpreter, as ``surgery`` would (``surgery.cli.main``), each with its
+#: own exit code, stdout and stderr. The streams are the file descriptors 1 and 2, not ``sys.stdout``/``sys.stderr``
+#: alone, so that what a library prints from C lands in the case's stream as it would in a process of its own.
+CLI_BATCH = """
+import json, os, sys, tempfile, traceback
+from surgery.cli import main
+results = []
+for args in json.loads(sys.argv[1]):
+    streams = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    os.dup2(streams[0].fileno(), 1), os.dup2(streams[1].fileno(), 2)
+    sys.argv = ["surgery", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        os.close(saved[0]), os.close(saved[1])
+    texts = []
+    for stream in streams:
+        stream.seek(0)
+        texts.append(stream.read().decode(errors="replace"))
+    results.append([code, *texts, [m for m in ("torch", "transformers", "datasets") if m in sys.modules]])
+print("RESULTS", json.dumps(results))
+"""
+
+
+def start_cli_batch(cases: list[list[str]], **popen: object) -> subprocess.Popen[str]:
+    """Start one interpreter that runs ``cases`` (CLI argument lists) in turn: a single torch import for all of them,
+    where a process per case imports it once each. Read its results with ``cli_batch_results``.
+
+    Example: ``cli_batch_results(start_cli_batch([["inspect", model_dir], ["bench", model_dir]]))``."""
+    return subprocess.Popen([sys.executable, "-c", CLI_BATCH, json.dumps(cases)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
+
+
+def cli_batch_results(run: subprocess.Popen[str], timeout: float = 600) -> list[tuple[int, str, str, list[str]]]:
+    """Each case's exit code, stdout, stderr and the heavy modules (torch, transformers, datasets) imported by its end,
+    in the order given to ``start_cli_batch``."""
+    stdout, stderr = run.communicate(timeout=timeout)
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULTS ")]
+    assert run.returncode == 0 and lines, f"the batch itself failed (exit {run.returncode}): {stderr[-3000:]}"
+    return [tuple(result) for result in json.loads(lines[-1].removeprefix("RESULTS "))]  # type: ignore[misc]

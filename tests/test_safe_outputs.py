@@ -3,8 +3,9 @@ entry at the root of each output), surgery's own temporaries (proven by its lock
 signal cannot tear, an interrupt that names only what was saved, and output checks before any heavy import.
 
 The library cases run in this process (surgery.persist.atomic); the data-loss cases also run end to end
-in real ``surgery`` processes on a tiny saved model (surgery.testing), with the whole tree hashed before
-and after, several processes at once to keep the time small on a shared machine.
+in a real ``surgery`` process on a tiny saved model (surgery.testing), with the whole tree hashed before
+and after. Cases that end normally share one interpreter, run in turn (tests/helpers.py ``start_cli_batch``:
+torch imported once, not once per case); a case that ends in a signal has a process of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ from surgery.persist.atomic import (
     saved_outputs,
 )
 from surgery.testing import TinySpec, tiny_model
-from tests.helpers import judge_two, labelled_rows, tiny_tokenizer, write_rows
+from tests.helpers import (
+    cli_batch_results,
+    judge_two,
+    labelled_rows,
+    start_cli_batch,
+    tiny_tokenizer,
+    write_rows,
+)
 
 HEX = "0123abcd"
 
@@ -512,9 +520,10 @@ def test_overwrite_of_the_project_home_or_a_users_directory_is_refused_in_real_p
         ("export", model, "--out", str(mine), "--overwrite"): "holds files surgery did not write",
     }
     before = tree(tmp_path)
-    runs = {args: cli(*args, cwd=proj, env=env) for args in cases}
+    runs = dict(zip(cases, cli_batch_results(start_cli_batch([list(args) for args in cases], cwd=proj, env=env)),
+                    strict=True))  # one `surgery` interpreter, every case in turn
     for args, says in cases.items():
-        code, _, stderr = finish(runs[args])
+        code, _, stderr, _ = runs[args]
         assert code == 2 and says in one_error_line(stderr), (args, stderr)
     assert tree(tmp_path) == before
 
@@ -606,18 +615,21 @@ def test_the_four_data_loss_classes_in_real_processes(tiny: dict[str, Path], tmp
     }
     before = tree(w)
     onnx_before = (w / "again" / "onnx" / "surgery-onnx.json").read_text()
-    runs = {args: cli(*args) for args in [*refusals, *successes]}
+    # One `surgery` interpreter runs every case in turn (a single torch import, not one per case): the refusals
+    # first, each before any work, then the successes.
+    batch = start_cli_batch([list(args) for args in [*refusals, *successes]])
     notes = subprocess.Popen([sys.executable, "-c", SWAP_WITH_SIGNAL, "exchange", *apply, "--out",
                               str(w / "noted" / "out"), "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
+    runs = dict(zip([*refusals, *successes], cli_batch_results(batch), strict=True))
     for args, says in refusals.items():
-        code, _, stderr = finish(runs[args])
+        code, _, stderr, _ = runs[args]
         line = one_error_line(stderr)
         assert code == 2 and "holds files surgery did not write" in line and says in line, (args, stderr)
     code, _, stderr = finish(notes)  # refused before the work: no swap, so no signal either
     assert code == 2 and f"{w / 'noted' / 'out' / 'NOTES.md'} is not a file surgery wrote" in one_error_line(stderr)
     for args in successes:
-        code, _, stderr = finish(runs[args])
+        code, _, stderr, _ = runs[args]
         assert code == 0, (args, stderr)
     after = tree(w)
     # Everything but what the successes wrote is byte for byte as it was: the planted temporaries included.
@@ -658,11 +670,12 @@ def test_a_new_out_keeps_the_users_dot_directories_and_a_stranded_output_comes_b
     backup, notes = user_files(tmp_path / ".m.old-backup"), user_files(tmp_path / ".m.tmp-notes")
     stranded = earlier_output(tmp_path / f".n.old-{dead_pid()}-{HEX}")
     kept = tree(backup), tree(notes), tree(stranded)
-    new, restore = cli(*apply, "--out", str(tmp_path / "m")), cli(*apply, "--out", str(tmp_path / "n"))
-    code, _, stderr = finish(new)
+    new, restore = cli_batch_results(start_cli_batch([[*apply, "--out", str(tmp_path / "m")],
+                                                      [*apply, "--out", str(tmp_path / "n")]]))
+    code, _, stderr, _ = new
     assert code == 0 and (tmp_path / "m" / "surgery.json").is_file(), stderr
     assert (tree(backup), tree(notes)) == kept[:2]
-    code, _, stderr = finish(restore)
+    code, _, stderr, _ = restore
     line = one_error_line(stderr)
     assert code == 2 and "exists and is not empty" in line and f"restored from {stranded.name}" in line
     assert tree(tmp_path / "n") == kept[2] and not stranded.exists()
@@ -734,19 +747,11 @@ def test_every_out_is_checked_before_torch_is_imported(tiny: dict[str, Path], tm
              ["export", model, "--format", "sentence-transformers", "--out", bad],
              ["experts", "build", model, "--task", f"a={data}", "--out", bad],
              ["bench", model, "--json", str(a_file / "r.json")]]
-    probe = """
-import json, sys
-from typer.testing import CliRunner
-from surgery.cli.app import app
-result = CliRunner().invoke(app, json.loads(sys.argv[1]))
-print(json.dumps([result.exit_code, result.output, "torch" in sys.modules]))
-"""
-    runs = [subprocess.Popen([sys.executable, "-c", probe, json.dumps(args)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for args in cases]
-    for args, run in zip(cases, runs, strict=True):
-        _, stdout, stderr = finish(run)
-        exit_code, output, torch_imported = json.loads(stdout)
-        assert (exit_code, torch_imported) == (2, False), (args, output, stderr)
+    # One interpreter runs every case in turn: torch still unimported after the last one means no case imported it.
+    for args, (exit_code, stdout, stderr, imported) in zip(cases, cli_batch_results(start_cli_batch(cases)),
+                                                           strict=True):
+        output = stdout + stderr
+        assert (exit_code, "torch" in imported) == (2, False), (args, output)
         assert f"{a_file} is a file, so the directory cannot be created" in one_error_line(output), args
 
 
