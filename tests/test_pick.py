@@ -7,6 +7,7 @@ speed to differ from the prediction, so nothing here depends on this machine's l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,34 @@ def make_run(model: torch.nn.Module, data: Any, max_drop: float, tmp_path: Path,
                         "torch", split=split)
 
 
+def middle(n: int) -> int:
+    return n // 2
+
+
+def second(_n: int) -> int:
+    return 2
+
+
+def last_but_one(n: int) -> int:
+    return n - 1
+
+
+@pytest.fixture
+def within_on_search(tmp_path: Path) -> Callable[..., tuple[CandidateRun, list[Any]]]:
+    """A --max-drop 1 run with the unchanged model judged and timed, and the main path's points ``at(len(path))``
+    judged; every search figure set within the drop, so that only the held-out figures a test sets decide."""
+    def make(*at: Callable[[int], int]) -> tuple[CandidateRun, list[Any]]:
+        run = make_run(task_model(), tiny_task_data(96), 1.0, tmp_path)
+        run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+        run.time(run.results[0], "unchanged")
+        found = run.evaluate([run.path_want(point(len(run.plan.path.steps))) for point in at])
+        assert all(r is not None for r in found)
+        for result in run.results:
+            result.drop = 0.0
+        return run, found
+    return make
+
+
 # -- the split -----------------------------------------------------------------------------------
 def test_the_pick_split_is_disjoint_from_the_search_split() -> None:
     for n in (2, 7, 48, 301):
@@ -117,15 +146,9 @@ def test_paired_interval_is_narrow_where_models_agree_and_covers_the_drop() -> N
     assert j.retained_low is not None and j.retained_low <= j.retained  # type: ignore[operator]
 
 
-def test_max_drop_is_held_by_the_intervals_upper_end(tmp_path: Path) -> None:
-    model = task_model()
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path)
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    fast, slow = run.evaluate([run.path_want(len(run.plan.path.steps) // 2), run.path_want(2)])
-    assert fast is not None and slow is not None and fast.predicted_speedup > slow.predicted_speedup
-    for result in run.results:  # the search's figures: every one within the drop
-        result.drop = 0.0
+def test_max_drop_is_held_by_the_intervals_upper_end(within_on_search: Callable[..., Any]) -> None:
+    run, (fast, slow) = within_on_search(middle, second)
+    assert fast.predicted_speedup > slow.predicted_speedup
     # the fastest holds the drop on average, but not at its interval's upper end; the slower one does
     fast.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.5, drop_interval=[-0.5, 1.5])
     slow.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.25, drop_interval=[0.0, 0.75])
@@ -137,16 +160,8 @@ def test_max_drop_is_held_by_the_intervals_upper_end(tmp_path: Path) -> None:
 
 
 def test_where_no_interval_holds_the_fastest_within_on_the_held_out_estimate_is_picked_with_a_warning(
-        tmp_path: Path) -> None:
-    model = task_model()
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path)
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    fast, slow, lossy = run.evaluate([run.path_want(len(run.plan.path.steps) // 2), run.path_want(2),
-                                      run.path_want(len(run.plan.path.steps) - 1)])
-    assert fast is not None and slow is not None and lossy is not None
-    for result in run.results:
-        result.drop = 0.0
+        within_on_search: Callable[..., Any]) -> None:
+    run, (fast, slow, lossy) = within_on_search(middle, second, last_but_one)
     # a small held-out part: no upper end within 1 point, not even the unchanged model's
     run.results[0].held_out = Judged(examples=40, value=0.5, reference=0.5, drop=1.0, drop_interval=[0.0, 2.5])
     fast.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.5, drop_interval=[-1.0, 3.0])
@@ -164,15 +179,9 @@ def test_where_no_interval_holds_the_fastest_within_on_the_held_out_estimate_is_
     assert "lost least" in why and warnings
 
 
-def test_the_unchanged_models_tight_interval_alone_does_not_return_it_over_a_cut_within(tmp_path: Path) -> None:
-    model = task_model()
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path)
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    fast, slow = run.evaluate([run.path_want(len(run.plan.path.steps) // 2), run.path_want(2)])
-    assert fast is not None and slow is not None
-    for result in run.results:
-        result.drop = 0.0
+def test_the_unchanged_models_tight_interval_alone_does_not_return_it_over_a_cut_within(
+        within_on_search: Callable[..., Any]) -> None:
+    run, (fast, slow) = within_on_search(middle, second)
     # int8 of the unchanged model changes few predictions: its interval is tight and within; no cut's is
     run.results[0].held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.0, drop_interval=[0.0, 0.0])
     fast.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.5, drop_interval=[-1.0, 3.0])

@@ -269,11 +269,16 @@ def test_max_drop_takes_the_parts_faster_in_float_on_the_deepest_cut_within(monk
     from surgery.testing import tiny_task_data
 
     model = tiny_model(TinySpec("bert", task="seq-cls"))
+    asked: list[list[str]] = []
 
-    def gains(_served, cut_model, *_a, **_k) -> dict[str, float]:
-        return {g: 0.5 if g.endswith("attention") else 1.0 for g in precision_groups(cut_model)}
+    def gains(_served, cut_model, *_a, groups=None, **_k) -> dict[str, float]:
+        asked.append(list(groups if groups is not None else precision_groups(cut_model)))
+        return {g: 0.5 if g.endswith("attention") else 1.0 for g in asked[-1]}
 
+    refits: list[object] = []
     monkeypatch.setattr(precision, "fallback_gains", gains)
+    monkeypatch.setattr("surgery.runtimes.openvino.openvino_runtime.OpenVinoInt8Runtime.int8_refit",
+                        lambda self, model, *_a, **_k: refits.append(model))
     # attention measured faster in float than in int8 (as on a CPU without VNNI); the FFN slower
     monkeypatch.setattr("surgery.compress.latency_measure.measure_fallback_costs", lambda *_a, **_k: FallbackCosts(
         runtime="openvino-int8", precision="f32", per_unit_ms={"ffn-down": 0.01, "attention": -0.01}))
@@ -289,3 +294,6 @@ def test_max_drop_takes_the_parts_faster_in_float_on_the_deepest_cut_within(monk
                  key=lambda c: c.path_step or 0)
     assert chosen[0].path_step == anchor.path_step and chosen[0].removal == anchor.removal
     assert any("precision pass" in n and "faster in float than in int8" in n for n in result.report.notes)
+    # only the free parts' gains were measured, and the candidate keeps the judged cut's weights (no int8 refit)
+    assert asked and all(g.endswith(".attention") for g in asked[0])
+    assert refits == [] and not any("quantization-aware" in n for n in chosen[0].notes)

@@ -86,6 +86,8 @@ class BuildJob:
     refit: bool
     parts: tuple[str, ...]
     int8_float: list[str] = field(default_factory=list)
+    #: with a precision map: refit the cut against the inputs its int8 artefact feeds it (False: keep the cut's weights)
+    int8_refit: bool = True
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple
     if job.int8_float:  # the precision pass's map: those op groups stay float in the int8 artefact
         from surgery.compress.precision import precision_build
 
-        notes += precision_build(model, judge, job.int8_float)
+        notes += precision_build(model, judge, job.int8_float, int8_refit=job.int8_refit)
     out = judge.workdir / f"candidate-{job.index}"
     try:
         # The unchanged model's files were written once for the run (the estimate, the table and its speedup

@@ -81,6 +81,8 @@ class Want:
     path: RemovalPath | None = None
     #: op groups kept in float in the int8 artefact (the precision pass, :mod:`surgery.compress.precision`)
     int8_float: list[str] | None = None
+    #: with ``int8_float``: refit against the int8 artefact's inputs (False: the path point's own weights)
+    int8_refit: bool = True
 
 
 def same_cut(a: Want, b: Want) -> bool:
@@ -179,7 +181,7 @@ class CandidateRun:
                 continue
             self.index += 1
             jobs.append((i, BuildJob(self.index, want.removal.effective().model_dump(), True, self.parts("screen"),
-                                     list(want.int8_float or []))))
+                                     list(want.int8_float or []), want.int8_refit)))
         answers = self.pool.build([job for _, job in jobs])
         self.last_cost = max([self.last_cost, *(a.seconds for a in answers)])
         fresh: list[CandidateResult] = []
@@ -446,8 +448,9 @@ class CandidateRun:
                           f"them faster in float than in int8 ({', '.join(b['group'] for b in choice.bought) or 'none'}"
                           f"; best first: {', '.join(str(r['group']) for r in rows[:3])})")
         if choice.int8_float:
+            # --max-drop: the judged cut itself, less int8 error where float is faster; no refit that could move it
             want = Want(f"precision-{choice.step}@{path.speedup_at(choice.step):.2f}x", "precision",
-                        path.removal_at(choice.step), choice.step, path, list(choice.int8_float))
+                        path.removal_at(choice.step), choice.step, path, list(choice.int8_float), int8_refit=at is None)
             for r in self.evaluate([want]):
                 if r is not None and at is None:
                     self.time(r, f"--speedup {goal:g}: the precision pass's candidate")

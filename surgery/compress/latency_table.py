@@ -180,3 +180,13 @@ class FallbackCosts(BaseModel):
             return None
         units = shape.heads if FALLBACK_UNITS[part] == "heads" else shape.ffn_width
         return round(self.per_unit_ms[part] * units, 9)
+
+    def faster_in_float(self) -> list[str]:
+        """The parts measured faster in float than in int8 (a negative cost): the one test of "free".
+
+        Example:
+            >>> FallbackCosts(runtime="demo", precision="f32",
+            ...               per_unit_ms={"attention": -0.01, "ffn-up": 0.0, "ffn-down": 0.002}).faster_in_float()
+            ['attention']
+        """
+        return [part for part, ms in self.per_unit_ms.items() if ms < 0]

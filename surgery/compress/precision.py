@@ -122,17 +122,22 @@ def describe_choice(gains: Mapping[str, float], costs: Any, structure: Any) -> l
     return sorted(rows, key=lambda r: (not r["free"], -(r["gain"] if r["free"] else r["gain_per_ms"] or 0.0)))
 
 
-def precision_build(model: nn.Module, judge: Any, int8_float: Sequence[str]) -> list[str]:
-    """Prepare a precision candidate: record its map on ``model`` and refit it against its int8 inputs.
+def precision_build(model: nn.Module, judge: Any, int8_float: Sequence[str], *, int8_refit: bool = True) -> list[str]:
+    """Prepare a precision candidate: record its map on ``model`` and, with ``int8_refit``, refit it against
+    its int8 inputs.
 
     The runtime's quantization-aware refit (:meth:`~surgery.runtimes.Runtime.int8_refit`; OpenVINO int8's
     quantizes the cut model with its map as the artefact will be, and solves the cut projections
-    against the inputs that int8 model feeds them). Returns notes for the candidate.
+    against the inputs that int8 model feeds them). Without it (``--max-drop``'s candidate: the cut judged
+    within the drop, only its parts faster in float changed) the weights stay those of the cut that was
+    judged, so the candidate differs from it by less int8 error alone. Returns notes for the candidate.
     """
     from surgery.core.manifest import set_int8_float
 
     set_int8_float(model, int8_float)
     notes = [f"precision map: {', '.join(int8_float)} in float"]
+    if not int8_refit:
+        return notes
     solved = judge.runtime.int8_refit(model, judge.original, judge.calibration,
                                       calibration=judge.smoothing or judge.calibration, threads=judge.threads)
     if solved is not None:
@@ -145,18 +150,23 @@ def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, j
     """The precision pass at path point ``step`` (its model and int8 artefact): measured gains and costs,
     traded along ``path`` (:func:`surgery.compress.removal_path.buy_fallbacks`); also the ranked groups.
 
-    Costs are measured first (a handful of timed variants); with ``free_only`` (``--max-drop``) and no
-    part measured faster in float, the gains are not measured and the answer is ``(None, [])``.
+    Costs are measured first (a handful of timed variants). With ``free_only`` (``--max-drop``) only the
+    groups of parts measured faster in float have their gains measured, and with none the answer is
+    ``(None, [])``.
     """
     from surgery.compress.latency_measure import measure_fallback_costs
     from surgery.compress.removal_path import buy_fallbacks, start_indexed
+    from surgery.runtimes.shared.weight_products import precision_groups
 
     costs = measure_fallback_costs(served_dir, model, runtime=judge.runtime, batch_size=plan.batch_size,
                                    seq_len=plan.seq_len, threads=judge.threads, batches=plan.batches)
-    if free_only and not any(cost < 0 for cost in costs.per_unit_ms.values()):
+    free = costs.faster_in_float()
+    if free_only and not free:
         return None, []
+    # With free_only the other groups could not be taken: their gains are not measured.
+    groups = [g for g in precision_groups(model) if not free_only or g.rsplit(".", 1)[-1] in free]
     objective = task_loss(judge.calibration) if judge.objective == "task" else judge.calibration_objective
-    gains = start_indexed(fallback_gains(served_dir, model, objective, runtime=judge.runtime, threads=judge.threads),
-                          path.removal_at(step))
+    gains = start_indexed(fallback_gains(served_dir, model, objective, runtime=judge.runtime, groups=groups,
+                                         threads=judge.threads), path.removal_at(step))
     choice = buy_fallbacks(path, step, gains, costs, target_speedup=goal, free_only=free_only)
     return choice, describe_choice(gains, costs, path.structure_at(step))

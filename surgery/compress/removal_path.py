@@ -368,8 +368,9 @@ def free_fallbacks(gains: dict[str, float], costs: Any, structure: Structure) ->
         ...                Structure((LayerShape(2, 4), LayerShape(2, 4))))
         ['layer.0.attention']
     """
-    return sorted((g for g, gain in gains.items() if gain > 0
-                   for cost in [costs.cost(g, structure)] if cost is not None and cost < 0), key=lambda g: -gains[g])
+    free = set(costs.faster_in_float())
+    return sorted((g for g, gain in gains.items() if gain > 0 and g.rsplit(".", 1)[-1] in free
+                   for cost in [costs.cost(g, structure)] if cost), key=lambda g: -gains[g])
 
 
 def buy_fallbacks(path: RemovalPath, start_step: int, gains: dict[str, float], costs: Any, *,
