@@ -120,20 +120,31 @@ def few_latency_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
 
 
-def judge_two(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A --max-drop search that judges two candidates on each runtime: the unchanged model and the main path's first
-    cut (its only point here), with no layer-drop candidate beside it and no int8 precision pass after it. For tests
-    of what is done with judged candidates (handed back, exported once), not of the search: tests/test_compress.py
-    tests the three paths', tests/test_precision.py the precision pass.
+def main_path_only(monkeypatch: pytest.MonkeyPatch, *, steps: int | None = None) -> None:
+    """A search along the main path alone (its first ``steps`` points with ``steps``): no units or uniform path
+    beside it, no layer-drop candidate, no int8 precision pass after it. For tests of what is done with judged
+    candidates (handed back, saved, exported once), not of the search: tests/test_compress.py tests the three
+    paths', tests/test_precision.py the precision pass.
 
-    Example: ``judge_two(monkeypatch)`` before ``surgery.compress(model, data, CompressConfig(max_drop=50, ...))``."""
+    Example: ``main_path_only(monkeypatch)`` before ``surgery.compress(model, data, CompressConfig(speedup=3))``."""
     from surgery.compress.candidate_run import CandidateRun
     from surgery.compress.plan import CompressPlan
 
-    monkeypatch.setattr(CompressPlan, "families",
-                        lambda self: {"path": self.path.model_copy(update={"steps": self.path.steps[:1]})})
+    def families(plan: CompressPlan) -> dict[str, object]:
+        cut = plan.path if steps is None else plan.path.model_copy(update={"steps": plan.path.steps[:steps]})
+        return {"path": cut}
+
+    monkeypatch.setattr(CompressPlan, "families", families)
     monkeypatch.setattr(CandidateRun, "layer_drop_want", lambda self, speedup: None)
     monkeypatch.setattr(CandidateRun, "precision", lambda *_a, **_k: None)
+
+
+def judge_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --max-drop search that judges two candidates on each runtime: the unchanged model and the main path's first
+    cut (its only point here; ``main_path_only``).
+
+    Example: ``judge_two(monkeypatch)`` before ``surgery.compress(model, data, CompressConfig(max_drop=50, ...))``."""
+    main_path_only(monkeypatch, steps=1)
 
 
 #: The uneven model's heads removed per layer: 1, 4 and 3 of 4 heads left.

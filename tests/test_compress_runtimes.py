@@ -34,7 +34,14 @@ from surgery.measure.timing import make_inputs, time_models
 from surgery.runtimes import get_runtime, register_runtime, runtime_names
 from surgery.runtimes.torch.torch_runtime import TorchRuntime
 from surgery.testing import TinySpec, tiny_inputs, tiny_model, tiny_task_data
-from tests.helpers import few_latency_probes, judge_two, labelled_rows, tiny_tokenizer, write_rows
+from tests.helpers import (
+    few_latency_probes,
+    judge_two,
+    labelled_rows,
+    main_path_only,
+    tiny_tokenizer,
+    write_rows,
+)
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -191,6 +198,7 @@ def test_cli_saves_the_judged_artefact_byte_for_byte(tmp_path: Path, monkeypatch
     monkeypatch.setattr(MeasuredLatency, "speedup", lambda self, original, candidate, *, runtime, reference_runtime,
                         served=None: tables(original, {"torch": 1.0, runtime: 2.5}).speedup(
                             original, candidate, runtime=runtime, reference_runtime=reference_runtime))
+    main_path_only(monkeypatch)  # what is saved of the judged candidates is under test, not which paths are searched
     out = tmp_path / "out"
     result = runner.invoke(app, ["compress", str(tmp_path / "classifier"), "--data", str(data), "--speedup", "3",
                                  "--runtime", "onnxruntime-int8", "--threads", "1", "--out", str(out)])
