@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -258,8 +259,10 @@ def test_the_max_drop_pass_measures_no_gain_where_no_part_runs_faster_in_float(m
     assert precision.precision_choice(None, 3, None, Path("unused"), judge, plan, 2.0, free_only=True) == (None, [])
 
 
-@pytest.mark.slow
-def test_max_drop_takes_the_parts_faster_in_float_on_the_deepest_cut_within(monkeypatch: pytest.MonkeyPatch) -> None:
+def max_drop_on_openvino(monkeypatch: pytest.MonkeyPatch, per_unit_ms: dict[str, float]
+                         ) -> tuple[Any, list[list[str]], list[object]]:
+    """compress --max-drop on OpenVINO int8 with the fallback costs ``per_unit_ms`` and stubbed gains; also the
+    groups whose gains were asked for, and the models the quantization-aware refit was given."""
     from surgery.compress import precision
     from surgery.compress.compress_run import compress
     from surgery.compress.config import CompressConfig
@@ -270,30 +273,57 @@ def test_max_drop_takes_the_parts_faster_in_float_on_the_deepest_cut_within(monk
 
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     asked: list[list[str]] = []
+    refits: list[object] = []
 
     def gains(_served, cut_model, *_a, groups=None, **_k) -> dict[str, float]:
         asked.append(list(groups if groups is not None else precision_groups(cut_model)))
         return {g: 0.5 if g.endswith("attention") else 1.0 for g in asked[-1]}
 
-    refits: list[object] = []
+    def refit(self, model, *_a, **_k) -> list[str]:
+        refits.append(model)
+        return []
+
     monkeypatch.setattr(precision, "fallback_gains", gains)
-    monkeypatch.setattr("surgery.runtimes.openvino.openvino_runtime.OpenVinoInt8Runtime.int8_refit",
-                        lambda self, model, *_a, **_k: refits.append(model))
-    # attention measured faster in float than in int8 (as on a CPU without VNNI); the FFN slower
+    monkeypatch.setattr("surgery.runtimes.openvino.openvino_runtime.OpenVinoInt8Runtime.int8_refit", refit)
     monkeypatch.setattr("surgery.compress.latency_measure.measure_fallback_costs", lambda *_a, **_k: FallbackCosts(
-        runtime="openvino-int8", precision="f32", per_unit_ms={"ffn-down": 0.01, "attention": -0.01}))
+        runtime="openvino-int8", precision="f32", per_unit_ms=per_unit_ms))
     tables = TableLatency({"torch": shape_latency_table(model), "openvino-int8": shape_latency_table(
         model, "openvino-int8", scale=1 / 1.5)})
     result = compress(model, tiny_task_data(), CompressConfig(max_drop=100.0, runtime="openvino-int8", threads=1),
                       latency=tables)
+    return result, asked, refits
+
+
+@pytest.mark.slow
+def test_max_drop_takes_the_parts_faster_in_float_on_the_deepest_cut_within(monkeypatch: pytest.MonkeyPatch) -> None:
+    # attention measured faster in float than in int8 (as on a CPU without VNNI); the FFN slower
+    result, asked, refits = max_drop_on_openvino(monkeypatch, {"ffn-down": 0.01, "attention": -0.01})
     chosen = [c for c in result.report.candidates if c.origin == "precision"]
-    assert len(chosen) == 1 and chosen[0].int8_float
-    # only the free parts, on the very cut the search judged deepest within the drop
-    assert all(g.endswith(".attention") for g in chosen[0].int8_float)
+    # the cut with its own weights, and the cut refitted against its int8 inputs: both with the free parts in float
+    assert len(chosen) == 2 and sorted(c.int8_refit for c in chosen) == [False, True]
     anchor = max((c for c in result.report.candidates if c.origin == "path" and c.drop <= 100.0),
                  key=lambda c: c.path_step or 0)
-    assert chosen[0].path_step == anchor.path_step and chosen[0].removal == anchor.removal
+    for c in chosen:  # only the free parts, on the very cut the search judged deepest within the drop
+        assert c.int8_float and all(g.endswith(".attention") for g in c.int8_float)
+        assert c.path_step == anchor.path_step and c.removal == anchor.removal
     assert any("precision pass" in n and "faster in float than in int8" in n for n in result.report.notes)
-    # only the free parts' gains were measured, and the candidate keeps the judged cut's weights (no int8 refit)
+    # only the free parts' gains were measured; the plain one keeps the judged cut's weights
     assert asked and all(g.endswith(".attention") for g in asked[0])
-    assert refits == [] and not any("quantization-aware" in n for n in chosen[0].notes)
+    plain = next(c for c in chosen if not c.int8_refit)
+    refitted = next(c for c in chosen if c.int8_refit)
+    assert len(refits) == 1 and not any("quantization-aware" in n for n in plain.notes)
+    assert any(n.startswith("quantization-aware refit") for n in refitted.notes)
+
+
+@pytest.mark.slow
+def test_max_drop_refits_the_deepest_cut_within_against_its_int8_inputs_where_nothing_is_faster_in_float(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a CPU where int8 is faster everywhere (VNNI): no fallback, but the cut refitted against its int8 inputs
+    result, asked, refits = max_drop_on_openvino(monkeypatch, {"ffn-down": 0.01, "attention": 0.002})
+    chosen = [c for c in result.report.candidates if c.origin == "precision"]
+    assert asked == [] and len(refits) == 1
+    assert len(chosen) == 1 and chosen[0].int8_refit and chosen[0].int8_float == []
+    anchor = max((c for c in result.report.candidates if c.origin == "path" and c.drop <= 100.0),
+                 key=lambda c: c.path_step or 0)
+    assert chosen[0].removal == anchor.removal and chosen[0].name.startswith("int8-refit-")
+    assert all(not c.int8_refit for c in result.report.candidates if c.origin != "precision")

@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -341,6 +342,28 @@ def suite_arguments(description: str, targets: list[str], out: Path) -> argparse
     return parser
 
 
+def run_grid(args: argparse.Namespace, results: dict[str, Any], is_embedding: Callable[[str], bool],
+             run: Callable[[str, int, str], dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> None:
+    """Every ``(target, seed, task)`` of ``args`` not yet in ``results["runs"]``: ``run(task, seed, target)``,
+    recorded with when it started, the load average and the commit, and written to ``args.out`` after each
+    run (a long grid can stop anywhere and resume); ``line(row)`` is its one-line summary. Embedding
+    targets run once per seed, as task ``embedding``."""
+    for target in args.targets:
+        for seed in args.seeds:
+            for task in ["embedding"] if is_embedding(target) else args.tasks:
+                key = f"{task}|{seed}|{target}"
+                if key in results["runs"]:
+                    continue
+                started = time.strftime("%H:%M:%S")
+                row = run(task, seed, target)
+                row.update(task=task, seed=seed, target=target, started=started, load_average=list(os.getloadavg()),
+                           commit=_commit())
+                results["runs"][key] = row
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(results, indent=1))
+                print(f"[{key}] {line(row)}", flush=True)
+
+
 def main() -> None:
     parser = suite_arguments(__doc__.splitlines()[0], list(TARGETS), RESULTS)
     parser.add_argument("--compare", action="store_true", help="only add the uniform head+FFN recipe, distilled "
@@ -350,25 +373,17 @@ def main() -> None:
     if not args.render_only and not args.compare:  # --compare only adds the comparison
         results["machine"] = machine_info().model_dump(mode="json")
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
-        for target in args.targets:
-            embedding = TARGETS[target].objective == "embedding"
-            for seed in args.seeds:
-                for task in ["embedding"] if embedding else args.tasks:
-                    key = f"{task}|{seed}|{target}"
-                    if key in results["runs"]:
-                        continue
-                    row = (run_embedding(args, seed, target) if embedding
-                           else run_one(args, task, seed, target, tokenizer))
-                    row["load_average"] = list(os.getloadavg())
-                    row["commit"] = _commit()
-                    row["graph_format"] = GRAPH_FORMAT
-                    results["runs"][key] = row
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps(results, indent=1))
-                    figure = (f"cos {row['test_cosine']:.4f} recall@10 {row['test_recall_at_10']:.3f}" if embedding
-                              else f"retained {row['retained']:.1f}%")
-                    print(f"[{key}] {figure} at {row['measured_speedup']}x "
-                          f"({row['seconds']:.0f}s) winner {row['winner']}", flush=True)
+        def run(task: str, seed: int, target: str) -> dict[str, Any]:
+            row = (run_embedding(args, seed, target) if TARGETS[target].objective == "embedding"
+                   else run_one(args, task, seed, target, tokenizer))
+            return {**row, "graph_format": GRAPH_FORMAT}
+
+        def line(row: dict[str, Any]) -> str:
+            figure = (f"cos {row['test_cosine']:.4f} recall@10 {row['test_recall_at_10']:.3f}"
+                      if row["task"] == "embedding" else f"retained {row['retained']:.1f}%")
+            return f"{figure} at {row['measured_speedup']}x ({row['seconds']:.0f}s) winner {row['winner']}"
+
+        run_grid(args, results, lambda target: TARGETS[target].objective == "embedding", run, line)
     # The comparison trains and times nothing, so it may run beside a benchmark run: its own file.
     compare_file = args.out.with_name(args.out.stem + "_uniform_kd.json")
     compared = json.loads(compare_file.read_text()) if compare_file.exists() else {}

@@ -44,7 +44,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 import surgery
-from experiments.compress.bench_compress import _commit, embedding_split, suite_arguments
+from experiments.compress.bench_compress import embedding_split, run_grid, suite_arguments
 from experiments.tasks import load_suite_task
 from surgery.compress.config import CompressConfig
 from surgery.measure.machine import machine_info
@@ -286,25 +286,19 @@ def main() -> None:
         results["machine"] = machine_info().model_dump(mode="json")
         results["threads"] = args.threads
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
-        for target in args.targets:
-            embedding = TARGETS[target].objective == "embedding"
-            for seed in args.seeds:
-                for task in ["embedding"] if embedding else args.tasks:
-                    key = f"{task}|{seed}|{target}"
-                    if key in results["runs"]:
-                        continue
-                    if embedding:
-                        row = run_embedding(args, seed, target)
-                    else:
-                        row = run_task(args, task, seed, target, tokenizer)
-                    row.update(load_average=list(os.getloadavg()), commit=_commit())
-                    results["runs"][key] = row
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps(results, indent=1))
-                    figure = (f"cos {row['test_cosine']:.4f} recall@10 {row['test_recall_at_10']:.3f}" if embedding
-                              else f"retained {row['retained']:.1f}% vs peer {row['peer']['vs_peer']:.2f}x")
-                    print(f"[{key}] {figure} at {row['measured_speedup']}x on {row['runtime']} "
-                          f"({row['seconds']:.0f}s) winner {row['winner']}", flush=True)
+        def run(task: str, seed: int, target: str) -> dict[str, Any]:
+            if TARGETS[target].objective == "embedding":
+                return run_embedding(args, seed, target)
+            return run_task(args, task, seed, target, tokenizer)
+
+        def line(row: dict[str, Any]) -> str:
+            figure = (f"cos {row['test_cosine']:.4f} recall@10 {row['test_recall_at_10']:.3f}"
+                      if row["task"] == "embedding" else
+                      f"retained {row['retained']:.1f}% vs peer {row['peer']['vs_peer']:.2f}x")
+            return (f"{figure} at {row['measured_speedup']}x on {row['runtime']} ({row['seconds']:.0f}s) "
+                    f"winner {row['winner']}")
+
+        run_grid(args, results, lambda target: TARGETS[target].objective == "embedding", run, line)
     # Runs started side by side write their own JSON files (--out); the rendering shows them all.
     merged = {"runs": {}, "machine": results.get("machine", {}), "threads": results.get("threads", args.threads)}
     for path in sorted(args.out.parent.glob("compress_runtimes*.json")):

@@ -21,7 +21,6 @@ mean cosine >= 0.99 and recall@10 >= 0.88; ``emb-8x-20min``: >= 0.985 and >= 0.8
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments/ shared modules
 import surgery
-from experiments.compress.bench_compress import _commit, embedding_split, suite_arguments
+from experiments.compress.bench_compress import embedding_split, run_grid, suite_arguments
 from experiments.compress_runtimes.bench_compress_runtimes import (
     lock_timing,
     log_progress,
@@ -175,23 +174,16 @@ def main() -> None:
         results["lscpu"] = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
         results["threads"] = args.threads
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
-        for seed in args.seeds:
-            for target in args.targets:
-                spec = TARGETS[target]
-                for task in ["embedding"] if spec.objective == "embedding" else args.tasks:
-                    key = f"{task}|{seed}|{target}"
-                    if key in results["runs"]:
-                        continue
-                    started = time.strftime("%H:%M:%S")
-                    row = run_embedding(args, seed, spec) if spec.objective == "embedding" else \
-                        run_task(args, task, seed, spec, tokenizer)
-                    row.update(task=task, seed=seed, target=target, started=started,
-                               load_average=list(os.getloadavg()), commit=_commit())
-                    results["runs"][key] = row
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps(results, indent=1))
-                    print(f"[{key}] {'reached' if reached(row, spec) else 'MISSED'} at "
-                          f"{row['measured_speedup']}x ({row['seconds'] / 60:.1f} min)", flush=True)
+        def run(task: str, seed: int, target: str) -> dict[str, Any]:
+            spec = TARGETS[target]
+            return run_embedding(args, seed, spec) if spec.objective == "embedding" else \
+                run_task(args, task, seed, spec, tokenizer)
+
+        def line(row: dict[str, Any]) -> str:
+            return (f"{'reached' if reached(row, TARGETS[row['target']]) else 'MISSED'} at {row['measured_speedup']}x "
+                    f"({row['seconds'] / 60:.1f} min)")
+
+        run_grid(args, results, lambda target: TARGETS[target].objective == "embedding", run, line)
     # The table is rendered by the one renderer: python experiments/render.py (docs/results.md).
 
 

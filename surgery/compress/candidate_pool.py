@@ -86,8 +86,8 @@ class BuildJob:
     refit: bool
     parts: tuple[str, ...]
     int8_float: list[str] = field(default_factory=list)
-    #: with a precision map: refit the cut against the inputs its int8 artefact feeds it (False: keep the cut's weights)
-    int8_refit: bool = True
+    #: refit the cut against the inputs its int8 artefact feeds it (the runtime's quantization-aware refit)
+    int8_refit: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple
     started = time.perf_counter()
     removal = Removal.model_validate(job.removal)
     model, refitted, notes = judge.build(removal, refit=job.refit)
-    if job.int8_float:  # the precision pass's map: those op groups stay float in the int8 artefact
+    if job.int8_float or job.int8_refit:  # the precision pass: a float map, a refit against int8 inputs, or both
         from surgery.compress.precision import precision_build
 
         notes += precision_build(model, judge, job.int8_float, int8_refit=job.int8_refit)
@@ -130,7 +130,7 @@ def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple
     try:
         # The unchanged model's files were written once for the run (the estimate, the table and its speedup
         # used them): judged on those, not exported again.
-        unchanged = judge.unchanged if removal.units() == 0 and not job.int8_float else None
+        unchanged = judge.unchanged if removal.units() == 0 and not job.int8_float and not job.int8_refit else None
         served = unchanged or judge.serve(model, out / "artefact")
     except (RuntimeError, ValueError, SurgeryError) as exc:
         if removal.units() == 0:  # the unchanged model must run: nothing to compare with otherwise

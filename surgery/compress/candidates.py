@@ -75,6 +75,8 @@ class CandidateResult(BaseModel):
                                      "artefact it was judged and timed on (empty for torch)")
     int8_float: list[str] = Field(default_factory=list, description="op groups its int8 artefact left in float "
                                   "(the precision map; empty: all int8)")
+    int8_refit: bool = Field(default=False, description="its cut refitted against the inputs its int8 artefact "
+                             "feeds it (the quantization-aware refit), not the original's")
     notes: list[str] = Field(default_factory=list)
 
 

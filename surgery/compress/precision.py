@@ -128,14 +128,13 @@ def precision_build(model: nn.Module, judge: Any, int8_float: Sequence[str], *, 
 
     The runtime's quantization-aware refit (:meth:`~surgery.runtimes.Runtime.int8_refit`; OpenVINO int8's
     quantizes the cut model with its map as the artefact will be, and solves the cut projections
-    against the inputs that int8 model feeds them). Without it (``--max-drop``'s candidate: the cut judged
-    within the drop, only its parts faster in float changed) the weights stay those of the cut that was
+    against the inputs that int8 model feeds them). Without it the weights stay those of the cut that was
     judged, so the candidate differs from it by less int8 error alone. Returns notes for the candidate.
     """
     from surgery.core.manifest import set_int8_float
 
     set_int8_float(model, int8_float)
-    notes = [f"precision map: {', '.join(int8_float)} in float"]
+    notes = [f"precision map: {', '.join(int8_float)} in float"] if int8_float else []
     if not int8_refit:
         return notes
     solved = judge.runtime.int8_refit(model, judge.original, judge.calibration,
