@@ -15,11 +15,9 @@ import hashlib
 import json
 import os
 import pwd
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,6 @@ from surgery.core.errors import OutputPathError
 from surgery.persist import atomic
 from surgery.persist.atomic import (
     OUTPUT_MANIFEST,
-    atomic_directory,
     atomic_write,
     check_creatable,
     file_problem,
@@ -37,7 +34,6 @@ from surgery.persist.atomic import (
     output_manifest_problem,
     output_problem,
     prepare_output,
-    saved_outputs,
 )
 from surgery.testing import TinySpec, tiny_model
 from tests.helpers import (
@@ -48,8 +44,11 @@ from tests.helpers import (
     tiny_tokenizer,
     write_rows,
 )
+from tests.swap_child import Boom, save
 
 HEX = "0123abcd"
+#: The swap with SIGTERM raised inside it, run in an interpreter of its own.
+SWAP_CHILD = Path(__file__).with_name("swap_child.py")
 
 
 def dead_pid() -> int:
@@ -82,16 +81,6 @@ def user_files(directory: Path) -> Path:
     (directory / "src").mkdir(exist_ok=True)
     (directory / "src" / "main.py").write_text("print('mine')")
     return directory
-
-
-def save(out: Path, text: str = "new", *, overwrite: bool = False) -> Path:
-    """What surgery's writers do: files into atomic_directory's temporary directory (which adds the manifest)."""
-    with atomic_directory(out, overwrite=overwrite) as tmp:
-        (tmp / "surgery.json").write_text(json.dumps({"format": "surgery", "format_version": 1, "steps": []}))
-        (tmp / "which.txt").write_text(text)
-        (tmp / "sub").mkdir()
-        (tmp / "sub" / "weights.bin").write_bytes(b"\0" * 64)
-    return out
 
 
 earlier_output = save  # an earlier surgery output: written as surgery writes one
@@ -373,17 +362,6 @@ def test_an_old_directory_beside_an_existing_output_is_left_alone(tmp_path: Path
 
 
 # -- 3. the replace under exceptions and signals -------------------------------------------------
-@pytest.fixture(params=["exchange", "two renames"])
-def swap_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if request.param == "two renames":  # the fallback where renameat2 is missing or unsupported
-        monkeypatch.setattr(atomic, "_renameat2", lambda: None)
-    yield request.param
-
-
-class Boom(BaseException):
-    """Stands for anything raised mid-swap: a KeyboardInterrupt, a MemoryError."""
-
-
 def test_the_previous_output_survives_any_exception_in_the_swap(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     out = save(tmp_path / "m", "previous")
@@ -409,51 +387,27 @@ def test_the_previous_output_survives_any_exception_in_the_swap(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_signal_during_the_swap_waits_until_it_is_done(tmp_path: Path, swap_kind: str,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        request: pytest.FixtureRequest) -> None:
-    if os.environ.get("SURGERY_SIGNAL_TEST_CHILD") != "1":
-        # Run in a fresh interpreter: inside a long pytest process that has loaded OpenVINO and NNCF, a
-        # signal raised here crashed the whole run (SIGSEGV, no Python frame); alone it passes. The
-        # product path (a real SIGTERM to a real `surgery apply`) is the real-process test below.
-        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                                f"{__file__}::{request.node.name}"], capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "SURGERY_SIGNAL_TEST_CHILD": "1"}, cwd=Path(__file__).parent.parent)
-        assert child.returncode == 0 and " passed" in child.stdout, child.stdout + child.stderr
-        return
+@pytest.mark.parametrize("kind", ["exchange", "two renames"])
+def test_a_signal_during_the_swap_waits_until_it_is_done(tmp_path: Path, kind: str) -> None:
+    # In an interpreter of its own that imports surgery.persist alone (tests/swap_child.py), not in this pytest
+    # process. Twice (Nov 2026, full single-process suite runs), a SIGTERM raised here ended the whole run with
+    # SIGSEGV in a thread with no Python frame, once other tests had loaded OpenVINO, NNCF and ONNX Runtime. It was
+    # not reproduced: 300 rounds outside pytest (experiments/probes/signal_swap_openvino.py) and 400 inside a
+    # pytest process holding OpenVINO fp32/int8 and ONNX Runtime fp32/int8 sessions run on 2 threads (17 threads
+    # in all), raised in the main thread and sent to the process, on both swaps: no crash. What is tested here,
+    # the swap's own deferral of a signal, needs none of those libraries, so their threads are kept out of the
+    # process rather than have an undiagnosed native crash fail the suite. A real SIGTERM to a real `surgery`
+    # during the swap is test_sigterm_during_an_overwrite_swap_in_real_processes. (It ran as a nested
+    # `python -m pytest` before, which imported torch and the test plugins again: 12 s a case in a loaded profile.)
     out = save(tmp_path / "m", "previous")
-    real_exchange, real_rename = atomic.exchange, os.rename
-    seen: list[str] = []
-
-    def interrupted(signum: int, frame: object) -> None:
-        seen.append((out / "which.txt").read_text() if out.exists() else "missing")
-        raise Boom
-
-    # raise_signal delivers to this (the main) thread: a process-directed kill inside a pytest process that
-    # holds OpenMP, ONNX Runtime and OpenVINO worker threads crashed the whole run once (SIGSEGV). The
-    # process-directed case is the real-process test below.
-    def rename_with_signal(src: object, dst: object) -> None:
-        signal.raise_signal(signal.SIGTERM)  # in the middle of the swap
-        real_rename(src, dst)
-
-    def exchange_with_signal(a: Path, b: Path) -> bool:
-        signal.raise_signal(signal.SIGTERM)
-        return real_exchange(a, b)
-
-    monkeypatch.setattr(atomic, "exchange", exchange_with_signal)
-    previous = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        before = len(saved_outputs())
-        with monkeypatch.context() as patched:
-            patched.setattr(os, "rename", rename_with_signal)
-            with pytest.raises(Boom):
-                save(out, "new", overwrite=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert seen == ["new"]  # the handler ran once, after --out held the whole new output
-    assert saved_outputs()[before:] == (out,)
+    done = subprocess.run([sys.executable, str(SWAP_CHILD), kind, str(out)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(SWAP_CHILD.parent.parent)})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["raised"]  # the handler's exception, once the swap was done
+    assert result["seen"] == ["new"]  # the handler ran once, after --out held the whole new output
+    assert result["saved"] == [str(out)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
