@@ -120,11 +120,11 @@ def few_latency_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
 
 
-def main_path_only(monkeypatch: pytest.MonkeyPatch, *, steps: int | None = None) -> None:
+def main_path_only(monkeypatch: pytest.MonkeyPatch, *, steps: int | None = None, precision: bool = False) -> None:
     """A search along the main path alone (its first ``steps`` points with ``steps``): no units or uniform path
-    beside it, no layer-drop candidate, no int8 precision pass after it. For tests of what is done with judged
-    candidates (handed back, saved, exported once), not of the search: tests/test_compress.py tests the three
-    paths', tests/test_precision.py the precision pass.
+    beside it, no layer-drop candidate, and no int8 precision pass after it unless ``precision``. For tests of what
+    is done with judged candidates (handed back, saved, exported once) or of the precision pass, not of the paths
+    searched: tests/test_compress.py tests the three paths'.
 
     Example: ``main_path_only(monkeypatch)`` before ``surgery.compress(model, data, CompressConfig(speedup=3))``."""
     from surgery.compress.candidate_run import CandidateRun
@@ -136,7 +136,8 @@ def main_path_only(monkeypatch: pytest.MonkeyPatch, *, steps: int | None = None)
 
     monkeypatch.setattr(CompressPlan, "families", families)
     monkeypatch.setattr(CandidateRun, "layer_drop_want", lambda self, speedup: None)
-    monkeypatch.setattr(CandidateRun, "precision", lambda *_a, **_k: None)
+    if not precision:
+        monkeypatch.setattr(CandidateRun, "precision", lambda *_a, **_k: None)
 
 
 def judge_two(monkeypatch: pytest.MonkeyPatch) -> None:

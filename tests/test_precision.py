@@ -36,6 +36,7 @@ from surgery.runtimes.shared.graph_export import graph_feeds
 from surgery.runtimes.shared.weight_products import precision_groups
 from surgery.testing import TinySpec, tiny_inputs, tiny_model
 from surgery.training.refit import projection_name, refit_projections
+from tests.helpers import main_path_only
 
 pytestmark = pytest.mark.openvino
 
@@ -228,6 +229,7 @@ def test_compress_buys_a_fallback_and_records_its_map_in_the_report(monkeypatch:
         runtime="openvino-int8", precision="f32", per_unit_ms={"ffn-down": 0.01, "attention": 0.01}))
     tables = TableLatency({"torch": shape_latency_table(model), "openvino-int8": shape_latency_table(
         model, "openvino-int8", scale=1 / 1.5)})
+    main_path_only(monkeypatch, precision=True)  # the pass is under test, not the paths beside the main one
     result = compress(model, tiny_task_data(), CompressConfig(speedup=2.0, runtime="openvino-int8", threads=1),
                       latency=tables)
     chosen = [c for c in result.report.candidates if c.origin == "precision"]
@@ -289,6 +291,7 @@ def max_drop_on_openvino(monkeypatch: pytest.MonkeyPatch, per_unit_ms: dict[str,
         runtime="openvino-int8", precision="f32", per_unit_ms=per_unit_ms))
     tables = TableLatency({"torch": shape_latency_table(model), "openvino-int8": shape_latency_table(
         model, "openvino-int8", scale=1 / 1.5)})
+    main_path_only(monkeypatch, precision=True)  # the pass is under test, not the paths beside the main one
     result = compress(model, tiny_task_data(), CompressConfig(max_drop=100.0, runtime="openvino-int8", threads=1),
                       latency=tables)
     return result, asked, refits
