@@ -335,13 +335,16 @@ def test_an_openvino_int8_table_is_measured_on_quantized_probes_and_cached_per_r
     # A table of 3 rounds can mispredict its own model under load and be rightly measured again: this test is
     # about the cache key, so the check against the model's own time (tests/test_flags_and_cache.py) is off.
     monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
-    model = tiny_model(TinySpec("bert", layers=2))
-    table = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=2, seq_len=8, threads=1,
+    # Layers wide enough to cost measurable time in a few short rounds under load: at hidden 32, batch 2 x 8
+    # tokens, the probes' layer times were within noise of 0 at load 6, and a table whose layers cost nothing
+    # is rightly neither stored nor read back.
+    model = tiny_model(TinySpec("bert", layers=2, head_dim=32, ffn=512))
+    table = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=4, seq_len=32, threads=1,
                                                   cache_dir=tmp_path, repeats=3)
     assert table.runtime == "openvino-int8" and seen and all(r == ("openvino-int8", True) for r in seen)
     stored = json.loads(Path(table.measured["cache_file"]).read_text())["key"]
     assert stored["runtime"] == "openvino-int8" and stored["runtime_key"]["versions"]["nncf"]
-    again = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=2, seq_len=8,
+    again = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=4, seq_len=32,
                                                   threads=1, cache_dir=tmp_path, repeats=3)
     assert again.measured["cached"] is True, again.measured  # names why a stored table was not used
 

@@ -243,7 +243,18 @@ def try_write_cached(path: Path, key: Mapping[str, Any], table: LatencyTable) ->
         ...                  overhead_ms=0.0, attention_ms={4: 1.0}, ffn_ms={8: 1.0})
         >>> try_write_cached(Path("/dev/null/latency/t.json"), {}, t)  # doctest: +ELLIPSIS
         'latency cache: cannot write /dev/null/latency/t.json (...); measured without a cache: set SURGERY_CACHE ...'
+
+        A table that :func:`read_cached` would refuse (noise on a tiny model left its layers costing nothing)
+        is not written:
+
+        >>> import tempfile
+        >>> nothing = t.model_copy(update={"attention_ms": {4: 0.0}, "ffn_ms": {8: 0.0}})
+        >>> out = Path(tempfile.mkdtemp()) / "t.json"
+        >>> try_write_cached(out, {}, nothing), out.exists()
+        ('latency cache: not stored, its layers cost nothing (measured again next time)', False)
     """
+    if (problem := table_problem(table)) is not None:  # read_cached would refuse it: a file no run can use
+        return f"latency cache: not stored, {problem} (measured again next time)"
     try:
         write_cached(path, key, table)
     except (OSError, SurgeryError) as exc:
