@@ -82,6 +82,12 @@ def target_line(rows: list[dict[str, Any]], target: Target) -> str:
     missed = [r for r in judged if not OPS[target.op](get(r, target.key), target.value)]
     if not judged:
         return f"- {target.text}: not measured"
+    if target.over == "mean":
+        values = [float(get(r, target.key)) for r in judged]
+        mean = sum(values) / len(values)
+        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+        verdict = "met" if OPS[target.op](mean, target.value) else "**missed**"
+        return f"- {target.text}: {verdict} (mean {mean:.4g} ± {std:.2g} over {len(values)} rows)"
     if not missed:
         return f"- {target.text}: met" + (f" by all {len(judged)} rows" if len(judged) > 1 else "")
     names = ", ".join(" ".join(str(get(r, k)) for k in target.label if get(r, k) not in (None, "")) +

@@ -57,6 +57,8 @@ class Target:
     value: float
     label: list[str]
     where: dict[str, Any] = field(default_factory=dict)
+    #: "each": every row must hold it; "mean": the mean over the rows must (reported with its std)
+    over: str = "each"
 
 
 @dataclass(frozen=True)
@@ -135,9 +137,11 @@ def _table(raw: dict[str, Any], where: str) -> Table:
     for i, t in enumerate(raw.get("targets", [])):
         if t.get("op") not in OPS:
             raise StudyError(f"{where}.targets[{i}]: op must be one of {', '.join(OPS)}, got {t.get('op')!r}")
+        if t.get("over", "each") not in ("each", "mean"):
+            raise StudyError(f"{where}.targets[{i}]: over must be 'each' or 'mean', got {t.get('over')!r}")
         targets.append(Target(text=t["text"], key=t["key"], op=t["op"], value=float(t["value"]),
                               label=_keys(t.get("label", "name"), f"{where}.targets[{i}]"),
-                              where=t.get("where", {})))
+                              where=t.get("where", {}), over=t.get("over", "each")))
     source = raw["source"] if isinstance(raw["source"], list) else [raw["source"]]
     return Table(marker=raw["marker"], page=raw.get("page", "docs/results.md"), source=source,
                  reader=raw.get("reader"), columns=columns, title=raw.get("title"), intro=raw.get("intro"),
