@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,13 @@ import surgery
 from surgery.anatomy import adapter_for
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, LayerDropStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
-from surgery.training.refit import changed_projections, projection, refit_projections
+from surgery.training.refit import (
+    changed_projections,
+    projection,
+    projection_name,
+    refit_projections,
+    refit_targets,
+)
 
 
 def _batches(spec: TinySpec, n: int = 4) -> list[dict[str, torch.Tensor]]:
@@ -131,3 +138,80 @@ def test_cli_refit_alone_is_the_recovery_and_is_reported(tmp_path) -> None:
     recovery = json.loads((tmp_path / "r.json").read_text())["checks"][0]["recovery"]
     assert recovery["epochs"] == 0 and recovery["refit"]["projections"] == ["0:o"]
     assert surgery.from_pretrained(tmp_path / "out") is not None
+
+
+def _cut_everywhere(spec: TinySpec, *, drop: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A tiny teacher and a copy with heads and neurons cut in every layer (and layer 1 dropped)."""
+    teacher = tiny_model(spec).eval()
+    student = copy.deepcopy(teacher)
+    for layer in range(spec.layers):
+        adapter_for(student).remove_units(layer, {"neurons": list(range(layer, 30, 3)), "heads": [layer % spec.heads]})
+    if drop:
+        surgery.convert(student, LayerDropStrategy(layers=[1]))
+    return teacher, student
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_refit_solves_on_the_activations_a_full_forward_computes(family: str) -> None:
+    # The refit runs each layer from cached hidden states (the layers below are fixed by then), not the
+    # whole model per projection: every activation it reads must still be, bit for bit, what a full
+    # forward of the model, with the weights it had at that moment, computes on one of the batches.
+    spec = TinySpec(family, layers=4, heads=4, ffn=37)
+    teacher, student = _cut_everywhere(spec, drop=True)
+    batches = [tiny_inputs(spec, batch=5, seq=9, seed=s) for s in range(3)]
+    for batch in batches:
+        batch["attention_mask"][0, 6:] = 0  # padding: its positions are left out of the solve
+    models = {"student": student, "teacher": teacher}
+    pristine = {who: copy.deepcopy(model) for who, model in models.items()}  # no hooks: the references' models
+    fired: list[tuple[str, str, bool, torch.Tensor, dict[str, torch.Tensor]]] = []
+
+    def watch(who: str, name: str, inputs: bool) -> Any:
+        model = models[who]
+
+        def keep(value: torch.Tensor) -> None:
+            state = {k: v.clone() for k, v in model.state_dict().items()}
+            fired.append((who, name, inputs, value.detach().clone(), state))
+        module = model.get_submodule(name)
+        if inputs:
+            return module.register_forward_pre_hook(lambda _m, a: keep(a[0]))
+        return module.register_forward_hook(lambda _m, _a, o: keep(o))
+
+    layer_map, targets = refit_targets(student, teacher)
+    handles = [watch("student", projection_name(student, layer, name), True) for layer, name in targets]
+    handles += [watch("teacher", projection_name(teacher, layer_map[layer], name), False) for layer, name in targets]
+    try:
+        result = refit_projections(student, teacher, batches)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(result.projections) >= 4 and {who for who, *_ in fired} == {"student", "teacher"}
+    for who, name, inputs, value, state in fired:
+        model = pristine[who]
+        model.load_state_dict(state)
+        found: list[torch.Tensor] = []
+        module = model.get_submodule(name)
+        handle = (module.register_forward_pre_hook(lambda _m, a, f=found: f.append(a[0])) if inputs
+                  else module.register_forward_hook(lambda _m, _a, o, f=found: f.append(o)))
+        with torch.no_grad():
+            for batch in batches:
+                model(**batch)
+        handle.remove()
+        assert any(torch.equal(value, ref) for ref in found), f"{who} {name}: not what a full forward computes"
+
+
+def test_refit_runs_the_layers_below_a_projection_once_per_batch() -> None:
+    # Eight cut projections: a forward from the embeddings for each ran the teacher's first layer eight
+    # times per batch; from cached hidden states it runs twice (recording the calls, then once).
+    spec = TinySpec("bert", layers=4, heads=4, ffn=37)
+    teacher, student = _cut_everywhere(spec, drop=False)
+    batches = _batches(spec, 3)
+    calls = {"teacher": 0, "student": 0}
+    hooks = [adapter_for(model).layers()[0].register_forward_hook(
+        lambda *_a, who=who: calls.__setitem__(who, calls[who] + 1)) for who, model in (("teacher", teacher),
+                                                                                       ("student", student))]
+    result = refit_projections(student, teacher, batches)
+    for hook in hooks:
+        hook.remove()
+    assert len(result.projections) == 8
+    assert calls["teacher"] == 2 * len(batches)
+    assert calls["student"] <= 4 * len(batches)  # recording, the runs for its own two projections, advancing
