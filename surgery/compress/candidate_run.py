@@ -85,10 +85,28 @@ class Want:
     int8_refit: bool = False
 
 
+    def key(self) -> tuple[Removal, tuple[str, ...], bool]:
+        """What makes the model it builds: the :func:`build_key` of its cut, float groups and refit."""
+        return build_key(self.removal, self.int8_float, self.int8_refit)
+
+
+def build_key(removal: Removal, int8_float: Sequence[str] | None, int8_refit: bool
+              ) -> tuple[Removal, tuple[str, ...], bool]:
+    """The one test of "the same model": two wants, or a want and a judged result, with equal keys build
+    the same model (the same effective cut, the same op groups in float, the same refit).
+
+    Example:
+        >>> build_key(Removal(layers=[1]), None, False) == build_key(Removal(layers=[1]), [], False)
+        True
+        >>> build_key(Removal(layers=[1]), [], False) == build_key(Removal(layers=[1]), [], True)
+        False
+    """
+    return removal.effective(), tuple(int8_float or ()), bool(int8_refit)
+
+
 def same_cut(a: Want, b: Want) -> bool:
-    """Whether two wants build the same model (the same cut, the same op groups in float, the same refit)."""
-    return (a.removal.effective() == b.removal.effective() and (a.int8_float or []) == (b.int8_float or [])
-            and a.int8_refit == b.int8_refit)
+    """Whether two wants build the same model (their :func:`build_key`)."""
+    return a.key() == b.key()
 
 
 def guided_step(path: RemovalPath, lo: int, hi: int, judged: dict[int, float], max_drop: float) -> int:
@@ -205,9 +223,8 @@ class CandidateRun:
         named = next((r for r in self.results if r.name == want.name), None)
         if named is not None:
             return named
-        cut = want.removal.effective()
-        same = next((r for r in self.results if r.removal == cut and r.int8_float == (want.int8_float or [])
-                     and r.int8_refit == want.int8_refit), None)
+        key = want.key()
+        same = next((r for r in self.results if build_key(r.removal, r.int8_float, r.int8_refit) == key), None)
         if same is None:
             return None
         twin = same.model_copy(update={"name": want.name, "origin": want.origin, "path_step": want.path_step,
@@ -452,9 +469,9 @@ class CandidateRun:
             self.notes.append(f"precision pass at {base.name}: no op group runs faster in float than in int8 on "
                               "this machine; all int8")
         else:
-            free = [b["group"] for b in choice.bought if b["cost_ms"] < 0]
             taken = ", ".join(b["group"] for b in choice.bought) or "none"
-            self.notes.append(f"precision pass at {base.name}: {len(choice.bought)} fallback(s) taken, {len(free)} "
+            self.notes.append(f"precision pass at {base.name}: {len(choice.bought)} fallback(s) taken, "
+                              f"{len(choice.free)} "
                               f"of them faster in float than in int8 ({taken}; best first: "
                               f"{', '.join(str(r['group']) for r in rows[:3])})")
         step = k if choice is None else choice.step

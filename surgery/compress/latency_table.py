@@ -171,10 +171,11 @@ class FallbackCosts(BaseModel):
 
         None when the group is not there (its layer removed) or its part was not measured.
         """
-        if group == "classifier":
-            return self.per_unit_ms.get("classifier")
-        _, index, part = group.split(".", 2)
-        layer = int(index)
+        from surgery.runtimes.shared.weight_products import split_group
+
+        layer, part = split_group(group)
+        if layer is None:
+            return self.per_unit_ms.get(part)
         shape = structure.layers[layer] if layer < len(structure.layers) else None
         if shape is None or part not in self.per_unit_ms:
             return None
@@ -190,3 +191,15 @@ class FallbackCosts(BaseModel):
             ['attention']
         """
         return [part for part, ms in self.per_unit_ms.items() if ms < 0]
+
+    def is_free(self, group: str) -> bool:
+        """Whether ``group``'s part is one :meth:`faster_in_float` names.
+
+        Example:
+            >>> costs = FallbackCosts(runtime="demo", precision="f32", per_unit_ms={"attention": -0.01})
+            >>> costs.is_free("layer.2.attention"), costs.is_free("layer.2.ffn-up")
+            (True, False)
+        """
+        from surgery.runtimes.shared.weight_products import split_group
+
+        return split_group(group)[1] in self.faster_in_float()

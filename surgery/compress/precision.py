@@ -116,7 +116,7 @@ def describe_choice(gains: Mapping[str, float], costs: Any, structure: Any) -> l
     rows = []
     for group, gain in gains.items():
         cost = costs.cost(group, structure)
-        free = cost is not None and cost < 0
+        free = bool(cost) and costs.is_free(group)
         rows.append({"group": group, "gain": round(gain, 6), "cost_ms": None if cost is None else round(cost, 6),
                      "free": free, "gain_per_ms": None if free or not cost else round(gain / cost, 6)})
     return sorted(rows, key=lambda r: (not r["free"], -(r["gain"] if r["free"] else r["gain_per_ms"] or 0.0)))
@@ -159,11 +159,10 @@ def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, j
 
     costs = measure_fallback_costs(served_dir, model, runtime=judge.runtime, batch_size=plan.batch_size,
                                    seq_len=plan.seq_len, threads=judge.threads, batches=plan.batches)
-    free = costs.faster_in_float()
-    if free_only and not free:
+    if free_only and not costs.faster_in_float():
         return None, []
     # With free_only the other groups could not be taken: their gains are not measured.
-    groups = [g for g in precision_groups(model) if not free_only or g.rsplit(".", 1)[-1] in free]
+    groups = [g for g in precision_groups(model) if not free_only or costs.is_free(g)]
     objective = task_loss(judge.calibration) if judge.objective == "task" else judge.calibration_objective
     gains = start_indexed(fallback_gains(served_dir, model, objective, runtime=judge.runtime, groups=groups,
                                          threads=judge.threads), path.removal_at(step))

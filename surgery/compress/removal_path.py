@@ -32,6 +32,7 @@ from surgery.compress.latency_table import LatencyTable
 from surgery.compress.mask_fisher import UnitCosts
 from surgery.compress.structure import LayerShape, Structure
 from surgery.core.errors import ConfigError
+from surgery.runtimes.shared.weight_products import split_group
 
 StepKind = Literal["head", "neurons", "layer", "uniform-neurons", "uniform-heads"]
 
@@ -319,22 +320,24 @@ class PrecisionChoice(BaseModel):
 
     ``int8_float`` names groups by the layers of the cut model (a removed layer renumbers the ones
     above it); ``bought`` lists, per group taken (by the starting model's layers), its measured loss
-    gain, its cost in ms and the estimated loss of the extra cuts that pay for it.
+    gain, its cost in ms and the estimated loss of the extra cuts that pay for it; ``free`` names those
+    of them taken because their part runs faster in float (:meth:`FallbackCosts.is_free`).
     """
 
     step: int
     int8_float: list[str] = Field(default_factory=list)
     predicted_ms: float
     bought: list[dict[str, Any]] = Field(default_factory=list)
+    free: list[str] = Field(default_factory=list)
 
 
 def _renumbered(group: str, removal: Removal) -> str:
     """``layer.N.part`` of the starting model as the cut model numbers its layers (removed ones gone)."""
-    if not group.startswith("layer."):
+    index, part = split_group(group)
+    if index is None:
         return group
-    _, index, part = group.split(".", 2)
-    below = sum(1 for gone in removal.effective().layers if gone < int(index))
-    return f"layer.{int(index) - below}.{part}"
+    below = sum(1 for gone in removal.effective().layers if gone < index)
+    return f"layer.{index - below}.{part}"
 
 
 def start_indexed(gains: dict[str, float], removal: Removal) -> dict[str, float]:
@@ -347,9 +350,8 @@ def start_indexed(gains: dict[str, float], removal: Removal) -> dict[str, float]
     gone = set(removal.effective().layers)
     out = {}
     for group, value in gains.items():
-        if group.startswith("layer."):
-            _, index, part = group.split(".", 2)
-            kept = int(index)
+        kept, part = split_group(group)
+        if kept is not None:
             layer = next(i for i in range(kept + len(gone) + 1) if i not in gone and
                          sum(1 for j in range(i) if j not in gone) == kept)
             group = f"layer.{layer}.{part}"
@@ -368,8 +370,7 @@ def free_fallbacks(gains: dict[str, float], costs: Any, structure: Structure) ->
         ...                Structure((LayerShape(2, 4), LayerShape(2, 4))))
         ['layer.0.attention']
     """
-    free = set(costs.faster_in_float())
-    return sorted((g for g, gain in gains.items() if gain > 0 and g.rsplit(".", 1)[-1] in free
+    return sorted((g for g, gain in gains.items() if gain > 0 and costs.is_free(g)
                    for cost in [costs.cost(g, structure)] if cost), key=lambda g: -gains[g])
 
 
@@ -459,4 +460,4 @@ def buy_fallbacks(path: RemovalPath, start_step: int, gains: dict[str, float], c
     removal = path.removal_at(step)
     spent = spent_at(step, chosen) or 0.0
     return PrecisionChoice(step=step, int8_float=sorted(_renumbered(g, removal) for g in chosen),
-                           predicted_ms=ms_at(step) + spent, bought=bought)
+                           predicted_ms=ms_at(step) + spent, bought=bought, free=free)

@@ -48,7 +48,8 @@ TIER_ORDER: tuple[str, ...] = ("blockwise", "distil")
 
 
 def bf16_training() -> bool:
-    """Whether training may run in bf16 here: the ``torch-bf16`` runtime's own check (avx512_bf16 or AMX, or CUDA).
+    """Whether training may run in bf16 here (:func:`~surgery.runtimes.shared.runtime.bf16_missing`: avx512_bf16
+    or AMX, or CUDA).
 
     On a CPU without native bf16 products bf16 runs slower than fp32, so training stays in fp32 there.
 
@@ -56,9 +57,9 @@ def bf16_training() -> bool:
         >>> isinstance(bf16_training(), bool)
         True
     """
-    from surgery.runtimes import get_runtime
+    from surgery.runtimes.shared.runtime import bf16_missing
 
-    return get_runtime("torch-bf16", require_available=False).unavailable() is None
+    return bf16_missing() is None
 
 
 class TierEstimate(BaseModel):

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # the class attributes are read before torch is imported (fla
 from surgery.persist.atomic import OUTPUT_MANIFEST
 
 __all__ = ["BF16_CPU_FLAGS", "Runtime", "RuntimeArtefact", "artefact_files", "artefact_of", "bf16_cpu_missing",
-           "fp32_copy", "missing_packages"]
+           "bf16_missing", "fp32_copy", "missing_packages"]
 
 #: The numbers a runtime may compute in (:attr:`Runtime.precision`).
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -368,6 +368,23 @@ def bf16_cpu_missing() -> str | None:
     if any(flag in info.flags for flag in BF16_CPU_FLAGS):
         return None
     return f"this CPU ({info.cpu_model}) has no native bf16 products ({' or '.join(BF16_CPU_FLAGS)} missing)"
+
+
+def bf16_missing() -> str | None:
+    """None where PyTorch multiplies bf16 natively here (a CUDA device, or :func:`bf16_cpu_missing` is None),
+    else one line saying why not: the one test behind the ``torch-bf16`` runtime and bf16 training.
+
+    Example:
+        >>> reason = bf16_missing()
+        >>> reason is None or "CUDA" in reason
+        True
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    reason = bf16_cpu_missing()
+    return None if reason is None else f"{reason} and no CUDA device is present"
 
 
 def _distribution_of(module: str) -> str | None:

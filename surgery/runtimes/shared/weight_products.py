@@ -78,6 +78,22 @@ PRECISION_PARTS = ("attention", "ffn-up", "ffn-down")
 CLASSIFIER_GROUP = "classifier"
 
 
+def split_group(group: str) -> tuple[int | None, str]:
+    """A precision map's op group as (layer index, part): ``layer.N.part`` or the layer-less ``classifier``.
+
+    The one parser of the names :func:`precision_groups` gives; everything that reads a group's layer
+    or part goes through it.
+
+    Example:
+        >>> split_group("layer.3.ffn-up"), split_group("classifier")
+        ((3, 'ffn-up'), (None, 'classifier'))
+    """
+    if not group.startswith("layer."):
+        return None, group
+    _, index, part = group.split(".", 2)
+    return int(index), part
+
+
 def precision_groups(root: nn.Module) -> dict[str, tuple[str, ...]]:
     """The op groups an int8 precision map chooses between int8 and float, with their Linear modules.
 

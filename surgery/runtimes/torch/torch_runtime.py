@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from surgery.runtimes.shared.runtime import Runtime, RuntimeArtefact, artefact_files, bf16_cpu_missing
+from surgery.runtimes.shared.runtime import Runtime, RuntimeArtefact, artefact_files, bf16_missing
 
 if TYPE_CHECKING:  # the class attributes are read before torch is imported (flag checks)
     from torch import nn
@@ -117,13 +117,8 @@ class TorchBf16Runtime(TorchRuntime):
     dtype: ClassVar[str | None] = "bfloat16"
 
     def unavailable(self) -> str | None:
-        import torch
-
-        if torch.cuda.is_available():
-            return None
-        reason = bf16_cpu_missing()
-        return None if reason is None else (f"{reason} and no CUDA device is present; bf16 would run slower than fp32 "
-                                            "here: use --runtime torch")
+        reason = bf16_missing()
+        return None if reason is None else f"{reason}; bf16 would run slower than fp32 here: use --runtime torch"
 
 
 class TorchFp16Runtime(TorchRuntime):
