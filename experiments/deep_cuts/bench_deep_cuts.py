@@ -93,6 +93,20 @@ def config_for(spec: Target, args: Any, seed: int) -> CompressConfig:
                           budget_minutes=spec.budget, threads=args.threads, seed=seed)
 
 
+def compact_candidates(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with every candidate but the winner keeping counts of what it removed (``removed``: layers, heads
+    and neurons per layer), not the unit lists (``removal``, 96% of a run's bytes); the winner keeps its own.
+    Rows already compact are returned as they are."""
+    for c in row.get("candidates", []):
+        if c["name"] == row.get("winner") or "removal" not in c:
+            continue
+        removal = c.pop("removal")
+        c["removed"] = {"layers": removal.get("layers", []),
+                        "heads": {k: len(v) for k, v in removal.get("heads", {}).items()},
+                        "neurons": {k: len(v) for k, v in removal.get("neurons", {}).items()}}
+    return row
+
+
 def record(result: Any, seconds: float) -> dict[str, Any]:
     """What every run keeps: the winner, its speed, the pick's interval, the phases against their estimate."""
     report = result.report
@@ -127,8 +141,8 @@ def run_task(args: Any, task_name: str, seed: int, spec: Target, tokenizer: Any)
     result = surgery.compress(original, task.data, config_for(spec, args, seed), progress=log_progress)
     seconds = time.perf_counter() - start
     test_acc = accuracy(served_artefact(result, args.threads), test.loader("eval"))
-    row = {**record(result, seconds), "finetuned_test": base_test, "test": test_acc,
-           "retained": 100.0 * test_acc / base_test}
+    row = compact_candidates({**record(result, seconds), "finetuned_test": base_test, "test": test_acc,
+                              "retained": 100.0 * test_acc / base_test})
     calibration = result.calibration or task_calibration_batches(task.data, 16, batch_size=32)
     row["peer"] = peer_comparison(original, result, calibration, test, args.threads, result.report.seq_len,
                                   result.report.batch_size)
@@ -151,8 +165,8 @@ def run_embedding(args: Any, seed: int, spec: Target) -> dict[str, Any]:
                       workdir=Path(tmp), texts=split["test_texts"], tokenizer=split["tokenizer"],
                       sentence=split["sentence"], max_length=64, threads=args.threads)
         figures = judge.judge(served_artefact(result, args.threads))
-    return {**record(result, seconds), "test_texts": len(split["test_texts"]), "test_cosine": figures["mean_cosine"],
-            "test_recall_at_10": figures["recall_at_10"]}
+    return compact_candidates({**record(result, seconds), "test_texts": len(split["test_texts"]),
+                               "test_cosine": figures["mean_cosine"], "test_recall_at_10": figures["recall_at_10"]})
 
 
 def reached(row: dict[str, Any], spec: Target) -> bool:
@@ -166,6 +180,9 @@ def main() -> None:
     parser = suite_arguments(__doc__.splitlines()[0], list(TARGETS), RESULTS)
     args = parser.parse_args()
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
+    for rows in (results["runs"], results.get("superseded", {})):
+        for row in (rows.values() if isinstance(rows, dict) else rows):
+            compact_candidates(row)
     if not args.render_only:
         lock_timing()
         from surgery.persist.assets import resolve_model_path
