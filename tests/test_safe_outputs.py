@@ -398,7 +398,8 @@ def test_a_signal_during_the_swap_waits_until_it_is_done(tmp_path: Path, kind: s
     # in all), raised in the main thread and sent to the process, on both swaps: no crash. What is tested here,
     # the swap's own deferral of a signal, needs none of those libraries, so their threads are kept out of the
     # process rather than have an undiagnosed native crash fail the suite. A real SIGTERM to a real `surgery`
-    # during the swap is test_sigterm_during_an_overwrite_swap_in_real_processes. (It ran as a nested
+    # during the swap is test_sigterm_during_an_overwrite_swap_in_real_processes, and with OpenVINO's threads loaded
+    # test_sigterm_during_an_openvino_export_swap_in_real_processes. (It ran as a nested
     # `python -m pytest` before, which imported torch and the test plugins again: 12 s a case in a loaded profile.)
     out = save(tmp_path / "m", "previous")
     done = subprocess.run([sys.executable, str(SWAP_CHILD), kind, str(out)], capture_output=True, text=True,
@@ -653,6 +654,36 @@ def test_sigterm_during_an_overwrite_swap_in_real_processes(tiny: dict[str, Path
         assert json.loads((out / "surgery.json").read_text())["steps"][0]["strategy"] == "head-prune"
         assert surgery.from_pretrained(out).encoder.layer[0].attention.self.query.weight.shape[0] == 24  # 3 heads
         assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no temporary, no old, no lock
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.openvino
+def test_sigterm_during_an_openvino_export_swap_in_real_processes(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """A real ``surgery export --runtime openvino --overwrite``, OpenVINO's threads loaded, SIGTERM in its swap (both
+    swaps): it finishes the swap, says the new export was saved in full, and leaves a whole IR and nothing beside."""
+    from surgery.runtimes.openvino.openvino_export import export_openvino
+
+    original = surgery.from_pretrained(tiny["model"])
+    outs = {kind: tmp_path / kind / "out" for kind in ("exchange", "renames")}
+    before = {}
+    for kind, out in outs.items():
+        export_openvino(original, out, batch=2, seq=8)
+        before[kind] = tree(out)
+    runs = {kind: subprocess.Popen([sys.executable, "-c", SWAP_WITH_SIGNAL, kind, "export", str(tiny["model"]),
+                                    "--runtime", "openvino", "--seq", "16", "--out", str(out), "--overwrite"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for kind, out in outs.items()}
+    for kind, out in outs.items():
+        code, _, stderr = finish(runs[kind])
+        assert code == 143, stderr
+        assert one_error_line(stderr) == f"error: interrupted (SIGTERM); {out} had been saved in full"
+        assert output_manifest_problem(out) is None and tree(out) != before[kind]
+        assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no temporary, no old, no lock
+    import openvino as ov
+
+    ir = next(outs["exchange"].rglob("*.xml"))
+    assert ov.Core().compile_model(str(ir), "CPU") is not None  # the IR the swap put in place loads
 
 
 COMPRESS_WITH_SIGNAL = """
