@@ -18,7 +18,7 @@ import torch
 from surgery.compress import held_out
 from surgery.compress.candidate_run import CandidateRun, Want
 from surgery.compress.candidates import Judge
-from surgery.compress.compress_report import DropTarget
+from surgery.compress.compress_report import DropTarget, SpeedupTarget
 from surgery.compress.compress_run import compress
 from surgery.compress.held_out import Judged, paired_drop, split_dev
 from surgery.compress.latency_source import TableLatency
@@ -48,21 +48,38 @@ class SkewedLatency:
         return value * skew, None
 
 
+@dataclass
+class FasterThanPredicted:
+    """Shape-table latency whose measured speedups beat the prediction by ``factor`` for every cut."""
+
+    inner: TableLatency
+    factor: float
+
+    def table(self, model: torch.nn.Module, runtime: str) -> Any:
+        return self.inner.table(model, runtime)
+
+    def speedup(self, original: torch.nn.Module, candidate: torch.nn.Module, *, runtime: str, reference_runtime: str,
+                served: torch.nn.Module | None = None) -> tuple[float, list[float] | None]:
+        value, _ = self.inner.speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime)
+        return value * self.factor, None  # the unchanged model is not timed on torch (it is 1.0 by definition)
+
+
 def task_model() -> torch.nn.Module:
     return tiny_model(TinySpec("bert", task="seq-cls", layers=3))
 
 
 def make_run(model: torch.nn.Module, data: Any, max_drop: float, tmp_path: Path,
-             latency: Any = None) -> CandidateRun:
-    """A CandidateRun on a tiny classifier, the way compress_on builds one (one worker)."""
+             latency: Any = None, target: Any = None) -> CandidateRun:
+    """A CandidateRun on a tiny classifier, the way compress_on builds one (one worker); ``target`` for another
+    than ``--max-drop max_drop``."""
     latency = latency or tables_for(model)
-    plan = plan_compress(model, data, target=DropTarget(max_drop=max_drop), latency=latency)
+    target = target or DropTarget(max_drop=max_drop)
+    plan = plan_compress(model, data, target=target, latency=latency)
     dev, texts = dev_source(data, None, "task", 8)
     parts, split = dev_parts(data, None, "task", 8, dev, texts)
     judge = Judge(original=model.eval(), objective="task", runtime="torch", calibration=plan.calibration,
                   workdir=tmp_path, dev=dev, parts=parts)
-    return CandidateRun(plan, judge, latency, Clock(None), no_progress, DropTarget(max_drop=max_drop), "torch",
-                        "torch", split=split)
+    return CandidateRun(plan, judge, latency, Clock(None), no_progress, target, "torch", "torch", split=split)
 
 
 def middle(n: int) -> int:
@@ -250,3 +267,31 @@ def test_two_workers_choose_the_same_winner_as_one() -> None:
     assert two.winner == one.winner
     assert [(c.name, c.drop) for c in two.candidates] == [(c.name, c.drop) for c in one.candidates]
     assert two.winner_result().held_out == one.winner_result().held_out
+
+
+def test_a_speedup_run_walks_back_to_fewer_cuts_where_the_table_underestimates_speed(tmp_path: Path) -> None:
+    model = task_model()
+    latency = FasterThanPredicted(tables_for(model), 1.3)
+    goal = 3.6  # deep on this model's path (its points: 1.48x, 2.84x, then 2.95x to 4.5x): room to walk back
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    run.speedup_candidates(goal)
+    reaching = run.plan.path.first_reaching(goal)
+    assert reaching is not None and reaching > 2
+    back = [r for r in run.results if (r.timed_because or "").startswith("the path walked back")]
+    assert back, [(r.name, r.timed_because) for r in run.results]
+    assert all(r.path_step is not None and r.path_step < reaching for r in back)  # fewer cuts than the table's point
+    assert all(r.measured_speedup is not None and r.measured_speedup >= goal for r in back)  # and still fast enough
+    assert len({r.path_step for r in back}) == len(back)  # each point once
+
+
+def test_no_walk_back_where_the_table_is_right(tmp_path: Path) -> None:
+    model = task_model()
+    latency = FasterThanPredicted(tables_for(model), 1.0)
+    goal = 3.6
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    run.speedup_candidates(goal)
+    assert not [r for r in run.results if (r.timed_because or "").startswith("the path walked back")]
