@@ -354,8 +354,9 @@ class CandidateRun:
                                                   reference_runtime=self.against.name, served=served)
         result.measured_speedup = round(value, 4)
         result.speedup_interval = interval
-        for twin in self.results:  # the same cut under another name: the same files, the same time
-            if twin is not result and twin.removal == result.removal and twin.measured_speedup is None:
+        for twin in self.results:  # the same cut and precision map under another name: the same graph, the same time
+            if (twin is not result and twin.removal == result.removal and twin.int8_float == result.int8_float
+                    and twin.measured_speedup is None):
                 twin.measured_speedup, twin.speedup_interval = result.measured_speedup, interval
         if abs(value - result.predicted_speedup) > PREDICTION_TOLERANCE * value:
             result.notes.append(f"predicted {result.predicted_speedup:.2f}x but measured {value:.2f}x "
