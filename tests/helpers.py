@@ -228,7 +228,14 @@ def start_cli_batch(cases: list[list[str]], **popen: object) -> subprocess.Popen
                             stderr=subprocess.PIPE, text=True, **popen)  # type: ignore[call-overload]
 
 
-def cli_batch_results(run: subprocess.Popen[str], timeout: float = 600) -> list[tuple[int, str, str, list[str]]]:
+#: How long a test waits for one real ``surgery`` process before calling it hung. A guard against hangs, not a
+#: time the process should take: a fresh-clone suite at nice 19 beside a nice -5 benchmark (load 5-10) saw a tiny
+#: OpenVINO export take over 300 s and a batch of CLI runs over 600 s (2026-11-26).
+HANG_SECONDS = 1200
+
+
+def cli_batch_results(run: subprocess.Popen[str], timeout: float = 2 * HANG_SECONDS
+                      ) -> list[tuple[int, str, str, list[str]]]:
     """Each case's exit code, stdout, stderr and the heavy modules (torch, transformers, datasets) imported by its end,
     in the order given to ``start_cli_batch``."""
     stdout, stderr = run.communicate(timeout=timeout)

@@ -37,6 +37,7 @@ from surgery.persist.atomic import (
 )
 from surgery.testing import TinySpec, tiny_model
 from tests.helpers import (
+    HANG_SECONDS,
     cli_batch_results,
     judge_two,
     labelled_rows,
@@ -426,7 +427,7 @@ def cli(*args: str, **kwargs: object) -> subprocess.Popen[str]:
 
 
 def finish(run: subprocess.Popen[str]) -> tuple[int, str, str]:
-    stdout, stderr = run.communicate(timeout=300)
+    stdout, stderr = run.communicate(timeout=HANG_SECONDS)
     return run.returncode, stdout, stderr
 
 
