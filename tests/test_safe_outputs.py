@@ -643,17 +643,24 @@ def test_a_new_out_keeps_the_users_dot_directories_and_a_stranded_output_comes_b
 def test_sigterm_during_an_overwrite_swap_in_real_processes(tiny: dict[str, Path], tmp_path: Path) -> None:
     """The swap finishes, the message says the output was saved (it used to say nothing was), nothing is left."""
     outs = {kind: earlier_output(tmp_path / kind / "out", "previous") for kind in ("exchange", "renames")}
-    runs = {kind: subprocess.Popen([sys.executable, "-c", SWAP_WITH_SIGNAL, kind, "apply", str(tiny["model"]), "-s",
-                                    "head-prune", "--set", "heads={0: [1]}", "--out", str(out), "--overwrite"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    swap_with_sigterm(outs, "apply", str(tiny["model"]), "-s", "head-prune", "--set", "heads={0: [1]}")
+    for out in outs.values():
+        assert not (out / "which.txt").exists()
+        assert json.loads((out / "surgery.json").read_text())["steps"][0]["strategy"] == "head-prune"
+        assert surgery.from_pretrained(out).encoder.layer[0].attention.self.query.weight.shape[0] == 24  # 3 heads
+
+
+def swap_with_sigterm(outs: dict[str, Path], *args: str) -> None:
+    """``surgery ARGS --out OUT --overwrite`` for each swap kind -> OUT in ``outs``, SIGTERM raised in its swap: each
+    exits 143 with the one line saying OUT was saved in full, a whole output in OUT and nothing beside it."""
+    runs = {kind: subprocess.Popen([sys.executable, "-c", SWAP_WITH_SIGNAL, kind, *args, "--out", str(out),
+                                    "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for kind, out in outs.items()}
     for kind, out in outs.items():
         code, _, stderr = finish(runs[kind])
         assert code == 143, stderr
         assert one_error_line(stderr) == f"error: interrupted (SIGTERM); {out} had been saved in full"
-        assert not (out / "which.txt").exists() and output_manifest_problem(out) is None
-        assert json.loads((out / "surgery.json").read_text())["steps"][0]["strategy"] == "head-prune"
-        assert surgery.from_pretrained(out).encoder.layer[0].attention.self.query.weight.shape[0] == 24  # 3 heads
+        assert output_manifest_problem(out) is None
         assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no temporary, no old, no lock
 
 
@@ -671,16 +678,8 @@ def test_sigterm_during_an_openvino_export_swap_in_real_processes(tiny: dict[str
     for kind, out in outs.items():
         export_openvino(original, out, batch=2, seq=8)
         before[kind] = tree(out)
-    runs = {kind: subprocess.Popen([sys.executable, "-c", SWAP_WITH_SIGNAL, kind, "export", str(tiny["model"]),
-                                    "--runtime", "openvino", "--seq", "16", "--out", str(out), "--overwrite"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for kind, out in outs.items()}
-    for kind, out in outs.items():
-        code, _, stderr = finish(runs[kind])
-        assert code == 143, stderr
-        assert one_error_line(stderr) == f"error: interrupted (SIGTERM); {out} had been saved in full"
-        assert output_manifest_problem(out) is None and tree(out) != before[kind]
-        assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no temporary, no old, no lock
+    swap_with_sigterm(outs, "export", str(tiny["model"]), "--runtime", "openvino", "--seq", "16")
+    assert all(tree(out) != before[kind] for kind, out in outs.items())  # the new export, not the earlier one
     import openvino as ov
 
     ir = next(outs["exchange"].rglob("*.xml"))
