@@ -33,9 +33,11 @@ from tests.helpers import WORDS, tables_for, tiny_tokenizer
 
 @dataclass
 class SkewedLatency:
-    """Shape-table latency whose *measured* speedups miss the prediction by a factor fixed per structure."""
+    """Shape-table latency whose *measured* speedups miss the prediction by a factor fixed per structure
+    (``factor`` for every cut, or 0.8-1.2 by the structure's hash)."""
 
     inner: TableLatency
+    factor: float | None = None
 
     def table(self, model: torch.nn.Module, runtime: str) -> Any:
         return self.inner.table(model, runtime)
@@ -44,24 +46,8 @@ class SkewedLatency:
                 served: torch.nn.Module | None = None) -> tuple[float, list[float] | None]:
         value, _ = self.inner.speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime)
         structure = Structure.from_model(candidate)
-        skew = 0.8 + 0.4 * (hash(str(structure.to_json())) % 997) / 997  # 0.8-1.2, the same for the same cut
+        skew = self.factor or 0.8 + 0.4 * (hash(str(structure.to_json())) % 997) / 997  # the same for the same cut
         return value * skew, None
-
-
-@dataclass
-class FasterThanPredicted:
-    """Shape-table latency whose measured speedups beat the prediction by ``factor`` for every cut."""
-
-    inner: TableLatency
-    factor: float
-
-    def table(self, model: torch.nn.Module, runtime: str) -> Any:
-        return self.inner.table(model, runtime)
-
-    def speedup(self, original: torch.nn.Module, candidate: torch.nn.Module, *, runtime: str, reference_runtime: str,
-                served: torch.nn.Module | None = None) -> tuple[float, list[float] | None]:
-        value, _ = self.inner.speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime)
-        return value * self.factor, None  # the unchanged model is not timed on torch (it is 1.0 by definition)
 
 
 def task_model() -> torch.nn.Module:
@@ -271,7 +257,7 @@ def test_two_workers_choose_the_same_winner_as_one() -> None:
 
 def test_a_speedup_run_walks_back_to_fewer_cuts_where_the_table_underestimates_speed(tmp_path: Path) -> None:
     model = task_model()
-    latency = FasterThanPredicted(tables_for(model), 1.3)
+    latency = SkewedLatency(tables_for(model), 1.3)
     goal = 3.6  # deep on this model's path (its points: 1.48x, 2.84x, then 2.95x to 4.5x): room to walk back
     run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
     run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
@@ -288,7 +274,7 @@ def test_a_speedup_run_walks_back_to_fewer_cuts_where_the_table_underestimates_s
 
 def test_no_walk_back_where_the_table_is_right(tmp_path: Path) -> None:
     model = task_model()
-    latency = FasterThanPredicted(tables_for(model), 1.0)
+    latency = SkewedLatency(tables_for(model), 1.0)
     goal = 3.6
     run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
     run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
