@@ -178,7 +178,17 @@ def test_a_missed_speedup_is_a_warning_not_a_silent_pick() -> None:
     assert any(w.startswith("target missed") for w in report.warnings)
 
 
-def test_the_budget_bounds_the_candidates_and_the_training() -> None:
+def test_the_budget_bounds_the_candidates_and_the_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import training_tier
+
+    handed: list[int] = []
+    real_tiers = training_tier.train_tiers
+
+    def spy(student: Any, teacher: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        handed.append(len(data.eval))
+        return real_tiers(student, teacher, data, *args, **kwargs)
+
+    monkeypatch.setattr(training_tier, "train_tiers", spy)
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
     tight = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=1e-4,
                      latency=tables_for(model)).report
@@ -196,6 +206,9 @@ def test_the_budget_bounds_the_candidates_and_the_training() -> None:
         assert tier["estimated_seconds"] > 0 and tier["seconds"] > 0
         assert tier["accuracy_before"] is not None and tier["accuracy_after"] is not None
     assert roomy.training["judged_after"] == roomy.winner_result().accuracy
+    # The tiers measured their epochs on the search part of dev only, never on the examples the pick held out.
+    split = roomy.judging["split"]
+    assert handed == [split["search"]] and split["pick"] > 0 and split["search"] < len(tiny_task_data().eval)
     assert roomy.seconds <= 120.0
     untrained = compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), budget_minutes=2.0,
                          latency=tables_for(model), train=False).report

@@ -8,6 +8,7 @@ forward calls, a layer-output error that must fall, the precision a run was give
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import math
 
@@ -16,6 +17,7 @@ import torch
 
 from surgery.anatomy import adapter_for
 from surgery.compress import training_tier
+from surgery.core.errors import ConfigError
 from surgery.core.progress import ProgressEvent
 from surgery.measure import machine
 from surgery.testing import FAMILIES, TinySpec, tiny_inputs, tiny_model, tiny_task_data
@@ -160,3 +162,59 @@ def test_blockwise_follows_a_layer_drop_through_the_layer_map() -> None:
     reconstruct_layers(student, teacher, batches, BlockwiseConfig(steps=60, learning_rate=1e-3), layer_map=mapping)
     after = output_errors(student, teacher, batches, layer_map=mapping)
     assert before[0] == 0.0 and after[1] < before[1]
+
+
+def test_distillation_stops_when_the_eval_split_stops_improving_and_keeps_its_best_epoch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    recover_module = importlib.import_module("surgery.training.recover")
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    student = cut(teacher)
+    # Before training, then epochs 1-6 (the run should end after epoch 5: 3 epochs no better than epoch 2's 0.7).
+    scripted = iter([0.4, 0.5, 0.7, 0.6, 0.7, 0.65, 0.9])
+    snapshots: dict[int, list[torch.Tensor]] = {}
+
+    def scripted_accuracy(model: torch.nn.Module, loader: object) -> float:
+        snapshots[len(snapshots)] = [p.detach().clone() for p in model.parameters()]
+        return next(scripted)
+
+    monkeypatch.setattr(recover_module, "accuracy", scripted_accuracy)
+    result = recover(student, teacher, tiny_task_data(32, batch_size=8),
+                     RecoveryConfig(epochs=6, batch_size=8, keep_best=True, patience=3))
+    assert [h["accuracy"] for h in result.history] == [0.5, 0.7, 0.6, 0.7, 0.65]
+    assert result.stopped_early and result.steps == 5 * 4
+    # Of the two epochs at 0.7 the later one's parameters are kept (epoch 4, the fifth measurement).
+    assert result.best_epoch == 4 and result.accuracy_after == 0.7
+    for p, kept in zip(student.parameters(), snapshots[4], strict=True):
+        assert torch.equal(p, kept)
+    assert any(not torch.equal(k, s) for k, s in zip(snapshots[4], snapshots[5], strict=True))
+
+
+def test_keep_best_without_an_eval_split_is_refused() -> None:
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    data = dataclasses.replace(tiny_task_data(16, batch_size=8), eval=None)
+    with pytest.raises(ConfigError, match="keep_best and patience"):
+        recover(cut(teacher), teacher, data, RecoveryConfig(epochs=1, batch_size=8, patience=2))
+
+
+def test_the_training_tier_spends_the_budget_past_a_few_epochs_but_measures_only_what_it_is_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # compress hands the tier the search part of dev; the tier's measurements read that split and nothing else.
+    measured: list[int] = []
+    recover_module = importlib.import_module("surgery.training.recover")
+    real = recover_module.accuracy
+
+    def counting(model: torch.nn.Module, loader: object) -> float:
+        measured.append(len(loader.dataset))  # type: ignore[attr-defined]
+        return real(model, loader)
+
+    monkeypatch.setattr(recover_module, "accuracy", counting)
+    monkeypatch.setattr(training_tier, "PATIENCE", 100)  # the budget, not patience, ends this run
+    data = tiny_task_data(32, batch_size=8)
+    search = dataclasses.replace(data, eval=data.eval.select(range(5)))
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    out = training_tier.train_tiers(cut(teacher), teacher, search, 1e6, batch_size=8, order=("distil",), bf16=False)
+    record = out["tiers"][0]
+    # An unbounded budget runs to MAX_EPOCHS, past the 6 epochs the tier used to stop at.
+    assert record["epochs_run"] == training_tier.MAX_EPOCHS > 6 and not record["stopped_early"]
+    assert record["steps"] == training_tier.MAX_EPOCHS * out["estimates"]["distil"]["steps"]
+    assert measured and set(measured) == {5}

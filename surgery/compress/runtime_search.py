@@ -7,6 +7,7 @@ import it from here, so neither imports the other.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shutil
 import tempfile
@@ -73,6 +74,34 @@ def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: i
     return {part: [dev[i] for i in getattr(split, part)] for part in ("screen", "rest", "pick")}, split
 
 
+def search_part_data(data: Any, eval_data: Any, split: DevSplit) -> Any:
+    """``data`` whose eval split is the search part of the dev examples only, for the training tier to measure
+    its epochs on: the examples the pick holds out never steer training.
+
+    Where the dev examples cannot be selected (a loader only), the eval split is dropped instead, so the
+    training tier measures nothing rather than the pick's part.
+
+    Example:
+        >>> from surgery.testing import tiny_task_data
+        >>> data = tiny_task_data(8)
+        >>> split = split_dev(len(data.eval))
+        >>> len(search_part_data(data, None, split).eval) == len(split.search) < len(data.eval)
+        True
+    """
+    source = eval_data if eval_data is not None else data
+    name = "eval" if getattr(source, "eval", None) is not None else "train"
+    table = getattr(source, name, None)
+    if dataclasses.is_dataclass(data) and hasattr(table, "select"):
+        return dataclasses.replace(data, eval=table.select(list(split.search)))  # type: ignore[arg-type]
+    if getattr(data, "eval", None) is None or (eval_data is not None and eval_data is not data):
+        return data  # its eval split is not the dev split: the pick's part is not in it
+    if dataclasses.is_dataclass(data):
+        return dataclasses.replace(data, eval=None)  # type: ignore[arg-type]
+    dropped = copy.copy(data)
+    dropped.eval = None
+    return dropped
+
+
 def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime: Runtime, against: Runtime,
                 eval_data: Any = None, latency: LatencySource | None = None, progress: ProgressCallback | None = None,
                 clock: Clock, costs: UnitCosts | None = None, unchanged: Unchanged | None = None
@@ -117,8 +146,8 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
                 winner, why, warnings = run.pick()
             finally:
                 run.pool.close()
-            final_model, winner_name, training = run.train_winner(winner, data, budget_minutes, config.seed,
-                                                                  train=config.train)
+            final_model, winner_name, training = run.train_winner(winner, search_part_data(data, eval_data, split),
+                                                                  budget_minutes, config.seed, train=config.train)
             # The judged files themselves leave the work directory (moved, never written again).
             artefact = keep_artefact(run.artefacts.get(winner_name))
         report = run.report(winner_name, why, warnings, training, budget_minutes, config.threads, config.stock,

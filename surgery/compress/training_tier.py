@@ -6,7 +6,10 @@ Two tiers follow the least-squares refit (which every candidate already had):
   cut model trained to reproduce the original layer's output on cached calibration batches;
 * ``distil``: end-to-end distillation from the original with the HF Trainer
   (:func:`surgery.training.recover`), the teacher's logits computed once per run, in as many
-  optimiser steps as fit (a budget may end inside an epoch), at most :data:`MAX_EPOCHS` epochs.
+  optimiser steps as fit (a budget may end inside an epoch), at most :data:`MAX_EPOCHS` epochs. Each
+  epoch is measured on ``data``'s eval split; the run stops once :data:`PATIENCE` epochs in a row measure
+  no better than the best, and the best epoch's parameters are kept. compress hands over the search part of its
+  dev split as that eval split, never the part its pick holds out.
 
 Both train in bf16 autocast where the CPU multiplies bf16 natively (the same check the ``torch-bf16``
 runtime makes: avx512_bf16 or AMX, or CUDA), fp32 elsewhere. Each tier's time is estimated from
@@ -35,8 +38,13 @@ from surgery.training.refit import task_calibration_batches
 TRAINER_OVERHEAD = 1.3
 #: A block-wise step's cost over its timed forward and backward (Adam's update, the batch cycle).
 BLOCKWISE_OVERHEAD = 1.2
-#: Distillation epochs at most, however long the budget (the recovery runs this project measured used 2-4).
-MAX_EPOCHS = 6
+#: Distillation epochs at most, however long the budget: a bound for a long budget on little data. The budget or
+#: :data:`PATIENCE` ends a run first on the runs measured (experiments/deep_cuts: 6 epochs left 4-10 minutes of a
+#: 20-minute budget unspent while the judged accuracy still rose).
+MAX_EPOCHS = 40
+#: Epochs in a row that measure no better than the best on the eval split before distillation stops (it keeps the
+#: best, of equal ones the later).
+PATIENCE = 3
 #: Fewer distillation steps than this are not worth a Trainer's setup and a re-judging of the model.
 MIN_DISTIL_STEPS = 8
 #: Calibration batches block-wise reconstruction caches (bounded memory: one layer's inputs and targets at a time).
@@ -164,7 +172,7 @@ def distil_steps_that_fit(seconds: float, estimate: TierEstimate) -> int:
     Example:
         >>> e = TierEstimate(tier="distil", seconds=110.0, step_seconds=1.0, steps=100, fixed_seconds=10.0)
         >>> distil_steps_that_fit(60.0, e), distil_steps_that_fit(15.0, e), distil_steps_that_fit(1e9, e)
-        (50, 0, 600)
+        (50, 0, 4000)
     """
     steps = math.floor((seconds - estimate.fixed_seconds) / estimate.step_seconds) if estimate.step_seconds > 0 else 0
     steps = min(steps, MAX_EPOCHS * estimate.steps)
@@ -174,14 +182,25 @@ def distil_steps_that_fit(seconds: float, estimate: TierEstimate) -> int:
 def distil(student: nn.Module, teacher: nn.Module, data: Any, *, epochs: int, batch_size: int, seed: int = 0,
            max_steps: int | None = None, bf16: bool = False, progress: ProgressCallback | None = None
            ) -> RecoveryResult:
-    """Distil the original into the cut model (surgery's recovery, HF Trainer, teacher's logits cached once)."""
-    config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16)
+    """Distil the original into the cut model (surgery's recovery, HF Trainer, teacher's logits cached once).
+
+    Where ``data`` has a labelled eval split, every epoch is measured on it: the run stops after
+    :data:`PATIENCE` epochs no better than the best and keeps the best epoch's parameters.
+    """
+    measured = measurable(data)
+    config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16,
+                            keep_best=measured, patience=PATIENCE if measured else None)
     return recover(student, teacher, data, config, progress=progress)
+
+
+def measurable(data: Any) -> bool:
+    """Whether ``data`` has an eval split whose accuracy a tier can measure (a task's labelled examples)."""
+    return getattr(data, "objective", "task") == "task" and getattr(data, "eval", None) is not None
 
 
 def dev_accuracy(model: nn.Module, data: Any) -> float | None:
     """Accuracy on ``data``'s eval split in PyTorch (None without one, or without labels)."""
-    if getattr(data, "objective", "task") != "task" or getattr(data, "eval", None) is None:
+    if not measurable(data):
         return None
     return accuracy(model, data.loader("eval", batch_size=32))
 
@@ -244,7 +263,8 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
             epochs = steps / estimate.steps
             run = distil(student, teacher, data, epochs=math.ceil(epochs), batch_size=batch_size, seed=seed,
                          max_steps=steps, bf16=use_bf16, progress=emit)
-            record["steps"] = run.steps
+            record.update(steps=run.steps, epochs_run=len(run.history), best_epoch=run.best_epoch,
+                          stopped_early=run.stopped_early)
             training["epochs"] = round(epochs, 3)
         record["seconds"] = round(time.perf_counter() - started, 2)
         current = dev_accuracy(student, data)

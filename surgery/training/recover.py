@@ -50,6 +50,10 @@ class RecoveryConfig(DistillConfig):
                                   "budget that ends inside an epoch); None: whole epochs")
     bf16: bool = Field(default=False, description="the Trainer's bf16 mixed precision: only where the device "
                        "multiplies bf16 natively (surgery.compress.training_tier.bf16_training decides)")
+    keep_best: bool = Field(default=False, description="at the end, restore the parameters of the epoch that "
+                            "measured best on the eval split (needs one)")
+    patience: int | None = Field(default=None, ge=1, description="stop once this many epochs in a row measured "
+                                 "no better than the best on the eval split (needs one); None: run every epoch")
     cache_teacher: bool = Field(default=True, description="compute the teacher's logits once per run rather "
                                 "than at every step (logit distillation only)")
     # The embedding objective's neighbour term (surgery.embedding.objective.neighbour_loss); a task
@@ -76,6 +80,8 @@ class RecoveryResult(BaseModel):
     layer_map: dict[int, int] | None = None
     history: list[dict[str, Any]] = Field(default_factory=list)
     refit: RefitResult | None = None
+    best_epoch: int | None = None  # the epoch whose parameters were kept (``keep_best``)
+    stopped_early: bool = False  # ``patience`` ended the run before its budget
 
 
 def refit_before_training(model: nn.Module, teacher: nn.Module, data: Any,
@@ -149,8 +155,12 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
     before = accuracy(model, eval_loader) if eval_loader is not None else None
     refit = refit_before_training(model, teacher, task, cfg)
     after_refit = accuracy(model, eval_loader) if refit is not None and eval_loader is not None else None
+    if (cfg.keep_best or cfg.patience is not None) and eval_loader is None:
+        raise ConfigError("recovery: keep_best and patience measure each epoch on the eval split, and the data has "
+                          "none; give held-out examples or turn them off")
     history = EpochHistory(EpochStats(), evaluate=None if eval_loader is None else lambda m: accuracy(m, eval_loader),
-                           emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)), label="recovery")
+                           emit=lambda task_, c, n, **info: emit(ProgressEvent(task_, c, n, info)), label="recovery",
+                           keep_best=list(model.parameters()) if cfg.keep_best else None, patience=cfg.patience)
     steps = 0
     if cfg.epochs > 0:
         with scratch_dir("surgery-recover-") as tmp:
@@ -158,9 +168,12 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
             steps = fit(model, task, args, teacher=teacher, distill=distill, history=history,
                         cache_teacher=cfg.cache_teacher).steps
     after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
+    if cfg.keep_best and history.best is not None:
+        after = history.best[0]
     if cfg.epochs == 0 and after_refit is not None:
         after = after_refit
     return RecoveryResult(epochs=cfg.epochs, steps=steps, accuracy_before=before, accuracy_after=after,
                           accuracy_refit=after_refit, hidden_weight=distill.hidden_weight,
                           seconds=time.perf_counter() - start, layer_map=distill.layer_map, history=history.history,
-                          refit=refit)
+                          refit=refit, best_epoch=history.best_epoch if cfg.keep_best else None,
+                          stopped_early=history.stopped_early)

@@ -237,7 +237,9 @@ class EpochHistory(TrainerCallback):
 
     ``evaluate(model) -> float`` measures the model after each epoch; with ``keep_best`` the
     tensors of ``keep_best`` are restored at the end of training to those of the best epoch
-    (early stopping's choice). ``emit(task, completed, total, **info)`` receives progress.
+    (early stopping's choice; of equal epochs the later, trained longer). With ``patience`` training stops
+    once that many epochs in a row have not measured above the best. ``emit(task, completed, total, **info)``
+    receives progress.
 
     Example:
         >>> EpochHistory(EpochStats()).history
@@ -246,12 +248,15 @@ class EpochHistory(TrainerCallback):
 
     def __init__(self, stats: EpochStats, *, evaluate: Callable[[nn.Module], float] | None = None,
                  keep_best: list[nn.Parameter] | None = None, emit: Callable[..., None] | None = None,
-                 label: str = "train") -> None:
-        self.stats, self.evaluate, self.keep_best = stats, evaluate, keep_best
+                 label: str = "train", patience: int | None = None) -> None:
+        self.stats, self.evaluate, self.keep_best, self.patience = stats, evaluate, keep_best, patience
         self.emit = emit or (lambda *a, **k: None)
         self.label = label
         self.history: list[dict[str, Any]] = []
         self.best: tuple[float, list[torch.Tensor]] | None = None
+        self.best_epoch: int | None = None
+        self.improved_epoch = 0  # the last epoch that measured strictly above every earlier one
+        self.stopped_early = False
         self.steps_per_epoch: int | None = None
         self.epochs = 0
 
@@ -277,8 +282,14 @@ class EpochHistory(TrainerCallback):
         info: dict[str, Any] = {"epoch": len(self.history) + 1, **self.stats.gathered().summary()}
         if self.evaluate is not None:
             info["accuracy"] = self.evaluate(unwrap(kwargs["model"]))
-            if self.keep_best is not None and (self.best is None or info["accuracy"] > self.best[0]):
-                self.best = (info["accuracy"], [p.detach().clone() for p in self.keep_best])
+            if self.best is None or info["accuracy"] >= self.best[0]:
+                if self.best is None or info["accuracy"] > self.best[0]:
+                    self.improved_epoch = info["epoch"]
+                saved = [] if self.keep_best is None else [p.detach().clone() for p in self.keep_best]
+                self.best, self.best_epoch = (info["accuracy"], saved), info["epoch"]
+            if self.patience is not None and info["epoch"] - self.improved_epoch >= self.patience:
+                control.should_training_stop = True  # the Trainer ends after this epoch's callbacks
+                self.stopped_early = state.global_step < state.max_steps
         if args.process_index == 0:
             self.emit(self._task(), self.steps_per_epoch or self.stats.steps, self.steps_per_epoch, **info)
         self.history.append(info)
