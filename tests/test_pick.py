@@ -295,3 +295,22 @@ def test_a_measured_speed_is_shared_only_with_the_same_cut_and_precision_map(
     assert cut.measured_speedup is not None
     assert same.measured_speedup == cut.measured_speedup  # the same graph: timed once
     assert other.measured_speedup is None  # another precision map: another graph, not timed yet
+
+
+def test_a_speedup_run_walks_on_where_the_table_overestimates_speed(tmp_path: Path) -> None:
+    model = task_model()
+    latency = SkewedLatency(tables_for(model), 0.8)  # every cut measures 20% slower than the table says
+    # No first candidate measures 3.4x (path-9: 3.9x predicted, 3.12x measured; uniform-14: 4.2x, 3.36x). The walk on
+    # needs the point the corrected table puts at 3.4x (about 4.3x predicted): the path must go on past the 1.1x
+    # point around the target (plan.WALK_ROOM), or there is nothing to walk on to.
+    goal = 3.4
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    run.speedup_candidates(goal)
+    on = [r for r in run.results if (r.timed_because or "").startswith("the path walked on")]
+    assert on, [(r.name, r.predicted_speedup, r.measured_speedup, r.timed_because) for r in run.results]
+    first = run.plan.path.first_reaching(goal)
+    assert first is not None and all(r.path_step is not None and r.path_step > first for r in on)  # more cuts
+    assert any((r.measured_speedup or 0) >= goal for r in on)  # and the walk found a point fast enough
+    assert not [r for r in run.results if (r.timed_because or "").startswith("the path walked back")]

@@ -104,6 +104,20 @@ def build_key(removal: Removal, int8_float: Sequence[str] | None, int8_refit: bo
     return removal.effective(), tuple(int8_float or ()), bool(int8_refit)
 
 
+def timing_key(removal: Removal, int8_float: Sequence[str] | None) -> tuple[Removal, tuple[str, ...]]:
+    """The one test of "the same speed": the same effective cut served with the same op groups in float is the
+    same graph, so one measured time serves both (a refit changes weights, not the graph). A cut served with
+    other groups in float is another graph and is timed on its own.
+
+    Example:
+        >>> timing_key(Removal(layers=[1]), None) == timing_key(Removal(layers=[1]), [])
+        True
+        >>> timing_key(Removal(layers=[1]), []) == timing_key(Removal(layers=[1]), ["layer.0.ffn"])
+        False
+    """
+    return removal.effective(), tuple(int8_float or ())
+
+
 def same_cut(a: Want, b: Want) -> bool:
     """Whether two wants build the same model (their :func:`build_key`)."""
     return a.key() == b.key()
@@ -354,9 +368,10 @@ class CandidateRun:
                                                   reference_runtime=self.against.name, served=served)
         result.measured_speedup = round(value, 4)
         result.speedup_interval = interval
-        for twin in self.results:  # the same cut and precision map under another name: the same graph, the same time
-            if (twin is not result and twin.removal == result.removal and twin.int8_float == result.int8_float
-                    and twin.measured_speedup is None):
+        timed = timing_key(result.removal, result.int8_float)
+        for twin in self.results:  # the same graph under another name: the same time
+            if (twin is not result and twin.measured_speedup is None
+                    and timing_key(twin.removal, twin.int8_float) == timed):
                 twin.measured_speedup, twin.speedup_interval = result.measured_speedup, interval
         if abs(value - result.predicted_speedup) > PREDICTION_TOLERANCE * value:
             result.notes.append(f"predicted {result.predicted_speedup:.2f}x but measured {value:.2f}x "
@@ -419,21 +434,8 @@ class CandidateRun:
         for r in self.evaluate(wants):
             if r is not None:
                 self.time(r, f"--speedup {goal:g}: every candidate is timed to know which reach it")
-        # Predictions are off by what the table misses: walk on along the path while no point measured fast enough.
-        for _ in range(2):
-            met = [r for r in self.results if (r.measured_speedup or 0) >= goal]
-            timed = [r for r in self.results if r.origin == "path" and r.measured_speedup]
-            if met or not timed:
-                break
-            fastest = max(timed, key=lambda r: r.measured_speedup or 0)
-            wanted = fastest.predicted_speedup * goal / (fastest.measured_speedup or 1) * 1.02
-            k = path.first_reaching(wanted)
-            if k is None or any(r.origin == "path" and r.path_step == k for r in self.results):
-                break
-            found = self.evaluate([self.path_want(k)])[0]
-            if found is not None:
-                self.time(found, "the path walked on: no point measured fast enough")
-        self.walk_back(goal)
+        self.walk(goal, back=False)
+        self.walk(goal, back=True)
         anchor = path.first_reaching(goal) or len(path.steps)
         if anchor > 0 and (drop := self.layer_drop_want(path.speedup_at(anchor))) is not None:
             for r in self.evaluate([drop]):
@@ -442,33 +444,37 @@ class CandidateRun:
         if self.runtime.float_fallback:  # its int8 artefact can keep op groups in float: search the precision map
             self.precision(goal)
 
-    def walk_back(self, goal: float) -> None:
-        """Where the table is pessimistic, the point with fewer cuts that its error says reaches ``goal``.
+    def walk(self, goal: float, *, back: bool) -> None:
+        """Along the main path by the table's observed error, twice at most: on while no candidate measured
+        ``goal``, or back (``back``) where the table is pessimistic.
 
-        The slowest main-path point measured at ``goal`` or faster says by how much the table underestimates
-        speed there; when that is more than :data:`PREDICTION_TOLERANCE`, the point the corrected prediction puts at
-        the goal (a little above it) is judged and timed too, twice at most: fewer cuts, less to lose and
-        less for training to win back. Text-source seed 0 at ``--speedup 12`` before this: the points the
-        table put at 11.4x and 14.2x measured 13.2x and 16.4x, and the winner was the 16.4x cut.
+        The anchor is the fastest timed path point (on) or the slowest that measured ``goal`` or faster
+        (back); its measured over predicted speed corrects the table, and the point the corrected prediction
+        puts a little above ``goal`` is judged and timed. Back moves only to fewer cuts and only where the
+        table was more than :data:`PREDICTION_TOLERANCE` pessimistic: less to lose, less for training to win
+        back. Text-source seed 0 at ``--speedup 12`` before walking back: the points the table put at 11.4x and
+        14.2x measured 13.2x and 16.4x, and the winner was the 16.4x cut.
         """
         path = self.plan.path
         for _ in range(2):
-            met = [r for r in self.results if r.origin == "path" and r.path_step and (r.measured_speedup or 0) >= goal]
-            if not met:
+            timed = [r for r in self.results if r.origin == "path" and r.path_step and r.measured_speedup]
+            met = [r for r in (timed if back else self.results) if (r.measured_speedup or 0) >= goal]
+            if (not met) if back else (met or not timed):
                 return
-            slowest = min(met, key=lambda r: r.measured_speedup or 0)
-            ratio = (slowest.measured_speedup or 0) / slowest.predicted_speedup
-            if ratio <= 1 + PREDICTION_TOLERANCE:
+            anchor = (min(met, key=lambda r: r.measured_speedup or 0) if back
+                      else max(timed, key=lambda r: r.measured_speedup or 0))
+            ratio = (anchor.measured_speedup or 0) / anchor.predicted_speedup
+            if back and ratio <= 1 + PREDICTION_TOLERANCE:
                 return
             k = path.first_reaching(goal / ratio * 1.02)
-            if k is None or k >= (slowest.path_step or 0) or any(r.origin == "path" and r.path_step == k
-                                                                 for r in self.results):
+            if (k is None or (back and k >= (anchor.path_step or 0))
+                    or any(r.origin == "path" and r.path_step == k for r in self.results)):
                 return
             found = self.evaluate([self.path_want(k)])[0]
             if found is None:
                 return
             self.time(found, f"the path walked back: the point reaching {goal:g}x measured {ratio:.2f}x its "
-                             "prediction")
+                             "prediction" if back else "the path walked on: no point measured fast enough")
 
     def precision(self, goal: float, at: int | None = None) -> None:
         """The precision pass (:mod:`surgery.compress.precision`): at the path point that reaches ``goal``,
