@@ -187,20 +187,20 @@ def distil(student: nn.Module, teacher: nn.Module, data: Any, *, epochs: int, ba
     Where ``data`` has a labelled eval split, every epoch is measured on it: the run stops after
     :data:`PATIENCE` epochs no better than the best and keeps the best epoch's parameters.
     """
-    measured = measurable(data)
+    measured = has_eval_split(data)
     config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16,
                             keep_best=measured, patience=PATIENCE if measured else None)
     return recover(student, teacher, data, config, progress=progress)
 
 
-def measurable(data: Any) -> bool:
+def has_eval_split(data: Any) -> bool:
     """Whether ``data`` has an eval split whose accuracy a tier can measure (a task's labelled examples)."""
     return getattr(data, "objective", "task") == "task" and getattr(data, "eval", None) is not None
 
 
 def dev_accuracy(model: nn.Module, data: Any) -> float | None:
     """Accuracy on ``data``'s eval split in PyTorch (None without one, or without labels)."""
-    if not measurable(data):
+    if not has_eval_split(data):
         return None
     return accuracy(model, data.loader("eval", batch_size=32))
 
