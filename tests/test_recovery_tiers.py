@@ -164,29 +164,29 @@ def test_blockwise_follows_a_layer_drop_through_the_layer_map() -> None:
     assert before[0] == 0.0 and after[1] < before[1]
 
 
-def test_distillation_stops_when_the_eval_split_stops_improving_and_keeps_its_best_epoch(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_distillation_stops_after_epochs_below_the_best_and_keeps_the_best(monkeypatch: pytest.MonkeyPatch) -> None:
     recover_module = importlib.import_module("surgery.training.recover")
     teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
     student = cut(teacher)
-    # Before training, then epochs 1-6 (the run should end after epoch 5: 3 epochs no better than epoch 2's 0.7).
-    scripted = iter([0.4, 0.5, 0.7, 0.6, 0.7, 0.65, 0.9])
-    snapshots: dict[int, list[torch.Tensor]] = {}
+    # Before training, then epochs 1-8. Epoch 3 equals epoch 2's best (a plateau goes on and the later is kept);
+    # epochs 4-6 measure below it, so the run ends after epoch 6 of 8 and never sees epoch 7's 0.9.
+    scripted = iter([0.4, 0.5, 0.7, 0.7, 0.6, 0.65, 0.6, 0.9, 0.9])
+    snapshots: list[list[torch.Tensor]] = []
 
     def scripted_accuracy(model: torch.nn.Module, loader: object) -> float:
-        snapshots[len(snapshots)] = [p.detach().clone() for p in model.parameters()]
+        snapshots.append([p.detach().clone() for p in model.parameters()])
         return next(scripted)
 
     monkeypatch.setattr(recover_module, "accuracy", scripted_accuracy)
     result = recover(student, teacher, tiny_task_data(32, batch_size=8),
-                     RecoveryConfig(epochs=6, batch_size=8, keep_best=True, patience=3))
-    assert [h["accuracy"] for h in result.history] == [0.5, 0.7, 0.6, 0.7, 0.65]
-    assert result.stopped_early and result.steps == 5 * 4
-    # Of the two epochs at 0.7 the later one's parameters are kept (epoch 4, the fifth measurement).
-    assert result.best_epoch == 4 and result.accuracy_after == 0.7
-    for p, kept in zip(student.parameters(), snapshots[4], strict=True):
+                     RecoveryConfig(epochs=8, batch_size=8, keep_best=True, patience=3))
+    assert [h["accuracy"] for h in result.history] == [0.5, 0.7, 0.7, 0.6, 0.65, 0.6]
+    assert result.stopped_early and result.steps == 6 * 4
+    assert result.best_epoch == 3 and result.accuracy_after == 0.7
+    for p, kept in zip(student.parameters(), snapshots[3], strict=True):  # snapshots[k]: after epoch k
         assert torch.equal(p, kept)
-    assert any(not torch.equal(k, s) for k, s in zip(snapshots[4], snapshots[5], strict=True))
+    for other in (snapshots[2], snapshots[6]):  # neither the earlier equal epoch nor the last one
+        assert any(not torch.equal(k, o) for k, o in zip(snapshots[3], other, strict=True))
 
 
 def test_keep_best_without_an_eval_split_is_refused() -> None:

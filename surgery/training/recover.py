@@ -53,7 +53,7 @@ class RecoveryConfig(DistillConfig):
     keep_best: bool = Field(default=False, description="at the end, restore the parameters of the epoch that "
                             "measured best on the eval split (needs one)")
     patience: int | None = Field(default=None, ge=1, description="stop once this many epochs in a row measured "
-                                 "no better than the best on the eval split (needs one); None: run every epoch")
+                                 "below the best on the eval split (needs one); None: run every epoch")
     cache_teacher: bool = Field(default=True, description="compute the teacher's logits once per run rather "
                                 "than at every step (logit distillation only)")
     # The embedding objective's neighbour term (surgery.embedding.objective.neighbour_loss); a task

@@ -238,7 +238,8 @@ class EpochHistory(TrainerCallback):
     ``evaluate(model) -> float`` measures the model after each epoch; with ``keep_best`` the
     tensors of ``keep_best`` are restored at the end of training to those of the best epoch
     (early stopping's choice; of equal epochs the later, trained longer). With ``patience`` training stops
-    once that many epochs in a row have not measured above the best. ``emit(task, completed, total, **info)``
+    once that many epochs in a row have measured below the best (a plateau at the best goes on: on a few
+    hundred examples accuracy moves in coarse steps, and equal is not worse). ``emit(task, completed, total, **info)``
     receives progress.
 
     Example:
@@ -255,7 +256,6 @@ class EpochHistory(TrainerCallback):
         self.history: list[dict[str, Any]] = []
         self.best: tuple[float, list[torch.Tensor]] | None = None
         self.best_epoch: int | None = None
-        self.improved_epoch = 0  # the last epoch that measured strictly above every earlier one
         self.stopped_early = False
         self.steps_per_epoch: int | None = None
         self.epochs = 0
@@ -283,11 +283,9 @@ class EpochHistory(TrainerCallback):
         if self.evaluate is not None:
             info["accuracy"] = self.evaluate(unwrap(kwargs["model"]))
             if self.best is None or info["accuracy"] >= self.best[0]:
-                if self.best is None or info["accuracy"] > self.best[0]:
-                    self.improved_epoch = info["epoch"]
                 saved = [] if self.keep_best is None else [p.detach().clone() for p in self.keep_best]
                 self.best, self.best_epoch = (info["accuracy"], saved), info["epoch"]
-            if self.patience is not None and info["epoch"] - self.improved_epoch >= self.patience:
+            if self.patience is not None and info["epoch"] - (self.best_epoch or 0) >= self.patience:
                 control.should_training_stop = True  # the Trainer ends after this epoch's callbacks
                 self.stopped_early = state.global_step < state.max_steps
         if args.process_index == 0:
