@@ -34,7 +34,8 @@ def cut(model: torch.nn.Module, heads: int = 2, neurons: int = 25) -> torch.nn.M
     return student
 
 
-def test_each_tier_shows_its_estimate_before_it_runs() -> None:
+def test_each_tier_shows_its_estimate_before_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(training_tier, "MAX_EPOCHS", 2)  # a tiny model's flat accuracy never ends it early
     teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
     student = cut(teacher)
     events: list[ProgressEvent] = []
@@ -85,6 +86,7 @@ def test_bf16_is_chosen_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatc
         return real_fit(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(recover_module, "fit", spy)
+    monkeypatch.setattr(training_tier, "MAX_EPOCHS", 2)
     teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
     out = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 1e6, batch_size=8,
                                     order=("distil",))
