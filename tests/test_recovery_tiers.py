@@ -220,3 +220,4 @@ def test_the_training_tier_spends_the_budget_past_a_few_epochs_but_measures_only
     assert record["epochs_run"] == training_tier.MAX_EPOCHS > 6 and not record["stopped_early"]
     assert record["steps"] == training_tier.MAX_EPOCHS * out["estimates"]["distil"]["steps"]
     assert measured and set(measured) == {5}
+    assert len(record["curve"]) == record["epochs_run"] and all(0 <= e["train_acc"] <= 1 for e in record["curve"])

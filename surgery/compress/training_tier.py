@@ -264,8 +264,11 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
             epochs = steps / estimate.steps
             run = distil(student, teacher, data, epochs=math.ceil(epochs), batch_size=batch_size, seed=seed,
                          max_steps=steps, bf16=use_bf16, progress=emit)
+            # Per epoch: training accuracy against the eval split's (a gap says the data, not the steps, is short).
+            curve = [{k: None if h.get(k) is None else round(float(h[k]), 4) for k in ("train_acc", "accuracy", "kd")}
+                     for h in run.history]
             record.update(steps=run.steps, epochs_run=len(run.history), best_epoch=run.best_epoch,
-                          stopped_early=run.stopped_early)
+                          stopped_early=run.stopped_early, curve=curve)
             training["epochs"] = round(epochs, 3)
         record["seconds"] = round(time.perf_counter() - started, 2)
         current = dev_accuracy(student, data)
