@@ -221,3 +221,42 @@ def test_the_training_tier_spends_the_budget_past_a_few_epochs_but_measures_only
     assert record["steps"] == training_tier.MAX_EPOCHS * out["estimates"]["distil"]["steps"]
     assert measured and set(measured) == {5}
     assert len(record["curve"]) == record["epochs_run"] and all(0 <= e["train_acc"] <= 1 for e in record["curve"])
+
+
+def test_masked_copies_are_labelled_by_the_teacher_on_the_masked_text() -> None:
+    from tests.helpers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    data = dataclasses.replace(tiny_task_data(32, batch_size=8), tokenizer=tokenizer)
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    student = cut(teacher)  # before the hook: a deep copy would carry it
+    seen: list[list[int]] = []
+    teacher.register_forward_pre_hook(lambda _m, _a, kw: seen.extend(kw["input_ids"].tolist()), with_kwargs=True)
+    result = recover(student, teacher, data, RecoveryConfig(epochs=1, batch_size=8, masked_copies=2))
+    assert result.steps == 3 * 32 // 8  # the rows and two masked copies, one epoch
+    assert len(seen) == 3 * 32  # the teacher's one cached pass covered every copy
+    mask = tokenizer.mask_token_id
+    masked_rows = [row for row in seen if mask in row]
+    assert 0 < len(masked_rows) <= 64 and all(row[0] == tokenizer.cls_token_id for row in masked_rows)
+    masked = sum(row.count(mask) for row in seen)
+    real = sum(sum(1 for t in row if t not in (tokenizer.pad_token_id, mask)) for row in seen[32:]) + masked
+    assert 0.05 < masked / (real - 2 * 2 * 32) < 0.3  # about 15% of the copies' non-special tokens
+
+
+def test_masked_copies_without_a_mask_token_are_refused() -> None:
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    with pytest.raises(ConfigError, match="masked copies"):
+        recover(cut(teacher), teacher, tiny_task_data(16, batch_size=8),
+                RecoveryConfig(epochs=1, batch_size=8, masked_copies=1))
+
+
+def test_the_distillation_estimate_counts_the_masked_copies() -> None:
+    from tests.helpers import tiny_tokenizer
+
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    plain = tiny_task_data(32, batch_size=8)
+    with_mask = dataclasses.replace(plain, tokenizer=tiny_tokenizer())
+    assert training_tier.masked_copies_for(plain) == 0
+    assert training_tier.masked_copies_for(with_mask) == training_tier.MASKED_COPIES
+    steps = [training_tier.estimate_distil(cut(teacher), teacher, d, 8).steps for d in (plain, with_mask)]
+    assert steps[1] == (1 + training_tier.MASKED_COPIES) * steps[0]

@@ -46,6 +46,9 @@ MAX_EPOCHS = 40
 #: equal ones the later). A plateau at the best goes on: text-source seed 0 at 12x stopped at epoch 11 of 18 when
 #: 3 epochs equal to the best counted against it, with 6 of its 20 minutes unspent.
 PATIENCE = 3
+#: Masked copies of the training rows distillation adds (where the tokenizer has a mask token), labelled by the
+#: teacher's logits on them: each costs one teacher pass and makes an epoch that much longer.
+MASKED_COPIES = 2
 #: Fewer distillation steps than this are not worth a Trainer's setup and a re-judging of the model.
 MIN_DISTIL_STEPS = 8
 #: Calibration batches block-wise reconstruction caches (bounded memory: one layer's inputs and targets at a time).
@@ -127,9 +130,23 @@ def timed_forward(model: nn.Module, batch: dict[str, Any], *, bf16: bool = False
     return elapsed
 
 
+def masked_copies_for(data: Any) -> int:
+    """The masked copies distillation on ``data`` adds: :data:`MASKED_COPIES` where its tokenizer has a mask token.
+
+    Example:
+        >>> from surgery.testing import tiny_task_data
+        >>> masked_copies_for(tiny_task_data(8)) in (0, MASKED_COPIES)
+        True
+    """
+    if getattr(data, "objective", "task") != "task":
+        return 0  # the embedding objective distils sentence embeddings on texts of its own
+    return MASKED_COPIES if getattr(getattr(data, "tokenizer", None), "mask_token_id", None) is not None else 0
+
+
 def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_size: int, *,
                     bf16: bool = False) -> TierEstimate:
-    """One epoch of distillation: timed step x steps per epoch x Trainer overhead, plus the teacher's one pass.
+    """One epoch of distillation: timed step x steps per epoch x Trainer overhead, plus the teacher's one pass
+    (an epoch and a pass per masked copy, :func:`masked_copies_for`, on top).
 
     Example:
         >>> import copy
@@ -139,7 +156,8 @@ def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_siz
         2
     """
     loader = data.loader("train", batch_size=batch_size)
-    steps = len(loader)
+    copies = 1 + masked_copies_for(data)
+    steps = len(loader) * copies
     step = timed_distil_step(student, data, batch_size, bf16=bf16) * TRAINER_OVERHEAD
     teacher_pass = timed_forward(teacher, next(iter(loader)), bf16=bf16) * steps
     return TierEstimate(tier="distil", seconds=round(step * steps + teacher_pass, 3), step_seconds=step, steps=steps,
@@ -186,11 +204,13 @@ def distil(student: nn.Module, teacher: nn.Module, data: Any, *, epochs: int, ba
     """Distil the original into the cut model (surgery's recovery, HF Trainer, teacher's logits cached once).
 
     Where ``data`` has a labelled eval split, every epoch is measured on it: the run stops after
-    :data:`PATIENCE` epochs below the best and keeps the best epoch's parameters.
+    :data:`PATIENCE` epochs below the best and keeps the best epoch's parameters. The training rows come
+    with :func:`masked_copies_for` masked copies.
     """
     measured = has_eval_split(data)
     config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16,
-                            keep_best=measured, patience=PATIENCE if measured else None)
+                            keep_best=measured, patience=PATIENCE if measured else None,
+                            masked_copies=masked_copies_for(data))
     return recover(student, teacher, data, config, progress=progress)
 
 

@@ -54,6 +54,10 @@ class RecoveryConfig(DistillConfig):
                             "measured best on the eval split (needs one)")
     patience: int | None = Field(default=None, ge=1, description="stop once this many epochs in a row measured "
                                  "below the best on the eval split (needs one); None: run every epoch")
+    masked_copies: int = Field(default=0, ge=0, description="copies of the training rows with tokens masked, "
+                               "labelled by the teacher's logits on them (needs cache_teacher and a tokenizer with "
+                               "a mask token); 0: the rows as they are")
+    mask_rate: float = Field(default=0.15, gt=0.0, lt=1.0, description="share of a masked copy's tokens masked")
     cache_teacher: bool = Field(default=True, description="compute the teacher's logits once per run rather "
                                 "than at every step (logit distillation only)")
     # The embedding objective's neighbour term (surgery.embedding.objective.neighbour_loss); a task
@@ -166,7 +170,7 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
         with scratch_dir("surgery-recover-") as tmp:
             args = recovery_arguments(tmp, cfg)
             steps = fit(model, task, args, teacher=teacher, distill=distill, history=history,
-                        cache_teacher=cfg.cache_teacher).steps
+                        cache_teacher=cfg.cache_teacher, masked=cfg.masked_copies, mask_rate=cfg.mask_rate).steps
     after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
     if cfg.keep_best and history.best is not None:
         after = history.best[0]
