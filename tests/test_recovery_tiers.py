@@ -250,8 +250,10 @@ def test_masked_copies_without_a_mask_token_are_refused() -> None:
                 RecoveryConfig(epochs=1, batch_size=8, masked_copies=1))
 
 
-def test_the_distillation_estimate_counts_the_masked_copies() -> None:
+def test_the_distillation_estimate_counts_the_masked_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.helpers import tiny_tokenizer
+
+    monkeypatch.setattr(training_tier, "MASKED_COPIES", 2)  # off by default; the estimate must count them when on
 
     teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
     plain = tiny_task_data(32, batch_size=8)
