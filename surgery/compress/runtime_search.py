@@ -50,6 +50,13 @@ def dev_source(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: 
     return list(source.loader(split, batch_size=batch_size)), []
 
 
+def dev_table(data: Any, eval_data: Any) -> tuple[Any, str]:
+    """Where a task's dev examples live: ``eval_data`` (else ``data``) and its split, ``eval`` if it has one
+    (else ``train``: eval data given as one table)."""
+    source = eval_data if eval_data is not None else data
+    return source, "eval" if getattr(source, "eval", None) is not None else "train"
+
+
 def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int,
               dev: list[Any], texts: list[str]) -> tuple[dict[str, list[Any]], DevSplit]:
     """The dev data split (:func:`surgery.compress.held_out.split_dev`) into the search's screen, the rest of
@@ -57,8 +64,7 @@ def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: i
     if objective == "embedding":
         split = split_dev(len(texts))
         return {name: [texts[i] for i in getattr(split, name)] for name in ("screen", "rest", "pick")}, split
-    source = eval_data if eval_data is not None else data
-    name = "eval" if getattr(source, "eval", None) is not None else "train"
+    source, name = dev_table(data, eval_data)
     table = getattr(source, name)
     if dataclasses.is_dataclass(source) and hasattr(table, "select"):  # TaskData: the examples themselves
         split = split_dev(len(table))
@@ -88,8 +94,7 @@ def search_part_data(data: Any, eval_data: Any, split: DevSplit) -> Any:
         >>> len(search_part_data(data, None, split).eval) == len(split.search) < len(data.eval)
         True
     """
-    source = eval_data if eval_data is not None else data
-    name = "eval" if getattr(source, "eval", None) is not None else "train"
+    source, name = dev_table(data, eval_data)
     table = getattr(source, name, None)
     if dataclasses.is_dataclass(data) and hasattr(table, "select"):
         return dataclasses.replace(data, eval=table.select(list(split.search)))  # type: ignore[arg-type]
