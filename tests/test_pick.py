@@ -314,3 +314,37 @@ def test_a_speedup_run_walks_on_where_the_table_overestimates_speed(tmp_path: Pa
     assert first is not None and all(r.path_step is not None and r.path_step > first for r in on)  # more cuts
     assert any((r.measured_speedup or 0) >= goal for r in on)  # and the walk found a point fast enough
     assert not [r for r in run.results if (r.timed_because or "").startswith("the path walked back")]
+
+
+def test_a_speedup_run_fills_the_time_the_slowest_point_fast_enough_has_beyond_the_target(tmp_path: Path) -> None:
+    model = task_model()
+    latency = SkewedLatency(tables_for(model), 1.0)
+    # This model's path steps from 3.9x to 4.51x by a head: the slowest point fast enough for 4x overshoots by 13%.
+    goal = 4.0
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    run.speedup_candidates(goal)
+    anchor = min((r for r in run.results if r.origin == "path" and (r.measured_speedup or 0) >= goal),
+                 key=lambda r: r.measured_speedup or 0)
+    filled = [r for r in run.results if r.origin == "filled"]
+    assert len(filled) == 1, [(r.name, r.origin, r.measured_speedup) for r in run.results]
+    (fill,) = filled
+    assert fill.path_step == anchor.path_step and anchor.measured_speedup is not None
+    assert fill.removal.layers == anchor.removal.layers and fill.removal.units() < anchor.removal.units()
+    assert fill.measured_speedup is not None and goal <= fill.measured_speedup < anchor.measured_speedup
+    assert fill.estimated_loss is not None and anchor.estimated_loss is not None
+    assert fill.estimated_loss < anchor.estimated_loss  # the undone steps' estimates are given back
+
+
+# The slowest point fast enough, path-8, measures 3.70x: 3.65x is within AIM (2%) of it (nothing to give back);
+# 3.6x leaves 0.8% beyond 3.6x * AIM, less than any head or neuron step of its kept layers costs.
+@pytest.mark.parametrize("goal", [3.65, 3.6])
+def test_no_fill_where_the_slowest_point_fast_enough_has_no_step_to_give_back(tmp_path: Path, goal: float) -> None:
+    model = task_model()
+    latency = SkewedLatency(tables_for(model), 1.0)
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    run.speedup_candidates(goal)
+    assert not [r for r in run.results if r.origin == "filled"]

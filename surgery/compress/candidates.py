@@ -41,8 +41,9 @@ INT8_CALIBRATION_EXAMPLES = 300
 
 #: ``path``: the search with whole layers; ``units-path``: heads and neurons only; ``uniform-path``: every
 #: layer cut alike; ``unchanged``: the original on the runtime; ``uniform-layer-drop``: every-other
-#: layers at the same predicted speed.
-Origin = Literal["path", "units-path", "uniform-path", "unchanged", "uniform-layer-drop", "precision"]
+#: layers at the same predicted speed; ``precision``: a path point with op groups in float; ``filled``: a path
+#: point with the time it has beyond ``--speedup`` given back as units.
+Origin = Literal["path", "units-path", "uniform-path", "unchanged", "uniform-layer-drop", "precision", "filled"]
 Tier = Literal["none", "refit", "blockwise", "distil"]
 
 
