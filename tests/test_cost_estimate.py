@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,21 @@ def test_the_estimate_is_emitted_before_any_phase_runs(timed_by_tables: None) ->
     assert plan.costs.examples == sum(int(b["input_ids"].shape[0]) for b in plan.smoothing)
     preview = plan.preview(SpeedupTarget(speedup=1.5))
     assert set(preview["estimate"]["phases"]) >= {"estimate", "latency", "importance", "candidates"}
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_latency_phase_counts_only_the_exports_it_makes(cached: bool) -> None:
+    # The unchanged model's export is the estimate's own (Probes.export, in the estimate phase) and one probe is
+    # handed over from it: the latency phase writes the other probes and the zero-width floor, or, from the cache,
+    # nothing. Counting the model's export there put the phase 1.6-1.8x over its actual (session 6, cached).
+    shape = replace(SHAPE, cached_table=cached)
+    base = estimate_job(PROBES, shape, budget_seconds=None, train=False).phases["latency"]
+    dearer_model = estimate_job(replace(PROBES, export=PROBES.export * 10), shape, budget_seconds=None,
+                                train=False).phases["latency"]
+    dearer_probe = estimate_job(replace(PROBES, probe_export=PROBES.probe_export + 1.0), shape, budget_seconds=None,
+                                train=False).phases["latency"]
+    assert dearer_model == pytest.approx(base)
+    assert dearer_probe - base == pytest.approx(0.0 if cached else shape.probes - 1)
 
 
 def test_a_small_budget_scales_the_phases_down_and_says_so() -> None:

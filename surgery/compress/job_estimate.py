@@ -156,13 +156,16 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     """Seconds per phase for probes ``p``, counts ``shape`` and settings ``s`` (the model of the module doc)."""
     # A candidate near the target: its speedup is against the original in PyTorch, on whatever runtime.
     small = small_rt = p.forward / max(shape.target, 1.0)
-    model_export = p.probe_export * max(1.0, shape.layers / 2)
     # `time_models` runs each short probe twice before the rounds (to count its calls), the table one warm-up round.
     rounds = s.table_repeats + 3
+    # No export of the model here: the estimate's (``export``) is the one the table and the unchanged speedup time.
+    # The table writes its probes but the one the estimate wrote, and its zero-width floor: ``probes - 1`` exports.
+    # Counting the model's export again put the phase 1.6-1.8x over its actual on five --speedup 12 runs with a
+    # cached table (experiments/deep_cuts, session 6).
     if shape.cached_table:
-        latency = model_export + 6 * p.runtime_forward
+        latency = 6 * p.runtime_forward
     else:
-        latency = (shape.probes * p.probe_export + model_export
+        latency = (max(shape.probes - 1, 0) * p.probe_export
                    + rounds * (shape.probes * shape.probe_fraction * p.probe_forward + p.runtime_forward))
     if shape.runtime_differs:  # the unchanged model against the original, side by side (its export is the probe's)
         latency += (2 + s.speedup_repeats) * (p.forward + p.runtime_forward)
