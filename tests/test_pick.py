@@ -182,6 +182,34 @@ def test_where_no_interval_holds_the_fastest_within_on_the_held_out_estimate_is_
     assert "lost least" in why and warnings
 
 
+def between(n: int) -> int:
+    return (2 + n // 2) // 2 + 1
+
+
+def test_the_held_out_estimate_is_read_along_the_path(within_on_search: Callable[..., Any]) -> None:
+    # rt-fresh-rotten-plot seed 2 (--max-drop 1): no interval within; path steps 122, 126 and 128 measured 2.5, 2.5
+    # and 1.0 on 200 held-out examples, step 128 was returned on its own figure and lost 5.1 points on test.
+    run, (slow, mid, fast) = within_on_search(second, between, middle)
+    assert slow.path_step < mid.path_step < fast.path_step  # nested cuts of one path
+    run.results[0].held_out = Judged(examples=40, value=0.5, reference=0.5, drop=1.0, drop_interval=[0.0, 2.5])
+    slow.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.0, drop_interval=[-1.5, 2.0])
+    mid.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=3.0, drop_interval=[0.5, 6.0])
+    fast.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.5, drop_interval=[-2.0, 4.0])
+    # its cut with op groups in float (a precision candidate, 0.5 better than its point) reads 1.75 - 0.5
+    floats = fast.model_copy(update={"name": "float-parts", "origin": "precision", "int8_float": ["classifier"],
+                                     "held_out": Judged(examples=40, value=0.5, reference=0.5, drop=0.0,
+                                                        drop_interval=[-2.5, 3.5])})
+    run.results.append(floats)
+    winner, why, warnings = run.pick()
+    assert winner.name == slow.name, why  # the fast point reads 1.75 along its path, its float twin 1.25
+    assert fast.measured_speedup is None and floats.measured_speedup is None and warnings
+    run.results.remove(floats)
+    # where the path agrees with the fast point's own figure, it is returned as before
+    mid.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=0.25, drop_interval=[-2.0, 3.0])
+    winner, why, warnings = run.pick()
+    assert winner.name == fast.name and "point estimate, read along its path" in why
+
+
 def test_the_unchanged_models_tight_interval_alone_does_not_return_it_over_a_cut_within(
         within_on_search: Callable[..., Any]) -> None:
     run, (fast, slow) = within_on_search(middle, second)
