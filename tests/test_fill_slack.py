@@ -30,7 +30,8 @@ def test_a_filled_cut_keeps_the_points_layers_fits_the_time_and_leaves_no_step_t
         seed: int, share: float, slack: float) -> None:
     g = torch.Generator().manual_seed(seed)
     # Neurons cheap to lose, heads dear: the path takes neuron groups first and heads last, so filling meets
-    # heads (4 groups' time each) before neuron groups and must skip a head that does not fit, not stop there.
+    # heads (4 groups' time each) before neuron groups and must skip a head that does not fit, not stop there;
+    # a group of 2 neurons that does not fit whole may give one back.
     costs = UnitCosts("task", 8, heads={i: torch.rand(4, generator=g) for i in range(4)},
                       neurons={i: torch.rand(8, generator=g) * 0.05 for i in range(4)},
                       layers={i: float(torch.rand(1, generator=g)) * 4 for i in range(4)})
@@ -38,20 +39,27 @@ def test_a_filled_cut_keeps_the_points_layers_fits_the_time_and_leaves_no_step_t
     k = max(1, round(share * len(path.steps)))
     point = path.removal_at(k)
     within = TABLE.predict_ms(point.structure(START)) * slack
-    filled, undone = fill_slack(path, k, TABLE, within)
+    filled, back = fill_slack(path, k, TABLE, within)
 
     assert filled.layers == point.layers  # the layers the point removed stay removed
     for kind in ("heads", "neurons"):  # only units the point removed come back
         for layer, units in getattr(filled, kind).items():
             assert set(units) <= set(getattr(point, kind).get(layer, []))
     assert TABLE.predict_ms(filled.structure(START)) <= within + 1e-9
-    assert filled.units() == point.units() - sum(len(u) for j in undone for u in path.steps[j - 1].units)
-    # Nothing left that would fit: every other head or neuron step of a kept layer costs more than the time left.
+    assert filled.units() == point.units() - sum(map(len, back.values()))
+    for j, units in back.items():  # a step gives back its costliest units: the end of its removal order
+        taken = path.steps[j - 1].units[0]
+        assert units == taken[len(taken) - len(units):]
+    # Nothing left that would fit: the next unit of every head or neuron step of a kept layer costs more than the
+    # time left (one more head, or the step's next costliest neuron).
     for j in range(1, k + 1):
         step = path.steps[j - 1]
-        if j in undone or step.kind not in ("head", "neurons") or step.layers[0] in point.layers:
+        if step.kind not in ("head", "neurons") or step.layers[0] in point.layers:
             continue
-        more = undo(filled, step.kind, step.layers[0], step.units[0])
+        taken, given = step.units[0], back.get(j, [])
+        if len(given) == len(taken):
+            continue
+        more = undo(filled, step.kind, step.layers[0], [taken[len(taken) - len(given) - 1]])
         assert TABLE.predict_ms(more.structure(START)) > within
 
 
@@ -61,5 +69,5 @@ def test_no_time_beyond_the_point_gives_its_own_cut_back() -> None:
                       layers={0: 0.5, 1: 0.3, 2: 0.2, 3: 0.4})
     path = search_path(costs, TABLE, START, groups=4)
     k = len(path.steps) // 2
-    filled, undone = fill_slack(path, k, TABLE, TABLE.predict_ms(path.structure_at(k)))
-    assert undone == [] and filled == path.removal_at(k)
+    filled, back = fill_slack(path, k, TABLE, TABLE.predict_ms(path.structure_at(k)))
+    assert back == {} and filled == path.removal_at(k)

@@ -362,7 +362,7 @@ def test_a_speedup_run_fills_the_time_the_slowest_point_fast_enough_has_beyond_t
     assert fill.removal.layers == anchor.removal.layers and fill.removal.units() < anchor.removal.units()
     assert fill.measured_speedup is not None and goal <= fill.measured_speedup < anchor.measured_speedup
     assert fill.estimated_loss is not None and anchor.estimated_loss is not None
-    assert fill.estimated_loss < anchor.estimated_loss  # the undone steps' estimates are given back
+    assert fill.estimated_loss < anchor.estimated_loss  # the estimates of what came back are given back
 
 
 # The slowest point fast enough, path-8, measures 3.70x: 3.65x is within AIM (2%) of it (nothing to give back);

@@ -531,7 +531,7 @@ class CandidateRun:
 
     def fill(self, goal: float) -> None:
         """The slowest path point measured ``goal`` or faster, with the time it has beyond ``goal`` given back as
-        head and neuron steps of its kept layers (:func:`surgery.compress.removal_path.fill_slack`).
+        heads and neurons of its kept layers (:func:`surgery.compress.removal_path.fill_slack`).
 
         Deep cuts step by whole layers, and the first point fast enough overshoots: the five
         ``--speedup 12`` winners of session 6 measured 13.1-16.9x. A model with more units left has more
@@ -546,17 +546,22 @@ class CandidateRun:
             return  # no point fast enough, or the slowest one has no time to give back
         k = anchor.path_step or 0
         ratio = (anchor.measured_speedup or 0) / anchor.predicted_speedup
-        removal, undone = fill_slack(path, k, self.plan.table, path.reference_ms * ratio / (goal * AIM))
-        if not undone:
+        removal, back = fill_slack(path, k, self.plan.table, path.reference_ms * ratio / (goal * AIM))
+        if not back:
             return
         table_ms = self.plan.table.predict_ms(removal.structure(self.plan.start))
-        estimated = path.steps[k - 1].cumulative_loss - sum(path.steps[j - 1].loss for j in undone)
+        given = 0.0  # the estimated loss given back: a whole step's, or the Fisher costs of the neurons back
+        for j, units in back.items():
+            step = path.steps[j - 1]
+            whole = len(units) == len(step.units[0])
+            given += step.loss if whole else float(self.plan.costs.neurons[step.layers[0]][units].sum())
+        units = sum(map(len, back.values()))
         want = Want(f"filled-{k}@{path.reference_ms / table_ms:.2f}x", "filled", removal, k, path,
-                    estimated_loss=estimated)
+                    estimated_loss=path.steps[k - 1].cumulative_loss - given)
         for r in self.evaluate([want]):
             if r is not None:
                 self.time(r, f"--speedup {goal:g}: {anchor.name} measured {anchor.measured_speedup:.2f}x, its time "
-                             f"beyond {goal:g}x given back as {len(undone)} head and neuron step(s)")
+                             f"beyond {goal:g}x given back as {units} unit(s) of {len(back)} head and neuron step(s)")
 
     def precision(self, goal: float, at: int | None = None) -> None:
         """The precision pass (:mod:`surgery.compress.precision`): at the path point that reaches ``goal``,

@@ -81,7 +81,8 @@ class PathStep(BaseModel):
 
     kind: StepKind
     layers: list[int]
-    units: list[list[int]] = Field(default_factory=list, description="per entry of layers: unit indices removed")
+    units: list[list[int]] = Field(default_factory=list, description="per entry of layers: unit indices removed, "
+                                   "least costly first")
     loss: float = Field(description="estimated objective increase of this step")
     saving_ms: float
     cumulative_loss: float
@@ -180,7 +181,7 @@ class _Layer:
             self.heads_gone += 1
             return [self.head_order[self.heads_gone - 1]]
         self.groups_gone += 1
-        return sorted(self.groups[self.groups_gone - 1])
+        return list(self.groups[self.groups_gone - 1])  # in removal order: a fill gives the costliest back first
 
 
 def _ascending(costs: torch.Tensor) -> tuple[list[int], list[float]]:
@@ -304,46 +305,57 @@ def search_path(costs: UnitCosts, table: LatencyTable, start: Structure, *, refe
     return path
 
 
-def fill_slack(path: RemovalPath, k: int, table: LatencyTable, within_ms: float) -> tuple[Removal, list[int]]:
+def fill_slack(path: RemovalPath, k: int, table: LatencyTable, within_ms: float
+               ) -> tuple[Removal, dict[int, list[int]]]:
     """The cut after ``k`` steps with the time it saves beyond ``within_ms`` given back as units.
 
     Deep in a path the steps left are whole layers, so the first point fast enough can overshoot the
     asked speed by a layer (MiniLM-L6 at ``--speedup 12``: 11.0x, then 13.7x predicted, 12.8x and 16.1x
     measured). The time between is spent on the head and neuron steps of kept layers, undone latest
     first (the greedy took them last: the most estimated loss per millisecond), each one only where
-    the table keeps the model within ``within_ms``; the layers the path removed stay removed.
-    Returns the filled cut and the path steps undone (1-based; empty: no step fits).
+    the table keeps the model within ``within_ms``; a neuron group that does not fit whole gives back
+    its costliest neurons that do (a step's neurons are in removal order, least costly first). The
+    layers the path removed stay removed. Returns the filled cut and, per path step undone (1-based),
+    the units it gave back (empty: nothing fits).
 
     Example:
         >>> table = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="demo", base_ms=1.0,
         ...                      overhead_ms=0.0, attention_ms={2: 2.0, 1: 1.0}, ffn_ms={4: 4.0, 2: 2.0})
         >>> start = Structure((LayerShape(2, 4), LayerShape(2, 4), LayerShape(2, 4)))
         >>> path = RemovalPath(start=start.to_json(), reference_ms=19.0, start_ms=19.0, group_size={0: 2})
-        >>> for kind, layer, units in [("neurons", 0, [0, 1]), ("head", 0, [1]), ("layer", 1, [])]:
+        >>> for kind, layer, units in [("neurons", 0, [3, 1]), ("head", 0, [1]), ("layer", 1, [])]:
         ...     path.steps.append(PathStep(kind=kind, layers=[layer], units=[units], loss=0.0, saving_ms=0.0,
         ...                                cumulative_loss=0.0, predicted_ms=1.0, predicted_speedup=1.0))
-        >>> removal, undone = fill_slack(path, 3, table, within_ms=12.0)
-        >>> undone, removal.structure(start).to_json()[0], removal.layers
-        ([2], {'heads': 2, 'ffn_width': 2}, [1])
+        >>> removal, back = fill_slack(path, 3, table, within_ms=11.5)
+        >>> back, removal.structure(start).to_json()[0], removal.neurons, removal.layers
+        ({2: [1]}, {'heads': 2, 'ffn_width': 2}, {0: [1, 3]}, [1])
+        >>> fill_slack(path, 3, table, within_ms=12.0)[1]  # a millisecond more: the costlier neuron of step 1
+        {2: [1], 1: [1]}
     """
     start = Structure.from_json(path.start)
     removal = path.removal_at(k)
-    undone: list[int] = []
+    back: dict[int, list[int]] = {}
+
+    def without(kind: str, layer: int, units: Sequence[int]) -> Removal:
+        given = set(units)
+        table_of = dict(removal.heads if kind == "head" else removal.neurons)
+        table_of[layer] = [u for u in table_of.get(layer, []) if u not in given]
+        return Removal(heads=table_of if kind == "head" else removal.heads,
+                       neurons=table_of if kind == "neurons" else removal.neurons, layers=removal.layers).effective()
+
     for j in range(k, 0, -1):
         step = path.steps[j - 1]
         if step.kind not in ("head", "neurons") or any(i in removal.layers for i in step.layers):
             continue
-        units = dict(removal.heads if step.kind == "head" else removal.neurons)
-        for layer, taken in zip(step.layers, step.units, strict=True):
-            back = set(taken)
-            units[layer] = [u for u in units.get(layer, []) if u not in back]
-        trial = Removal(heads=units if step.kind == "head" else removal.heads,
-                        neurons=units if step.kind == "neurons" else removal.neurons,
-                        layers=removal.layers).effective()
-        if table.predict_ms(trial.structure(start)) <= within_ms:
-            removal = trial
-            undone.append(j)
-    return removal, undone
+        (layer,), (taken,) = step.layers, step.units
+        # Whole, else (neurons) the costliest m that fit: time is monotone in width, so the first m from the top.
+        for m in range(len(taken), 0 if step.kind == "neurons" else len(taken) - 1, -1):
+            trial = without(step.kind, layer, taken[len(taken) - m:])
+            if table.predict_ms(trial.structure(start)) <= within_ms:
+                removal = trial
+                back[j] = list(taken[len(taken) - m:])
+                break
+    return removal, back
 
 
 def describe_cut(path: RemovalPath, k: int) -> dict[str, Any]:
