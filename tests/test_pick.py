@@ -376,3 +376,24 @@ def test_no_fill_where_the_slowest_point_fast_enough_has_no_step_to_give_back(tm
     run.time(run.results[0], "unchanged")
     run.speedup_candidates(goal)
     assert not [r for r in run.results if r.origin == "filled"]
+
+
+@pytest.mark.parametrize("trains", [False, True])
+def test_of_equal_held_out_drops_the_pick_takes_the_faster_or_with_training_the_least_fast(
+        tmp_path: Path, trains: bool) -> None:
+    model = task_model()
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    run.trains = trains
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    n = len(run.plan.path.steps)
+    fewer, more = run.evaluate([run.path_want(middle(n)), run.path_want(last_but_one(n))])
+    assert fewer is not None and more is not None
+    for result, speed in ((fewer, 2.1), (more, 3.0)):  # both meet 2x; the held-out drops tie
+        result.measured_speedup = speed
+        result.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=2.5, drop_interval=[0.0, 5.0])
+    winner, why, _ = run.choose()
+    assert winner.name == (fewer.name if trains else more.name)
+    assert ("since training follows" in why) == trains
+    more.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=2.0, drop_interval=[0.0, 4.5])
+    assert run.choose()[0].name == more.name  # a smaller drop still wins, whatever follows

@@ -145,7 +145,8 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
                           is None else plan.unchanged.served)
             workers = config.workers or default_workers(model)
             run = CandidateRun(plan, judge, source, clock, emit, config.target, runtime, against,
-                               split=split, workers=workers, threads=config.threads)
+                               split=split, workers=workers, threads=config.threads,
+                               trains=config.train and budget_minutes is not None)
             try:
                 run.try_all()
                 winner, why, warnings = run.pick()
