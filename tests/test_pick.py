@@ -68,6 +68,17 @@ def make_run(model: torch.nn.Module, data: Any, max_drop: float, tmp_path: Path,
     return CandidateRun(plan, judge, latency, Clock(None), no_progress, target, "torch", "torch", split=split)
 
 
+def speedup_run(tmp_path: Path, goal: float, skew: float) -> CandidateRun:
+    """A --speedup ``goal`` run's candidates on the tiny classifier, every cut measuring ``skew`` x its prediction."""
+    model = task_model()
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, SkewedLatency(tables_for(model), skew),
+                   SpeedupTarget(speedup=goal))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    run.speedup_candidates(goal)
+    return run
+
+
 def middle(n: int) -> int:
     return n // 2
 
@@ -284,13 +295,8 @@ def test_two_workers_choose_the_same_winner_as_one() -> None:
 
 
 def test_a_speedup_run_walks_back_to_fewer_cuts_where_the_table_underestimates_speed(tmp_path: Path) -> None:
-    model = task_model()
-    latency = SkewedLatency(tables_for(model), 1.3)
     goal = 3.6  # deep on this model's path (its points: 1.48x, 2.84x, then 2.95x to 4.5x): room to walk back
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    run.speedup_candidates(goal)
+    run = speedup_run(tmp_path, goal, skew=1.3)
     reaching = run.plan.path.first_reaching(goal)
     assert reaching is not None and reaching > 2
     back = [r for r in run.results if (r.timed_because or "").startswith("the path walked back")]
@@ -301,13 +307,8 @@ def test_a_speedup_run_walks_back_to_fewer_cuts_where_the_table_underestimates_s
 
 
 def test_no_walk_back_where_the_table_is_right(tmp_path: Path) -> None:
-    model = task_model()
-    latency = SkewedLatency(tables_for(model), 1.0)
     goal = 3.6
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    run.speedup_candidates(goal)
+    run = speedup_run(tmp_path, goal, skew=1.0)
     assert not [r for r in run.results if (r.timed_because or "").startswith("the path walked back")]
 
 
@@ -326,16 +327,11 @@ def test_a_measured_speed_is_shared_only_with_the_same_cut_and_precision_map(
 
 
 def test_a_speedup_run_walks_on_where_the_table_overestimates_speed(tmp_path: Path) -> None:
-    model = task_model()
-    latency = SkewedLatency(tables_for(model), 0.8)  # every cut measures 20% slower than the table says
-    # No first candidate measures 3.4x (path-9: 3.9x predicted, 3.12x measured; uniform-14: 4.2x, 3.36x). The walk on
+    # Every cut measures 20% slower than the table says. No first candidate measures 3.4x (path-9: 3.9x predicted, 3.12x measured; uniform-14: 4.2x, 3.36x). The walk on
     # needs the point the corrected table puts at 3.4x (about 4.3x predicted): the path must go on past the 1.1x
     # point around the target (plan.WALK_ROOM), or there is nothing to walk on to.
     goal = 3.4
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    run.speedup_candidates(goal)
+    run = speedup_run(tmp_path, goal, skew=0.8)
     on = [r for r in run.results if (r.timed_because or "").startswith("the path walked on")]
     assert on, [(r.name, r.predicted_speedup, r.measured_speedup, r.timed_because) for r in run.results]
     first = run.plan.path.first_reaching(goal)
@@ -345,14 +341,9 @@ def test_a_speedup_run_walks_on_where_the_table_overestimates_speed(tmp_path: Pa
 
 
 def test_a_speedup_run_fills_the_time_the_slowest_point_fast_enough_has_beyond_the_target(tmp_path: Path) -> None:
-    model = task_model()
-    latency = SkewedLatency(tables_for(model), 1.0)
     # This model's path steps from 3.9x to 4.51x by a head: the slowest point fast enough for 4x overshoots by 13%.
     goal = 4.0
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    run.speedup_candidates(goal)
+    run = speedup_run(tmp_path, goal, skew=1.0)
     anchor = min((r for r in run.results if r.origin == "path" and (r.measured_speedup or 0) >= goal),
                  key=lambda r: r.measured_speedup or 0)
     filled = [r for r in run.results if r.origin == "filled"]
@@ -369,12 +360,7 @@ def test_a_speedup_run_fills_the_time_the_slowest_point_fast_enough_has_beyond_t
 # 3.6x leaves 0.8% beyond 3.6x * AIM, less than any head or neuron step of its kept layers costs.
 @pytest.mark.parametrize("goal", [3.65, 3.6])
 def test_no_fill_where_the_slowest_point_fast_enough_has_no_step_to_give_back(tmp_path: Path, goal: float) -> None:
-    model = task_model()
-    latency = SkewedLatency(tables_for(model), 1.0)
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, latency, SpeedupTarget(speedup=goal))
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    run.speedup_candidates(goal)
+    run = speedup_run(tmp_path, goal, skew=1.0)
     assert not [r for r in run.results if r.origin == "filled"]
 
 
