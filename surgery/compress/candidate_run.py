@@ -540,7 +540,8 @@ class CandidateRun:
         ``--speedup 12`` winners of session 6 measured 13.1-16.9x. A model with more units left has more
         for training to work with. The table's time for the point is corrected by that point's measured
         over predicted speed, and the filled cut aims :data:`AIM` above ``goal``; it is judged and timed like
-        any candidate, and the pick decides (a fill that measures short of ``goal`` is not eligible).
+        any candidate, and the pick decides (a fill that measures short of ``goal`` is not eligible). A fill
+        that measures short is tried once more, corrected by its own measurement.
         """
         path = self.plan.path
         met = [r for r in self.results if r.origin == "path" and r.path_step and (r.measured_speedup or 0) >= goal]
@@ -549,22 +550,31 @@ class CandidateRun:
             return  # no point fast enough, or the slowest one has no time to give back
         k = anchor.path_step or 0
         ratio = (anchor.measured_speedup or 0) / anchor.predicted_speedup
-        removal, back = fill_slack(path, k, self.plan.table, path.reference_ms * ratio / (goal * AIM))
-        if not back:
-            return
-        table_ms = self.plan.table.predict_ms(removal.structure(self.plan.start))
-        given = 0.0  # the estimated loss given back: a whole step's, or the Fisher costs of the neurons back
-        for j, units in back.items():
-            step = path.steps[j - 1]
-            whole = len(units) == len(step.units[0])
-            given += step.loss if whole else float(self.plan.costs.neurons[step.layers[0]][units].sum())
-        units = sum(map(len, back.values()))
-        want = Want(f"filled-{k}@{path.reference_ms / table_ms:.2f}x", "filled", removal, k, path,
-                    estimated_loss=path.steps[k - 1].cumulative_loss - given)
-        for r in self.evaluate([want]):
-            if r is not None:
-                self.time(r, f"--speedup {goal:g}: {anchor.name} measured {anchor.measured_speedup:.2f}x, its time "
-                             f"beyond {goal:g}x given back as {units} unit(s) of {len(back)} head and neuron step(s)")
+        why = f"{anchor.name} measured {anchor.measured_speedup:.2f}x"
+        for _ in range(2):
+            removal, back = fill_slack(path, k, self.plan.table, path.reference_ms * ratio / (goal * AIM))
+            if not back or any(r.origin == "filled" and r.removal == removal.effective() for r in self.results):
+                return
+            table_ms = self.plan.table.predict_ms(removal.structure(self.plan.start))
+            given = 0.0  # the estimated loss given back: a whole step's, or the Fisher costs of the neurons back
+            for j, units in back.items():
+                step = path.steps[j - 1]
+                whole = len(units) == len(step.units[0])
+                given += step.loss if whole else float(self.plan.costs.neurons[step.layers[0]][units].sum())
+            want = Want(f"filled-{k}@{path.reference_ms / table_ms:.2f}x", "filled", removal, k, path,
+                        estimated_loss=path.steps[k - 1].cumulative_loss - given)
+            found = self.evaluate([want])[0]
+            if found is None:
+                return
+            self.time(found, f"--speedup {goal:g}: {why}, its time beyond {goal:g}x given back as "
+                             f"{sum(map(len, back.values()))} unit(s) of {len(back)} head and neuron step(s)")
+            if meets(found, goal) or not found.measured_speedup:
+                return
+            # Short: the units given back cost more than the table says (an FFN brought back from width 0 pays
+            # for the whole block: rt-sentiment seed 0, predicted 13.0x, measured 11.4x). Once more, by its own
+            # measured over predicted speed, which counts them.
+            ratio = found.measured_speedup / found.predicted_speedup
+            why = f"{found.name} measured {found.measured_speedup:.2f}x, short of {goal:g}x"
 
     def precision(self, goal: float, at: int | None = None) -> None:
         """The precision pass (:mod:`surgery.compress.precision`): at the path point that reaches ``goal``,
