@@ -355,9 +355,10 @@ def run_grid(args: argparse.Namespace, results: dict[str, Any], is_embedding: Ca
                 if key in results["runs"]:
                     continue
                 started = time.strftime("%H:%M:%S")
+                commit = _commit()  # the code the run imports: read before it, in case the tree moves meanwhile
                 row = run(task, seed, target)
                 row.update(task=task, seed=seed, target=target, started=started, load_average=list(os.getloadavg()),
-                           commit=_commit())
+                           commit=commit)
                 results["runs"][key] = row
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(results, indent=1))
