@@ -6,6 +6,7 @@ from one another (fixtures shared the same way live in conftest.py).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import random
@@ -118,6 +119,52 @@ def few_latency_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
     monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
     monkeypatch.setattr(latency_measure, "MIN_TIMED_SECONDS", 0.002)
+
+
+def module_fingerprint(module: nn.Module, inputs: dict[str, torch.Tensor], *extra: object) -> str:
+    """A digest of everything an ONNX trace of ``module(**inputs)`` depends on here: its classes and structure (its
+    repr), its config (the attention implementation included), every weight and buffer byte for byte, and the
+    inputs' names, shapes and dtypes (the graph's axes are dynamic; the values are not traced)."""
+    config = getattr(getattr(module, "model", module), "config", None)
+    digest = hashlib.sha256(repr(module).encode())
+    digest.update(repr((str(config), getattr(config, "_attn_implementation", None), getattr(module, "output", None),
+                        getattr(module, "inputs", None))).encode())
+    for name, tensor in module.state_dict(keep_vars=False).items():
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    digest.update(repr([(k, tuple(v.shape), v.dtype) for k, v in inputs.items()]).encode())
+    digest.update(repr(extra).encode())
+    return digest.hexdigest()
+
+
+def identical_graphs_traced_once(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """In this test, a module identical to one already traced to ONNX (``module_fingerprint``: the same structure,
+    config, weights and input shapes) is not traced again: its graph is the first trace's bytes, which a second
+    trace of the same module writes anyway. The module still runs once under the same context, so that the fused
+    attention recorder sees each layer's heads as the trace would; the parity checks, quantization, sessions and
+    records of every export are made as usual. For tests of what is done with exported graphs (a cache key, a count
+    of timings) that export the same latency probes twice. Returns the fingerprints served from the first trace."""
+    from surgery.runtimes.onnx import onnx_graph
+
+    real = onnx_graph._torch_export
+    traced: dict[str, bytes] = {}
+    reused: list[str] = []
+
+    def once(module: nn.Module, inputs: dict[str, torch.Tensor], path: Path, *, opset: int | None,
+             max_seq: int | None) -> None:
+        key = module_fingerprint(module, inputs, opset, max_seq)
+        if key in traced:
+            with torch.no_grad():
+                module(**inputs)
+            path.write_bytes(traced[key])
+            reused.append(key)
+            return
+        real(module, inputs, path, opset=opset, max_seq=max_seq)
+        traced[key] = path.read_bytes()
+
+    monkeypatch.setattr(onnx_graph, "_torch_export", once)
+    return reused
 
 
 def main_path_only(monkeypatch: pytest.MonkeyPatch, *, steps: int | None = None, precision: bool = False) -> None:

@@ -35,7 +35,7 @@ from surgery.measure.machine import INT8_FLAGS, SPEED_FLAGS, MachineInfo, machin
 from surgery.measure.stats import median_polish
 from surgery.strategies import FFNPruningStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
-from tests.helpers import few_latency_probes
+from tests.helpers import few_latency_probes, identical_graphs_traced_once
 
 FAST = dict(batch_size=2, seq_len=8, threads=1, repeats=3, cache=False)
 
@@ -205,6 +205,9 @@ def test_an_int8_onnxruntime_table_of_probes_with_ffns_of_width_zero(monkeypatch
     # Fewer grid points: every probe is an export of seconds. The FFNs of width 0 (base, fewest, width 0)
     # go through smoothing and int8 quantization, which used to fail on their empty products.
     few_latency_probes(monkeypatch)
+    # The width-0 floor is tried on the base probe itself: that probe is traced once (its graph, then smoothed
+    # and quantized for each, is what a second trace writes).
+    reused = identical_graphs_traced_once(monkeypatch)
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     table = measure_latency_table(model, runtime="onnxruntime-int8", reference_runtime="torch", **FAST)
     assert table.runtime == "onnxruntime-int8" and sorted(table.attention_ms) == [1, 4] and list(table.ffn_ms) == [37]
@@ -215,6 +218,7 @@ def test_an_int8_onnxruntime_table_of_probes_with_ffns_of_width_zero(monkeypatch
     assert table.reference_runtime == "torch" and table.reference_ms == table.measured["probes_ms"]["reference"]
     assert table.reference_ms > 0
     assert table.speedup(full, full) == pytest.approx(table.reference_ms / table.predict_ms(full))
+    assert len(reused) == 1  # the floor's try and the base probe: one module
 
 
 # -- the cache ----------------------------------------------------------------------------------
@@ -320,8 +324,11 @@ def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tm
     # neither stored nor read back (the second call below then measured again).
     model = tiny_model(TinySpec("bert", layers=2, head_dim=32, ffn=512))
     settings = {**FAST, "batch_size": 4, "seq_len": 32, "cache": True, "cache_dir": tmp_path}
+    # The second measurement exports the very probes of the first: each is traced once (the same module gives
+    # the same graph); what is under test is that its table is timed again, which the count of timings says.
+    reused = identical_graphs_traced_once(monkeypatch)
     first = measure_latency_table(model, runtime="onnxruntime", **settings)
-    timed = len(calls)
+    timed, traced_again = len(calls), len(reused)
     assert measure_latency_table(model, runtime="onnxruntime", **settings).measured["cached"] and len(calls) == timed
     # The exporter changed what it writes (as fused attention did): the old table no longer says how fast it is.
     from surgery.runtimes.onnx.onnx_runtime import OnnxRuntimeRuntime
@@ -329,3 +336,4 @@ def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tm
     monkeypatch.setattr(OnnxRuntimeRuntime, "graph_format", OnnxRuntimeRuntime.graph_format + 1)
     again = measure_latency_table(model, runtime="onnxruntime", **settings)
     assert not again.measured["cached"] and len(calls) == 2 * timed and first.model_key == again.model_key
+    assert len(reused) > traced_again  # measured again on graphs exported again (their bytes from the first trace)
