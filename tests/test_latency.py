@@ -240,18 +240,22 @@ def test_a_cache_hit_times_nothing_and_a_corrupt_cache_is_measured_again(tmp_pat
     # A hit is checked against the model's own time (tests/test_flags_and_cache.py); at 3 rounds on a
     # loaded machine that check may rightly refuse the table, which is not what this test is about.
     monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
-    model = tiny_model(TinySpec("bert"))
-    settings = {**FAST, "cache": True, "cache_dir": tmp_path}
+    # Layers wide enough to cost measurable time in a few short rounds under load (as the ONNX Runtime cache test
+    # below): at hidden 32, batch 2 x 8 tokens, a suite at nice 15 beside a benchmark (load 5-9) measured layers
+    # costing nothing, and such a table is rightly not stored (the corrupt files below then stayed as written).
+    wide = {"layers": 2, "head_dim": 32, "ffn": 512}
+    model = tiny_model(TinySpec("bert", **wide))
+    settings = {**FAST, "batch_size": 4, "seq_len": 32, "cache": True, "cache_dir": tmp_path}
     first = measure_latency_table(model, runtime="torch", **settings)
     timed = len(calls)
     assert timed > 0 and not first.measured["cached"]
     path = tmp_path / first.measured["cache_file"].rpartition("/")[2]
     assert path.is_file() and [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
-    again = measure_latency_table(tiny_model(TinySpec("bert", seed=3)), runtime="torch", **settings)
+    again = measure_latency_table(tiny_model(TinySpec("bert", seed=3, **wide)), runtime="torch", **settings)
     assert len(calls) == timed and again.measured["cached"]
     assert again.model_dump(exclude={"measured"}) == first.model_dump(exclude={"measured"})
     # Another shape, thread count or batch is another key.
-    measure_latency_table(tiny_model(TinySpec("bert", ffn=20)), runtime="torch", **settings)
+    measure_latency_table(tiny_model(TinySpec("bert", **{**wide, "ffn": 256})), runtime="torch", **settings)
     assert len(calls) == 2 * timed and len(list(tmp_path.iterdir())) == 2
     valid_key_bad_table = {"format": 1, "key": json.loads(path.read_text())["key"], "table": {"runtime": "torch"}}
     for garbage in (b"{not json", json.dumps(valid_key_bad_table).encode(), b"\x80\x04K."):  # the last: a pickle
