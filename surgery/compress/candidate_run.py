@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,7 +127,8 @@ def same_cut(a: Want, b: Want) -> bool:
     return a.key() == b.key()
 
 
-def along_paths(results: Sequence[CandidateResult], drop: Callable[[CandidateResult], float]) -> dict[str, float]:
+def along_paths(results: Sequence[CandidateResult], drop: Callable[[CandidateResult], float],
+                paths: Collection[str]) -> dict[str, float]:
     """Each result's ``drop``, made non-decreasing along its path (isotonic regression, weighted alike).
 
     A path's points are nested cuts: a later one removes everything an earlier one does, so its true drop
@@ -141,7 +142,7 @@ def along_paths(results: Sequence[CandidateResult], drop: Callable[[CandidateRes
     same examples (step 128 with groups in float: 2.0 - 0.5 = 1.5; rt-sentiment seed 1's
     quantization-aware refit at step 69, 5.5 points better than its point, stays within). The unchanged
     model, the layer-drop, a filled cut, and a precision candidate whose point is not among ``results``
-    keep their own figure.
+    keep their own figure. ``paths``: the origins that are search paths (:meth:`CompressPlan.families`).
 
     Example:
         >>> from surgery.compress.candidates import result_of
@@ -149,24 +150,25 @@ def along_paths(results: Sequence[CandidateResult], drop: Callable[[CandidateRes
         >>> def at(step, drop):
         ...     return result_of(f"path-{step}", "path", "torch", Removal(), Structure((LayerShape(1, 1),)),
         ...                      predicted=1.0, figures={"drop": drop}, started=0.0, path_step=step)
-        >>> along_paths([at(84, 0.0), at(122, 2.5), at(126, 2.5), at(128, 1.0)], lambda r: r.drop)
+        >>> along_paths([at(84, 0.0), at(122, 2.5), at(126, 2.5), at(128, 1.0)], lambda r: r.drop, ["path"])
         {'path-84': 0.0, 'path-122': 2.0, 'path-126': 2.0, 'path-128': 2.0}
         >>> float_parts = at(128, 0.5).model_copy(update={"name": "float-parts-128", "origin": "precision"})
-        >>> along_paths([at(84, 0.0), at(122, 2.5), at(126, 2.5), at(128, 1.0), float_parts], lambda r: r.drop)
+        >>> along_paths([at(84, 0.0), at(122, 2.5), at(126, 2.5), at(128, 1.0), float_parts], lambda r: r.drop,
+        ...             ["path"])
         {'path-84': 0.0, 'path-122': 2.0, 'path-126': 2.0, 'path-128': 2.0, 'float-parts-128': 1.5}
     """
     from scipy.optimize import isotonic_regression
 
     out = {r.name: drop(r) for r in results}
-    paths: dict[str, list[CandidateResult]] = {}
+    points_of: dict[str, list[CandidateResult]] = {}
     for r in results:
-        if r.path_step is not None and r.origin in ("path", "units-path", "uniform-path"):
-            paths.setdefault(r.origin, []).append(r)
-    for points in paths.values():
+        if r.path_step is not None and r.origin in paths:
+            points_of.setdefault(r.origin, []).append(r)
+    for points in points_of.values():
         points.sort(key=lambda r: r.path_step or 0)
         fitted = isotonic_regression([drop(r) for r in points]).x
         out.update({r.name: round(float(v), 6) for r, v in zip(points, fitted, strict=True)})
-    main = {r.path_step: r for r in paths.get("path", [])}
+    main = {r.path_step: r for r in points_of.get("path", [])}
     for r in results:
         if r.origin == "precision" and (point := main.get(r.path_step)) is not None:
             out[r.name] = round(out[point.name] + drop(r) - drop(point), 6)
@@ -751,7 +753,7 @@ class CandidateRun:
             # the warning below says the bound was not met, so --strict still exits 3.
             # The estimate is read along each path (:func:`along_paths`): the fastest point within on its own
             # figure is, among many, the likeliest to be within by luck.
-            fitted = along_paths(finalists, self.held_drop)
+            fitted = along_paths(finalists, self.held_drop, self.plan.families())
             point = [r for r in finalists if fitted[r.name] <= limit]
             self.time_fastest(point)
             timed = [r for r in point if r.measured_speedup is not None]
