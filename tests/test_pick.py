@@ -415,3 +415,82 @@ def test_a_fill_that_measures_short_is_filled_again_by_its_own_measurement(tmp_p
     assert second.measured_speedup is not None and second.measured_speedup >= goal  # the second meets the target
     assert second.removal.units() > first.removal.units()  # by giving back less
     assert (second.timed_because or "").startswith(f"--speedup 4: {first.name} measured")
+
+
+def finalists_run(tmp_path: Path) -> tuple[CandidateRun, Any, Any]:
+    """A --speedup 2 run with training to follow, two cuts meeting the target at equal held-out drops (the least
+    fast, ``fewer``, wins the pick); both are the pick's finalists."""
+    model = task_model()
+    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    run.trains = True
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.time(run.results[0], "unchanged")
+    n = len(run.plan.path.steps)
+    fewer, more = run.evaluate([run.path_want(middle(n)), run.path_want(last_but_one(n))])
+    assert fewer is not None and more is not None
+    for result, speed in ((fewer, 2.1), (more, 3.0)):
+        result.measured_speedup = speed
+        result.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=2.5, drop_interval=[0.0, 5.0])
+    assert run.choose()[0].name == fewer.name
+    assert [r.name for r in run.finalists] == [fewer.name, more.name]
+    return run, fewer, more
+
+
+@pytest.mark.parametrize("after", [(3.0, 1.0), (2.0, 2.0), (1.0, 3.0), (2.0, None)])
+def test_of_the_trained_finalists_the_smallest_held_out_drop_after_training_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: tuple[float, float | None]) -> None:
+    run, fewer, more = finalists_run(tmp_path)
+    trained_order: list[str] = []
+
+    def train_one(candidate: Any, model: Any, data: Any, seed: int) -> Any:
+        trained_order.append(candidate.name)
+        drop = after[len(trained_order) - 1]
+        if drop is None:  # no tier fitted the time left
+            return None, model, {"tiers_run": [], "tiers": [], "note": "no recovery tier fits"}
+        result = candidate.model_copy(update={
+            "name": candidate.name + "+distil", "tier": "distil",
+            "held_out": Judged(examples=40, value=0.5, reference=0.5, drop=drop, drop_interval=[0.0, drop + 2])})
+        return result, model, {"tiers_run": ["distil"], "tiers": [{"seconds": 1.0}], "judged_after": drop}
+
+    monkeypatch.setattr(run, "train_one", train_one)
+    _, name, training = run.train_winner(fewer, tiny_task_data(96), 5.0, 0)
+    assert trained_order == [fewer.name, more.name]  # the pick's winner first
+    first, second = after
+    expected = more.name if second is not None and second < first else fewer.name  # ties: the pick's winner
+    assert name == expected + "+distil" and training is not None
+    assert training["judged_after"] == (second if expected == more.name else first)  # the kept one's record
+    assert [f["name"] for f in training["finalists"]] == [fewer.name, more.name]
+    assert [f["held_out_drop_after"] for f in training["finalists"]] == [first, second]
+    assert (training["finalists"][1].get("note") is not None) == (second is None)
+
+
+def test_no_second_finalist_is_trained_where_the_winners_own_training_did_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, fewer, _ = finalists_run(tmp_path)
+    calls: list[str] = []
+
+    def train_one(candidate: Any, model: Any, data: Any, seed: int) -> Any:
+        calls.append(candidate.name)
+        return None, model, {"tiers_run": [], "tiers": [], "note": "no recovery tier fits: the budget is spent"}
+
+    monkeypatch.setattr(run, "train_one", train_one)
+    _, name, training = run.train_winner(fewer, tiny_task_data(96), 5.0, 0)
+    assert calls == [fewer.name] and name == fewer.name and training is not None and "finalists" not in training
+    assert "no recovery tier fits: the budget is spent" in run.notes
+
+
+@pytest.mark.slow
+def test_both_finalists_are_trained_and_judged_as_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import training_tier
+
+    monkeypatch.setattr(training_tier, "MAX_EPOCHS", 1)  # a flat tiny model never stops by patience
+    run, fewer, more = finalists_run(tmp_path)
+    run.clock = Clock(5.0)
+    _, name, training = run.train_winner(fewer, tiny_task_data(96), 5.0, 0)
+    assert training is not None
+    trained = {r.name: r for r in run.results if r.tier in ("distil", "blockwise")}
+    assert [f["trained"] for f in training["finalists"]] == list(trained)
+    assert {r.removal.units() for r in trained.values()} == {fewer.removal.units(), more.removal.units()}
+    best = min(trained.values(), key=run.held_drop)  # the first of equal drops: the pick's winner's
+    assert name == best.name and training["judged_after"] == best.accuracy
+    assert all(r.held_out is not None and r.held_out.examples > 0 for r in trained.values())
