@@ -52,6 +52,7 @@ from surgery.anatomy.empty_ffn import fill_empty_ffns_
 from surgery.core.errors import ConfigError, MissingDependencyError
 from surgery.core.manifest import int8_float_of
 from surgery.persist.model_io import atomic_directory
+from surgery.runtimes.openvino.vendor_telemetry import import_openvino, vendor_telemetry_held_off
 from surgery.runtimes.shared.graph_export import (
     Agreement,
     ExportParityError,
@@ -141,7 +142,7 @@ class OpenVinoModel(nn.Module):
                  threads: int | None = None, task: str | None = None, precision: str | None = None) -> None:
         super().__init__()
         require_openvino("OpenVINO inference")
-        import openvino as ov
+        ov = import_openvino()
 
         self.path = Path(path)
         self.config = config
@@ -232,16 +233,17 @@ def read_openvino_info(directory: str | os.PathLike[str]) -> OpenVinoExportRepor
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     # The TorchScript tracer behind convert_model warns about every Python branch on a shape, and NNCF
-    # prints progress bars; a library keeps that quiet. Failures still raise.
+    # prints progress bars; a library keeps that quiet. Failures still raise. Both tools also report usage
+    # unless the user opted out; surgery's calls are not the user's (vendor_telemetry).
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-            warnings.catch_warnings(), quiet_loggers("nncf", "openvino", "torch.jit"):
+            warnings.catch_warnings(), quiet_loggers("nncf", "openvino", "torch.jit"), vendor_telemetry_held_off():
         warnings.simplefilter("ignore")
         yield
 
 
 def convert_to_ir(wrapper: nn.Module, inputs: Mapping[str, torch.Tensor]) -> Any:
     """``openvino.convert_model`` of ``wrapper`` (a :class:`SingleOutput`), dynamic batch and sequence, int64 inputs."""
-    import openvino as ov
+    ov = import_openvino()
 
     shapes = [(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in inputs]
     try:
@@ -283,12 +285,12 @@ def quantize(model: Any, items: Sequence[Mapping[str, Any]], *, alpha: float = S
     ``ignored`` names IR nodes NNCF leaves out of quantization (``nncf.IgnoredScope``): they run in
     the compiled model's inference precision.
     """
-    import nncf
+    with _quiet():  # NNCF reports its own import too
+        import nncf
 
-    advanced = nncf.AdvancedQuantizationParameters(
-        smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=alpha))
-    scope = nncf.IgnoredScope(names=list(ignored)) if ignored else None
-    with _quiet():
+        advanced = nncf.AdvancedQuantizationParameters(
+            smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=alpha))
+        scope = nncf.IgnoredScope(names=list(ignored)) if ignored else None
         quantized = nncf.quantize(model, nncf.Dataset(list(items)), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(items), fast_bias_correction=True, advanced_parameters=advanced,
                                   ignored_scope=scope)
@@ -362,7 +364,7 @@ def with_float_groups(quantized: Any, module: nn.Module, groups: Sequence[str]) 
     NNCF's bias correction (a small shift). This ranks groups cheaply; the artefact a map is deployed
     as is quantized again with the groups in ``nncf.IgnoredScope`` (:func:`export_openvino`).
     """
-    import openvino as ov
+    ov = import_openvino()
 
     model = quantized.clone()
     ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
@@ -396,7 +398,7 @@ def quantized_product_inputs(quantized: Any, module: nn.Module, names: Sequence[
     in the torch module's units (``[batch, seq, in_features]``). Every earlier layer's int8 error is
     in them: what a quantization-aware refit (GPTQ-style) solves against.
     """
-    import openvino as ov
+    ov = import_openvino()
 
     model = quantized.clone()
     ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
@@ -503,7 +505,7 @@ def write_openvino(
         (5, 11, 32)
     """
     require_openvino("OpenVINO export" + (" with int8" if int8 else ""), int8=int8)
-    import openvino as ov
+    ov = import_openvino()
 
     check_export_settings(batch, seq, tolerance)
     if not 0.0 <= smooth_quant_alpha <= 1.0:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from surgery.core.report import ParamCount
+from surgery.runtimes.openvino.vendor_telemetry import import_openvino
 
 _WEIGHT_TYPES = ("f32", "f16", "bf16", "i8", "u8", "i4", "u4")
 
@@ -48,7 +49,7 @@ def _attention_flops(op: Any) -> int:
 
 def ir_counts(xml: str | Path, *, batch: int, seq_len: int) -> tuple[ParamCount, int]:
     """The parameters of an IR's weight constants and the FLOPs of its products on a ``batch`` x ``seq_len`` input."""
-    import openvino as ov
+    ov = import_openvino()
 
     model = ov.Core().read_model(str(xml))
     total = embeddings = 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from surgery.runtimes.openvino.vendor_telemetry import import_openvino
 from surgery.runtimes.shared.graph_runtime import GraphRuntime
 from surgery.runtimes.shared.runtime import bf16_cpu_missing
 
@@ -132,7 +133,7 @@ class OpenVinoInt8Runtime(OpenVinoRuntime):
         (:func:`surgery.runtimes.openvino.openvino_ir.with_float_groups`: NNCF's revert without quantizing again)."""
         import shutil
 
-        import openvino as ov
+        ov = import_openvino()
 
         from surgery.runtimes.openvino.openvino_ir import OV_INFO, OV_XML, with_float_groups
 

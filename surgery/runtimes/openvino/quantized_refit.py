@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from surgery.runtimes.openvino.openvino_ir import OV_XML, SMOOTH_QUANT_ALPHA, quantized_product_inputs, write_openvino
+from surgery.runtimes.openvino.vendor_telemetry import import_openvino
 from surgery.training.refit import RefitResult, projection, projection_name, refit_projections, refit_targets
 
 
@@ -58,7 +59,7 @@ def quantization_aware_refit(student: nn.Module, teacher: nn.Module, batches: Se
     with tempfile.TemporaryDirectory(prefix="surgery-qa-refit-") as tmp:
         write_openvino(student, Path(tmp) / "ir", task="auto", int8=True, calibration=calibration,
                        smooth_quant_alpha=smooth_quant_alpha, write_config=False, threads=threads, batch=2, seq=8)
-        import openvino as ov
+        ov = import_openvino()
 
         quantized = ov.Core().read_model(str(Path(tmp) / "ir" / OV_XML))
         reader = quantized_product_inputs(quantized, student, names, threads=threads)
