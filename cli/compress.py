@@ -316,7 +316,8 @@ def capped_length(model: Any, data: Any, target: Any, *, batch: int, seq_len: in
     forwards = forward_equivalents(model, target, dev_examples=dev, batch_size=batch, fisher_batches=16)
     cap = cap_length(forward_cost(model, batch, seq_len, threads=threads), batch=batch, seq_len=seq_len,
                      forwards=forwards, what="compress", ask_more=f"--max-length {seq_len}", given=given,
-                     max_seconds=min(MAX_JOB_SECONDS, 60.0 * budget_minutes) if budget_minutes else MAX_JOB_SECONDS)
+                     max_seconds=min(MAX_JOB_SECONDS, 60.0 * budget_minutes) if budget_minutes else MAX_JOB_SECONDS,
+                     budget=bool(budget_minutes) and 60.0 * budget_minutes <= MAX_JOB_SECONDS)
     if cap.message is not None:
         note(cap.message)
     return cap.seq_len if cap.capped else None

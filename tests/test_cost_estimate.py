@@ -101,6 +101,12 @@ def test_a_job_beyond_reason_is_capped_and_says_how_to_ask_for_more() -> None:
     assert "texts capped at" in cap.message and "--max-length 8192" in cap.message
     given = cap_length(cost, batch=32, seq_len=8192, forwards=600, what="compress", ask_more="", given=True)
     assert not given.capped and given.seq_len == 8192 and "running as asked" in given.message
+    assert "--budget makes it faster" in given.message
+    # Where the bound is the user's own budget, it is not suggested again: the budget scales the phases down.
+    budgeted = cap_length(cost, batch=32, seq_len=8192, forwards=600, what="compress", ask_more="", given=True,
+                          max_seconds=900.0, budget=True)
+    assert "running as asked" in budgeted.message and "--budget" not in budgeted.message
+    assert "the budget scales the phases down" in budgeted.message
 
 
 @pytest.mark.slow

@@ -137,10 +137,12 @@ class LengthCap:
 
 
 def cap_length(cost: ForwardCost, *, batch: int, seq_len: int, forwards: float, what: str, ask_more: str,
-               max_seconds: float = MAX_JOB_SECONDS, given: bool = False) -> LengthCap:
+               max_seconds: float = MAX_JOB_SECONDS, given: bool = False, budget: bool = False) -> LengthCap:
     """Cap ``seq_len`` so that ``forwards`` forwards of ``batch`` x it fit ``max_seconds`` here; say so.
 
     ``given``: the user asked for this length explicitly; it is kept, and the message only warns.
+    ``budget``: ``max_seconds`` is the user's budget, which scales the job's phases down to fit (the message
+    says so rather than suggesting a budget).
     ``ask_more`` says how to ask for more (e.g. ``"--max-length 8192"``).
 
     Example:
@@ -158,8 +160,10 @@ def cap_length(cost: ForwardCost, *, batch: int, seq_len: int, forwards: float, 
     head = (f"{what}: a forward of batch {batch} x {seq_len} tokens is estimated at {per_forward:,.1f} s on this "
             f"machine, and the job runs about {forwards:,.0f} of them: {_duration(asked)}")
     if given:
+        advice = ("the budget scales the phases down to fit it; a shorter length leaves more of the work in" if budget
+                  else "a shorter length or a --budget makes it faster")
         return LengthCap(seq_len, False, asked, asked, f"{head}; running as asked (beyond "
-                         f"{_duration(max_seconds)}: a shorter length or a --budget makes it faster)")
+                         f"{_duration(max_seconds)}: {advice})")
     capped = cost.longest(batch, max_seconds / forwards, seq_len)
     estimated = cost.seconds_at(batch, capped) * forwards
     return LengthCap(capped, True, estimated, asked,
