@@ -88,6 +88,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--name", default="bert_base_128")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="minutes for the whole job (compress --budget): its phases scale down to fit")
     parser.add_argument("--snapshot", action="store_true", help="write what a running (unfinished) run reached")
     args = parser.parse_args()
     if args.snapshot:
@@ -99,7 +101,7 @@ def main() -> None:
     env = {**os.environ, "SURGERY_CACHE": str(args.work / f"cache-{args.name}")}  # fresh: the table is measured
     command = ["surgery", "compress", str(model_dir), "--data", str(corpus), "--objective", "embedding",
                "--max-length", str(args.seq_len), "--speedup", "8", "--runtime", "openvino-int8",
-               "--out", str(out), "--overwrite"]
+               "--out", str(out), "--overwrite", *(["--budget", f"{args.budget:g}"] if args.budget else [])]
     timer = ["/usr/bin/time", "-v"] if Path("/usr/bin/time").exists() else []
     loads: list[list[float]] = []
     done = threading.Event()
@@ -122,11 +124,12 @@ def main() -> None:
     time_rss = next((int(line.split(":")[1]) * 1024 for line in stderr.splitlines()
                      if "Maximum resident set size" in line), None)
     result = {
-        "command": " ".join(command), "exit_code": code, "wall_seconds": round(wall, 1),
+        "command": " ".join(command), "budget_minutes": args.budget, "exit_code": code, "wall_seconds": round(wall, 1),
         "cpu": cpu_facts(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "load_average_samples": loads, "plan_line": next((line for line in stderr.splitlines()
                                                          if "plan (estimated" in line), None),
         "cap_notes": [line for line in stderr.splitlines() if "capped" in line or "estimated at" in line],
+        "notes": report.get("notes"), "why": report.get("why"),
         "estimate": report.get("estimate"), "phases": report.get("phases"), "seconds": report.get("seconds"),
         "peak_rss_bytes": report.get("peak_rss_bytes"), "peak_rss_bytes_time_v": time_rss,
         "winner": report.get("winner"), "warnings": report.get("warnings"), "seq_len": report.get("seq_len"),
