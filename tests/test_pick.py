@@ -436,32 +436,52 @@ def finalists_run(tmp_path: Path) -> tuple[CandidateRun, Any, Any]:
     return run, fewer, more
 
 
-@pytest.mark.parametrize("after", [(3.0, 1.0), (2.0, 2.0), (1.0, 3.0), (2.0, None)])
-def test_of_the_trained_finalists_the_smallest_held_out_drop_after_training_is_kept(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: tuple[float, float | None]) -> None:
+# Per held-out example, right (1) or wrong (0), of the pick's trained winner and of the trained runner-up.
+FINALISTS_AFTER = {
+    "runner-up better beyond noise": ([1.0] * 50 + [0.0] * 50, [1.0] * 90 + [0.0] * 10, True),
+    "runner-up better by two examples": ([1.0] * 50 + [0.0] * 50, [1.0] * 52 + [0.0] * 48, False),
+    "runner-up worse": ([1.0] * 90 + [0.0] * 10, [1.0] * 50 + [0.0] * 50, False),
+    "runner-up not trained": ([1.0] * 50 + [0.0] * 50, None, False),
+}
+
+
+@pytest.mark.parametrize("case", list(FINALISTS_AFTER))
+def test_a_trained_runner_up_replaces_the_winner_only_where_it_holds_out_better_beyond_noise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    from surgery.compress.candidates import PartScores
+
     run, fewer, more = finalists_run(tmp_path)
+    first_scores, second_scores, switches = FINALISTS_AFTER[case]
     trained_order: list[str] = []
 
     def train_one(candidate: Any, model: Any, data: Any, seed: int) -> Any:
         trained_order.append(candidate.name)
-        drop = after[len(trained_order) - 1]
-        if drop is None:  # no tier fitted the time left
+        values = first_scores if len(trained_order) == 1 else second_scores
+        if values is None:  # no tier fitted the time left
             return None, model, {"tiers_run": [], "tiers": [], "note": "no recovery tier fits"}
+        drop = 100.0 * (1.0 - sum(values) / len(values))  # against an original right on every example
         result = candidate.model_copy(update={
             "name": candidate.name + "+distil", "tier": "distil",
-            "held_out": Judged(examples=40, value=0.5, reference=0.5, drop=drop, drop_interval=[0.0, drop + 2])})
+            "held_out": Judged(examples=len(values), value=1 - drop / 100, reference=1.0, drop=drop,
+                               drop_interval=[drop - 5, drop + 5])})
+        run.scores[result.name] = {part: PartScores(list(values)) for part in run.parts("pick")}
         return result, model, {"tiers_run": ["distil"], "tiers": [{"seconds": 1.0}], "judged_after": drop}
 
     monkeypatch.setattr(run, "train_one", train_one)
+    assert run.parts("pick") == ("pick",)
     _, name, training = run.train_winner(fewer, tiny_task_data(96), 5.0, 0)
     assert trained_order == [fewer.name, more.name]  # the pick's winner first
-    first, second = after
-    expected = more.name if second is not None and second < first else fewer.name  # ties: the pick's winner
-    assert name == expected + "+distil" and training is not None
-    assert training["judged_after"] == (second if expected == more.name else first)  # the kept one's record
-    assert [f["name"] for f in training["finalists"]] == [fewer.name, more.name]
-    assert [f["held_out_drop_after"] for f in training["finalists"]] == [first, second]
-    assert (training["finalists"][1].get("note") is not None) == (second is None)
+    kept = more if switches else fewer
+    assert name == kept.name + "+distil" and training is not None
+    assert training["judged_after"] == (50.0 if kept is fewer and first_scores.count(1.0) == 50 else
+                                        100.0 * (1 - (second_scores if switches else first_scores).count(1.0) / 100))
+    first, second = training["finalists"]
+    assert [first["name"], second["name"]] == [fewer.name, more.name] and first["kept"] is not switches
+    if second_scores is None:
+        assert second["trained"] is None and second["note"] == "no recovery tier fits"
+    else:
+        assert second["kept"] is switches
+        assert (second["against_first"]["drop_interval"][1] < 0) is switches  # the paired interval decided
 
 
 def test_no_second_finalist_is_trained_where_the_winners_own_training_did_not_fit(
@@ -491,6 +511,10 @@ def test_both_finalists_are_trained_and_judged_as_served(tmp_path: Path, monkeyp
     trained = {r.name: r for r in run.results if r.tier in ("distil", "blockwise")}
     assert [f["trained"] for f in training["finalists"]] == list(trained)
     assert {r.removal.units() for r in trained.values()} == {fewer.removal.units(), more.removal.units()}
-    best = min(trained.values(), key=run.held_drop)  # the first of equal drops: the pick's winner's
-    assert name == best.name and training["judged_after"] == best.accuracy
+    first, second = training["finalists"]
+    versus = second["against_first"]  # the runner-up against the winner, paired on the held-out examples
+    assert versus is not None and versus["examples"] == next(iter(trained.values())).held_out.examples
+    kept = second if versus["drop_interval"][1] < 0 else first
+    assert name == kept["trained"] and training["judged_after"] == trained[name].accuracy
+    assert [first["kept"], second["kept"]] == [kept is first, kept is second]
     assert all(r.held_out is not None and r.held_out.examples > 0 for r in trained.values())

@@ -25,12 +25,13 @@ from surgery.compress.candidates import (
     CandidateResult,
     Judge,
     PartScores,
+    joined,
     layer_drop_removal,
     reference_label,
     result_of,
 )
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
-from surgery.compress.held_out import CONFIDENCE, DevSplit
+from surgery.compress.held_out import CONFIDENCE, DevSplit, Judged, paired_drop
 from surgery.compress.latency_source import LatencySource
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.precision import precision_choice
@@ -48,10 +49,11 @@ AIM = 1.02
 #: How far below a --speedup target a measured candidate may be and still meet it (issue 24 accepts
 #: 1.95x for 2x): timing noise must not pass over a candidate that is as fast as asked.
 MEET_TOLERANCE = 0.025
-#: The cuts a --speedup run recovers from the original when a budget leaves time, best held-out first, then
-#: picked between by the held-out drop after training. Before training the held-out drops of deep cuts scatter by
-#: about 3 points and decide which cut is trained (experiments/deep_cuts, session 7); distillation then stopped
-#: after 2.6-4 minutes with 10-13 of a 20-minute budget left, time enough to train the next one too.
+#: The cuts a --speedup run recovers from the original when a budget leaves time, best held-out first; a runner-up
+#: replaces the winner only where it holds out better after training beyond noise (:meth:`CandidateRun.beats`).
+#: Before training the held-out drops of deep cuts scatter by about 3 points and decide which cut is trained
+#: (experiments/deep_cuts, session 7); distillation then stopped after 2.6-4 minutes with 10-13 of a 20-minute
+#: budget left, time enough to train the next one too.
 TRAINED_FINALISTS = 2
 
 def meets(result: CandidateResult, goal: float) -> bool:
@@ -808,8 +810,8 @@ class CandidateRun:
         """Recover the winner from the original on the tiers the budget has left time for (its name after them).
 
         Where the pick named more finalists (:data:`TRAINED_FINALISTS`, a --speedup target) and time is left after
-        the winner's training, the next is trained too, and the one with the smallest held-out drop after training
-        is returned (of equal drops, the pick's own winner); ``training["finalists"]`` records each.
+        the winner's training, the next is trained too, and returned instead of the winner only where it holds out
+        better beyond noise (:meth:`beats`); ``training["finalists"]`` records each.
         """
         model = self.model_of(winner.name)
         if not train:
@@ -833,18 +835,43 @@ class CandidateRun:
         if not done:
             self.notes.append(first[2]["note"])
             return model, winner.name, first[2]
-        # Ties go to the first: the pick's own winner.
-        best_result, best_model, training = min(done, key=lambda t: self.held_drop(t[0]))  # type: ignore[arg-type]
+        best_result, best_model, training = first
         assert best_result is not None
+        against: dict[str, Any] = {}
+        for result, other_model, record in done[1:]:
+            assert result is not None
+            versus = self.versus(first[0], result)  # type: ignore[arg-type]
+            against[result.name] = None if versus is None else versus.model_dump()
+            if versus is not None and self.beats(versus) and self.held_drop(result) < self.held_drop(best_result):
+                best_result, best_model, training = result, other_model, record
         if len(trained) > 1:
             training = {**training, "finalists": [
                 {"name": source.name, "trained": None if result is None else result.name,
                  "held_out_drop_before": self.held_drop(source),
                  "held_out_drop_after": None if result is None else self.held_drop(result),
                  "tiers_run": record["tiers_run"], "seconds": round(sum(t["seconds"] for t in record["tiers"]), 2),
+                 **({} if result is None else {"kept": result.name == best_result.name}),
+                 **({} if result is None or result.name not in against else {"against_first": against[result.name]}),
                  **({} if result is not None else {"note": record.get("note")})}
                 for source, (result, _, record) in zip([winner, *others], trained, strict=False)]}
         return best_model, best_result.name, training
+
+    def versus(self, first: CandidateResult, other: CandidateResult) -> Judged | None:
+        """``other``'s drop against ``first`` on the held-out examples, paired per example with its interval (None
+        without a held-out part: the search part chose each one's best epoch, so it cannot judge between them)."""
+        pick = self.parts("pick")
+        if not pick or first.name not in self.scores or other.name not in self.scores:
+            return None
+        mine = joined([self.scores[other.name][p] for p in pick])
+        base = joined([self.scores[first.name][p] for p in pick])
+        return paired_drop(base.values, mine.values)
+
+    @staticmethod
+    def beats(versus: Judged) -> bool:
+        """Whether a trained finalist holds out better than the pick's trained winner beyond noise: the upper end of
+        its paired drop's interval against the winner is below 0. On a few hundred held-out examples a point or two
+        is a handful of them, and which cut the pick trained first already rests on the same examples."""
+        return versus.drop_interval[1] < 0
 
     def train_one(self, candidate: CandidateResult, model: nn.Module, data: Any, seed: int
                   ) -> tuple[CandidateResult | None, nn.Module, dict[str, Any]]:
@@ -863,8 +890,9 @@ class CandidateRun:
             return None, model, training
         served = self.judge.serve(model, self.judge.workdir / f"distilled-{self.built[candidate.name].index}")
         search, pick = self.parts("screen", "rest"), self.parts("pick")
-        judged, figures = self.judge.figures([self.judge.scores(served.model, p) for p in search], search)
-        held = self.judge.figures([self.judge.scores(served.model, p) for p in pick], pick)[0] if pick else None
+        scores = {p: self.judge.scores(served.model, p) for p in (*search, *pick)}
+        judged, figures = self.judge.figures([scores[p] for p in search], search)
+        held = self.judge.figures([scores[p] for p in pick], pick)[0] if pick else None
         # Judged as served (the runtime's artefact), against the refit candidate's figures before training.
         training.update(judged_before=candidate.accuracy if candidate.accuracy is not None else candidate.mean_cosine,
                         judged_after=figures.get("accuracy", figures.get("mean_cosine")))
@@ -876,6 +904,7 @@ class CandidateRun:
             "notes": [*candidate.notes, f"recovered from the original ({', '.join(tiers)}); same structure, so the "
                       "same measured speed"]})
         self.results.append(trained_result)
+        self.scores[trained_result.name] = scores
         self.trained[trained_result.name] = model
         self.artefacts[trained_result.name] = served.directory
         return trained_result, model, training
@@ -889,8 +918,10 @@ class CandidateRun:
             trained = [f for f in (training or {}).get("finalists", []) if f["trained"] is not None]
             if len(trained) > 1:
                 figures = ", ".join(f"{f['trained']} {f['held_out_drop_after']:.2f}" for f in trained)
-                why += (f"; {len(trained)} finalists were trained and the one with the smallest held-out drop after "
-                        f"training kept ({figures})")
+                kept = "the pick's winner kept" if trained[0]["kept"] else "the runner-up kept"
+                why += (f"; {len(trained)} finalists were trained (held-out drops after: {figures}), {kept}: a "
+                        f"runner-up replaces the winner only where its {CONFIDENCE:.0%} paired interval against it "
+                        "lies below 0")
             warnings = [w for w in warnings if "more than --max-drop" not in w]
             if limit is not None and self.held_drop(final) > limit:
                 warnings.append(f"the chosen model loses {self.held_drop(final):.2f} points against the original on "
