@@ -46,8 +46,8 @@ PREDICTION_TOLERANCE = 0.05
 #: How far above ``--speedup`` a corrected prediction aims (walking the path, filling a cut's slack): a
 #: point aimed exactly at the target measures below it half the time.
 AIM = 1.02
-#: How far below a --speedup target a measured candidate may be and still meet it (issue 24 accepts
-#: 1.95x for 2x): timing noise must not pass over a candidate that is as fast as asked.
+#: How far below a --speedup target a measured candidate may be and still meet it (a measured 1.95x
+#: meets 2x): timing noise must not pass over a candidate that is as fast as asked.
 MEET_TOLERANCE = 0.025
 #: The cuts a --speedup run recovers from the original when a budget leaves time, best held-out first; a runner-up
 #: replaces the winner only where it holds out better after training beyond noise (:meth:`CandidateRun.beats`).
