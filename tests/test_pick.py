@@ -518,3 +518,31 @@ def test_both_finalists_are_trained_and_judged_as_served(tmp_path: Path, monkeyp
     assert name == kept["trained"] and training["judged_after"] == trained[name].accuracy
     assert [first["kept"], second["kept"]] == [kept is first, kept is second]
     assert all(r.held_out is not None and r.held_out.examples > 0 for r in trained.values())
+
+
+class FixedClock(Clock):
+    """A budget with ``seconds`` left, whatever the time."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(None)
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return self.seconds
+
+
+def test_a_budgeted_run_keeps_back_what_the_held_out_pick_will_cost(tmp_path: Path) -> None:
+    # Dev data large enough for a rest of the search part beside its screen (a small one has none, and no rate).
+    run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    assert run.pick_reserve() == 0.0  # nothing measured yet
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])  # judged on the rest: the rate
+    assert run.judge_rate > 0 and run.parts("rest", "pick") == ("rest", "pick")
+    reserve = run.pick_reserve()
+    assert reserve == pytest.approx(2 * run.judge_rate * len(run.judge.parts["pick"]))
+    run.last_cost = 1.0
+    want = run.path_want(middle(len(run.plan.path.steps)))
+    run.clock = FixedClock(run.last_cost + reserve / 2)  # time for the candidate, not for it and the pick
+    assert run.evaluate([want]) == [None]
+    assert run.notes[-1].startswith(f"skipped candidate {want.name}") and "kept for the held-out pick" in run.notes[-1]
+    run.clock = FixedClock(run.last_cost + reserve + 1.0)
+    assert run.evaluate([want])[0] is not None
