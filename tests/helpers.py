@@ -138,17 +138,20 @@ def module_fingerprint(module: nn.Module, inputs: dict[str, torch.Tensor], *extr
     return digest.hexdigest()
 
 
-def identical_graphs_traced_once(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def identical_graphs_traced_once(monkeypatch: pytest.MonkeyPatch, traced: dict[str, bytes] | None = None
+                                 ) -> list[str]:
     """In this test, a module identical to one already traced to ONNX (``module_fingerprint``: the same structure,
     config, weights and input shapes) is not traced again: its graph is the first trace's bytes, which a second
     trace of the same module writes anyway. The module still runs once under the same context, so that the fused
     attention recorder sees each layer's heads as the trace would; the parity checks, quantization, sessions and
     records of every export are made as usual. For tests of what is done with exported graphs (a cache key, a count
-    of timings) that export the same latency probes twice. Returns the fingerprints served from the first trace."""
+    of timings) that export the same latency probes twice. ``traced`` (fingerprint -> graph bytes), when given, is
+    shared: a module-scoped dict lets the tests of one module that export the same modules trace each once. Returns
+    the fingerprints this test served from an earlier trace."""
     from surgery.runtimes.onnx import onnx_graph
 
     real = onnx_graph._torch_export
-    traced: dict[str, bytes] = {}
+    traced = {} if traced is None else traced
     reused: list[str] = []
 
     def once(module: nn.Module, inputs: dict[str, torch.Tensor], path: Path, *, opset: int | None,

@@ -232,8 +232,15 @@ def test_cli_saves_the_judged_artefact_byte_for_byte(tmp_path: Path, monkeypatch
 
 
 # -- the unchanged model written once per runtime ------------------------------------------------
-def count_unchanged_exports(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, names: list[str]
-                            ) -> dict[str, int]:
+@pytest.fixture(scope="module")
+def traced_graphs() -> dict[str, bytes]:
+    """ONNX traces shared by this module's tests that count exports (``identical_graphs_traced_once``): they compress
+    the same model on ONNX Runtime, so the unchanged model and the fp32 latency probes are traced once for both."""
+    return {}
+
+
+def count_unchanged_exports(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, names: list[str],
+                            traced: dict[str, bytes]) -> dict[str, int]:
     """Spy the runtimes' ``write_artefact`` (what ``prepare`` writes through too): runtime -> how many times it
     wrote a model of ``model``'s whole structure (latency probes have fewer layers; candidates are cut)."""
     from surgery.compress.structure import Structure
@@ -253,17 +260,19 @@ def count_unchanged_exports(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Mod
         monkeypatch.setattr(owner, "write_artefact", spy)
     few_latency_probes(monkeypatch)  # the count, not the table, is under test
     # Counted above, at write_artefact: the width-0 floor's try of the base probe and the base probe itself are
-    # one module, traced to ONNX once (each still written, checked and loaded).
-    identical_graphs_traced_once(monkeypatch)
+    # one module, traced to ONNX once (each still written, checked and loaded); so is a module the other counting
+    # test of this module traced already (``traced``: the same model, probes and unchanged export).
+    identical_graphs_traced_once(monkeypatch, traced)
     return counts
 
 
 @pytest.mark.slow
 @pytest.mark.onnx
-def test_a_measured_run_exports_the_unchanged_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_measured_run_exports_the_unchanged_model_once(monkeypatch: pytest.MonkeyPatch,
+                                                        traced_graphs: dict[str, bytes]) -> None:
     needs("onnxruntime")
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
-    exports = count_unchanged_exports(monkeypatch, model, ["onnxruntime"])
+    exports = count_unchanged_exports(monkeypatch, model, ["onnxruntime"], traced_graphs)
     # A budget of one minute: fewer timing rounds and candidates (the unchanged model is always judged and timed).
     result = compress(model, tiny_task_data(), CompressConfig(speedup=1.3, runtime="onnxruntime", threads=1,
                                                               batch_size=4, seq_len=8, budget_minutes=1, train=False))
@@ -277,14 +286,15 @@ def test_a_measured_run_exports_the_unchanged_model_once(monkeypatch: pytest.Mon
 
 @pytest.mark.slow
 @pytest.mark.onnx
-def test_auto_exports_each_runtimes_unchanged_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_exports_each_runtimes_unchanged_model_once(monkeypatch: pytest.MonkeyPatch,
+                                                        traced_graphs: dict[str, bytes]) -> None:
     needs("onnxruntime-int8")
     import surgery.runtimes as runtimes
 
     names = ["onnxruntime", "onnxruntime-int8"]
     monkeypatch.setattr(runtimes, "available_runtimes", lambda: {"torch": None, **dict.fromkeys(names)})
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
-    exports = count_unchanged_exports(monkeypatch, model, names)
+    exports = count_unchanged_exports(monkeypatch, model, names, traced_graphs)
     judge_two(monkeypatch)  # the unchanged model's exports are counted, not the cuts'
     result = compress(model, tiny_task_data(), CompressConfig(max_drop=50.0, runtime="auto", threads=1, batch_size=4,
                                                               seq_len=8, budget_minutes=1, train=False))
