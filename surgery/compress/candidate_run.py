@@ -56,6 +56,7 @@ MEET_TOLERANCE = 0.025
 #: budget left, time enough to train the next one too.
 TRAINED_FINALISTS = 2
 
+
 def meets(result: CandidateResult, goal: float) -> bool:
     """Whether ``result`` measured ``goal`` times faster, within :data:`MEET_TOLERANCE` of it (median ratio).
 
