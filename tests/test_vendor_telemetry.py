@@ -20,7 +20,7 @@ from openvino_telemetry import Telemetry
 from openvino_telemetry.utils.sender import TelemetrySender
 
 from surgery.runtimes import get_runtime
-from surgery.runtimes.openvino.vendor_telemetry import ENV_VAR, vendor_telemetry_held_off
+from surgery.runtimes.openvino.vendor_telemetry import ENV_VAR, _instance, vendor_telemetry_held_off
 from surgery.testing import TinySpec, tiny_model
 
 pytestmark = pytest.mark.openvino
@@ -33,6 +33,9 @@ def sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
     monkeypatch.setenv("HOME", str(tmp_path))
     for var in ("CI", "TF_BUILD", "JENKINS_URL", ENV_VAR):
         monkeypatch.delenv(var, raising=False)
+    existing = _instance(Telemetry)
+    if existing is not None:  # made earlier in this process (under CI=true its consent is off): as for this user
+        monkeypatch.setattr(existing, "consent", True)
     events: list[Any] = []
     monkeypatch.setattr(TelemetrySender, "send", lambda self, backend, message: events.append(message))
     return events
