@@ -379,9 +379,9 @@ def test_no_fill_where_the_slowest_point_fast_enough_has_no_step_to_give_back(tm
     assert not [r for r in run.results if r.origin == "filled"]
 
 
-@pytest.mark.parametrize("trains", [False, True])
-def test_of_equal_held_out_drops_the_pick_takes_the_faster_or_with_training_the_least_fast(
-        tmp_path: Path, trains: bool) -> None:
+def tied_cuts_run(tmp_path: Path, trains: bool) -> tuple[CandidateRun, Any, Any]:
+    """A --speedup 2 run (``trains``: training to follow) with two cuts that meet the target, ``fewer`` at 2.1x and
+    ``more`` at 3.0x, at equal held-out drops."""
     model = task_model()
     run = make_run(model, tiny_task_data(96), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
     run.trains = trains
@@ -393,6 +393,13 @@ def test_of_equal_held_out_drops_the_pick_takes_the_faster_or_with_training_the_
     for result, speed in ((fewer, 2.1), (more, 3.0)):  # both meet 2x; the held-out drops tie
         result.measured_speedup = speed
         result.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=2.5, drop_interval=[0.0, 5.0])
+    return run, fewer, more
+
+
+@pytest.mark.parametrize("trains", [False, True])
+def test_of_equal_held_out_drops_the_pick_takes_the_faster_or_with_training_the_least_fast(
+        tmp_path: Path, trains: bool) -> None:
+    run, fewer, more = tied_cuts_run(tmp_path, trains)
     winner, why, _ = run.choose()
     assert winner.name == (fewer.name if trains else more.name)
     assert ("since training follows" in why) == trains
@@ -418,19 +425,8 @@ def test_a_fill_that_measures_short_is_filled_again_by_its_own_measurement(tmp_p
 
 
 def finalists_run(tmp_path: Path) -> tuple[CandidateRun, Any, Any]:
-    """A --speedup 2 run with training to follow, two cuts meeting the target at equal held-out drops (the least
-    fast, ``fewer``, wins the pick); both are the pick's finalists."""
-    model = task_model()
-    run = make_run(model, tiny_task_data(96), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
-    run.trains = True
-    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
-    run.time(run.results[0], "unchanged")
-    n = len(run.plan.path.steps)
-    fewer, more = run.evaluate([run.path_want(middle(n)), run.path_want(last_but_one(n))])
-    assert fewer is not None and more is not None
-    for result, speed in ((fewer, 2.1), (more, 3.0)):
-        result.measured_speedup = speed
-        result.held_out = Judged(examples=40, value=0.5, reference=0.5, drop=2.5, drop_interval=[0.0, 5.0])
+    """The tied run with training to follow: the least fast, ``fewer``, wins the pick; both are its finalists."""
+    run, fewer, more = tied_cuts_run(tmp_path, True)
     assert run.choose()[0].name == fewer.name
     assert [r.name for r in run.finalists] == [fewer.name, more.name]
     return run, fewer, more
