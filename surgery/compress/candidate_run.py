@@ -276,8 +276,9 @@ class CandidateRun:
                 continue  # the same cut as one before it in this batch: made a twin below
             # The first (unchanged) always runs; a batch runs in rounds of `workers` candidates at once.
             rounds = -(-(len(jobs) + 1) // self.pool.workers)
-            if self.results and not self.clock.fits(self.last_cost * rounds + self.pick_reserve()):
-                kept = f", {self.pick_reserve():.0f} s of it kept for the held-out pick" if self.pick_reserve() else ""
+            reserve = self.pick_reserve()
+            if self.results and not self.clock.fits(self.last_cost * rounds + reserve):
+                kept = f", {reserve:.0f} s of it kept for the held-out pick" if reserve else ""
                 self.notes.append(f"skipped candidate {want.name}: the budget has {max(self.clock.left(), 0):.0f} s "
                                   f"left{kept}, and a candidate took {self.last_cost:.0f} s")
                 continue
@@ -846,7 +847,7 @@ class CandidateRun:
         if winner.removal.units() == 0:
             return model, winner.name, None
         since = time.perf_counter()
-        others = [r for r in self.finalists if self.built[r.name].index != self.built[winner.name].index]
+        others = [r for r in self.finalists if r is not winner]  # distinct builds already (distinct_cuts)
         first = self.train_one(winner, model, data, seed)
         trained = [first]
         if first[0] is not None:  # the next only where the winner's own training fitted
@@ -859,24 +860,34 @@ class CandidateRun:
             return model, winner.name, first[2]
         best_result, best_model, training = first
         assert best_result is not None
-        against: dict[str, Any] = {}
-        for result, other_model, record in done[1:]:
-            assert result is not None
-            versus = self.versus(first[0], result)  # type: ignore[arg-type]
-            against[result.name] = None if versus is None else versus.model_dump()
-            if versus is not None and self.beats(versus) and self.held_drop(result) < self.held_drop(best_result):
-                best_result, best_model, training = result, other_model, record
-        if len(trained) > 1:
-            training = {**training, "finalists": [
-                {"name": source.name, "trained": None if result is None else result.name,
-                 "held_out_drop_before": self.held_drop(source),
-                 "held_out_drop_after": None if result is None else self.held_drop(result),
-                 "tiers_run": record["tiers_run"], "seconds": round(sum(t["seconds"] for t in record["tiers"]), 2),
-                 **({} if result is None else {"kept": result.name == best_result.name}),
-                 **({} if result is None or result.name not in against else {"against_first": against[result.name]}),
-                 **({} if result is not None else {"note": record.get("note")})}
-                for source, (result, _, record) in zip([winner, *others], trained, strict=False)]}
+        records = [self.finalist_record(winner, first, None)]
+        for source, (result, other_model, record) in zip(others, trained[1:], strict=False):
+            versus = None if result is None else self.versus(best_result, result)
+            records.append(self.finalist_record(source, (result, other_model, record), versus))
+            if versus is not None and self.beats(versus):
+                best_result, best_model, training = result, other_model, record  # type: ignore[assignment]
+        if len(records) > 1:
+            for r in records:
+                if r["trained"] is not None:
+                    r["kept"] = r["trained"] == best_result.name
+            training = {**training, "finalists": records}
         return best_model, best_result.name, training
+
+    def finalist_record(self, source: CandidateResult,
+                        trained: tuple[CandidateResult | None, nn.Module, dict[str, Any]],
+                        versus: Judged | None) -> dict[str, Any]:
+        """What compress.json keeps of one trained finalist (``versus``: its paired drop against the winner)."""
+        result, _, record = trained
+        out: dict[str, Any] = {
+            "name": source.name, "trained": None if result is None else result.name,
+            "held_out_drop_before": self.held_drop(source),
+            "held_out_drop_after": None if result is None else self.held_drop(result),
+            "tiers_run": record["tiers_run"], "seconds": round(sum(t["seconds"] for t in record["tiers"]), 2)}
+        if result is None:
+            out["note"] = record.get("note")
+        elif versus is not None:
+            out["against_first"] = versus.model_dump()
+        return out
 
     def versus(self, first: CandidateResult, other: CandidateResult) -> Judged | None:
         """``other``'s drop against ``first`` on the held-out examples, paired per example with its interval (None
