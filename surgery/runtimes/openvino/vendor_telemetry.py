@@ -6,7 +6,8 @@ OpenVINO switched to opt-out in 2023 (openvinotoolkit/openvino#20290). Writing o
 about 45 events; each is sent from a process forked by a thread pool, which waits up to 3 s for the
 network. compress writes one artefact per candidate, so a run would send a thousand events the user
 never asked for, and on this project's 2-core machine (offline: each send fails at once) a tiny
-model's int8 write took 3.4-4.1 s with them and 1.7-2.7 s without (the forked senders' CPU time).
+model's int8 write took a median 1.38x as long with them, the forked senders' CPU time
+(experiments/probes/telemetry_cost.py).
 
 surgery holds them off inside its own calls (:func:`vendor_telemetry_held_off`, around the converter
 and the quantizer) and leaves the user's setting as it was. ``SURGERY_OPENVINO_TELEMETRY=1`` leaves
