@@ -8,7 +8,7 @@ speed to differ from the prediction, so nothing here depends on this machine's l
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -539,6 +539,73 @@ def test_a_budgeted_run_keeps_back_what_the_held_out_pick_will_cost(tmp_path: Pa
     want = run.path_want(middle(len(run.plan.path.steps)))
     run.clock = FixedClock(run.last_cost + reserve / 2)  # time for the candidate, not for it and the pick
     assert run.evaluate([want]) == [None]
-    assert run.notes[-1].startswith(f"skipped candidate {want.name}") and "kept for the held-out pick" in run.notes[-1]
+    assert run.notes[-1].startswith(f"skipped candidate {want.name}") and "for the held-out pick" in run.notes[-1]
     run.clock = FixedClock(run.last_cost + reserve + 1.0)
     assert run.evaluate([want])[0] is not None
+
+
+def test_until_a_cut_is_built_the_skip_rule_expects_the_estimated_cost_of_a_cut(tmp_path: Path) -> None:
+    # The unchanged model reuses the estimate's artefact and has no refit: its cost says little of a cut's.
+    run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    assert run.last_cost > 0 and not run.cut_built
+    run.cut_estimate = run.last_cost + 100.0  # the job estimate's cut, dearer than the unchanged model was
+    assert run.candidate_cost() == run.cut_estimate
+    want = run.path_want(middle(len(run.plan.path.steps)))
+    run.clock = FixedClock(run.last_cost + run.pick_reserve() + 50.0)  # enough by the unchanged model, not by the cut
+    assert run.evaluate([want]) == [None]
+    assert run.notes[-1].startswith(f"skipped candidate {want.name}") and "a cut is estimated at" in run.notes[-1]
+    run.clock = FixedClock(run.cut_estimate + run.pick_reserve() + 1.0)
+    assert run.evaluate([want])[0] is not None and run.cut_built
+    assert run.candidate_cost() == run.last_cost  # measured now: the estimate no longer counts
+
+
+def test_the_job_estimate_prices_a_cut_as_its_candidates_phase_does() -> None:
+    from surgery.compress.job_estimate import JobShape, Probes, candidate_seconds, estimate_job, phase_seconds
+
+    p = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1, fisher_batch=3.0,
+               seconds=30.0)
+    for drop_search in (False, True):
+        shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
+                         layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
+                         drop_search=drop_search, cached_table=False, runtime_differs=True)
+        job = estimate_job(p, shape, budget_seconds=None, train=False)
+        parts = candidate_seconds(p, shape, job.settings)
+        assert job.cut_seconds() == parts["cut"] > parts["judged"] > 0
+        # One more candidate in the phase costs one cut (a --speedup search's are timed; a bisection's are not).
+        more = phase_seconds(p, shape, replace(job.settings, candidates=job.settings.candidates + 1))["candidates"]
+        assert more - job.phases["candidates"] == pytest.approx(parts["built"] if drop_search else parts["cut"])
+
+
+def test_a_budgeted_run_that_trains_keeps_an_epoch_back_once_it_has_a_cut(tmp_path: Path) -> None:
+    from surgery.compress.job_estimate import JobEstimate, Probes, Settings
+
+    run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    run.plan.estimate = JobEstimate({}, Settings(training=True), Probes(0, 0, 0, 0, 0, 0), epoch_seconds=500.0)
+    run.trains, run.cut_estimate = True, 0.0
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    assert run.training_reserve() == 0.0  # nothing to train yet: the first cut is not held back
+    steps = len(run.plan.path.steps)
+    run.clock = FixedClock(run.candidate_cost() + run.pick_reserve() + 1.0)
+    assert run.evaluate([run.path_want(middle(steps))])[0] is not None and run.cut_built
+    assert run.training_reserve() == 500.0
+    want = run.path_want(max(1, middle(steps) - 1))
+    assert run.evaluate([want]) == [None]  # the same time left: now an epoch is kept back
+    assert run.notes[-1].startswith(f"skipped candidate {want.name}") and "500 s for recovery" in run.notes[-1]
+    run.trains = False  # no training: nothing kept back
+    assert run.training_reserve() == 0.0 and run.evaluate([want])[0] is not None
+
+
+def test_the_job_estimate_plans_fewer_candidates_to_leave_a_training_epoch() -> None:
+    from surgery.compress.job_estimate import JobShape, Probes, estimate_job, phase_seconds
+
+    p = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1, fisher_batch=3.0,
+               seconds=30.0)
+    shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
+                     layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
+                     drop_search=False, cached_table=False, runtime_differs=True)
+    untrained = estimate_job(p, shape, budget_seconds=1300.0, train=False)
+    trained = estimate_job(p, shape, budget_seconds=1300.0, train=True)
+    assert trained.epoch_seconds > 0 and trained.settings.candidates < untrained.settings.candidates
+    fixed = sum(phase_seconds(p, shape, trained.settings).values())
+    assert fixed + trained.epoch_seconds <= 1300.0 and trained.phases["training"] >= trained.epoch_seconds

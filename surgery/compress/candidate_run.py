@@ -240,7 +240,11 @@ class CandidateRun:
         #: candidate name -> the directory of the runtime artefact it was judged and timed on (None: torch)
         self.artefacts: dict[str, Path | None] = {}
         self.notes: list[str] = []
-        self.last_cost = 0.0
+        #: seconds of the slowest candidate built so far, and whether a cut was among them (the unchanged model reuses
+        #: the estimate's artefact and has no refit: a quarter of a cut's cost at BERT-base widths)
+        self.last_cost, self.cut_built = 0.0, False
+        #: what the job estimate expects a cut to cost: the skip rule's figure until a cut has been built
+        self.cut_estimate = plan.estimate.cut_seconds() if plan.estimate is not None else 0.0
         self.reference = judge.reference()
         self.pool = CandidatePool(judge, workers, threads)
         self.built: dict[str, Built] = {}
@@ -276,17 +280,23 @@ class CandidateRun:
                 continue  # the same cut as one before it in this batch: made a twin below
             # The first (unchanged) always runs; a batch runs in rounds of `workers` candidates at once.
             rounds = -(-(len(jobs) + 1) // self.pool.workers)
-            reserve = self.pick_reserve()
-            if self.results and not self.clock.fits(self.last_cost * rounds + reserve):
-                kept = f", {reserve:.0f} s of it kept for the held-out pick" if reserve else ""
+            pick, training, cost = self.pick_reserve(), self.training_reserve(), self.candidate_cost()
+            reserve = pick + training
+            if self.results and not self.clock.fits(cost * rounds + reserve):
+                kept = ", ".join([*([f"{pick:.0f} s for the held-out pick"] if pick else []),
+                                  *([f"{training:.0f} s for recovery"] if training else [])])
+                kept = f", of it kept {kept}" if kept else ""
+                said = (f"a candidate took {cost:.0f} s" if self.cut_built or cost == self.last_cost
+                        else f"a cut is estimated at {cost:.0f} s")
                 self.notes.append(f"skipped candidate {want.name}: the budget has {max(self.clock.left(), 0):.0f} s "
-                                  f"left{kept}, and a candidate took {self.last_cost:.0f} s")
+                                  f"left{kept}, and {said}")
                 continue
             self.index += 1
             jobs.append((i, BuildJob(self.index, want.removal.effective().model_dump(), True, self.parts("screen"),
                                      list(want.int8_float or []), want.int8_refit)))
         answers = self.pool.build([job for _, job in jobs])
         self.last_cost = max([self.last_cost, *(a.seconds for a in answers)])
+        self.cut_built = self.cut_built or any(wants[i].origin != "unchanged" for i, _ in jobs)
         fresh: list[CandidateResult] = []
         for (i, _), built in zip(jobs, answers, strict=True):
             want = wants[i]
@@ -392,6 +402,40 @@ class CandidateRun:
         result.accuracy = figures.get("accuracy")
         result.mean_cosine = figures.get("mean_cosine")
         result.recall_at_10 = figures.get("recall_at_10")
+
+    def candidate_cost(self) -> float:
+        """Seconds the next candidate is expected to take: the slowest built so far, and until a cut was built at
+        least the job estimate's cost of a cut (:meth:`~surgery.compress.job_estimate.JobEstimate.cut_seconds`).
+        With the unchanged model's cost alone a budgeted BERT-base run expected 53 s of a cut that costs minutes.
+
+        Example:
+            >>> run = CandidateRun.__new__(CandidateRun)
+            >>> run.last_cost, run.cut_built, run.cut_estimate = 50.0, False, 200.0
+            >>> run.candidate_cost()
+            200.0
+            >>> run.last_cost, run.cut_built = 120.0, True
+            >>> run.candidate_cost()
+            120.0
+        """
+        return self.last_cost if self.cut_built else max(self.last_cost, self.cut_estimate)
+
+    def training_reserve(self) -> float:
+        """Seconds a budgeted run that trains keeps back for recovery once it has a cut to train: one distillation
+        epoch by the job estimate (0 when it does not train, before a cut was built, or without an estimate).
+
+        Deep cuts lose tens of points before training, and more candidates rarely win back what recovery does:
+        on emb-6x-10min (experiments/deep_cuts) eleven candidates spent the budget, each losing 52-76 points of
+        cosine, and no recovery tier had time to run.
+
+        Example:
+            >>> run = CandidateRun.__new__(CandidateRun)
+            >>> run.trains, run.cut_built, run.plan = True, True, type("P", (), {"estimate": None})()
+            >>> run.training_reserve()
+            0.0
+        """
+        if not self.trains or not self.cut_built or self.plan.estimate is None:
+            return 0.0
+        return self.plan.estimate.epoch_seconds
 
     def pick_reserve(self) -> float:
         """Seconds a budgeted run keeps back for the held-out pick: one finalist and the original judged on the pick

@@ -110,6 +110,8 @@ class JobEstimate:
     shape: JobShape | None = None
     #: the candidates phase again once the search has said which cuts it will judge (:meth:`refine`)
     refined: dict[str, Any] = field(default_factory=dict)
+    #: one distillation epoch of the original's size: what a budgeted run that trains keeps back for recovery
+    epoch_seconds: float = 0.0
 
     def refine(self, cuts: int, unchanged_meets: bool) -> dict[str, Any]:
         """The candidates phase re-estimated for ``cuts`` distinct cuts the run will judge (a --speedup search,
@@ -120,6 +122,23 @@ class JobEstimate:
         seconds = phase_seconds(self.probes, self.shape, replace(self.settings, candidates=count))["candidates"]
         self.refined = {"candidates": count, "candidates_s": round(seconds, 1)}
         return {"candidates": f"{seconds / 60:.1f} min", "candidates_planned": count}
+
+    def cut_seconds(self) -> float:
+        """Seconds one cut candidate is estimated to take (refit, objective, artefact, dev pass, and for a --speedup
+        search its side-by-side rounds): what a budgeted run expects of a cut before it has built one.
+
+        Example:
+            >>> p = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1,
+            ...            fisher_batch=3.0, seconds=30.0)
+            >>> shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
+            ...                  layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
+            ...                  drop_search=False, cached_table=False, runtime_differs=True)
+            >>> estimate_job(p, shape, budget_seconds=None, train=False).cut_seconds() > p.export
+            True
+        """
+        if self.shape is None:
+            return 0.0
+        return candidate_seconds(self.probes, self.shape, self.settings)["cut"]
 
     @property
     def total(self) -> float:
@@ -154,8 +173,6 @@ class JobEstimate:
 
 def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None = None) -> dict[str, float]:
     """Seconds per phase for probes ``p``, counts ``shape`` and settings ``s`` (the model of the module doc)."""
-    # A candidate near the target: its speedup is against the original in PyTorch, on whatever runtime.
-    small = small_rt = p.forward / max(shape.target, 1.0)
     # `time_models` runs each short probe twice before the rounds (to count its calls), the table one warm-up round.
     rounds = s.table_repeats + 3
     # No export of the model here: the estimate's (``export``) is the one the table and the unchanged speedup time.
@@ -171,27 +188,38 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         latency += (2 + s.speedup_repeats) * (p.forward + p.runtime_forward)
     fisher = max(s.fisher_batches - 1, 0) * p.fisher_batch
     importance = fisher + (1 + shape.removable_layers) * shape.layer_batches * p.forward
-    # One candidate: objective before/after the refit, the refit (each cut projection reads the refit
-    # batches through the student and the teacher up to it: half a model each, on average), its artefact,
-    # the dev pass on the runtime, and the side-by-side rounds.
-    refit = 2 * shape.layers * shape.refit_batches * 0.5 * (p.forward + small)
-    objective = 2 * shape.refit_batches * small
-    judged = p.export + shape.dev_batches * small_rt
-    timed = (2 + s.speedup_repeats) * (p.forward + small_rt)
-    unchanged = p.export + shape.dev_batches * p.runtime_forward + (
-        (2 + s.speedup_repeats) * (p.forward + p.runtime_forward) if shape.runtime_differs else 0.0)
+    c = candidate_seconds(p, shape, s)
     if shape.drop_search:  # judged along three paths, then a few timed
         others = max(s.candidates - 1, 0)
         timed_share = min(4, others)
-        candidates = unchanged + others * (refit + objective + judged) + timed_share * timed
+        candidates = c["unchanged"] + others * c["built"] + timed_share * c["timed"]
     else:
         cut = max(s.candidates - 2, 0)  # with a refit; then the layer-drop without one
-        candidates = unchanged + cut * (refit + objective + judged + timed) + (
-            (objective + judged + timed) if s.candidates >= 2 else 0.0)
+        candidates = c["unchanged"] + cut * c["cut"] + ((c["cut"] - c["refit"]) if s.candidates >= 2 else 0.0)
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
-        phases["training"] = epoch + judged
+        phases["training"] = epoch + c["judged"]
     return phases
+
+
+def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, float]:
+    """Seconds of one candidate's steps: ``refit``, ``objective`` (before and after the refit), ``judged`` (artefact
+    and dev pass), ``timed`` (side-by-side rounds), ``built`` (a cut judged, not timed), ``cut`` (as the search runs
+    one: timed too in a --speedup search) and ``unchanged`` (the run's unchanged model, whose artefact is the
+    estimate's: judged, and timed where the runtime differs from the reference)."""
+    small = p.forward / max(shape.target, 1.0)  # a candidate near the target, on whatever runtime
+    # The refit: each cut projection reads the refit batches through the student and the teacher up to it (half a
+    # model each, on average); the objective before and after it.
+    refit = 2 * shape.layers * shape.refit_batches * 0.5 * (p.forward + small)
+    objective = 2 * shape.refit_batches * small
+    judged = p.export + shape.dev_batches * small
+    timed = (2 + s.speedup_repeats) * (p.forward + small)
+    unchanged = p.export + shape.dev_batches * p.runtime_forward + (
+        (2 + s.speedup_repeats) * (p.forward + p.runtime_forward) if shape.runtime_differs else 0.0)
+    built = refit + objective + judged
+    cut = built + (0.0 if shape.drop_search else timed)
+    return {"refit": refit, "objective": objective, "judged": judged, "timed": timed, "built": built, "cut": cut,
+            "unchanged": unchanged}
 
 
 def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | None, train: bool) -> JobEstimate:
@@ -221,11 +249,13 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
         if sum(phases.values()) > MAX_JOB_SECONDS:  # said before the work: the caller may stop it here
             notes.append(f"the job is estimated at {sum(phases.values()) / 3600:.1f} h, beyond "
                          f"{MAX_JOB_SECONDS / 3600:.0f} h: a shorter max length or a budget makes it faster")
-        return JobEstimate(phases, settings, probes, None, notes, shape)
+        return JobEstimate(phases, settings, probes, None, notes, shape, epoch_seconds=epoch)
 
     def fits(s: Settings) -> bool:
+        # A run that trains keeps one epoch back for recovery: with cuts that lose tens of points, the candidates
+        # took the whole budget (emb-6x-10min, experiments/deep_cuts: 11 judged, 14 s left, no tier ran).
         cost = phase_seconds(probes, shape, s)
-        return sum(cost.values()) <= budget_seconds
+        return sum(cost.values()) + (epoch if s.training else 0.0) <= budget_seconds
 
     base = replace(settings)
     if not fits(settings):
@@ -255,7 +285,7 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
     if sum(phases.values()) > budget_seconds:
         notes.append(f"even scaled down the job is estimated at {sum(phases.values()) / 60:.1f} min, beyond the "
                      f"budget of {budget_seconds / 60:.1f} min: candidates stop when it runs out")
-    return JobEstimate(phases, settings, probes, budget_seconds, notes, shape)
+    return JobEstimate(phases, settings, probes, budget_seconds, notes, shape, epoch_seconds=epoch)
 
 
 def probe_fraction(model: nn.Module) -> tuple[int, float]:
