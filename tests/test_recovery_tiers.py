@@ -262,3 +262,19 @@ def test_the_distillation_estimate_counts_the_masked_copies(monkeypatch: pytest.
     assert training_tier.masked_copies_for(with_mask) == training_tier.MASKED_COPIES
     steps = [training_tier.estimate_distil(cut(teacher), teacher, d, 8).steps for d in (plain, with_mask)]
     assert steps[1] == (1 + training_tier.MASKED_COPIES) * steps[0]
+
+
+def test_the_hidden_state_term_of_a_task_distillation_runs_the_teacher_each_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    data = tiny_task_data(32, batch_size=8)
+    logits_only = training_tier.estimate_distil(cut(teacher), teacher, data, 8)
+    assert logits_only.fixed_seconds > 0  # the teacher's logits once per run
+    monkeypatch.setattr(training_tier, "TASK_HIDDEN_WEIGHT", 1.0)
+    with_hidden = training_tier.estimate_distil(cut(teacher), teacher, data, 8)
+    assert with_hidden.fixed_seconds == 0 and with_hidden.steps == logits_only.steps  # the teacher in every step
+    student = cut(teacher)
+    run = training_tier.distil(student, teacher, data, epochs=1, batch_size=8)
+    assert run.hidden_weight == 1.0 and run.layer_map == {0: 0, 1: 1}
+    monkeypatch.setattr(training_tier, "TASK_HIDDEN_WEIGHT", 0.0)
+    assert training_tier.distil(cut(teacher), teacher, data, epochs=1, batch_size=8).hidden_weight == 0.0

@@ -109,6 +109,8 @@ def compact_candidates(row: dict[str, Any]) -> dict[str, Any]:
 
 def record(result: Any, seconds: float) -> dict[str, Any]:
     """What every run keeps: the winner, its speed, the pick's interval, the phases against their estimate."""
+    from surgery.compress import training_tier
+
     report = result.report
     winner = report.winner_result()
     return {
@@ -123,6 +125,7 @@ def record(result: Any, seconds: float) -> dict[str, Any]:
         "peak_rss_bytes": report.peak_rss_bytes, "unchanged_speedup": report.unchanged_speedup,
         "candidates": [c.model_dump(mode="json") for c in report.candidates],
         "batch_size": report.batch_size, "seq_len": report.seq_len,
+        "task_hidden_weight": training_tier.TASK_HIDDEN_WEIGHT,
     }
 
 
@@ -178,7 +181,14 @@ def reached(row: dict[str, Any], spec: Target) -> bool:
 
 def main() -> None:
     parser = suite_arguments(__doc__.splitlines()[0], list(TARGETS), RESULTS)
+    parser.add_argument("--task-hidden-weight", type=float, default=None,
+                        help="the hidden-state MSE weight of a task model's distillation "
+                             "(surgery.compress.training_tier.TASK_HIDDEN_WEIGHT; default: the library's)")
     args = parser.parse_args()
+    if args.task_hidden_weight is not None:
+        from surgery.compress import training_tier
+
+        training_tier.TASK_HIDDEN_WEIGHT = args.task_hidden_weight
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     for rows in (results["runs"], results.get("superseded", {})):
         for row in (rows.values() if isinstance(rows, dict) else rows):

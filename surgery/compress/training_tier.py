@@ -51,6 +51,11 @@ PATIENCE = 3
 #: --speedup 12 --budget 20 (experiments/deep_cuts, fe5437f) kept 93.62% against 93.88% without (rt-fresh-rotten-plot
 #: seed 1) and 92.00% against 90.16% (rt-sentiment seed 1, another winner): within noise on two runs.
 MASKED_COPIES = 0
+#: Weight of the hidden-state MSE in a task model's distillation: each layer of the cut model against the original's
+#: (CoFi's layer distillation, :func:`surgery.training.hidden_state_loss`), beside the logit KL. The teacher then
+#: runs at every step (its logits are no longer cached once). 0: logits only. The embedding objective has its own
+#: (:func:`surgery.embedding.objective.embedding_hidden_weight`).
+TASK_HIDDEN_WEIGHT = 0.0
 #: Fewer distillation steps than this are not worth a Trainer's setup and a re-judging of the model.
 MIN_DISTIL_STEPS = 8
 #: Calibration batches block-wise reconstruction caches (bounded memory: one layer's inputs and targets at a time).
@@ -161,9 +166,26 @@ def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_siz
     copies = 1 + masked_copies_for(data)
     steps = len(loader) * copies
     step = timed_distil_step(student, data, batch_size, bf16=bf16) * TRAINER_OVERHEAD
-    teacher_pass = timed_forward(teacher, next(iter(loader)), bf16=bf16) * steps
+    teacher_forward = timed_forward(teacher, next(iter(loader)), bf16=bf16)
+    if task_hidden_weight(data) > 0:  # the teacher runs at every step: its layers' outputs are the targets
+        step += teacher_forward
+        teacher_pass = 0.0
+    else:  # its logits once per run
+        teacher_pass = teacher_forward * steps
     return TierEstimate(tier="distil", seconds=round(step * steps + teacher_pass, 3), step_seconds=step, steps=steps,
                         fixed_seconds=round(teacher_pass, 3), bf16=bf16)
+
+
+def task_hidden_weight(data: Any) -> float:
+    """The hidden-state weight distillation on ``data`` uses: :data:`TASK_HIDDEN_WEIGHT` for a task, 0 for the
+    embedding objective (which sets its own).
+
+    Example:
+        >>> from surgery.testing import tiny_task_data
+        >>> task_hidden_weight(tiny_task_data(8)) == TASK_HIDDEN_WEIGHT
+        True
+    """
+    return TASK_HIDDEN_WEIGHT if getattr(data, "objective", "task") == "task" else 0.0
 
 
 def estimate_blockwise(student: nn.Module, teacher: nn.Module, batches: list[dict[str, Any]],
@@ -210,9 +232,11 @@ def distil(student: nn.Module, teacher: nn.Module, data: Any, *, epochs: int, ba
     with :func:`masked_copies_for` masked copies.
     """
     measured = has_eval_split(data)
+    # Set only for a task: the embedding objective chooses its own weight where the caller set none.
+    hidden = {"hidden_weight": weight} if (weight := task_hidden_weight(data)) > 0 else {}
     config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16,
                             keep_best=measured, patience=PATIENCE if measured else None,
-                            masked_copies=masked_copies_for(data))
+                            masked_copies=masked_copies_for(data), **hidden)
     return recover(student, teacher, data, config, progress=progress)
 
 
@@ -290,7 +314,7 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
             curve = [{k: None if h.get(k) is None else round(float(h[k]), 4) for k in ("train_acc", "accuracy", "kd")}
                      for h in run.history]
             record.update(steps=run.steps, epochs_run=len(run.history), best_epoch=run.best_epoch,
-                          stopped_early=run.stopped_early, curve=curve)
+                          stopped_early=run.stopped_early, curve=curve, hidden_weight=run.hidden_weight)
             training["epochs"] = round(epochs, 3)
         record["seconds"] = round(time.perf_counter() - started, 2)
         current = dev_accuracy(student, data)
