@@ -295,7 +295,7 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
                 continue
             steps, seconds = estimate.steps, estimate.seconds
         emit(ProgressEvent("compress: training tier", index, len(order),
-                           {"tier": tier, "estimated_s": round(seconds, 1), "steps": steps,
+                           {"tier": tier, "estimated_s": round(seconds, 3), "steps": steps,
                             "precision": "bf16" if use_bf16 else "fp32"}))
         if current is None:
             current = dev_accuracy(student, data)
