@@ -2,9 +2,13 @@
 same task, seed and target (the same fine-tuned model and data split), for the README's A/B figures.
 
     python experiments/deep_cuts/paired.py --target 12x-20min --baseline 90c9fc2 dd0189b 1e8fe28 dcb86c8
+    python experiments/deep_cuts/paired.py --results experiments/deep_cuts/results/deep_cuts_zen5.json \
+        --target emb-6x-10min --metric test_cosine test_recall_at_10 --baseline be719fd
 
 ``--baseline``: the commits whose superseded rows are the baseline (one per key; without it, the row
-superseded last for each key). Prints one line per pair and the mean ± std of the differences.
+superseded last for each key). ``--metric``: the row fields compared (``retained``: % of the fine-tuned
+model's test accuracy; ``test_cosine`` and ``test_recall_at_10`` for the embedding rows). Prints one line
+per pair and the mean ± std of the differences, per metric.
 """
 
 from __future__ import annotations
@@ -35,20 +39,22 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--target", default="12x-20min")
     parser.add_argument("--baseline", nargs="*", default=None, help="commits of the baseline rows")
+    parser.add_argument("--metric", nargs="+", default=["retained"], help="row fields to compare")
     args = parser.parse_args()
     results = json.loads(args.results.read_text())
     found = pairs(results, args.target, args.baseline)
-    diffs = []
-    for key, row, old in found:
-        diff = row["retained"] - old["retained"]
-        diffs.append(diff)
-        print(f"{key}: {row['retained']:.2f}% ({row['winner']}, {row['measured_speedup']:.2f}x, {row['commit']}) "
-              f"against {old['retained']:.2f}% ({old['winner']}, {old['measured_speedup']:.2f}x, {old['commit']}): "
-              f"{diff:+.2f}")
-    if len(diffs) >= 2:
-        print(f"{len(diffs)} pairs: {statistics.mean(diffs):+.2f} ± {statistics.stdev(diffs):.2f} points")
-    elif not diffs:
+    if not found:
         print("no pairs")
+    for metric in args.metric:
+        diffs = []
+        for key, row, old in found:
+            diff = row[metric] - old[metric]
+            diffs.append(diff)
+            print(f"{key} {metric}: {row[metric]:.4f} ({row['winner']}, {row['measured_speedup']:.2f}x, "
+                  f"{row['commit']}) against {old[metric]:.4f} ({old['winner']}, {old['measured_speedup']:.2f}x, "
+                  f"{old['commit']}): {diff:+.4f}")
+        if len(diffs) >= 2:
+            print(f"{metric}, {len(diffs)} pairs: {statistics.mean(diffs):+.4f} ± {statistics.stdev(diffs):.4f}")
 
 
 if __name__ == "__main__":
