@@ -127,14 +127,11 @@ class JobEstimate:
         """Seconds one cut candidate is estimated to take (refit, objective, artefact, dev pass, and for a --speedup
         search its side-by-side rounds): what a budgeted run expects of a cut before it has built one.
 
+        tests/test_pick.py checks it against the candidates phase (one more candidate costs one cut).
+
         Example:
-            >>> p = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1,
-            ...            fisher_batch=3.0, seconds=30.0)
-            >>> shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
-            ...                  layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
-            ...                  drop_search=False, cached_table=False, runtime_differs=True)
-            >>> estimate_job(p, shape, budget_seconds=None, train=False).cut_seconds() > p.export
-            True
+            >>> JobEstimate({}, Settings(), Probes(0, 0, 0, 0, 0, 0)).cut_seconds()  # no shape: nothing to count
+            0.0
         """
         if self.shape is None:
             return 0.0
