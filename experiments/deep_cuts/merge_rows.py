@@ -6,8 +6,8 @@
 ``--current`` rows go under ``runs`` by their key (``task|seed|target``), moving a row already there to
 ``superseded`` as ``key@commit``; ``--superseded`` rows go straight there (an A/B baseline:
 ``paired.py --results INTO`` pairs each current row with it). The machine, lscpu and threads of the
-first file are kept; a file from another machine (its CPU model, family or flags differ) is refused, so
-that one file never mixes machines.
+first file are kept; a file from another machine (another hardware fingerprint) is refused, so that one
+file never mixes machines.
 """
 
 from __future__ import annotations
@@ -17,18 +17,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-MACHINE_KEYS = ("cpu_model", "cpu_family", "flags")
-
 
 def same_machine(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two machine records name the same CPU (model, family and speed flags).
+    """Whether two recorded machines are the same hardware: their
+    :attr:`~surgery.measure.machine.MachineInfo.fingerprint` (CPU, flags, core count; the latency cache's own key).
 
     Example:
-        >>> same_machine({"cpu_model": "X", "cpu_family": "26/2", "flags": ["avx"]},
-        ...              {"cpu_model": "X", "cpu_family": "25/1", "flags": ["avx"]})
-        False
+        >>> zen3 = {"cpu_model": "X", "cpu_family": "25/1", "arch": "x86_64", "system": "Linux", "flags": ["avx"]}
+        >>> same_machine(zen3, {**zen3, "torch_threads": 2}), same_machine(zen3, {**zen3, "cpu_family": "26/2"})
+        (True, False)
     """
-    return all(a.get(k) == b.get(k) for k in MACHINE_KEYS)
+    from surgery.measure.machine import MachineInfo
+
+    return MachineInfo.model_validate(a).fingerprint == MachineInfo.model_validate(b).fingerprint
 
 
 def merge(into: dict[str, Any], lane: dict[str, Any], *, current: bool, name: str) -> None:

@@ -192,7 +192,8 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         candidates = c["unchanged"] + others * c["built"] + timed_share * c["timed"]
     else:
         cut = max(s.candidates - 2, 0)  # with a refit; then the layer-drop without one
-        candidates = c["unchanged"] + cut * c["cut"] + ((c["cut"] - c["refit"]) if s.candidates >= 2 else 0.0)
+        layer_drop = c["objective"] + c["judged"] + c["timed"]
+        candidates = c["unchanged"] + cut * c["cut"] + (layer_drop if s.candidates >= 2 else 0.0)
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
         phases["training"] = epoch + c["judged"]
