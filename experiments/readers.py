@@ -327,7 +327,8 @@ def read_doe(path: Path) -> dict[str, Any]:
 
 
 def read_deploy(path: Path) -> dict[str, Any]:
-    """deploy.json: one row per (model, runtime) of the bench; the issue's headline ratios as rows too."""
+    """deploy.json: one row per (model, runtime) of the bench; the headline ratios (SHRP int8 against the
+    original) as rows too."""
     d = _json(path)
     trained = d["setup"].get("trained", True)
     rows = []

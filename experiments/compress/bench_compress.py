@@ -1,4 +1,4 @@
-"""Issue 24's benchmark: `surgery.compress` on fine-tuned MiniLM-L6 classifiers, tasks x seeds x targets.
+"""The compress benchmark: `surgery.compress` on fine-tuned MiniLM-L6 classifiers, tasks x seeds x targets.
 
 For every (task, seed) the fine-tuned classifier comes from the suite's ``finetuned`` method
 (``experiments/suite/bench_suite.py --steps train --methods finetuned``, saved under ``--work``), on

@@ -1,4 +1,4 @@
-"""Issue 39: where one candidate of ``compress --max-drop 1 --runtime openvino-int8`` spends its time.
+"""Where one candidate of ``compress --max-drop 1 --runtime openvino-int8`` spends its time.
 
 One candidate (a cut found by a real run: ``path-104@2.05x`` of text-source seed 0 in
 experiments/deep_cuts/results/deep_cuts.json) is built and judged on the fine-tuned MiniLM-L6 classifier exactly

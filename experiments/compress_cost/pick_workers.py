@@ -1,7 +1,7 @@
 """`surgery compress --max-drop 1 --runtime openvino-int8` on MiniLM-L6 with --workers 1 and --workers 2.
 
-Issue 39's targets for the candidate phase: ``--workers 2`` at least 1.6x faster than ``--workers 1``
-with the chosen model unchanged, and the whole job within 8 minutes. Issue 36's held-out pick: the
+The targets for the candidate phase: ``--workers 2`` at least 1.6x faster than ``--workers 1``
+with the chosen model unchanged, and the whole job within 8 minutes. The held-out pick: the
 winner's **test** accuracy (a split that chose nothing) against the fine-tuned model's, beside the
 held-out interval compress reported.
 

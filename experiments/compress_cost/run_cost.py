@@ -1,4 +1,4 @@
-"""Issue 39's cost target: `surgery compress` on BERT-base widths at 128 tokens, estimate against actual per phase.
+"""The cost target: `surgery compress` on BERT-base widths at 128 tokens, estimate against actual per phase.
 
 The model: a BERT config at base widths (12 layers x 768, 12 heads, FFN 3072; random weights, seed 0)
 with all-MiniLM-L6-v2's tokenizer (the embedded ``minilm-l6``; the same WordPiece vocabulary as BERT's

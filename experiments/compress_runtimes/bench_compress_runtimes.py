@@ -1,4 +1,4 @@
-"""`surgery compress` on every runtime: issue 30's compress targets on OpenVINO int8 and `--runtime auto`.
+"""`surgery compress` on every runtime: the compress targets on OpenVINO int8 and `--runtime auto`.
 
 For each (target, task, seed) not yet in ``results/compress_runtimes.json``:
 
@@ -58,7 +58,7 @@ LOCK = Path(os.environ.get("SURGERY_TIMING_LOCK", "/work/timing.lock"))
 
 @dataclass(frozen=True)
 class Target:
-    """One of issue 30's compress targets."""
+    """One of the compress targets on OpenVINO int8 and `--runtime auto`."""
 
     speedup: float
     runtime: str
@@ -75,9 +75,9 @@ TARGETS: dict[str, Target] = {
     "emb-ov-int8-6x": Target(6.0, "openvino-int8", None, False, "embedding", "cos >= 0.99, recall@10 >= 0.88"),
     "emb-ov-int8-8x": Target(8.0, "openvino-int8", 20.0, True, "embedding", "cos >= 0.98, recall@10 >= 0.85"),
 }
-#: Retained test accuracy (%) issue 30 asks of each task target.
+#: Retained test accuracy (%) asked of each task target.
 ISSUE_TARGETS = {"ov-int8-8x": 99.0, "ov-int8-12x": 98.0}
-#: Issue 30: at >= 99% retained, compress's model at least this many times as fast as the peer's int8.
+#: At >= 99% retained, compress's model at least this many times as fast as the peer's int8.
 PEER_FACTOR = 1.6
 EMBED_GOALS = {"emb-auto-2x": (0.999, 0.97), "emb-ov-int8-6x": (0.99, 0.88), "emb-ov-int8-8x": (0.98, 0.85)}
 
@@ -224,9 +224,9 @@ def common(result: Any, task_name: str, seed: int, target_name: str, seconds: fl
 
 
 def render(results: dict[str, Any]) -> str:
-    """The results as markdown: each target reached against what issue 30 asks."""
+    """The results as markdown: each target reached against what it asks."""
     runs = list(results["runs"].values())
-    lines = ["| target | issue's target | task | seed | winner runtime | retained % / cos, r@10 | measured speedup | "
+    lines = ["| target | asked | task | seed | winner runtime | retained % / cos, r@10 | measured speedup | "
              "vs peer int8 | reached |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: (r["target"], r["task"], r["seed"])):
         spec = TARGETS[r["target"]]

@@ -1,4 +1,4 @@
-"""Deep cuts on OpenVINO int8: the targets of issue 36, measured on the suite's fine-tuned classifiers.
+"""Deep cuts on OpenVINO int8: the deep-cut targets, measured on the suite's fine-tuned classifiers.
 
 Every run is ``surgery.compress(model, data, CompressConfig(...))`` with the library's defaults (the pick on
 a held-out half of dev, the precision pass, the recovery tiers where a budget is given, the default
@@ -12,7 +12,7 @@ interleaved rounds as compress's artefact and the fine-tuned model in PyTorch fp
         --targets max-drop-1 --seeds 0 1 2
     python experiments/render.py   # the table in docs/results.md (experiments/deep_cuts/study.toml)
 
-Targets (issue 36): ``max-drop-1`` (``--max-drop 1``, no budget): test accuracy >= 99% of the fine-tuned
+Targets: ``max-drop-1`` (``--max-drop 1``, no budget): test accuracy >= 99% of the fine-tuned
 model's in at least 8 of 9 runs, at a mean >= 1.8x the peer's speed; ``12x-20min``: >= 98.5% retained;
 ``16x-30min``: >= 97%; embeddings (all-MiniLM-L6-v2, 2,000 test texts that chose nothing) ``emb-6x-10min``:
 mean cosine >= 0.99 and recall@10 >= 0.88; ``emb-8x-20min``: >= 0.985 and >= 0.85.
@@ -52,7 +52,7 @@ RESULTS = ROOT / "experiments" / "deep_cuts" / "results" / "deep_cuts.json"
 
 @dataclass(frozen=True)
 class Target:
-    """One of issue 36's targets: what compress is asked, and what it must reach on test."""
+    """One deep-cut target: what compress is asked, and what it must reach on test."""
 
     runtime: str
     speedup: float | None
@@ -85,7 +85,7 @@ TARGETS: dict[str, Target] = {
     "16x-30min": Target("openvino-int8", 16.0, None, 30.0, "task", retained=97.0),
     "emb-6x-10min": Target("openvino-int8", 6.0, None, 10.0, "embedding", cosine=0.99, recall=0.88),
     "emb-8x-20min": Target("openvino-int8", 8.0, None, 20.0, "embedding", cosine=0.985, recall=0.85),
-    # Issue 37's lossless pick: on a CPU with bf16 products, auto should serve the unchanged model in bf16.
+    # The lossless pick: on a CPU with bf16 products, auto should serve the unchanged model in bf16.
     "emb-auto-3.5x": Target("auto", 3.5, None, None, "embedding", cosine=0.9999),
 }
 

@@ -123,7 +123,7 @@ def main() -> None:
     embedding_shrp.EVAL_TEXTS = args.pipeline_eval_texts
     torch.manual_seed(args.seed)
     if args.train_texts > 20_000:
-        raise SystemExit("--train-texts: the issue's budget is at most 20k unlabelled texts")
+        raise SystemExit("--train-texts: the study's budget is at most 20k unlabelled texts")
 
     path = resolve_model_path(args.model)
     out, work = Path(args.out), Path(args.work)
@@ -289,7 +289,7 @@ def speed(results: dict[str, Any], teacher: torch.nn.Module, work: Path, args: a
     results["bench"] = bench.model_dump(mode="json")
 
 
-# (speedup at least, mean cosine, recall@10, largest probe loss in points) of the two targets
+# (speedup at least, mean cosine, recall@10, largest probe loss in points) of the two targets
 TARGETS = ((3.5, 0.93, 0.75, 3.0), (1.8, 0.97, 0.90, 1.0))
 
 

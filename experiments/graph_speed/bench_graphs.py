@@ -1,4 +1,4 @@
-"""Exported graphs against PyTorch: fused attention, the ORT fusions, dynamic against static int8 (issue 25).
+"""Exported graphs against PyTorch: fused attention, the ORT fusions, dynamic against static int8.
 
 For every family, three models at MiniLM-L6 widths (6 layers, 12 heads of 32, FFN 1536): the real
 all-MiniLM-L6-v2 for ``bert`` (``minilm``) and random weights for the other families (speed needs no
@@ -283,7 +283,7 @@ def render(_: argparse.Namespace) -> None:
     timed = [run for by_threads in results.get("timing", {}).values() for run in by_threads.values()]
     machine = next((run["machine"] for run in timed if run.get("machine")), results.get("machine_at_save") or {})
     flags = [f for f in machine.get("flags", []) if "vnni" in f or f in ("avx2", "avx512f", "amx_int8")]
-    lines = ["# Exported graphs against PyTorch (issue 25)", "",
+    lines = ["# Exported graphs against PyTorch", "",
              f"Machine: {machine.get('cpu_model')} ({machine.get('arch')}), int8-relevant flags "
              f"{', '.join(flags)}, "
              f"{machine.get('usable_cpus')} usable CPUs. Raw numbers: [graph_speed.json](graph_speed.json). "

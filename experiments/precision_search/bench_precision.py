@@ -1,4 +1,4 @@
-"""Precision in the search and the quantization-aware refit, on OpenVINO int8 (issue 36).
+"""Precision in the search and the quantization-aware refit, on OpenVINO int8.
 
 For each (task, seed, speedup), from the suite's fine-tuned MiniLM-L6 (2,000 training examples, as
 experiments/compress_runtimes):

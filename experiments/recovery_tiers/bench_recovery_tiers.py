@@ -1,4 +1,4 @@
-"""Recovery tiers that fit a CPU (issue 36): bf16 against fp32 training steps, and accuracy won back per budget minute.
+"""Recovery tiers that fit a CPU: bf16 against fp32 training steps, and accuracy won back per budget minute.
 
 Two parts, both written to ``results/recovery_tiers.json`` (machine, load average, commit with each):
 

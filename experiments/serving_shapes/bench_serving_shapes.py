@@ -58,7 +58,7 @@ from experiments.tasks import load_suite_task
 MODEL = "minilm-l6"
 #: The two serving shapes: (name, batch).
 SHAPES: dict[str, int] = {"online": 1, "bulk": 32}
-#: The issue's target: the online winner keeps at least this fraction of its predicted speedup at batch 1 (p50).
+#: The target: the online winner keeps at least this fraction of its predicted speedup at batch 1 (p50).
 KEEPS = 0.9
 
 

@@ -1,4 +1,4 @@
-"""Reproduce the SHRP results on the embedded defaults: MiniLM-L6 + Rotten Tomatoes (issue 3).
+"""Reproduce the SHRP results on the embedded defaults: MiniLM-L6 + Rotten Tomatoes.
 
 Stages (each saves its models, so a later call resumes; results accumulate in ``--work``):
 

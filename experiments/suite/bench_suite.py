@@ -1,4 +1,4 @@
-"""The evaluation suite of issue 8: methods x tasks x seeds on MiniLM-L6, with measured speed.
+"""The evaluation suite: methods x tasks x seeds on MiniLM-L6, with measured speed.
 
 Steps (named; each resumes from what is on disk):
 
@@ -104,7 +104,7 @@ def run_finetuned(ctx: Context) -> tuple[nn.Module, dict[str, Any]]:
     return model, {"epochs": ctx.args.baseline_epochs}
 
 
-#: SHRP settings measured against the default recipe (issue 8: defaults are chosen from the suite).
+#: SHRP settings measured against the default recipe (defaults are chosen from the suite).
 #: A variant runs as method ``shrp-K/6+NAME``, on the same fine-tuned model and split as the default.
 SHRP_VARIANTS: dict[str, dict[str, Any]] = {
     "kd": dict(distill_alpha=0.5, distill_hidden_weight=1.0),
@@ -394,7 +394,7 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["rt-sentiment", "rt-fresh-rotten-plot", "text-source"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=[n for n in METHODS if "+" not in n],
-                        help="default: the issue's methods; SHRP variants (shrp-K/6+NAME) only when named")
+                        help="default: the suite's methods; SHRP variants (shrp-K/6+NAME) only when named")
     parser.add_argument("--max-train", type=int, default=600)
     parser.add_argument("--max-dev", type=int, default=200)
     parser.add_argument("--max-test", type=int, default=400)

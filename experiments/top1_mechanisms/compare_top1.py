@@ -1,4 +1,4 @@
-"""Which stage-2 mechanism makes SHRP's Top-1 cut safe? Measured over tasks and seeds (issue 8).
+"""Which stage-2 mechanism makes SHRP's Top-1 cut safe? Measured over tasks and seeds.
 
 For every (task, seed) the script trains stages 0-1 of ``shrp`` once (fine-tune, convert the top
 layers progressively with the balance loss) and then runs each stage-2 variant from a copy of
@@ -46,7 +46,7 @@ from experiments.tasks import load_suite_task
 ROOT = Path(__file__).resolve().parents[2]  # experiments/<study>/<script>.py
 OUT = ROOT / "experiments" / "top1_mechanisms" / "results" / "top1_mechanisms.json"
 MODEL = "minilm-l6"
-# The README's recipe (issue 8 used it on the 5-class task where the cut lost 17 points).
+# The README's recipe (the one whose Top-1 cut lost 17 points on the 5-class task).
 RECIPE: dict[str, Any] = dict(num_layers=3, finetune_epochs=1, learning_rate=1e-4, bench=False)
 VARIANTS: dict[str, dict[str, Any]] = {
     "today": {"expert_dropping": "off"},
