@@ -167,8 +167,9 @@ def export_command(
     task: Annotated[str, typer.Option(help=f"Head to export: {', '.join(TASKS)} (auto: as saved).")] = "auto",
     batch: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Parity batch: sequences.")] = 4,
     seq: Annotated[int, typer.Option(min=2, help="Parity batch: tokens per sequence (padded).")] = 32,
-    tolerance: Annotated[float, typer.Option(help="Largest fp32 max-abs difference accepted (finite, "
-                                             "positive).")] = 1e-4,
+    tolerance: Annotated[float, typer.Option(help="fp32 parity: the largest max-abs difference accepted is "
+                                             "tolerance x max(1, largest |PyTorch output| on real tokens) "
+                                             "(finite, positive).")] = 1e-4,
     opset: Annotated[int | None, typer.Option(help="ONNX opset (default: the exporter's).")] = None,
     data: Annotated[str | None, typer.Option("--data", help="Labelled data; records the accuracy of PyTorch and "
                                              "of the graph on its held-out split (or rotten-tomatoes).")] = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 import surgery
 from surgery.cli.app import app
 from surgery.runtimes.onnx import INFO_NAME, ExportParityError, MissingDependencyError, OnnxRuntimeModel, export_onnx
-from surgery.runtimes.shared.graph_export import agreement, check_parity, export_target
+from surgery.runtimes.shared.graph_export import agreement, check_parity, export_target, output_scale
 from surgery.strategies import (
     ExpertAttentionStrategy,
     FFNPruningStrategy,
@@ -64,8 +65,9 @@ def test_every_family_with_stacked_strategies_exports_at_parity(family: str, une
         inputs = tiny_inputs(spec)
         with torch.no_grad():
             expected = main_output(model, inputs)
-        with pytest.raises(ExportParityError, match=r"^export: ONNX Runtime differs from PyTorch by 1.0\de-03 .* on a "
-                           r"padded 3x7 batch, above the tolerance 0.0001; pass a larger --tolerance") as info:
+        with pytest.raises(ExportParityError, match=r"^export: ONNX Runtime differs from PyTorch by 1.0\de-03 \(max "
+                           r"abs, .*; outputs reach .*, so the limit is .*\) on a padded 3x7 batch; pass a larger "
+                           r"--tolerance") as info:
             check_parity(expected + 1e-3, runtime, inputs, tolerance=TOLERANCE)
         assert "\n" not in str(info.value)
 
@@ -96,6 +98,67 @@ def test_top1_zero_recovery_and_plugged_doe_expert_export_optimized_and_int8(tmp
             expected = main_output(plugged, inputs)
         assert agreement(expected, runtime(**inputs).logits).min_cosine > 0.9
     assert report.steps == ["expert-attention", "top1-prune", "zero-recovery-prune"]
+
+
+class OffByRuntime(torch.nn.Module):
+    """Stands in for a graph runtime: serves ``served`` whatever the inputs (check_parity reads ``.output``)."""
+
+    output = "last_hidden_state"
+
+    def __init__(self, served: torch.Tensor) -> None:
+        super().__init__()
+        self.served = served
+
+    def forward(self, **inputs: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(last_hidden_state=self.served)
+
+
+def _hidden(magnitude: float, padded: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A 2 x 3 x 4 per-token output whose real tokens reach ``magnitude``; the second example has one padded
+    position, holding ``padded`` when given, and its inputs."""
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    values = torch.linspace(-magnitude, magnitude, 24).reshape(2, 3, 4)
+    if padded is not None:
+        values[1, 2] = padded
+    return values, {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": mask}
+
+
+def test_fp32_parity_scales_the_tolerance_by_the_outputs_magnitude() -> None:
+    # fp32 rounding error grows with the values: 3e-4 on outputs reaching 5 is within 1e-4 x 5 (AVX-512 kernels
+    # moved all-MiniLM-L6-v2's hidden states, which reach 5.8, by 1.56e-4, and the old absolute gate refused it)
+    expected, inputs = _hidden(5.0)
+    found = check_parity(expected, OffByRuntime(expected + 3e-4), inputs, tolerance=1e-4)
+    assert 2.9e-4 < found.max_abs_diff < 3.1e-4
+    assert output_scale(expected, inputs["attention_mask"]) == pytest.approx(5.0)
+
+
+def test_fp32_parity_below_magnitude_1_stays_the_absolute_tolerance() -> None:
+    expected, inputs = _hidden(0.5)
+    with pytest.raises(ExportParityError, match=r"^export: ONNX Runtime differs from PyTorch by 3.0\de-04 \(max abs, "
+                       r"min cosine 1.000000; outputs reach 0.5, so the limit is the tolerance 0.0001\) on a padded "
+                       r"2x3 batch; pass a larger --tolerance if that is acceptable$") as info:
+        check_parity(expected, OffByRuntime(expected + 3e-4), inputs, tolerance=1e-4)
+    assert "\n" not in str(info.value)
+    # above magnitude 1 the message names the scaled limit and how it was reached
+    expected, inputs = _hidden(2.5)
+    with pytest.raises(ExportParityError, match=r"by 3.0\de-04 \(max abs, min cosine 1.000000; outputs reach 2.5, so "
+                       r"the limit is 2.50e-04 = tolerance 0.0001 x 2.5\) on a padded 2x3 batch; pass a larger"):
+        check_parity(expected, OffByRuntime(expected + 3e-4), inputs, tolerance=1e-4)
+
+
+def test_fp32_parity_padded_positions_do_not_widen_the_limit() -> None:
+    # Real tokens reach 0.5, the padded position 50: the limit stays 1e-4, not 5e-3.
+    expected, inputs = _hidden(0.5, padded=50.0)
+    served = expected.clone()
+    served[inputs["attention_mask"].bool()] += 3e-4  # off on real tokens only: the padding matches exactly
+    assert output_scale(expected) == 50.0 and output_scale(expected, inputs["attention_mask"]) == 0.5
+    with pytest.raises(ExportParityError, match=r"outputs reach 0.5, so the limit is the tolerance 0.0001\)"):
+        check_parity(expected, OffByRuntime(served), inputs, tolerance=1e-4)
+    # and a difference on padded positions is still compared, at the real tokens' scale
+    served = expected.clone()
+    served[1, 2] += 3e-4
+    with pytest.raises(ExportParityError, match=r"by [23]\.\d+e-04 .*outputs reach 0.5"):
+        check_parity(expected, OffByRuntime(served), inputs, tolerance=1e-4)
 
 
 def test_task_must_match_the_head() -> None:

@@ -321,11 +321,11 @@ def check_tolerance(tolerance: float, flag: str = "--tolerance") -> float:
         Traceback (most recent call last):
         ...
         surgery.core.errors.ConfigError: --tolerance must be a finite positive number (the largest fp32 difference \
-accepted), got inf
+accepted, times the output's magnitude where that is above 1), got inf
     """
     if not (math.isfinite(tolerance) and tolerance > 0):
-        raise ConfigError(f"{flag} must be a finite positive number (the largest fp32 difference accepted), got "
-                          f"{tolerance}")
+        raise ConfigError(f"{flag} must be a finite positive number (the largest fp32 difference accepted, times "
+                          f"the output's magnitude where that is above 1), got {tolerance}")
     return tolerance
 
 

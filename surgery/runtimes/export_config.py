@@ -84,7 +84,8 @@ class ExportConfig(BaseModel):
     batch: int = Field(default=4, ge=1, le=MAX_BATCH, description="parity batch: sequences")
     seq: int = Field(default=32, ge=2, description="parity batch: tokens per sequence (padded; at most the "
                      "model's positions)")
-    tolerance: float = Field(default=1e-4, description="largest fp32 max-abs difference accepted (finite, positive)")
+    tolerance: float = Field(default=1e-4, description="fp32 parity: the largest max-abs difference accepted is "
+                             "tolerance x max(1, largest |PyTorch output| on real tokens) (finite, positive)")
     threads: int | None = Field(default=None, ge=1, description="threads for the checks")
     max_length: int | None = Field(default=None, ge=2, description="tokens the saved tokenizer truncates at")
     overwrite: bool = False

@@ -13,8 +13,9 @@
 The deployable folder around it (the tokenizer, accuracy on data) is the runtime's
 :meth:`~surgery.runtimes.shared.runtime.Runtime.write_folder`, which
 :func:`surgery.runtimes.onnx.onnx_export.export_onnx` calls. The export fails with a one-line
-:class:`ExportParityError` when the fp32 graph differs from PyTorch by more than ``tolerance``; quantization error
-is recorded, never a failure.
+:class:`ExportParityError` when the fp32 graph differs from PyTorch by more than ``tolerance`` times the output's
+magnitude (at least 1; :func:`~surgery.runtimes.shared.graph_export.check_parity`); quantization error is recorded,
+never a failure.
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def write_onnx(
         smooth_alpha: SmoothQuant's migration strength for ``calibration`` (0 to 1).
         optimize: write the graph after ONNX Runtime's offline optimizations (fusions); checked again.
         batch, seq: shape of the parity batch (right-padded); the graph itself takes any shape.
-        tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
+        tolerance: fp32 parity, relative to the output's magnitude: the export fails when the max-abs
+            difference exceeds ``tolerance * max(1, largest |PyTorch output| on real tokens)``.
         opset: ONNX opset (default: the exporter's).
         threads: ONNX Runtime threads for the checks (default: torch's).
         overwrite: replace a non-empty ``out_dir``.

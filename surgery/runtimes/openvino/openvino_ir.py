@@ -480,7 +480,8 @@ def write_openvino(
             per-example cosine of at least ``bf16_min_cosine``.
         write_config: write ``config.json`` (optimum-intel's loaders read it).
         batch, seq: shape of the parity batch (right-padded); the IR itself takes any shape.
-        tolerance: the largest fp32 max-abs difference accepted; above it the export fails.
+        tolerance: fp32 parity, relative to the output's magnitude: the export fails when the max-abs
+            difference exceeds ``tolerance * max(1, largest |PyTorch output| on real tokens)``.
         threads: OpenVINO threads for the checks (default: torch's).
         overwrite: replace a non-empty ``out_dir``.
         int8_float: with ``int8``, op groups left out of quantization (``layer.N.attention``,
