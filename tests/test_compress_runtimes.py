@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
-from surgery.compress import latency_measure
+from surgery.compress import latency_cache, latency_measure
 from surgery.compress.auto_runtime import plan_runtimes
 from surgery.compress.candidates import file_digests
 from surgery.compress.compress_report import CompressResult
@@ -357,13 +357,15 @@ def test_an_openvino_int8_table_is_measured_on_quantized_probes_and_cached_per_r
     # A table of 3 rounds can mispredict its own model under load and be rightly measured again: this test is
     # about the cache key, so the check against the model's own time (tests/test_flags_and_cache.py) is off.
     monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
-    # Layers wide enough to cost measurable time in a few short rounds under load: at hidden 32, batch 2 x 8
-    # tokens, the probes' layer times were within noise of 0 at load 6, and a table whose layers cost nothing
-    # is rightly neither stored nor read back.
+    # Nor is it about which tables are worth keeping: on a loaded 2-core machine (load 3-4, Zen 5) the int8
+    # probes' layer times of this small model fell within noise of 0 in 3 rounds, and such a table is rightly
+    # not stored (latency_cache.table_problem, tested there), which left this test nothing to read back.
+    monkeypatch.setattr(latency_cache, "table_problem", lambda table: None)
     model = tiny_model(TinySpec("bert", layers=2, head_dim=32, ffn=512))
     table = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=4, seq_len=32, threads=1,
                                                   cache_dir=tmp_path, repeats=3)
     assert table.runtime == "openvino-int8" and seen and all(r == ("openvino-int8", True) for r in seen)
+    assert table.measured["cache_file"], table.measured  # names why the table was not written
     stored = json.loads(Path(table.measured["cache_file"]).read_text())["key"]
     assert stored["runtime"] == "openvino-int8" and stored["runtime_key"]["versions"]["nncf"]
     again = latency_measure.measure_latency_table(model, runtime="openvino-int8", batch_size=4, seq_len=32,
