@@ -191,15 +191,6 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 # The bars of a layout a newcomer can read (docs/architecture.md, "Layers"): each library file name says
 # one thing, and each public name is defined in one place (every other module imports it from there).
 
-#: Public names still defined twice, each with its modules: inside surgery/compress, which is being reworked
-#: on its own (compress carrying the resolved Runtime as an object). The test below fails when an entry is
-#: mended, so that the list can only shrink.
-KNOWN_TWICE: dict[str, set[str]] = {
-    "runtime_ratios": {"surgery.compress.auto_runtime", "surgery.compress.latency_measure"},
-    "IMPORTANCE_SHARE": {"surgery.compress.job_estimate", "surgery.compress.plan"},
-    "CALIBRATION_BATCH": {"surgery.compress.latency_measure", "surgery.compress.plan"},
-}
-
 
 def repeated_file_names(folder: Path) -> dict[str, list[str]]:
     """Library file names (``__init__.py`` aside) that more than one module under ``folder`` bears."""
@@ -237,8 +228,7 @@ def test_no_library_file_name_repeats_across_surgery() -> None:
 def test_no_public_name_is_defined_twice_in_surgery() -> None:
     surgery_only = {m: f for m, f in modules().items() if not m.startswith(("surgery.strategies", "surgery.cli"))}
     twice = {name: where for name, where in public_definitions(surgery_only).items() if len(where) > 1}
-    assert {n: w for n, w in twice.items() if KNOWN_TWICE.get(n) != w} == {}
-    assert set(twice) == set(KNOWN_TWICE), "a known repeat was mended: take it off KNOWN_TWICE"
+    assert twice == {}
 
 
 def test_the_bars_catch_a_repeat_in_a_fixture_tree() -> None:

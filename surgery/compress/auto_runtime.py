@@ -77,7 +77,7 @@ def precision(runtime: str) -> str:
     return runtime_class(runtime).precision
 
 
-def runtime_ratios(source: LatencySource, model: nn.Module, runtimes: list[str], against: str,
+def unchanged_ratios(source: LatencySource, model: nn.Module, runtimes: list[str], against: str,
                    written: dict[str, Unchanged] | None = None) -> dict[str, float]:
     """The unchanged model's speedup in each runtime over ``against``: one side-by-side timing where the
     source measures, else the source's own answer per runtime (a table's prediction).
@@ -243,7 +243,7 @@ def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_d
         # beside the others, then its search (or its judging as it is) uses the same files and the same time.
         written = write_unchanged(model, data, config, list(runtimes.values())) if callable(
             getattr(source, "ratios", None)) else {}
-        ratios = runtime_ratios(source, model, names, config.against_runtime, written)
+        ratios = unchanged_ratios(source, model, names, config.against_runtime, written)
     finally:
         model.train(was_training)
     clock.phase("runtimes", since)

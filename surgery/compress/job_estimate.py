@@ -49,7 +49,7 @@ MIN_TABLE_REPEATS, MIN_SPEEDUP_REPEATS = 3, 6
 SPEEDUP_CANDIDATES = 7
 #: Points a --max-drop bisection judges per path (log2 of a path of about a hundred removals), for 3 paths.
 BISECTION_POINTS = 7
-#: The share of the budget the Fisher may take (as :data:`surgery.compress.plan.IMPORTANCE_SHARE`).
+#: The share of the budget (left at the importance phase, for a running job) that the mask Fisher may take.
 IMPORTANCE_SHARE = 0.15
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
 PHASES = ("estimate", "latency", "importance", "candidates", "training")

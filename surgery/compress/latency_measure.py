@@ -107,7 +107,7 @@ WARMUP = 1
 #: A timed unit at least this long: short probes run back to back this many times over.
 MIN_TIMED_SECONDS = 0.05
 #: Random-token calibration for the smoothed int8 probes: smoothing changes no timing, only scales.
-CALIBRATION_BATCH = 8
+PROBE_CALIBRATION_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ def probe_calibration_batches(model: nn.Module, seq_len: int) -> list[dict[str, 
         >>> [tuple(b["input_ids"].shape) for b in probe_calibration_batches(tiny_model(TinySpec("bert")), 16)]
         [(8, 16)]
     """
-    return [make_inputs(int(model.config.vocab_size), batch_size=CALIBRATION_BATCH, seq_len=seq_len, seed=1)]
+    return [make_inputs(int(model.config.vocab_size), batch_size=PROBE_CALIBRATION_BATCH, seq_len=seq_len, seed=1)]
 
 
 def timing_batches(vocab_size: int, *, batch_size: int, seq_len: int, batches: Sequence[Batch] | None = None

@@ -17,7 +17,7 @@ from torch import nn
 from surgery.compress.candidates import Unchanged, unchanged_on
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
 from surgery.compress.config import CompressConfig
-from surgery.compress.job_estimate import JobEstimate, plan_settings
+from surgery.compress.job_estimate import IMPORTANCE_SHARE, JobEstimate, plan_settings
 from surgery.compress.latency_source import SPEEDUP_REPEATS, LatencySource, MeasuredLatency
 from surgery.compress.latency_table import LatencyTable
 from surgery.compress.mask_fisher import FisherBatch, ObjectiveName, UnitCosts, fisher_batch, unit_costs
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 #: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes); int8
 #: smoothing reads them too (as many as ``surgery export --calibration`` reads texts by default).
 FISHER_EXAMPLES = 512
-#: The share of the budget left at the importance phase that the mask Fisher may take.
-IMPORTANCE_SHARE = 0.15
 #: Examples the least-squares refit and the int8 smoothing read.
 REFIT_EXAMPLES = 256
 CALIBRATION_BATCH = 32
