@@ -29,6 +29,7 @@ from surgery.strategies import (
 )
 from surgery.strategies.doe.unplug import TaskExpert, UnplugRuntime
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
+from tests.helpers import identical_graphs_traced_once
 
 TOLERANCE = 1e-4
 
@@ -188,7 +189,10 @@ def test_cli_without_the_extra_says_what_to_install(tmp_path, monkeypatch) -> No
 
 @pytest.mark.slow
 @pytest.mark.onnx
-def test_cli_bench_across_runtimes_side_by_side(tmp_path) -> None:
+def test_cli_bench_across_runtimes_side_by_side(tmp_path, monkeypatch) -> None:
+    # Each model is written for ONNX Runtime fp32 and int8 (no calibration: the same fp32 graph, then quantized):
+    # traced once per model, each graph still written, checked, quantized and timed.
+    identical_graphs_traced_once(monkeypatch)
     spec = TinySpec("bert", task="seq-cls")
     original = surgery.save_pretrained(tiny_model(spec), tmp_path / "original")
     pruned_model = tiny_model(spec)
@@ -247,10 +251,14 @@ def test_int8_weights_are_scaled_per_output_channel_unless_asked_per_tensor(tmp_
 
 @pytest.mark.slow
 @pytest.mark.onnx
-def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> None:
+def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path, monkeypatch) -> None:
     import onnx
 
     from surgery.runtimes.onnx.onnx_export import part_modules
+
+    # The four exports quantize one model's fp32 graph with different parts left in fp32: it is traced once, and
+    # each export still writes, checks and quantizes its own graph.
+    reused = identical_graphs_traced_once(monkeypatch)
 
     model = tiny_model(TinySpec("bert", layers=2))
     _ = surgery.convert(model, FFNPruningStrategy(ratio=0.5))  # uneven widths: parts are found by role, not shape
@@ -264,7 +272,7 @@ def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> Non
         counts[parts] = (report.int8_fp32_nodes, sum(n.op_type == "MatMul" for n in graph.graph.node))
         assert report.int8_fp32 == list(parts)
     # 2 layers: 2 FFN products each; attention adds q, k, v and the output projection.
-    assert [counts[p][0] for p in counts] == [0, 4, 2, 12]
+    assert [counts[p][0] for p in counts] == [0, 4, 2, 12] and len(reused) == 3
     # Every product kept in fp32 is a plain MatMul in the graph again (the score products always are).
     assert counts[("ffn",)][1] - counts[()][1] == 4 and counts[("attention", "ffn")][1] - counts[()][1] == 12
     with pytest.raises(surgery.ConfigError, match="needs --int8"):
@@ -276,7 +284,8 @@ def test_int8_fp32_keeps_the_named_parts_of_every_layer_in_fp32(tmp_path) -> Non
 
 @pytest.mark.slow
 @pytest.mark.onnx
-def test_cli_bench_int8_fp32_benches_the_mixed_precision_graph(tmp_path) -> None:
+def test_cli_bench_int8_fp32_benches_the_mixed_precision_graph(tmp_path, monkeypatch) -> None:
+    identical_graphs_traced_once(monkeypatch)  # both benches quantize the same fp32 graph: traced once
     saved = surgery.save_pretrained(tiny_model(TinySpec("bert")), tmp_path / "m")
     args = ["bench", str(saved), "--batch-size", "2", "--seq-len", "8", "--repeats", "2", "--warmup", "0"]
     int8 = ["--runtime", "onnxruntime-int8"]
