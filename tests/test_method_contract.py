@@ -51,8 +51,10 @@ CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     # both layers of two: a deep conversion, whose settings are resolved for the run (ShrpConfig.for_depth)
     "shrp": ({"num_layers": 2, "extra_epochs": 0, "bench": False, "recover_epochs": 0, "batch_size": 16},
              _model, lambda: tiny_task_data(32)),
-    "doe": ({"epochs": 1, "condense_epochs": 1, "batch_size": 16, "margin": 100.0}, _model,
-            lambda: tiny_task_data(32)),
+    # two probes of the rate search (each condensed and accepted), not the default five: every step of a run is
+    # still taken, and the contract is checked at each of its progress events
+    "doe": ({"epochs": 1, "condense_epochs": 1, "batch_size": 16, "margin": 100.0, "max_probes": 2,
+             "prompt_length": 4}, _model, lambda: tiny_task_data(32)),
 }
 
 
