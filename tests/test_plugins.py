@@ -419,6 +419,10 @@ def test_a_plugin_runtimes_timings_are_cached_and_keyed_on_its_version(runtime_p
     assert get_runtime("copy-rt").cache_key()["versions"] == {RUNTIME_DIST: "0.1"}
     # A hit is checked against the model's own time elsewhere (tests/test_flags_and_cache.py); not the point here.
     monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
+    # Nor is the grid (tests/test_latency.py): heads none or all and the FFN whole, each probe still written and
+    # served by the plugin, and timed in units of the usual length so that the table is worth keeping under load.
+    monkeypatch.setattr(latency_measure, "HEAD_FRACTIONS", (0.0, 1.0))
+    monkeypatch.setattr(latency_measure, "WIDTH_FRACTIONS", (1.0,))
     model = tiny_model(TinySpec("bert", layers=2))
     settings = {"runtime": "copy-rt", "batch_size": 2, "seq_len": 8, "threads": 1, "repeats": 3, "cache": True,
                 "cache_dir": tmp_path / "cache"}
