@@ -70,19 +70,34 @@ SHARED_WORKER = {"test_deploy.py": "uneven-exports", "test_fused_attention.py": 
 #: that one long module does not keep a worker busy while the other has nothing left.
 EACH_TEST_A_UNIT = {"test_docstrings.py"}
 #: About how many seconds each long unit of work takes: the scheduler hands out the longest first, so that the last
-#: units to finish are short ones. From a profile of the suite on this project's 2-core machine (``pytest -n 2
-#: --dist loadfile --durations=80``, loaded): its 80 longest tests summed per unit, so only the order matters. A
-#: unit not named here counts a second per test. test_safe_outputs and test_compress_runtimes were made cheaper
-#: since: each changed test's profile figure is scaled by its own before/after ratio, both measured with ``-n 0`` on
-#: this machine at load 6-11 (the data-loss classes 375 -> 237 s, a new --out 100 -> 75 s, the two signal-in-the-swap
-#: cases a nested pytest -> a 0.5 s child, the byte-for-byte test 720 -> 153 s); the order of the units is unchanged.
+#: units to finish are short ones. From a profile of the whole suite on this project's 2-core machine (Zen 5,
+#: ``pytest -n 2 --dist loadfile --durations=0`` at load 3-4 beside benchmarks, 2026-11-27): every test's setup,
+#: call and teardown summed per unit (work_unit), so only the order matters. A unit not named here counts a second
+#: per test. The tests made cheaper since are scaled by their own before/after ratio, each measured alone with
+#: ``-n 0`` on this machine at load 4-5 (a shared fp32 trace: the int8-fp32 parts 10.2 -> 3.7 s, bench across
+#: runtimes 21.7 -> 6.8 s, bench --int8-fp32 4.8 -> 3.0 s, the data-loss classes 26.3 -> 22.3 s; fewer probes or
+#: points: doe's contract 3.5 -> 1.8 s, the plugin runtime's cache 8.0 -> 4.7 s, the max-drop precision pass
+#: 11.5 -> 10.5 and 9.9 -> 7.0 s).
 UNIT_SECONDS: dict[str, float] = {
-    "test_compress_runtimes.py": 384, "uneven-exports": 309, "test_latency.py": 303, "test_safe_outputs.py": 187,
-    "test_precision.py": 144, "test_openvino.py": 58, "test_flags_and_cache.py": 41, "test_smooth.py": 39,
-    "test_plugins.py": 37, "test_method_contract.py": 30, "test_multiprocess.py": 29, "test_stock_configs.py": 28,
-    "test_precision_search.py": 28, "test_hostile.py": 24, "test_shrp.py": 22, "test_embedding_objective.py": 20,
-    "test_pick.py": 18, "test_compress.py": 16,
-    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.sentence_interop]": 14,
+    "uneven-exports": 239, "test_compress_runtimes.py": 198, "test_latency.py": 163, "test_safe_outputs.py": 147,
+    "test_embedding_objective.py": 107, "test_precision.py": 88, "test_stock_configs.py": 69,
+    "test_recovery_tiers.py": 60, "test_doe.py": 52, "test_hostile.py": 52, "test_plugins.py": 52,
+    "test_save_reload.py": 51, "test_pick.py": 49, "test_flags_and_cache.py": 44, "test_compress.py": 43,
+    "test_smooth.py": 43, "test_shrp_safe_cut.py": 29, "test_shrp.py": 25, "test_openvino.py": 25,
+    "test_method_contract.py": 24, "test_precision_search.py": 24, "test_registry_lookups.py": 17,
+    "test_serving_shapes.py": 16, "test_vendor_telemetry.py": 14, "test_multiprocess.py": 13, "test_reference.py": 12,
+    "test_cost_estimate.py": 9, "test_guard.py": 6,
+    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.sentence_interop]": 12,
+    "test_docstrings.py::test_docstring_examples_run[surgery.compress.latency_measure]": 11,
+    "test_docstrings.py::test_docstring_examples_run[surgery.cli.export_command]": 8,
+    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.onnx.onnx_graph]": 7,
+    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.onnx.onnx_export]": 7,
+    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.runtime_bench]": 7,
+    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.export_config]": 7,
+    "test_docstrings.py::test_docstring_examples_run[surgery.embedding.objective]": 7,
+    "test_docstrings.py::test_docstring_examples_run[surgery.runtimes.onnx.onnx_runtime]": 6,
+    "test_docstrings.py::test_docstring_examples_run[surgery.strategies.doe.doe]": 5,
+    "test_docstrings.py::test_docstring_examples_run[surgery.strategies.shrp.shrp]": 5,
 }
 
 
