@@ -560,6 +560,24 @@ def test_until_a_cut_is_built_the_skip_rule_expects_the_estimated_cost_of_a_cut(
     assert run.candidate_cost() == run.last_cost  # measured now: the estimate no longer counts
 
 
+def test_a_cut_of_whole_layers_is_priced_without_a_refit(tmp_path: Path) -> None:
+    # At BERT-base widths the refit is most of a cut's cost; the layer-drop has no projection to refit. Priced as a
+    # refitted cut, it was skipped where the plan had counted on it, and the budget stopped with minutes unspent.
+    from surgery.compress.removal_path import Removal
+
+    run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.cut_estimate, run.layer_cut_estimate = run.last_cost + 500.0, run.last_cost + 1.0
+    cut = run.path_want(middle(len(run.plan.path.steps)))
+    drop = Want("layer-drop-1", "uniform-layer-drop", Removal(layers=[1]))
+    assert run.candidate_cost(drop) == run.layer_cut_estimate and run.candidate_cost(cut) == run.cut_estimate
+    run.clock = FixedClock(run.layer_cut_estimate + run.pick_reserve() + 50.0)  # time for the layer-drop only
+    found = run.evaluate([cut, drop])
+    assert found[0] is None and found[1] is not None and found[1].removal.layers == [1]
+    assert any(n.startswith(f"skipped candidate {cut.name}") and "a cut is estimated at" in n for n in run.notes)
+    assert not any(n.startswith(f"skipped candidate {drop.name}") for n in run.notes)
+
+
 def test_the_job_estimate_prices_a_cut_as_its_candidates_phase_does() -> None:
     from surgery.compress.job_estimate import JobShape, Probes, candidate_seconds, estimate_job, phase_seconds
 
@@ -572,6 +590,8 @@ def test_the_job_estimate_prices_a_cut_as_its_candidates_phase_does() -> None:
         job = estimate_job(p, shape, budget_seconds=None, train=False)
         parts = candidate_seconds(p, shape, job.settings)
         assert job.cut_seconds() == parts["cut"] > parts["judged"] > 0
+        assert job.cut_seconds(refit=False) == parts["layer_drop"] == parts["objective"] + parts["judged"] + \
+            parts["timed"] < parts["cut"]
         # One more candidate in the phase costs one cut (a --speedup search's are timed; a bisection's are not).
         more = phase_seconds(p, shape, replace(job.settings, candidates=job.settings.candidates + 1))["candidates"]
         assert more - job.phases["candidates"] == pytest.approx(parts["built"] if drop_search else parts["cut"])

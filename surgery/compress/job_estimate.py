@@ -123,11 +123,13 @@ class JobEstimate:
         self.refined = {"candidates": count, "candidates_s": round(seconds, 1)}
         return {"candidates": f"{seconds / 60:.1f} min", "candidates_planned": count}
 
-    def cut_seconds(self) -> float:
+    def cut_seconds(self, *, refit: bool = True) -> float:
         """Seconds one cut candidate is estimated to take (refit, objective, artefact, dev pass, and for a --speedup
         search its side-by-side rounds): what a budgeted run expects of a cut before it has built one.
+        ``refit=False``: a cut that removes whole layers only (the layer-drop), which has no projection to refit
+        and costs a fraction of one that does (at BERT-base widths the refit is about four fifths of a cut).
 
-        tests/test_pick.py checks it against the candidates phase (one more candidate costs one cut).
+        tests/test_pick.py checks both against the candidates phase.
 
         Example:
             >>> JobEstimate({}, Settings(), Probes(0, 0, 0, 0, 0, 0)).cut_seconds()  # no shape: nothing to count
@@ -135,7 +137,7 @@ class JobEstimate:
         """
         if self.shape is None:
             return 0.0
-        return candidate_seconds(self.probes, self.shape, self.settings)["cut"]
+        return candidate_seconds(self.probes, self.shape, self.settings)["cut" if refit else "layer_drop"]
 
     @property
     def total(self) -> float:
@@ -192,8 +194,7 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         candidates = c["unchanged"] + others * c["built"] + timed_share * c["timed"]
     else:
         cut = max(s.candidates - 2, 0)  # with a refit; then the layer-drop without one
-        layer_drop = c["objective"] + c["judged"] + c["timed"]
-        candidates = c["unchanged"] + cut * c["cut"] + (layer_drop if s.candidates >= 2 else 0.0)
+        candidates = c["unchanged"] + cut * c["cut"] + (c["layer_drop"] if s.candidates >= 2 else 0.0)
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
         phases["training"] = epoch + c["judged"]
@@ -203,8 +204,9 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
 def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, float]:
     """Seconds of one candidate's steps: ``refit``, ``objective`` (before and after the refit), ``judged`` (artefact
     and dev pass), ``timed`` (side-by-side rounds), ``built`` (a cut judged, not timed), ``cut`` (as the search runs
-    one: timed too in a --speedup search) and ``unchanged`` (the run's unchanged model, whose artefact is the
-    estimate's: judged, and timed where the runtime differs from the reference)."""
+    one: timed too in a --speedup search), ``layer_drop`` (a cut of whole layers only: nothing to refit, judged and
+    timed) and ``unchanged`` (the run's unchanged model, whose artefact is the estimate's: judged, and timed where
+    the runtime differs from the reference)."""
     small = p.forward / max(shape.target, 1.0)  # a candidate near the target, on whatever runtime
     # The refit: each cut projection reads the refit batches through the student and the teacher up to it (half a
     # model each, on average); the objective before and after it.
@@ -217,7 +219,7 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     built = refit + objective + judged
     cut = built + (0.0 if shape.drop_search else timed)
     return {"refit": refit, "objective": objective, "judged": judged, "timed": timed, "built": built, "cut": cut,
-            "unchanged": unchanged}
+            "layer_drop": objective + judged + timed, "unchanged": unchanged}
 
 
 def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | None, train: bool) -> JobEstimate:
