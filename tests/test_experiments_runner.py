@@ -33,7 +33,8 @@ def test_every_study_has_a_config_and_the_five_once_unrendered_ones_are_on_the_p
     rendered = {t.marker for s in studies for t in load_study(s).tables}
     assert {"head-prune", "shrp", "doe", "families", "deploy", "suite", "compress", "readme-demo"} <= rendered
     # Studies with results but no config yet are named here, so a new one cannot slip by unrendered.
-    unrendered = folders - studies - {"compress_cost", "precision_search", "deep_cuts"}
+    # serving_shapes: one JSON of nested cases; its README renders the table from it (no reader yet).
+    unrendered = folders - studies - {"compress_cost", "precision_search", "deep_cuts", "serving_shapes"}
     assert not unrendered, (f"experiments/{sorted(unrendered)[0]} has results/ but no study.toml: declare its tables "
                             "there (experiments/README.md) and run python experiments/render.py")
 
