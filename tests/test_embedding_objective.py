@@ -344,3 +344,15 @@ def test_export_sentence_transformers_refuses_a_plain_model(tmp_path: Path) -> N
     assert not (tmp_path / "x").exists()
     result = runner.invoke(app, ["export", str(saved), "--out", str(tmp_path / "x"), "--format", "tflite"])
     assert result.exit_code == 2 and "--format 'tflite'" in result.output
+
+
+def test_a_time_limit_ends_embedding_recovery_at_the_first_step_past_it() -> None:
+    data = text_data()
+    teacher = tiny_model(TinySpec("bert", layers=2))
+    student = copy.deepcopy(teacher)
+    surgery.convert(student, HeadPruningStrategy(ratio=0.5))
+    limited = recover_embeddings(copy.deepcopy(student), teacher, data,
+                                 RecoveryConfig(epochs=3, batch_size=8, max_seconds=0.0))
+    assert limited.steps == 1 and limited.time_limit_reached
+    full = recover_embeddings(student, teacher, data, RecoveryConfig(epochs=3, batch_size=8))
+    assert full.steps > 1 and not full.time_limit_reached

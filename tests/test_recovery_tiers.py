@@ -278,3 +278,54 @@ def test_the_hidden_state_term_of_a_task_distillation_runs_the_teacher_each_step
     assert run.hidden_weight == 1.0 and run.layer_map == {0: 0, 1: 1}
     monkeypatch.setattr(training_tier, "TASK_HIDDEN_WEIGHT", 0.0)
     assert training_tier.distil(cut(teacher), teacher, data, epochs=1, batch_size=8).hidden_weight == 0.0
+
+
+def test_a_time_limit_ends_distillation_at_the_first_step_past_it_and_the_cut_epoch_is_still_measured() -> None:
+    # Sized in steps from a timed step, a run overruns when the machine gets busier; the limit holds the budget.
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    data = tiny_task_data(32, batch_size=8)
+    unlimited = recover(cut(teacher), teacher, data, RecoveryConfig(epochs=2, batch_size=8))
+    assert unlimited.steps == 8 and not unlimited.time_limit_reached
+    limited = recover(cut(teacher), teacher, data, RecoveryConfig(epochs=2, batch_size=8, max_seconds=0.0,
+                                                                  keep_best=True))
+    assert limited.steps == 1 and limited.time_limit_reached
+    # The Trainer ran the epoch's callbacks after the stop: the short epoch was measured and kept as the best.
+    assert len(limited.history) == 1 and limited.history[0]["accuracy"] is not None and limited.best_epoch == 1
+
+
+def test_a_time_limit_ends_blockwise_reconstruction_and_leaves_the_layers_above_untouched() -> None:
+    spec = TinySpec("bert", layers=2, heads=4, ffn=37)
+    teacher = tiny_model(spec).eval()
+    student = cut(teacher)
+    weights = {k: v.clone() for k, v in student.state_dict().items()}
+    batches = [tiny_inputs(spec, batch=8, seed=s) for s in range(2)]
+    result = reconstruct_layers(student, teacher, batches, BlockwiseConfig(steps=60, max_seconds=0.0))
+    assert result.time_limit_reached and result.steps == 0 and result.error == {}
+    assert all(torch.equal(v, weights[k]) for k, v in student.state_dict().items())
+    full = reconstruct_layers(cut(teacher), teacher, batches, BlockwiseConfig(steps=5))
+    assert full.steps == 10 and not full.time_limit_reached
+
+
+def test_each_tier_is_limited_to_the_time_left_when_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    given: dict[str, float | None] = {}
+    real_distil, real_blockwise = training_tier.distil, training_tier.reconstruct_layers
+
+    def distil(*args: object, max_seconds: float | None = None, **kwargs: object) -> object:
+        given["distil"] = max_seconds
+        return real_distil(*args, max_seconds=max_seconds, **kwargs)  # type: ignore[arg-type]
+
+    def blockwise(student: object, teacher: object, batches: object, config: BlockwiseConfig, **kw: object) -> object:
+        given["blockwise"] = config.max_seconds
+        return real_blockwise(student, teacher, batches, config, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(training_tier, "distil", distil)
+    monkeypatch.setattr(training_tier, "reconstruct_layers", blockwise)
+    monkeypatch.setattr(training_tier, "MAX_EPOCHS", 2)  # a tiny model's flat accuracy never ends it early
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    out = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 500.0, batch_size=8, bf16=False)
+    assert out["tiers_run"] == ["blockwise", "distil"]
+    blockwise_seconds = out["tiers"][0]["seconds"]
+    # Each limit is what was left of the 500 s: less the timed steps, and for distillation less block-wise's run.
+    assert 0 < given["blockwise"] < 500.0  # type: ignore[operator]
+    assert given["distil"] == pytest.approx(given["blockwise"] - blockwise_seconds, abs=0.05)  # type: ignore[operator]
+    assert all(record["time_limit_reached"] is False for record in out["tiers"])

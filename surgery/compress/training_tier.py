@@ -224,18 +224,20 @@ def distil_steps_that_fit(seconds: float, estimate: TierEstimate) -> int:
 
 
 def distil(student: nn.Module, teacher: nn.Module, data: Any, *, epochs: int, batch_size: int, seed: int = 0,
-           max_steps: int | None = None, bf16: bool = False, progress: ProgressCallback | None = None
-           ) -> RecoveryResult:
+           max_steps: int | None = None, bf16: bool = False, max_seconds: float | None = None,
+           progress: ProgressCallback | None = None) -> RecoveryResult:
     """Distil the original into the cut model (surgery's recovery, HF Trainer, teacher's logits cached once).
 
     Where ``data`` has a labelled eval split, every epoch is measured on it: the run stops after
     :data:`PATIENCE` epochs below the best and keeps the best epoch's parameters. The training rows come
-    with :func:`masked_copies_for` masked copies.
+    with :func:`masked_copies_for` masked copies. ``max_seconds`` ends it at the first step past that much wall-clock
+    time, whatever ``max_steps`` says.
     """
     measured = has_eval_split(data)
     # Set only for a task: the embedding objective chooses its own weight where the caller set none.
     hidden = {"hidden_weight": weight} if (weight := task_hidden_weight(data)) > 0 else {}
     config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16,
+                            max_seconds=max_seconds,
                             keep_best=measured, patience=PATIENCE if measured else None,
                             masked_copies=masked_copies_for(data), **hidden)
     return recover(student, teacher, data, config, progress=progress)
@@ -303,19 +305,22 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
         started = time.perf_counter()
         record: dict[str, Any] = {"tier": tier, "estimated_seconds": round(seconds, 2), "steps": steps,
                                   "accuracy_before": current}
+        # The estimate sized the tier to the time left; the limit holds it there when the machine gets busier.
+        limit = max(left, 0.0)
         if tier == "blockwise":
-            result = reconstruct_layers(student, teacher, batches, blockwise_cfg, progress=emit)
-            record["error"] = result.error
-            record["kept"] = result.kept
+            result = reconstruct_layers(student, teacher, batches,
+                                        blockwise_cfg.model_copy(update={"max_seconds": limit}), progress=emit)
+            record.update(error=result.error, kept=result.kept, time_limit_reached=result.time_limit_reached)
         else:
             epochs = steps / estimate.steps
             run = distil(student, teacher, data, epochs=math.ceil(epochs), batch_size=batch_size, seed=seed,
-                         max_steps=steps, bf16=use_bf16, progress=emit)
+                         max_steps=steps, bf16=use_bf16, max_seconds=limit, progress=emit)
             # Per epoch: training accuracy against the eval split's (a gap says the data, not the steps, is short).
             curve = [{k: None if h.get(k) is None else round(float(h[k]), 4) for k in ("train_acc", "accuracy", "kd")}
                      for h in run.history]
             record.update(steps=run.steps, epochs_run=len(run.history), best_epoch=run.best_epoch,
-                          stopped_early=run.stopped_early, curve=curve, hidden_weight=run.hidden_weight)
+                          stopped_early=run.stopped_early, curve=curve, hidden_weight=run.hidden_weight,
+                          time_limit_reached=run.time_limit_reached)
             training["epochs"] = round(epochs, 3)
         record["seconds"] = round(time.perf_counter() - started, 2)
         current = dev_accuracy(student, data)

@@ -41,7 +41,7 @@ from surgery.training import (
     scratch_dir,
     train_columns,
 )
-from surgery.training.recover import recovery_arguments, refit_before_training
+from surgery.training.recover import recovery_arguments, refit_before_training, time_limit
 
 if TYPE_CHECKING:
     from surgery.embedding.texts import TextData
@@ -243,6 +243,7 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     """
     emit = progress or no_progress
     start = time.perf_counter()
+    limit = time_limit(config)
     layer_map = None
     layers, teacher_layers = adapter_for(model).num_layers, adapter_for(teacher).num_layers
     hidden_weight = embedding_hidden_weight(config, layers_dropped=layers < teacher_layers)
@@ -261,7 +262,10 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
             trainer = embedding_trainer(model, teacher, data, recovery_arguments(tmp, config), embedding=embedding)
             history.stats = trainer.stats
             trainer.add_callback(history)
+            if limit is not None:
+                trainer.add_callback(limit)
             steps = int(trainer.train().global_step)
             model.eval()
     return RecoveryResult(epochs=config.epochs, steps=steps, seconds=time.perf_counter() - start,
-                          hidden_weight=hidden_weight, layer_map=layer_map, history=history.history, refit=refit)
+                          hidden_weight=hidden_weight, layer_map=layer_map, history=history.history, refit=refit,
+                          time_limit_reached=limit is not None and limit.reached)

@@ -32,6 +32,7 @@ Trainer's: ``torch.autocast`` to bf16 over fp32 weights, only where the caller s
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,9 @@ class BlockwiseConfig(BaseModel):
     learning_rate: float = Field(default=1e-4, gt=0.0, description="Adam's learning rate (linear decay to 0)")
     bf16: bool = Field(default=False, description="bf16 autocast over fp32 weights (only where the device has it)")
     layers: list[int] | None = Field(default=None, description="student layers to train; None: every layer")
+    max_seconds: float | None = Field(default=None, ge=0.0, description="wall-clock seconds the reconstruction may "
+                                      "take from its start: past them a layer's training ends at its next step and "
+                                      "the layers above are not trained; None: no limit")
     seed: int = 0
 
 
@@ -78,6 +82,7 @@ class BlockwiseResult(BaseModel):
     steps: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    time_limit_reached: bool = False  # ``max_seconds`` ended the training early
 
 
 class _Stop(Exception):
@@ -210,6 +215,7 @@ def reconstruct_layers(student: nn.Module, teacher: nn.Module, batches: Iterable
     cfg = config or BlockwiseConfig()
     emit = progress or no_progress
     start = time.perf_counter()
+    deadline = math.inf if cfg.max_seconds is None else start + cfg.max_seconds
     batches = list(batches)
     layer_map = dict(layer_map) if layer_map is not None else default_layer_map(
         adapter_for(student).num_layers, adapter_for(teacher).num_layers, steps_of(student)[len(steps_of(teacher)):])
@@ -242,13 +248,16 @@ def reconstruct_layers(student: nn.Module, teacher: nn.Module, batches: Iterable
                         t_hidden = [c[t_done].run(t_layers[t_done], h) for c, h in zip(t_calls, t_hidden,
                                                                                       strict=True)]
                     t_done += 1
-            if s in chosen:
+            if s in chosen and time.perf_counter() >= deadline:
+                result.time_limit_reached = True  # the layers above keep their (refit) weights
+            elif s in chosen:
                 emit(ProgressEvent("block-wise reconstruction", chosen.index(s), len(chosen), {"layer": s}))
                 before = _mean_error(layer, calls, s_in, t_hidden, masks)
                 saved = {k: v.detach().clone() for k, v in layer.state_dict().items()}
-                _train_layer(layer, calls, s_in, t_hidden, masks, cfg, generator)
+                steps = _train_layer(layer, calls, s_in, t_hidden, masks, cfg, generator, deadline)
                 after = _mean_error(layer, calls, s_in, t_hidden, masks)
-                result.steps += cfg.steps
+                result.steps += steps
+                result.time_limit_reached |= steps < cfg.steps
                 result.error[str(s)] = [round(before, 8), round(after, 8)]
                 if after < before:
                     result.layers.append(s)
@@ -267,8 +276,9 @@ def reconstruct_layers(student: nn.Module, teacher: nn.Module, batches: Iterable
 
 def _train_layer(layer: nn.Module, calls: Sequence[_Call], inputs: Sequence[torch.Tensor],
                  targets: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None], cfg: BlockwiseConfig,
-                 generator: torch.Generator) -> None:
-    """``cfg.steps`` Adam steps on one layer, one cached batch per step (seeded cycle), linear decay."""
+                 generator: torch.Generator, deadline: float = math.inf) -> int:
+    """``cfg.steps`` Adam steps on one layer, one cached batch per step (seeded cycle), linear decay; fewer where
+    ``deadline`` (``time.perf_counter()``) passes first. Returns the steps taken."""
     params = list(layer.parameters())
     flags = [p.requires_grad for p in params]
     for p in params:
@@ -277,8 +287,11 @@ def _train_layer(layer: nn.Module, calls: Sequence[_Call], inputs: Sequence[torc
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / cfg.steps))
     device = inputs[0].device
     order: list[int] = []
+    taken = 0
     try:
         for _ in range(cfg.steps):
+            if taken and time.perf_counter() >= deadline:
+                break
             if not order:
                 order = torch.randperm(len(inputs), generator=generator).tolist()
             i = order.pop()
@@ -289,10 +302,12 @@ def _train_layer(layer: nn.Module, calls: Sequence[_Call], inputs: Sequence[torc
             loss.backward()
             optimizer.step()
             schedule.step()
+            taken += 1
     finally:
         optimizer.zero_grad(set_to_none=True)
         for p, flag in zip(params, flags, strict=True):
             p.requires_grad_(flag)
+    return taken
 
 
 def output_errors(student: nn.Module, teacher: nn.Module, batches: Iterable[Mapping[str, Any]], *,

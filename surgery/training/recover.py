@@ -21,7 +21,7 @@ from surgery.data.task_data import TaskData
 from surgery.training.distill import DistillConfig, default_layer_map
 from surgery.training.refit import RefitResult, refit_projections, task_calibration_batches
 from surgery.training.task_accuracy import accuracy
-from surgery.training.trainer import EpochHistory, EpochStats, fit, scratch_dir, training_arguments
+from surgery.training.trainer import EpochHistory, EpochStats, TimeLimit, fit, scratch_dir, training_arguments
 
 
 class RecoveryConfig(DistillConfig):
@@ -48,6 +48,10 @@ class RecoveryConfig(DistillConfig):
     refit_batches: int = Field(default=32, ge=1, description="training batches the refit reads")
     max_steps: int | None = Field(default=None, ge=1, description="stop after this many optimiser steps (a "
                                   "budget that ends inside an epoch); None: whole epochs")
+    max_seconds: float | None = Field(default=None, ge=0.0, description="wall-clock seconds the run may take "
+                                      "from its start (refit and teacher caching included): training stops at the "
+                                      "first step that ends past them (surgery.training.trainer.TimeLimit); None: "
+                                      "no limit")
     bf16: bool = Field(default=False, description="the Trainer's bf16 mixed precision: only where the device "
                        "multiplies bf16 natively (surgery.compress.training_tier.bf16_training decides)")
     keep_best: bool = Field(default=False, description="at the end, restore the parameters of the epoch that "
@@ -86,6 +90,7 @@ class RecoveryResult(BaseModel):
     refit: RefitResult | None = None
     best_epoch: int | None = None  # the epoch whose parameters were kept (``keep_best``)
     stopped_early: bool = False  # ``patience`` ended the run before its budget
+    time_limit_reached: bool = False  # ``max_seconds`` ended the run before its steps
 
 
 def refit_before_training(model: nn.Module, teacher: nn.Module, data: Any,
@@ -95,6 +100,16 @@ def refit_before_training(model: nn.Module, teacher: nn.Module, data: Any,
         return None
     return refit_projections(model, teacher, task_calibration_batches(data, config.refit_batches,
                                                                  batch_size=config.batch_size))
+
+
+def time_limit(config: RecoveryConfig) -> TimeLimit | None:
+    """The run's wall-clock limit from now (None without ``max_seconds``): build it where the run starts.
+
+    Example:
+        >>> time_limit(RecoveryConfig()) is None, time_limit(RecoveryConfig(max_seconds=60)).seconds
+        (True, 60.0)
+    """
+    return None if config.max_seconds is None else TimeLimit(config.max_seconds)
 
 
 def recovery_arguments(output_dir: str, config: RecoveryConfig) -> Any:
@@ -150,6 +165,7 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
                           "must be the same classifier before surgery")
     emit = progress or no_progress
     start = time.perf_counter()
+    limit = time_limit(cfg)
     distill = cfg.distill_config()
     if distill.hidden_weight > 0 and distill.layer_map is None:
         layer_map = default_layer_map(adapter_for(model).num_layers, adapter_for(teacher).num_layers,
@@ -170,7 +186,8 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
         with scratch_dir("surgery-recover-") as tmp:
             args = recovery_arguments(tmp, cfg)
             steps = fit(model, task, args, teacher=teacher, distill=distill, history=history,
-                        cache_teacher=cfg.cache_teacher, masked=cfg.masked_copies, mask_rate=cfg.mask_rate).steps
+                        cache_teacher=cfg.cache_teacher, masked=cfg.masked_copies, mask_rate=cfg.mask_rate,
+                        callbacks=[limit] if limit is not None else []).steps
     after = history.history[-1]["accuracy"] if history.history and eval_loader is not None else before
     if cfg.keep_best and history.best is not None:
         after = history.best[0]
@@ -180,4 +197,5 @@ def recover(model: nn.Module, teacher: nn.Module, task: TaskData, config: Recove
                           accuracy_refit=after_refit, hidden_weight=distill.hidden_weight,
                           seconds=time.perf_counter() - start, layer_map=distill.layer_map, history=history.history,
                           refit=refit, best_epoch=history.best_epoch if cfg.keep_best else None,
-                          stopped_early=history.stopped_early)
+                          stopped_early=history.stopped_early,
+                          time_limit_reached=limit is not None and limit.reached)

@@ -16,6 +16,7 @@ instead of running the teacher at every step of every epoch.
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -300,6 +301,35 @@ class EpochHistory(TrainerCallback):
                     p.copy_(saved)
 
 
+class TimeLimit(TrainerCallback):
+    """Ends a Trainer run at the first step that ends past ``seconds`` of wall-clock time from construction.
+
+    A budget's backstop: a run sized in steps from a timed step can still overrun when the machine gets
+    busier than when the step was timed (a distillation tier sized at 0.65 s a step ran at 1.06 s under
+    load, 225 s past its share of a 20-minute budget). The Trainer finishes the step, then calls the
+    epoch's callbacks (so an epoch cut short is still measured), then stops. Build it before anything
+    the limit should cover (caching the teacher's outputs, for one).
+
+    Example:
+        >>> TimeLimit(0.0).over(), TimeLimit(3600.0).over()
+        (True, False)
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline = time.perf_counter() + seconds
+        self.reached = False
+
+    def over(self) -> bool:
+        """Whether the limit has passed."""
+        return time.perf_counter() >= self.deadline
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.over():
+            control.should_training_stop = True
+            self.reached = True
+
+
 def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, learning_rate: float = 5e-5,
                        weight_decay: float = 0.0, warmup_ratio: float = 0.0, seed: int = 0, bf16: bool = False,
                        **overrides: Any) -> TrainingArguments:
@@ -444,14 +474,15 @@ class TrainResult:
 def fit(model: nn.Module, task: TaskData, args: TrainingArguments, *, teacher: nn.Module | None = None,
         distill: DistillConfig | None = None, logit_task: LogitTask | None = None, dropout: bool = True,
         optimizer: torch.optim.Optimizer | None = None, history: EpochHistory | None = None,
-        cache_teacher: bool = False, masked: int = 0, mask_rate: float = 0.15) -> TrainResult:
+        cache_teacher: bool = False, masked: int = 0, mask_rate: float = 0.15,
+        callbacks: Sequence[TrainerCallback] = ()) -> TrainResult:
     """Train ``model`` on ``task``'s training split with :class:`SurgeryTrainer`; the model ends in eval mode.
 
     ``cache_teacher`` computes the teacher's logits once (:func:`with_teacher_logits`) where only logits
     are distilled (no hidden-state term, no prompt ``logit_task``), instead of at every step. ``masked``
     adds that many copies of the training rows with ``mask_rate`` of their tokens masked
     (:func:`masked_copies`), labelled by the cached teacher logits: it needs the cache and a tokenizer
-    with a mask token.
+    with a mask token. ``callbacks`` join the Trainer's (a :class:`TimeLimit`, for one).
     """
     rows, collator = train_columns(task), PaddingCollator(task.tokenizer)
     cfg = distill or DistillConfig()
@@ -473,6 +504,8 @@ def fit(model: nn.Module, task: TaskData, args: TrainingArguments, *, teacher: n
     if history is not None:
         history.stats = trainer.stats
         trainer.add_callback(history)
+    for callback in callbacks:
+        trainer.add_callback(callback)
     output = trainer.train()
     model.eval()
     return TrainResult(history=history.history if history is not None else [], steps=int(output.global_step))
