@@ -427,9 +427,7 @@ class CandidateRun:
         """
         if self.cut_built:
             return self.last_cost
-        cut = want.removal.effective() if want is not None else None
-        layers_only = cut is not None and bool(cut.layers) and not any(cut.heads.values()) and \
-            not any(cut.neurons.values())
+        layers_only = want is not None and want.removal.layers_only()
         return max(self.last_cost, self.layer_cut_estimate if layers_only else self.cut_estimate)
 
     def training_reserve(self) -> float:

@@ -57,6 +57,16 @@ class Removal(BaseModel):
                        neurons={k: sorted(v) for k, v in sorted(self.neurons.items()) if v and k not in gone},
                        layers=sorted(gone))
 
+    def layers_only(self) -> bool:
+        """Whether the cut removes whole layers and nothing inside the layers it keeps (nothing to refit).
+
+        Example:
+            >>> Removal(layers=[1], heads={1: [0]}).layers_only(), Removal(layers=[1], heads={0: [0]}).layers_only()
+            (True, False)
+        """
+        e = self.effective()
+        return bool(e.layers) and not e.heads and not e.neurons
+
     def units(self) -> int:
         """Heads plus neurons removed from kept layers, plus one per removed layer (a size for comparisons)."""
         e = self.effective()
