@@ -515,6 +515,48 @@ def read_recovery_tiers(path: Path) -> dict[str, Any]:
                   config={"cut": next(iter(d["tiers"].values()))["cut"]}, rows=rows, machine=d["machine"])
 
 
+def read_serving_shapes(path: Path) -> dict[str, Any]:
+    """serving_shapes.json (experiments/serving_shapes/bench_serving_shapes.py): one row per model and serving
+    shape a cut was chosen at, with that winner's speedups from the side-by-side timing at every shape (under the
+    shape's name: ``online.p50_speedup``, ``bulk.paired_ci95`` ...) and, for the cut chosen at the online shape,
+    the share of its predicted speedup it kept there (the script's own figure)."""
+    d = _json(path)
+    rows, notes = [], []
+    for case in d["cases"]:
+        for shape, won in case["winners"].items():
+            row: dict[str, Any] = {
+                "model": case["model"], "shape": shape, "chosen_at": f"{shape} (batch {won['batch']})",
+                "name": won["winner"], "predicted_speedup": won["predicted_speedup"],
+                "compress_speedup": won["measured_speedup"], "minutes": won["seconds"] / 60,
+                # The target is the online cut's alone: the script judged no share for the bulk one.
+                "kept": case["online_winner_kept_of_predicted"] if shape == "online" else None}
+            row.update({at: bench["comparisons"][f"{shape} winner"] for at, bench in case["side_by_side"].items()})
+            rows.append(row)
+        # The timing's own warnings (load, round-to-round spread), one line per side-by-side run that had any.
+        notes += [f"warnings of the side-by-side timing, {case['model']} at {at} (batch {bench['batch']}): "
+                  + "; ".join(bench["warnings"]) for at, bench in case["side_by_side"].items() if bench["warnings"]]
+    phases = [phase for case in d["cases"] for phase in (*case["winners"].values(), *case["side_by_side"].values())]
+    loads = [reading[0] for phase in phases for reading in phase["load_average"]]  # [before, after]: 1, 5, 15 min
+    notes.append(f"1-minute load average over every phase: {min(loads):.1f} to {max(loads):.1f} on "
+                 f"{d['machine'].get('usable_cpus') or d['machine'].get('logical_cpus')} CPUs (the run's own "
+                 f"{d['settings']['threads']} threads included); {d['seconds'] / 60:.1f} minutes in all")
+    config = {**{k: v for k, v in d["settings"].items() if k not in ("out", "smoke")},
+              **{f"{shape}_batch": batch for shape, batch in d["shapes"].items()}}
+    return legacy(path, source="experiments/serving_shapes/bench_serving_shapes.py", config=config, rows=rows,
+                  machine=d["machine"], load={"before": d["load_average_start"][0], "after": d["load_average_end"][0]},
+                  notes=notes)
+
+
+def read_fallback_costs(path: Path) -> dict[str, Any]:
+    """fallback_costs_here.json (experiments/precision_search/fallback_costs_here.py): one row per task and seed,
+    the int8 IR's extra time with each part back in float (``float_part_extra.<part>``, a fraction) and the
+    unchanged model's speed per runtime against PyTorch fp32 (``speed_vs_torch_fp32.<runtime>``)."""
+    d = _json(path)
+    rows = [{**r, "name": r["task"], "shape": f"{r['batch_size']} x {r['seq_len']}"} for r in d["rows"]]
+    return legacy(path, source="experiments/precision_search/fallback_costs_here.py", config={"threads": d["threads"]},
+                  rows=rows, machine=d["machine"])
+
+
 READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "head_prune": read_head_prune,
     "compress": read_compress,
@@ -535,6 +577,8 @@ READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "embed": read_embed,
     "openvino_bf16": read_openvino_bf16,
     "recovery_tiers": read_recovery_tiers,
+    "serving_shapes": read_serving_shapes,
+    "fallback_costs": read_fallback_costs,
 }
 
 __all__ = ["READERS", "ROOT", "legacy"]

@@ -86,9 +86,31 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The study's budget: at most this many unlabelled training texts (``--train-texts``).
+MAX_TRAIN_TEXTS = 20_000
+#: Words that notes kept in older results files (``--note``, stored as ``note``) used for the study's budget and
+#: targets, naming the tracker issue that set them, and the study's own words for the same: the files stay as they
+#: were written, and a rendered table says the latter.
+PLAIN_WORDS = (("the issue's budget", f"the study's budget of up to {MAX_TRAIN_TEXTS // 1000}k texts"),
+               ("the issue asks", "the targets ask"))
+
+
+def plain_note(note: str) -> str:
+    """A results file's ``note`` as a table shows it: in the study's own words (``PLAIN_WORDS``), not the tracker's."""
+    for jargon, plain in PLAIN_WORDS:
+        note = note.replace(jargon, plain)
+    return note
+
+
+def note_lines(results: dict[str, Any]) -> list[str]:
+    """The lines that close a table: a blank line and the file's note, if it has one."""
+    return ["", plain_note(results["note"])] if results.get("note") else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train-texts", type=int, default=800, help="unlabelled training texts (at most 20k)")
+    parser.add_argument("--train-texts", type=int, default=800,
+                        help=f"unlabelled training texts (at most {MAX_TRAIN_TEXTS:,})")
     parser.add_argument("--held-out", type=int, default=2000)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--extra-epochs", type=int, default=1, help="SHRP epochs after the last conversion")
@@ -122,8 +144,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     embedding_shrp.EVAL_TEXTS = args.pipeline_eval_texts
     torch.manual_seed(args.seed)
-    if args.train_texts > 20_000:
-        raise SystemExit("--train-texts: the study's budget is at most 20k unlabelled texts")
+    if args.train_texts > MAX_TRAIN_TEXTS:
+        raise SystemExit(f"--train-texts: the study's budget is at most {MAX_TRAIN_TEXTS:,} unlabelled texts")
 
     path = resolve_model_path(args.model)
     out, work = Path(args.out), Path(args.work)
@@ -354,7 +376,7 @@ def render(results: dict[str, Any]) -> str:
                  for k in ("converted", "moe", "pruned")]
         rows_gain = entry.get("expander_gain")
         stages.append(f"| {name} | {rows_gain} | " + " | ".join(cells) + " |")
-    extra = [*(stages if shrp else []), *(["", results["note"]] if results.get("note") else [])]
+    extra = [*(stages if shrp else []), *note_lines(results)]
     return "\n".join(["# Sentence-embedding compression (MiniLM-L6, no labels)", "", note, "", *rows, *extra, ""])
 
 
@@ -515,7 +537,7 @@ def render_seeds(merged: dict[str, Any]) -> str:
                  f"on {bench['cpu_count']} CPUs (load average {bench['load_average_before']:.1f} before); the teacher "
                  f"in ONNX Runtime fp32 ran at {speed('teacher', 'onnxruntime')}.")
     return "\n".join(["# Sentence-embedding compression over seeds (MiniLM-L6, no labels)", "", text, "", *rows,
-                      *(["", merged["note"]] if merged.get("note") else []), ""])
+                      *note_lines(merged), ""])
 
 
 if __name__ == "__main__":
