@@ -8,7 +8,7 @@ speed to differ from the prediction, so nothing here depends on this machine's l
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from surgery.compress import held_out
-from surgery.compress.candidate_run import CandidateRun, Want
+from surgery.compress.candidate_run import TOGETHER_AT_MOST, CandidateRun, Want
 from surgery.compress.candidates import Judge
 from surgery.compress.compress_report import DropTarget, SpeedupTarget
 from surgery.compress.compress_run import compress
@@ -62,6 +62,29 @@ class DearerOffPath(SkewedLatency):
         value, _ = self.inner.speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime)
         kept = str([shape for shape in Structure.from_model(candidate).to_json() if shape])
         return value * (1.0 if kept in self.on_path else (self.factor or 1.0)), None
+
+
+@dataclass
+class ApartAndTogether(SkewedLatency):
+    """Shape-table latency that times each cut alone as ``2 / prediction`` (the order reversed, as a machine whose
+    load changes between minutes can) with a wide interval, and cuts timed together at their prediction."""
+
+    together: list[list[str]] = field(default_factory=list)
+
+    def speedup(self, original: torch.nn.Module, candidate: torch.nn.Module, *, runtime: str, reference_runtime: str,
+                served: torch.nn.Module | None = None) -> tuple[float, list[float] | None]:
+        value, _ = self.inner.speedup(original, candidate, runtime=runtime, reference_runtime=reference_runtime)
+        alone = 2.0 / value
+        return alone, [alone * 0.8, alone * 1.25]
+
+    def speedups(self, original: torch.nn.Module, candidates: dict[str, torch.nn.Module], *, runtime: str,
+                 reference_runtime: str, served: Any = ()) -> dict[str, tuple[float, list[float] | None]]:
+        self.together.append(sorted(candidates))
+        out = {}
+        for name, model in candidates.items():
+            value, _ = self.inner.speedup(original, model, runtime=runtime, reference_runtime=reference_runtime)
+            out[name] = (value, [value * 0.99, value * 1.01])
+        return out
 
 
 def task_model() -> torch.nn.Module:
@@ -629,3 +652,32 @@ def test_the_job_estimate_plans_fewer_candidates_to_leave_a_training_epoch() -> 
     assert trained.epoch_seconds > 0 and trained.settings.candidates < untrained.settings.candidates
     fixed = sum(phase_seconds(p, shape, trained.settings).values())
     assert fixed + trained.epoch_seconds <= 1300.0 and trained.phases["training"] >= trained.epoch_seconds
+
+
+def test_the_fastest_measured_is_timed_again_side_by_side_with_its_rivals_before_it_is_picked() -> None:
+    # Timed apart, each speed carries its own minutes' load: here the order is reversed, and the pick would take the
+    # slowest cut. Timed together the order is measured, and the pick takes the fastest of those timed together.
+    model = task_model()
+    latency = ApartAndTogether(tables_for(model))
+    report = compress(model, tiny_task_data(96), max_drop=6.0, latency=latency).report  # type: ignore[arg-type]
+    assert len(latency.together) == 1, "the rivals are timed together once, at the pick"
+    group = latency.together[0]
+    together = report.timing["together"]
+    assert sorted(together) == group and 2 <= len(group) <= TOGETHER_AT_MOST
+    by_name = {c.name: c for c in report.candidates}
+    alone_best = max(group, key=lambda n: together[n][0])
+    winner = report.winner_result()
+    assert winner.name in group and winner.name != alone_best
+    assert winner.measured_speedup == max(by_name[n].predicted_speedup for n in group) == pytest.approx(
+        max(together[n][1] for n in group), abs=1e-3)
+    for name in group:  # each one's figures are the side-by-side ones, and a note says so
+        assert by_name[name].measured_speedup == together[name][1]
+        assert any(n.startswith("timed again side by side") for n in by_name[name].notes)
+
+
+def test_nothing_is_timed_again_where_the_source_has_no_intervals() -> None:
+    model = task_model()
+    latency = SkewedLatency(tables_for(model))  # skewed figures without an interval: no noise to resolve
+    report = compress(model, tiny_task_data(96), max_drop=6.0, latency=latency).report  # type: ignore[arg-type]
+    assert report.timing["timed"] and "together" not in report.timing
+    assert not any(n.startswith("timed again") for c in report.candidates for n in c.notes)

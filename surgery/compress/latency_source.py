@@ -8,7 +8,7 @@ must not depend on this machine's timing noise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,12 +24,43 @@ SPEEDUP_REPEATS = 20
 
 
 class LatencySource(Protocol):
-    """What compression asks about time: a model's latency table, and a measured speedup."""
+    """What compression asks about time: a model's latency table, and a measured speedup.
+
+    A source may also answer ``speedups(original, candidates, *, runtime, reference_runtime, served)``
+    (name -> model; ``served``: the names whose model is already the artefact as it runs; answers name ->
+    (speedup, interval)), timing them all in one set of rounds: :func:`speedups_together` uses it where it
+    exists.
+    """
 
     def table(self, model: nn.Module, runtime: str) -> LatencyTable: ...
 
     def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
                 served: nn.Module | None = None) -> tuple[float, list[float] | None]: ...
+
+
+def speedups_together(source: LatencySource, original: nn.Module, candidates: Mapping[str, nn.Module], *,
+                      runtime: str, reference_runtime: str, served: Collection[str] = ()
+                      ) -> tuple[dict[str, tuple[float, list[float] | None]], bool]:
+    """Each of ``candidates`` (name -> model; ``served``: names whose model is already the artefact as it runs in
+    ``runtime``) against ``original``, and whether they were timed in one set of rounds: by the source's
+    ``speedups`` where it has one, else one at a time.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> table = LatencyTable(runtime="torch", batch_size=1, seq_len=8, model_key="tiny", base_ms=1.0,
+        ...                      overhead_ms=0.5, attention_ms={4: 2.0}, ffn_ms={37: 2.0})
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> speedups_together(TableLatency({"torch": table}), model, {"a": model}, runtime="torch",
+        ...                   reference_runtime="torch")
+        ({'a': (1.0, None)}, True)
+    """
+    together = getattr(source, "speedups", None)
+    if together is not None:
+        return together(original, candidates, runtime=runtime, reference_runtime=reference_runtime,
+                        served=served), True
+    return {name: source.speedup(original, model, runtime=runtime, reference_runtime=reference_runtime,
+                                 served=model if name in served else None)
+            for name, model in candidates.items()}, False
 
 
 @dataclass
@@ -72,6 +103,17 @@ class MeasuredLatency:
                                            seq_len=self.seq_len, threads=self.threads, repeats=self.repeats,
                                            candidate_prepared=served is not None, batches=self.batches)
         return float(value), _bounds(interval)
+
+    def speedups(self, original: nn.Module, candidates: Mapping[str, nn.Module], *, runtime: str,
+                 reference_runtime: str, served: Collection[str] = ()) -> dict[str, tuple[float, list[float] | None]]:
+        """Every one of ``candidates`` against ``original``, side by side in one set of rounds (their order is
+        measured, not read from separate minutes' load); ``served``: names already the artefact as it runs."""
+        from surgery.compress.latency_measure import measured_speedups
+
+        out = measured_speedups(original, candidates, runtime=runtime, reference_runtime=reference_runtime,
+                                batch_size=self.batch_size, seq_len=self.seq_len, threads=self.threads,
+                                repeats=self.repeats, prepared=served, batches=self.batches)
+        return {name: (float(value), _bounds(interval)) for name, (value, interval) in out.items()}
 
     def ratios(self, model: nn.Module, runtimes: list[str], *, reference_runtime: str,
                prepared: Mapping[str, nn.Module] | None = None) -> dict[str, list[float]]:
@@ -121,3 +163,9 @@ class TableLatency:
                 served: nn.Module | None = None) -> tuple[float, list[float] | None]:
         reference = self.table(original, reference_runtime).predict_ms(Structure.from_model(original))
         return reference / self.table(candidate, runtime).predict_ms(Structure.from_model(candidate)), None
+
+    def speedups(self, original: nn.Module, candidates: Mapping[str, nn.Module], *, runtime: str,
+                 reference_runtime: str, served: Collection[str] = ()) -> dict[str, tuple[float, list[float] | None]]:
+        """The tables' predictions, as :meth:`speedup` gives them one at a time (nothing is timed)."""
+        return {name: self.speedup(original, model, runtime=runtime, reference_runtime=reference_runtime)
+                for name, model in candidates.items()}
