@@ -335,8 +335,8 @@ def test_measured_speedup_times_the_served_artefact_as_it_is(monkeypatch: pytest
     monkeypatch.setattr(latency_measure, "runtime_model", spy)
     model = tiny_model(TinySpec("bert"))
     served = get_runtime("torch-bf16", require_available=False).convert(model)
-    value, _ = latency_measure.measured_speedup(model, served, runtime="torch", batch_size=2, seq_len=8, threads=1,
-                                                repeats=3, candidate_prepared=True)
+    value, _ = latency_measure.measured_speedups(model, {"bf16": served}, runtime="torch", batch_size=2, seq_len=8,
+                                                 threads=1, repeats=3, prepared=["bf16"])["bf16"]
     assert value > 0 and prepared == ["torch"]  # only the reference was prepared; the candidate timed as given
 
 

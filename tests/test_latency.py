@@ -23,7 +23,7 @@ from surgery.compress.latency_measure import (
     Probe,
     build_probe,
     measure_latency_table,
-    measured_speedup,
+    measured_speedups,
     probes,
     solve_table,
 )
@@ -293,8 +293,8 @@ def test_measured_speedup_of_an_onnxruntime_graph_against_torch() -> None:
     pytest.importorskip("onnxruntime")
     model = tiny_model(TinySpec("distilbert"))
     reports = []
-    speedup, interval = measured_speedup(model, model, runtime="onnxruntime", batch_size=2, seq_len=8, threads=1,
-                                         repeats=3, report=reports.append)
+    speedup, interval = measured_speedups(model, {"candidate": model}, runtime="onnxruntime", batch_size=2,
+                                          seq_len=8, threads=1, repeats=3, report=reports.append)["candidate"]
     assert speedup > 0 and interval.low <= speedup <= interval.high
     assert list(reports[0].seconds) == ["original [torch]", "candidate [onnxruntime]"]
     assert reports[0].speedup("candidate [onnxruntime]")[0] == speedup
@@ -305,8 +305,8 @@ def test_measured_speedup_times_the_candidate_against_the_original() -> None:
     cut = tiny_model(TinySpec("bert", heads=8, head_dim=16, ffn=1024))
     _ = surgery.convert(cut, FFNPruningStrategy(neurons={0: list(range(1000)), 1: list(range(1000))}))
     reports = []
-    speedup, interval = measured_speedup(original, cut, runtime="torch", batch_size=8, seq_len=32, threads=1,
-                                         repeats=5, report=reports.append)
+    speedup, interval = measured_speedups(original, {"candidate": cut}, runtime="torch", batch_size=8, seq_len=32,
+                                          threads=1, repeats=5, report=reports.append)["candidate"]
     assert speedup > 1.2 and interval.low <= speedup <= interval.high and interval.rounds == 5
     assert list(reports[0].seconds) == ["original [torch]", "candidate [torch]"]
     assert reports[0].machine is not None and reports[0].speedup("candidate [torch]")[0] == speedup

@@ -5,7 +5,7 @@ measures the latency table (:func:`surgery.compress.latency_measure.measure_late
 model to several structures (uniform and uneven heads and FFN widths, widths off the table's grid,
 dropped layers), predicts each one's speedup from the table, and times all of them against the
 original side by side in one interleaved benchmark (:func:`surgery.measure.timing.time_models`,
-the one timing routine, which ``measured_speedup`` uses too). With ``onnxruntime-int8`` the same is
+the one timing routine, which ``measured_speedups`` uses too). With ``onnxruntime-int8`` the same is
 done for the smoothed int8 graphs, against the int8 original and against PyTorch fp32 (the table times the original in
 PyTorch in its own rounds: ``reference_runtime``)::
 

@@ -40,7 +40,7 @@ Method (what :func:`measure_latency_table` does):
    scaled so that the table predicts the user's model exactly (``measured['scale']``, 1 when layers
    add up perfectly): probes fix the shape, the model the level.
 
-The table is cached (:mod:`surgery.compress.latency_cache`). :func:`measured_speedup` times a result
+The table is cached (:mod:`surgery.compress.latency_cache`). :func:`measured_speedups` times results
 against the original side by side through :func:`surgery.measure.timing.time_models`, the routine
 ``surgery bench`` times with.
 """
@@ -641,47 +641,6 @@ def zero_width_floor(model: nn.Module, runtime: str, template: int, work_dir: Pa
     return 0
 
 
-def measured_speedup(
-    original: nn.Module,
-    candidate: nn.Module,
-    *,
-    runtime: str,
-    reference_runtime: str = "torch",
-    batch_size: int,
-    seq_len: int,
-    threads: int | None = None,
-    repeats: int = 15,
-    calibration: Sequence[Mapping[str, torch.Tensor]] | None = None,
-    report: Callable[[Timing], None] | None = None,
-    candidate_prepared: bool = False,
-    batches: Sequence[Batch] | None = None,
-) -> tuple[float, Interval]:
-    """The paired speedup of ``candidate`` in ``runtime`` over ``original`` in ``reference_runtime``.
-
-    Both are prepared in their runtimes (:func:`runtime_model`; ``candidate_prepared``: ``candidate`` is
-    already the artefact as it runs, the one a candidate was judged on, and is timed as it is), then timed
-    side by side in this process (:func:`surgery.measure.timing.time_models`); the interval
-    is the paired speedup's 95% bootstrap interval over rounds. ``report`` receives the whole
-    :class:`~surgery.measure.timing.Timing` (rounds, machine) for a caller that keeps it. ``batches``: the
-    serving shape's batches to time on (:func:`timing_batches`), each round its own.
-
-    Example:
-        >>> import surgery
-        >>> from surgery.strategies import FFNPruningStrategy
-        >>> from surgery.testing import TinySpec, tiny_model
-        >>> original, cut = tiny_model(TinySpec("bert")), tiny_model(TinySpec("bert"))
-        >>> _ = surgery.convert(cut, FFNPruningStrategy(neurons={0: list(range(30)), 1: list(range(30))}))
-        >>> speedup, interval = measured_speedup(original, cut, runtime="torch", batch_size=2, seq_len=8,
-        ...                                      threads=1, repeats=3)
-        >>> speedup > 0 and interval.low <= speedup <= interval.high
-        True
-    """
-    return measured_speedups(original, {"candidate": candidate}, runtime=runtime, reference_runtime=reference_runtime,
-                             batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
-                             calibration=calibration, report=report,
-                             prepared=("candidate",) if candidate_prepared else (), batches=batches)["candidate"]
-
-
 def measured_speedups(
     original: nn.Module,
     candidates: Mapping[str, nn.Module],
@@ -702,8 +661,13 @@ def measured_speedups(
 
     Timed apart, two candidates' speedups each carry the load of their own minutes; timed in the same
     rounds, their order is measured (a cut timed alone at 6.71x lost to the model it was cut from, timed
-    alone at 6.78x). Names in ``prepared`` are already the artefacts as they run, timed as they are; the
-    rest are prepared in ``runtime`` (:func:`runtime_model`). The rest as :func:`measured_speedup`.
+    alone at 6.78x). Names in ``prepared`` are already the artefacts as they run (the ones candidates were
+    judged on), timed as they are; the rest, and the original, are prepared in their runtimes
+    (:func:`runtime_model`). Timing is :func:`surgery.measure.timing.time_models`; each interval is the paired
+    speedup's 95% bootstrap interval over rounds. ``report`` receives the whole
+    :class:`~surgery.measure.timing.Timing` (rounds, machine) for a caller that keeps it; in it a candidate is
+    named ``"NAME [RUNTIME]"`` and the original ``"original [REFERENCE]"``. ``batches``: the serving shape's
+    batches to time on (:func:`timing_batches`), each round its own.
 
     Example:
         >>> import surgery
