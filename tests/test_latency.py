@@ -190,10 +190,16 @@ def test_tables_of_every_family_have_the_grids_and_monotone_predictions(family: 
 @pytest.mark.slow
 def test_on_a_model_large_enough_to_time_width_and_heads_cost_time() -> None:
     model = tiny_model(TinySpec("bert", heads=8, head_dim=16, layers=2, ffn=1024))
-    table = measure_latency_table(model, runtime="torch", batch_size=8, seq_len=64, threads=1, repeats=5,
-                                  cache=False)
+    # The head probes differ by 1-2 ms on 50-65 ms (their FFNs are full width). A fresh clone's CI beside three
+    # higher-priority benchmark processes (load 6-7) once solved every head to 0 ms, at 5 rounds as at 9: a table
+    # that reads heads as free is measured once more, and two such tables in a row fail.
+    for _ in range(2):
+        table = measure_latency_table(model, runtime="torch", batch_size=8, seq_len=64, threads=1, repeats=5,
+                                      cache=False)
+        if table.attention_ms[8] > table.attention_ms[1]:
+            break
     assert table.ffn_ms[1024] > 2 * table.ffn_ms[128]
-    assert table.attention_ms[8] > table.attention_ms[1]
+    assert table.attention_ms[8] > table.attention_ms[1], table.measured["probes_ms"]
     full, half = Structure.from_model(model), Structure((LayerShape(4, 512),) * 2)
     assert table.predict_ms(full) > table.predict_ms(half) > table.base_ms
 
