@@ -494,6 +494,11 @@ class CandidateRun:
         return self.pool.model(built.index, result.removal, built.weights, result.int8_float)
 
     # -- timing ---------------------------------------------------------------------------
+    def as_served(self, name: str) -> tuple[nn.Module, nn.Module | None]:
+        """A candidate's torch model, and the artefact it was judged on, loaded (None where the runtime has none)."""
+        model, directory = self.model_of(name), self.artefacts.get(name)
+        return model, None if directory is None else self.judge.load(directory, model)
+
     def time(self, result: CandidateResult, why: str) -> None:
         """Measure ``result``'s speedup side by side with the original on the reference runtime: the
         artefact it was judged on is the one timed (``torch``: the model itself)."""
@@ -507,9 +512,7 @@ class CandidateRun:
             # Timed once per run, by the plan, on the very files this candidate was judged on.
             value, interval = self.plan.unchanged_speedup, self.plan.unchanged_interval
         else:
-            model = self.model_of(result.name)
-            directory = self.artefacts.get(result.name)
-            served = self.judge.load(directory, model) if directory is not None else None
+            model, served = self.as_served(result.name)
             value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime.name,
                                                   reference_runtime=self.against.name, served=served)
         result.measured_speedup = round(value, 4)
@@ -576,11 +579,10 @@ class CandidateRun:
             return
         models, served = {}, []
         for r in group:
-            model, directory = self.model_of(r.name), self.artefacts.get(r.name)
-            if directory is not None:
-                model = self.judge.load(directory, model)
+            model, artefact = self.as_served(r.name)
+            models[r.name] = model if artefact is None else artefact
+            if artefact is not None:
                 served.append(r.name)
-            models[r.name] = model
         figures, together = speedups_together(self.source, self.judge.original, models, runtime=self.runtime.name,
                                               reference_runtime=self.against.name, served=served)
         if not together:
@@ -592,9 +594,8 @@ class CandidateRun:
             others = ", ".join(x.name for x in group if x is not r)
             note = f"timed again side by side with {others}: {value:.2f}x (alone {r.measured_speedup:.2f}x)"
             key = timing_key(r.removal, r.int8_float)
-            for twin in self.results:  # the same graph under another name: the same time
-                same = twin.measured_speedup is not None and timing_key(twin.removal, twin.int8_float) == key
-                if twin is r or same:
+            for twin in self.results:  # r, and the same graph under another name: the same time
+                if twin.measured_speedup is not None and timing_key(twin.removal, twin.int8_float) == key:
                     twin.measured_speedup, twin.speedup_interval = round(value, 4), interval
                     twin.notes.append(note)
         self.timing["together"] = record

@@ -96,14 +96,9 @@ class MeasuredLatency:
     def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
                 served: nn.Module | None = None) -> tuple[float, list[float] | None]:
         """``served``: the candidate already as it runs in ``runtime`` (the artefact it was judged on), timed as is."""
-        from surgery.compress.latency_measure import measured_speedups
-
-        value, interval = measured_speedups(original, {"candidate": candidate if served is None else served},
-                                            runtime=runtime, reference_runtime=reference_runtime,
-                                            batch_size=self.batch_size, seq_len=self.seq_len, threads=self.threads,
-                                            repeats=self.repeats, prepared=() if served is None else ("candidate",),
-                                            batches=self.batches)["candidate"]
-        return float(value), _bounds(interval)
+        return self.speedups(original, {"candidate": candidate if served is None else served}, runtime=runtime,
+                             reference_runtime=reference_runtime,
+                             served=() if served is None else ("candidate",))["candidate"]
 
     def speedups(self, original: nn.Module, candidates: Mapping[str, nn.Module], *, runtime: str,
                  reference_runtime: str, served: Collection[str] = ()) -> dict[str, tuple[float, list[float] | None]]:
