@@ -1,7 +1,8 @@
 """A job announces its cost before it spends it (issues 35 and 39): the estimate, the budget, the cap, memory.
 
 * ``compress`` times a small step of each phase and emits the plan (seconds per phase) before any phase;
-* a budget too small for the defaults scales phases down (rounds, Fisher batches, candidates) and says so;
+* a budget too small for the defaults scales phases down (rounds, Fisher batches, the batches each layer's
+  removal is measured on, candidates) and says so;
 * a batch x length whose estimate is beyond reason (a tiny model at its 8192-token limit on long texts)
   is capped before the work, and the note says how to ask for more;
 * the Fisher's backward is taken a few rows at a time with the same figures; the peak RSS is reported.
@@ -84,12 +85,29 @@ def test_a_small_budget_scales_the_phases_down_and_says_so() -> None:
     assert estimate_job(PROBES, SHAPE, budget_seconds=2 * full.total, train=False).notes == []
 
 
-def test_a_budget_reads_fewer_fisher_batches_in_the_run(timed_by_tables: None) -> None:
+def test_the_layers_removal_gets_the_importance_share_of_a_budget_too() -> None:
+    # Forwards dear against the Fisher (long inputs): 13 x 4 forwards of the layers' removal would be most of the job.
+    dear = replace(PROBES, forward=20.0, fisher_batch=1.0)
+    full = estimate_job(dear, SHAPE, budget_seconds=None, train=False)
+    assert full.settings.layer_batches == 4 and full.phases["importance"] == pytest.approx(15 * 1.0 + 13 * 4 * 20.0)
+    tight = estimate_job(dear, SHAPE, budget_seconds=4000.0, train=False)  # 15%: 600 s, 260 s a batch
+    assert tight.settings.layer_batches == 2 and tight.phases["importance"] == pytest.approx(15 * 1.0 + 13 * 2 * 20.0)
+    assert any("measured on 2 of 4 batches" in n for n in tight.notes)
+    assert estimate_job(dear, SHAPE, budget_seconds=10.0, train=False).settings.layer_batches == 1  # never none
+
+
+def test_a_budget_reads_fewer_fisher_batches_in_the_run(timed_by_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[int] = []
+    measure = fisher_module.layer_removal_costs
+    monkeypatch.setattr(fisher_module, "layer_removal_costs",
+                        lambda model, batches, **kw: read.append(len(batches)) or measure(model, batches, **kw))
     model = tiny_model(TinySpec("bert", task="seq-cls"))
     data = tiny_task_data(n=96)
     plan = plan_compress(model, data, target=SpeedupTarget(speedup=1.5), clock=Clock(budget_minutes=1e-4))
     assert plan.estimate is not None and any("Fisher reads 1 of" in n for n in plan.estimate.notes)
     assert plan.costs.examples == int(plan.smoothing[0]["input_ids"].shape[0])  # one batch, as announced
+    assert len(plan.smoothing) > 1  # the calibration holds more batches than were read
+    assert plan.estimate.settings.layer_batches == 1 and read == [1]  # the layers' removal: one batch, as announced
     assert plan.estimate.report(plan.phases)["phases"]["latency"]["actual_s"] is not None
 
 

@@ -1,6 +1,7 @@
-"""The cost target: `surgery compress` on BERT-base widths at 128 tokens, estimate against actual per phase.
+"""The cost target: `surgery compress` on BERT-base (or -large) widths, estimate against actual per phase.
 
-The model: a BERT config at base widths (12 layers x 768, 12 heads, FFN 3072; random weights, seed 0)
+The model: a BERT config at base widths (12 layers x 768, 12 heads, FFN 3072) or, with ``--size large``,
+at large widths (24 layers x 1024, 16 heads, FFN 4096); random weights, seed 0;
 with all-MiniLM-L6-v2's tokenizer (the embedded ``minilm-l6``; the same WordPiece vocabulary as BERT's
 uncased one). The data: real texts, Rotten Tomatoes snippets (the embedded ``rotten-tomatoes``)
 joined six at a time so that most exceed 128 tokens, 2,000 texts. The job, through the command a user
@@ -32,28 +33,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "compress_cost" / "results"
 TEXTS, JOIN = 2000, 6
+#: BERT's published widths: layers, hidden size, heads, FFN width.
+SIZES = {"base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096)}
 
 
-def build_inputs(work: Path) -> tuple[Path, Path]:
-    """The random-weight BERT-base directory (MiniLM's tokenizer) and the corpus file, made once."""
+def build_inputs(work: Path, size: str = "base", join: int = JOIN) -> tuple[Path, Path]:
+    """The random-weight BERT directory at ``size``'s widths (MiniLM's tokenizer) and the corpus file, made once.
+
+    Each text joins ``join`` snippets (about 35 tokens each: 6 reach 128 tokens, 18 reach 512), taken in
+    turn and wrapped around the table where 2,000 texts need more snippets than it holds."""
     import pandas as pd
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from surgery.persist.assets import resolve_data_path, resolve_model_path
 
-    model_dir, corpus = work / "bert-base-random", work / "corpus.txt"
+    model_dir = work / f"bert-{size}-random"
+    corpus = work / ("corpus.txt" if join == JOIN else f"corpus-join{join}.txt")
     if not (model_dir / "config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
         torch.manual_seed(0)
-        config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=768, num_hidden_layers=12,
-                            num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)
+        layers, hidden, heads, ffn = SIZES[size]
+        config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=512)
         BertModel(config).save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
     if not corpus.is_file():
         table = pd.read_csv(resolve_data_path("rotten-tomatoes"))
         snippets = [" ".join(str(t).split()) for t in table[table.category != "plot"].text.tolist()]
-        texts = [" ".join(snippets[i:i + JOIN]) for i in range(0, JOIN * TEXTS, JOIN)]
+        texts = [" ".join(snippets[k % len(snippets)] for k in range(i, i + join))
+                 for i in range(0, join * TEXTS, join)]
         corpus.write_text("\n".join(texts) + "\n")
     return model_dir, corpus
 
@@ -87,6 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--size", choices=sorted(SIZES), default="base", help="BERT's base or large widths")
+    parser.add_argument("--join", type=int, default=JOIN, help="snippets per text (18 for texts past 512 tokens)")
     parser.add_argument("--name", default="bert_base_128")
     parser.add_argument("--budget", type=float, default=None,
                         help="minutes for the whole job (compress --budget): its phases scale down to fit")
@@ -96,7 +107,7 @@ def main() -> None:
         snapshot(args.work, args.name)
         return
     args.work.mkdir(parents=True, exist_ok=True)
-    model_dir, corpus = build_inputs(args.work)
+    model_dir, corpus = build_inputs(args.work, args.size, args.join)
     out = args.work / f"out-{args.name}"
     env = {**os.environ, "SURGERY_CACHE": str(args.work / f"cache-{args.name}")}  # fresh: the table is measured
     command = ["surgery", "compress", str(model_dir), "--data", str(corpus), "--objective", "embedding",
@@ -124,7 +135,8 @@ def main() -> None:
     time_rss = next((int(line.split(":")[1]) * 1024 for line in stderr.splitlines()
                      if "Maximum resident set size" in line), None)
     result = {
-        "command": " ".join(command), "budget_minutes": args.budget, "exit_code": code, "wall_seconds": round(wall, 1),
+        "command": " ".join(command), "size": args.size, "widths": SIZES[args.size], "join": args.join,
+        "budget_minutes": args.budget, "exit_code": code, "wall_seconds": round(wall, 1),
         "cpu": cpu_facts(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "load_average_samples": loads, "plan_line": next((line for line in stderr.splitlines()
                                                          if "plan (estimated" in line), None),

@@ -33,7 +33,7 @@ from surgery.compress.candidates import Unchanged
 from surgery.compress.compress_report import SpeedupTarget, Target
 from surgery.compress.latency_measure import REPEATS as TABLE_REPEATS
 from surgery.compress.latency_source import SPEEDUP_REPEATS
-from surgery.compress.mask_fisher import FisherBatch
+from surgery.compress.mask_fisher import LAYER_BATCHES, FisherBatch
 from surgery.compress.structure import Structure
 from surgery.measure.cost import MAX_JOB_SECONDS
 
@@ -94,6 +94,7 @@ class Settings:
     table_repeats: int = TABLE_REPEATS
     speedup_repeats: int = SPEEDUP_REPEATS
     fisher_batches: int = 16
+    layer_batches: int = LAYER_BATCHES
     candidates: int = SPEEDUP_CANDIDATES
     training: bool = False
 
@@ -186,7 +187,7 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     if shape.runtime_differs:  # the unchanged model against the original, side by side (its export is the probe's)
         latency += (2 + s.speedup_repeats) * (p.forward + p.runtime_forward)
     fisher = max(s.fisher_batches - 1, 0) * p.fisher_batch
-    importance = fisher + (1 + shape.removable_layers) * shape.layer_batches * p.forward
+    importance = fisher + layer_probe_seconds(p, shape, s.layer_batches)
     c = candidate_seconds(p, shape, s)
     if shape.drop_search:  # judged along three paths, then a few timed
         others = max(s.candidates - 1, 0)
@@ -199,6 +200,11 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     if s.training and epoch is not None:
         phases["training"] = epoch + c["judged"]
     return phases
+
+
+def layer_probe_seconds(p: Probes, shape: JobShape, batches: int) -> float:
+    """Seconds to measure every layer's removal on ``batches`` batches (the whole model, then once per layer)."""
+    return (1 + shape.removable_layers) * batches * p.forward
 
 
 def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, float]:
@@ -238,7 +244,7 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
         >>> tight.total <= full.total, tight.settings.speedup_repeats < 20, len(tight.notes) > 0
         (True, True, True)
     """
-    settings = Settings(fisher_batches=shape.fisher_batches,
+    settings = Settings(fisher_batches=shape.fisher_batches, layer_batches=shape.layer_batches,
                         candidates=3 * BISECTION_POINTS + 4 if shape.drop_search else SPEEDUP_CANDIDATES,
                         training=train and budget_seconds is not None)
     # An epoch: the student's forward and backward (the Fisher batch is one) and the teacher's forward, per batch.
@@ -269,6 +275,15 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
             notes.append(f"the Fisher reads {fewer} of {settings.fisher_batches} calibration batches "
                          f"({IMPORTANCE_SHARE:.0%} of the budget)")
             settings = replace(settings, fisher_batches=fewer)
+    # The layers' removal gets the same share: at 512 tokens on BERT-base widths its 13 x 4 forwards of a 16 s
+    # batch were 14 of a 30-minute budget's minutes, unscaled (experiments/compress_cost).
+    per_batch = layer_probe_seconds(probes, shape, 1)
+    if per_batch > 0 and settings.layer_batches * per_batch > share:
+        fewer = max(1, min(settings.layer_batches, int(share / per_batch)))
+        if fewer < settings.layer_batches:
+            notes.append(f"each layer's removal is measured on {fewer} of {settings.layer_batches} batches "
+                         f"({IMPORTANCE_SHARE:.0%} of the budget)")
+            settings = replace(settings, layer_batches=fewer)
     while settings.candidates > 2 and not fits(settings):
         settings = replace(settings, candidates=settings.candidates - 1)
     if settings.candidates < base.candidates:
@@ -365,7 +380,7 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
     count, fraction = probe_fraction(model)
     train_rows = len(getattr(data, "train", None) or [])
     shape = JobShape(layers=len(Structure.from_model(model).layers), removable_layers=removable_layers,
-                     probes=count, probe_fraction=fraction, fisher_batches=fisher_batches, layer_batches=4,
+                     probes=count, probe_fraction=fraction, fisher_batches=fisher_batches, layer_batches=LAYER_BATCHES,
                      refit_batches=refit_batches, dev_batches=dev_examples / max(batch_size, 1),
                      train_batches=math.ceil(train_rows / max(min(batch_size, 32), 1)),
                      target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
@@ -397,7 +412,7 @@ def forward_equivalents(model: nn.Module, target: Target, *, dev_examples: int, 
     unit = Probes(forward=1.0, runtime_forward=1.0, export=0.0, probe_export=0.0,
                   probe_forward=PROBE_LAYERS / max(layers, 1), fisher_batch=3.0)
     shape = JobShape(layers=layers, removable_layers=layers, probes=count, probe_fraction=fraction,
-                     fisher_batches=fisher_batches, layer_batches=4, refit_batches=8,
+                     fisher_batches=fisher_batches, layer_batches=LAYER_BATCHES, refit_batches=8,
                      dev_batches=dev_examples / max(batch_size, 1), train_batches=0,
                      target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
                      drop_search=not isinstance(target, SpeedupTarget), cached_table=False, runtime_differs=True)

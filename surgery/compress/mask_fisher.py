@@ -41,6 +41,9 @@ ObjectiveName = Literal["task", "embedding"]
 #: over examples, so the split changes no figure).
 FISHER_ACTIVATION_BYTES = 2 * 2**30
 
+#: Batches each layer's removal is measured on (fewer where a budget says so: see job_estimate).
+LAYER_BATCHES = 4
+
 
 def backward_bytes_per_row(model: nn.Module, seq_len: int) -> int:
     """Bytes one sequence of ``seq_len`` tokens keeps for a backward pass through ``model`` (fp32, an estimate).
@@ -242,7 +245,7 @@ def layer_removal_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], 
 def unit_costs(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, objective: ObjectiveName,
                importance_objective: Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
                pooled: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None = None,
-               layer_batches: int = 4, max_seconds: float | None = None, max_batches: int | None = None,
+               layer_batches: int = LAYER_BATCHES, max_seconds: float | None = None, max_batches: int | None = None,
                first: FisherBatch | None = None) -> UnitCosts:
     """Every structure's estimated cost: mask Fisher of heads and neurons, measured layer removal.
 

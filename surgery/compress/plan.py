@@ -20,7 +20,14 @@ from surgery.compress.config import CompressConfig
 from surgery.compress.job_estimate import IMPORTANCE_SHARE, JobEstimate, plan_settings
 from surgery.compress.latency_source import SPEEDUP_REPEATS, LatencySource, MeasuredLatency
 from surgery.compress.latency_table import LatencyTable
-from surgery.compress.mask_fisher import FisherBatch, ObjectiveName, UnitCosts, fisher_batch, unit_costs
+from surgery.compress.mask_fisher import (
+    LAYER_BATCHES,
+    FisherBatch,
+    ObjectiveName,
+    UnitCosts,
+    fisher_batch,
+    unit_costs,
+)
 from surgery.compress.removal_path import RemovalPath, describe_cut, search_path
 from surgery.compress.structure import Structure
 from surgery.core.errors import ConfigError, DataError, StockFormatError
@@ -348,7 +355,8 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
     if costs is None:
         costs = unit_costs(model, calibration, objective=chosen, importance_objective=importance_objective,
                            pooled=pooled, max_seconds=share, first=first,
-                           max_batches=estimate.settings.fisher_batches if estimate is not None else None)
+                           max_batches=estimate.settings.fisher_batches if estimate is not None else None,
+                           layer_batches=estimate.settings.layer_batches if estimate is not None else LAYER_BATCHES)
     clock.phase("importance", since)
     emit(ProgressEvent("compress: importance", 1, 1, {"examples": costs.examples,
                                                       "seconds": round(costs.seconds, 1)}))
