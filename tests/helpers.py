@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import datasets
 import pytest
@@ -292,3 +293,14 @@ def cli_batch_results(run: subprocess.Popen[str], timeout: float = 2 * HANG_SECO
     lines = [line for line in stdout.splitlines() if line.startswith("RESULTS ")]
     assert run.returncode == 0 and lines, f"the batch itself failed (exit {run.returncode}): {stderr[-3000:]}"
     return [tuple(result) for result in json.loads(lines[-1].removeprefix("RESULTS "))]  # type: ignore[misc]
+
+
+def one_family_fast(first: str = "bert") -> list[Any]:
+    """FAMILIES to parametrize a test over, every family but ``first`` in the slow lane: the fast lane checks one
+    family and the whole suite all of them (for tests that cost a second or more per family).
+
+    Example:
+        >>> [getattr(p, "values", (p,))[0] for p in one_family_fast()] == list(FAMILIES)
+        True
+    """
+    return [f if f == first else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES]

@@ -178,6 +178,7 @@ def test_a_missed_speedup_is_a_warning_not_a_silent_pick() -> None:
     assert any(w.startswith("target missed") for w in report.warnings)
 
 
+@pytest.mark.slow
 def test_the_budget_bounds_the_candidates_and_the_training(monkeypatch: pytest.MonkeyPatch) -> None:
     from surgery.compress import training_tier
 

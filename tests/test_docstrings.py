@@ -35,7 +35,8 @@ SLOW = {"surgery.compress.latency_measure", "surgery.runtimes.onnx.onnx_export",
         "surgery.runtimes.export_config", "surgery.runtimes.onnx.onnx_runtime",
         "surgery.runtimes.openvino.openvino_runtime", "surgery.strategies.doe.doe",
         "surgery.strategies.shrp.shrp", "surgery.training.recover", "surgery.training.trainer",
-        "surgery.runtimes.runtime_bench", "surgery.cli.export_command", "surgery.runtimes.openvino.openvino_ir_bench"}
+        "surgery.runtimes.runtime_bench", "surgery.cli.export_command", "surgery.runtimes.openvino.openvino_ir_bench",
+        "surgery.runtimes.openvino.quantized_refit"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODULES])

@@ -31,9 +31,9 @@ from surgery.strategies.pruning.layer_drop import LayerDropStrategy
 from surgery.strategies.shrp import ShrpPipeline
 from surgery.strategies.shrp.embedding_shrp import EMBEDDING_EXPANDER_GAIN
 from surgery.strategies.shrp.expert_attention import ExpertAttentionStrategy
-from surgery.testing import FAMILIES, TinySpec, tiny_model
+from surgery.testing import TinySpec, tiny_model
 from surgery.training import RecoveryConfig, recover, scratch_dir, training_arguments
-from tests.helpers import EMBEDDING_TEXTS, st_dir, tiny_tokenizer
+from tests.helpers import EMBEDDING_TEXTS, one_family_fast, st_dir, tiny_tokenizer
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -122,7 +122,7 @@ def test_the_neighbour_term_trains_and_is_refused_for_a_task_model() -> None:
                 RecoveryConfig(epochs=1, similarity_weight=1.0))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", one_family_fast())
 def test_pruned_student_recovers_its_teachers_embeddings(family: str) -> None:
     data = text_data()
     teacher = tiny_model(TinySpec(family, layers=2))
@@ -142,6 +142,7 @@ def test_pruned_student_recovers_its_teachers_embeddings(family: str) -> None:
     assert distance() < 0.8 * before, family
 
 
+@pytest.mark.slow
 def test_layer_drop_recovery_matches_hidden_states_through_the_drop() -> None:
     data = text_data()
     teacher = tiny_model(TinySpec("bert", layers=4))
@@ -195,6 +196,7 @@ def test_embedding_shrp_starts_close_to_its_teacher(family: str) -> None:
     assert surgery.convert(copy.deepcopy(teacher), explicit, data=data).metrics["expander_gain"] == 1.0
 
 
+@pytest.mark.slow
 def test_dropout_off_means_every_dropout_off() -> None:
     # Regression: "dropout off" put nn.Dropout modules in eval mode, but attention reads its dropout
     # probability from its own training flag (HF attention, Expert Attention), so attention dropout
@@ -215,6 +217,7 @@ def test_dropout_off_means_every_dropout_off() -> None:
     assert [m.p for m in student.modules() if isinstance(m, torch.nn.Dropout)].count(0.5) > 0  # restored
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None, reason="needs sentence-transformers")
 def test_cli_detects_the_embedding_objective_and_saves_an_encodable_model(tmp_path: Path) -> None:
     from surgery.runtimes.sentence_interop import to_sentence_transformer

@@ -18,7 +18,8 @@ import surgery
 from surgery.core.errors import ConfigError, ModelLoadError
 from surgery.persist.task_heads import HeadWarning, checkpoint_keys, loaded_class_name, new_head_keys, safetensors_keys
 from surgery.strategies.doe.prompt_tuning import make_task
-from surgery.testing import FAMILIES, Task, TinySpec, tiny_model
+from surgery.testing import Task, TinySpec, tiny_model
+from tests.helpers import one_family_fast
 
 
 def class_name(model: torch.nn.Module, suffix: str) -> str:
@@ -42,7 +43,7 @@ def load(path: Path, **kwargs: object) -> tuple[torch.nn.Module, list[str]]:
     return model, [str(w.message) for w in caught if issubclass(w.category, HeadWarning)]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", one_family_fast())
 def test_encoder_only_checkpoint_naming_a_masked_lm(family: str, tmp_path: Path) -> None:
     path = save_as(tmp_path, family, "base", "ForMaskedLM")
     model, said = load(path)
@@ -64,7 +65,7 @@ def test_encoder_only_checkpoint_naming_a_masked_lm(family: str, tmp_path: Path)
             make_task(mlm, mode=mode, tokenizer=tokenizer)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", one_family_fast())
 def test_real_heads_load_as_named(family: str, tmp_path: Path) -> None:
     mlm, said = load(save_as(tmp_path, family, "mlm", "ForMaskedLM"))
     assert type(mlm).__name__.endswith("ForMaskedLM") and not said and not new_head_keys(mlm)

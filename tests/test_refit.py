@@ -19,6 +19,7 @@ from surgery.training.refit import (
     refit_projections,
     refit_targets,
 )
+from tests.helpers import one_family_fast
 
 
 def _batches(spec: TinySpec, n: int = 4) -> list[dict[str, torch.Tensor]]:
@@ -151,7 +152,7 @@ def _cut_everywhere(spec: TinySpec, *, drop: bool) -> tuple[torch.nn.Module, tor
     return teacher, student
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", one_family_fast())
 def test_refit_solves_on_the_activations_a_full_forward_computes(family: str) -> None:
     # The refit runs each layer from cached hidden states (the layers below are fixed by then), not the
     # whole model per projection: every activation it reads must still be, bit for bit, what a full

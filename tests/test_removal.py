@@ -31,6 +31,7 @@ from surgery.strategies import (
     ZeroRecoveryPruningStrategy,
 )
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model, tiny_specs
+from tests.helpers import one_family_fast
 
 
 def old_head_rows(attention, heads: list[int]) -> list[tuple[nn.Linear, list[int]]]:
@@ -109,7 +110,7 @@ def test_row_maps_cover_every_row_once(family) -> None:
         assert rows == [r for r in range(v_offset) if linear is att.qkv] + [v_offset + 1]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", one_family_fast())
 @given(data=st.data(), groups=st.sampled_from([("neurons",), ("qk", "v"), ("o",), MODULE_GROUPS]))
 def test_reversible_commit_then_restore_is_exact_and_equals_the_permanent_cut(family, data, groups) -> None:
     spec = data.draw(tiny_specs(families=(family,)))
@@ -148,7 +149,7 @@ def test_restore_deletes_what_was_absent() -> None:
     assert not hasattr(owner, "extra")
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", one_family_fast())
 @given(data=st.data(), ratio=st.floats(0.05, 0.95), min_keep=st.integers(0, 2))
 def test_ffn_prune_attribution_and_zero_recovery_ffn_are_one_cut(family, data, ratio, min_keep) -> None:
     spec = data.draw(tiny_specs(families=(family,), tasks=("seq-cls",)))

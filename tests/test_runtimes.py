@@ -320,6 +320,7 @@ class AcmeQuantRuntime(TorchRuntime):
         return ["0:down"]
 
 
+@pytest.mark.slow
 def test_the_precision_pass_follows_the_runtimes_float_fallback_not_its_name(tmp_path: Path) -> None:
     from types import SimpleNamespace
 

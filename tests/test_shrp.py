@@ -92,6 +92,7 @@ def _tiny_model_dir(root: Path) -> Path:
     return model_dir
 
 
+@pytest.mark.slow
 def test_cli_apply_shrp_end_to_end(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
