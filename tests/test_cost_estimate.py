@@ -21,7 +21,7 @@ import torch
 
 from surgery.compress import mask_fisher as fisher_module
 from surgery.compress.compress_report import SpeedupTarget
-from surgery.compress.job_estimate import JobShape, Probes, estimate_job
+from surgery.compress.job_estimate import JobShape, Probes, candidate_seconds, estimate_job
 from surgery.compress.mask_fisher import mask_fisher
 from surgery.compress.plan import Clock, plan_compress
 from surgery.core.progress import ProgressEvent
@@ -204,3 +204,49 @@ def test_bench_says_its_estimate_before_the_rounds(tmp_path: Path) -> None:
                                  "--repeats", "2", "--warmup", "0", "--threads", "1"])
     assert result.exit_code == 0, result.output
     assert "interleaved rounds (about" in result.stderr and "estimated)" in result.stderr
+
+
+def test_the_originals_pass_over_dev_is_priced_in_the_candidates_phase() -> None:
+    parts = candidate_seconds(PROBES, SHAPE, estimate_job(PROBES, SHAPE, budget_seconds=None, train=False).settings)
+    assert parts["reference"] == SHAPE.dev_batches * PROBES.forward > 0
+    assert parts["unchanged"] > parts["reference"]  # the first candidate's line holds it, once per run
+    # The phase counts it once: one candidate more adds a cut, not another pass of the original.
+    job = estimate_job(PROBES, SHAPE, budget_seconds=None, train=False)
+    cuts = job.settings.candidates - 2
+    assert job.phases["candidates"] == pytest.approx(parts["unchanged"] + cuts * parts["cut"] + parts["layer_drop"])
+
+
+def test_the_originals_figures_are_computed_once_and_workers_read_them(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import candidates as candidates_module
+    from surgery.compress.candidate_pool import read_shared, write_shared
+    from surgery.compress.candidates import Judge
+    from surgery.embedding import evaluate as evaluate_module
+    from surgery.embedding.pooling import SentenceConfig
+
+    texts = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 5)) for i in range(24)]
+    model = tiny_model(TinySpec("bert")).eval()
+    judge = Judge(original=model, objective="embedding", runtime="torch", calibration=[], workdir=tmp_path,
+                  texts=texts, tokenizer=tiny_tokenizer(), sentence=SentenceConfig(),
+                  parts={"screen": texts[:8], "rest": texts[8:16], "pick": texts[16:]})
+    assert judge.prepare_reference() > 0 and judge.prepare_reference() == 0.0  # once
+    assert sorted(judge.teacher_cache().known()) == sorted(texts)
+    shared = write_shared(judge, tmp_path / "shared")
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the original embedded a text again")
+
+    monkeypatch.setattr(evaluate_module, "embed_texts", never)
+    worker = read_shared(shared, threads=1)
+    assert torch.equal(worker.teacher_cache().embed(texts), judge.teacher_cache().embed(texts))
+    # A task's reference accuracy is read from the per-part scores: the original runs over dev once, not twice.
+    monkeypatch.setattr(candidates_module, "accuracy", never)
+    data = tiny_task_data(12)
+    first, second, third = list(data.loader(batch_size=4))
+    classifier = tiny_model(TinySpec("bert", task="seq-cls")).eval()
+    task = Judge(original=classifier, objective="task", runtime="torch", calibration=[], workdir=tmp_path,
+                 dev=[first, second, third], parts={"screen": [first], "rest": [second], "pick": [third]})
+    from surgery.training.task_accuracy import example_correct
+
+    correct = example_correct(classifier, [first, second, third]).float()
+    assert task.reference()["accuracy"] == pytest.approx(float(correct.mean()))

@@ -161,7 +161,7 @@ def setup(args: argparse.Namespace, workdir: Path) -> Any:
     import surgery
     from experiments.tasks import load_suite_task
     from surgery.compress.candidates import Judge
-    from surgery.compress.plan import CALIBRATION_BATCH, FISHER_EXAMPLES, REFIT_EXAMPLES
+    from surgery.compress.plan import CALIBRATION_BATCH, FISHER_EXAMPLES, refit_batches
     from surgery.compress.runtime_search import dev_parts, dev_source
     from surgery.persist.assets import resolve_model_path
     from surgery.training.refit import task_calibration_batches
@@ -172,7 +172,7 @@ def setup(args: argparse.Namespace, workdir: Path) -> Any:
     original = surgery.from_pretrained(args.model, model_class="AutoModelForSequenceClassification").eval()
     calibration = task_calibration_batches(task.data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
                                            batch_size=CALIBRATION_BATCH)
-    refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
+    refit = refit_batches(calibration)
     dev, texts = dev_source(task.data, None, "task", CALIBRATION_BATCH)
     parts, _ = dev_parts(task.data, None, "task", CALIBRATION_BATCH, dev, texts)
     judge = Judge(original=original, objective="task", runtime="openvino-int8", calibration=refit,

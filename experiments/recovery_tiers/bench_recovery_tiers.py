@@ -51,7 +51,7 @@ from experiments.tasks import load_suite_task
 from surgery.compress import training_tier
 from surgery.compress.candidates import apply_removal
 from surgery.compress.mask_fisher import mask_fisher
-from surgery.compress.plan import FISHER_EXAMPLES, REFIT_EXAMPLES
+from surgery.compress.plan import FISHER_EXAMPLES, refit_batches
 from surgery.compress.removal_path import Removal
 from surgery.core.progress import ProgressEvent
 from surgery.data.task_data import PaddingCollator, TaskData
@@ -138,7 +138,7 @@ def finetuned(task: Any, seed: int, args: argparse.Namespace) -> torch.nn.Module
 
 def twelve_x_cut(original: torch.nn.Module, data: TaskData) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Every layer keeps its KEEP_HEADS heads and KEEP_NEURONS neurons of highest mask Fisher; then the refit."""
-    # compress's own amounts: FISHER_EXAMPLES to score, the first REFIT_EXAMPLES of them to refit.
+    # compress's own amounts: FISHER_EXAMPLES to score, the first of them the refit reads (refit_batches).
     batches = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / 32), batch_size=32)
     heads, neurons, _ = mask_fisher(original, batches, objective="task")
     removal = Removal(heads={i: sorted(s.argsort()[:-KEEP_HEADS].tolist()) for i, s in heads.items()},
@@ -146,7 +146,7 @@ def twelve_x_cut(original: torch.nn.Module, data: TaskData) -> tuple[torch.nn.Mo
     model = copy.deepcopy(original)
     apply_removal(model, removal)
     started = time.perf_counter()
-    refit = refit_projections(model, original, batches[: math.ceil(REFIT_EXAMPLES / 32)])
+    refit = refit_projections(model, original, refit_batches(batches))
     cfg = original.config
     per_layer_full = 4 * cfg.hidden_size ** 2 + 2 * cfg.hidden_size * cfg.intermediate_size
     head = cfg.hidden_size // cfg.num_attention_heads

@@ -44,10 +44,10 @@ from surgery.compress.mask_fisher import UnitCosts
 from surgery.compress.plan import (
     CALIBRATION_BATCH,
     FISHER_EXAMPLES,
-    REFIT_EXAMPLES,
     Clock,
     batch_seq_len,
     data_objective,
+    refit_batches,
 )
 from surgery.compress.removal_path import Removal
 from surgery.compress.runtime_search import compress_on, dev_source, keep_artefact
@@ -165,7 +165,7 @@ def _unchanged_on(model: nn.Module, data: Any, config: CompressConfig, runtime: 
     smoothing = task_calibration_batches(data, math.ceil(FISHER_EXAMPLES / CALIBRATION_BATCH),
                                          batch_size=CALIBRATION_BATCH)
     judge = Judge(original=model, objective=objective, runtime=runtime,
-                  calibration=smoothing[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))], smoothing=smoothing,
+                  calibration=refit_batches(smoothing), smoothing=smoothing,
                   workdir=workdir, dev=dev, texts=texts, tokenizer=getattr(data, "tokenizer", None),
                   sentence=getattr(data, "sentence_config", None),
                   max_length=(getattr(data, "info", None) or {}).get("max_length"), threads=config.threads)

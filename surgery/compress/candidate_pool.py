@@ -181,7 +181,8 @@ _WORKER: dict[str, Judge] = {}
 
 
 def write_shared(judge: Judge, directory: Path) -> Path:
-    """The files a worker rebuilds ``judge`` from: the original (safetensors), the batches, the settings."""
+    """The files a worker rebuilds ``judge`` from: the original (safetensors), the batches, the original's
+    embeddings computed so far (embedding objective), the settings."""
     from safetensors.torch import save_file
 
     from surgery.persist.model_io import save_pretrained
@@ -197,10 +198,17 @@ def write_shared(judge: Judge, directory: Path) -> Path:
         for i, batch in enumerate(batches):
             for key, value in batch.items():
                 tensors[f"{group}/{i}/{key}"] = value.clone()  # own storage: one batch may be in two groups
+    teacher_texts: list[str] = []
+    if judge.objective == "embedding" and judge.tokenizer is not None:
+        # The original's embeddings, computed once here (Judge.prepare_reference): no worker embeds them again.
+        cache = judge.teacher_cache()
+        teacher_texts = cache.known()
+        if teacher_texts:
+            tensors["teacher/0/embeddings"] = cache.embed(teacher_texts).clone()
     save_file(tensors, str(directory / "batches.safetensors"))
     settings = {"objective": judge.objective, "runtime": judge.runtime.name, "workdir": str(judge.workdir),
                 "max_length": judge.max_length, "parts": list(judge.parts),
-                "texts": judge.parts if judge.objective == "embedding" else {},
+                "texts": judge.parts if judge.objective == "embedding" else {}, "teacher_texts": teacher_texts,
                 "sentence": judge.sentence.to_dict() if judge.sentence is not None else None}
     (directory / "settings.json").write_text(json.dumps(settings))
     return directory
@@ -234,10 +242,14 @@ def read_shared(directory: Path, threads: int) -> Judge:
                                    if settings["objective"] == "task" else dict(settings["texts"]))
     original = from_pretrained(directory / "original").eval()
     tokenizer = read_tokenizer(directory / "tokenizer") if (directory / "tokenizer").exists() else None
-    return Judge(original=original, objective=settings["objective"], runtime=settings["runtime"],
-                 calibration=batches("calibration"), workdir=Path(settings["workdir"]),
-                 smoothing=batches("smoothing"), tokenizer=tokenizer, sentence=sentence,
-                 max_length=settings["max_length"], threads=threads, parts=parts)
+    judge = Judge(original=original, objective=settings["objective"], runtime=settings["runtime"],
+                  calibration=batches("calibration"), workdir=Path(settings["workdir"]),
+                  smoothing=batches("smoothing"), tokenizer=tokenizer, sentence=sentence,
+                  max_length=settings["max_length"], threads=threads, parts=parts)
+    teacher_texts = settings.get("teacher_texts") or []
+    if teacher_texts and "teacher" in groups:
+        judge.teacher_cache().add(teacher_texts, groups["teacher"][0]["embeddings"])
+    return judge
 
 
 def start_worker(shared: str, threads: int) -> None:

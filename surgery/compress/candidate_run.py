@@ -250,6 +250,9 @@ class CandidateRun:
         self.cut_estimate = plan.estimate.cut_seconds() if plan.estimate is not None else 0.0
         self.layer_cut_estimate = plan.estimate.cut_seconds(refit=False) if plan.estimate is not None else 0.0
         self.reference = judge.reference()
+        #: seconds the original's figures on every dev part took, computed once before any candidate (and before
+        #: any worker starts, so that none computes them again)
+        self.reference_seconds = judge.prepare_reference()
         self.pool = CandidatePool(judge, workers, threads)
         self.built: dict[str, Built] = {}
         self.scores: dict[str, dict[str, PartScores]] = {}
@@ -451,9 +454,11 @@ class CandidateRun:
         return self.plan.estimate.epoch_seconds
 
     def pick_reserve(self) -> float:
-        """Seconds a budgeted run keeps back for the held-out pick: one finalist and the original judged on the pick
-        part, at the judging rate measured on the rest of the search part (0 before any was measured, or without a
-        pick part). On BERT-base widths at 128 tokens the pick took 2.5 minutes a 15-minute budget had not kept.
+        """Seconds a budgeted run keeps back for the held-out pick: two finalists judged on the pick part, at the
+        judging rate measured on the rest of the search part (0 before any was measured, or without a pick part).
+        The original's figures there are computed before the search (:meth:`Judge.prepare_reference`), so the rate
+        is a candidate's own. On BERT-base widths at 128 tokens the pick took 2.5 minutes a 15-minute budget had not
+        kept; at 512 tokens the rate held the original's embeddings of the texts and kept twice the pick's 301 s.
 
         Example:
             >>> run = CandidateRun.__new__(CandidateRun)
@@ -1100,7 +1105,7 @@ class CandidateRun:
                 "held_out": self.judged["pick"] // max(sizes.get("pick", 1), 1),
                 "examples_judged": {"search": self.judged["screen"] + self.judged["rest"],
                                     "pick": self.judged["pick"], "every_candidate_on_the_whole_search_part": full},
-                "search_log": self.search_log,
+                "search_log": self.search_log, "reference_seconds": round(self.reference_seconds, 2),
                 "int8_calibration_examples": INT8_CALIBRATION_EXAMPLES if self.runtime.int8 else None,
                 "max_drop_rule": (None if self.target.max_drop is None else
                                   f"held by the upper end of the held-out drop's {CONFIDENCE:.0%} paired bootstrap "

@@ -212,7 +212,8 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     and dev pass), ``timed`` (side-by-side rounds), ``built`` (a cut judged, not timed), ``cut`` (as the search runs
     one: timed too in a --speedup search), ``layer_drop`` (a cut of whole layers only: nothing to refit, judged and
     timed) and ``unchanged`` (the run's unchanged model, whose artefact is the estimate's: judged, and timed where
-    the runtime differs from the reference)."""
+    the runtime differs from the reference; before it, once per run, ``reference``: the original's pass over every
+    dev example, the figures each candidate is paired with)."""
     small = p.forward / max(shape.target, 1.0)  # a candidate near the target, on whatever runtime
     # The refit: each cut projection reads the refit batches through the student and the teacher up to it (half a
     # model each, on average); the objective before and after it.
@@ -220,12 +221,15 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     objective = 2 * shape.refit_batches * small
     judged = p.export + shape.dev_batches * small
     timed = (2 + s.speedup_repeats) * (p.forward + small)
-    unchanged = p.export + shape.dev_batches * p.runtime_forward + (
+    # The original over every dev example in PyTorch fp32, once (Judge.prepare_reference): at 512 tokens on BERT-base
+    # widths 9.5 of a 30-minute job's minutes, which the estimate had left out (experiments/compress_cost).
+    reference = shape.dev_batches * p.forward
+    unchanged = reference + p.export + shape.dev_batches * p.runtime_forward + (
         (2 + s.speedup_repeats) * (p.forward + p.runtime_forward) if shape.runtime_differs else 0.0)
     built = refit + objective + judged
     cut = built + (0.0 if shape.drop_search else timed)
     return {"refit": refit, "objective": objective, "judged": judged, "timed": timed, "built": built, "cut": cut,
-            "layer_drop": objective + judged + timed, "unchanged": unchanged}
+            "layer_drop": objective + judged + timed, "reference": reference, "unchanged": unchanged}
 
 
 def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | None, train: bool) -> JobEstimate:

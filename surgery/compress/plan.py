@@ -42,8 +42,12 @@ if TYPE_CHECKING:
 #: Examples the mask Fisher reads (Kwon et al. use 2k on a GPU; 512 keep a CPU run within minutes); int8
 #: smoothing reads them too (as many as ``surgery export --calibration`` reads texts by default).
 FISHER_EXAMPLES = 512
-#: Examples the least-squares refit and the int8 smoothing read.
+#: Examples the least-squares refit reads; inputs longer than 128 tokens reach REFIT_TOKENS with fewer of them.
 REFIT_EXAMPLES = 256
+#: Token positions (padded) the refit reads at most: REFIT_EXAMPLES at 128 tokens. A least-squares row is a token,
+#: so at 512 tokens 64 examples give it the rows 256 gave at 128 (32,768, eight times the widest projection's
+#: inputs at BERT-large widths) at a quarter of the cost; at up to 128 tokens nothing changes.
+REFIT_TOKENS = REFIT_EXAMPLES * 128
 CALIBRATION_BATCH = 32
 #: Path points tried around a --speedup target, as factors of it (the target first).
 AROUND_TARGET = (1.0, 1.1, 0.9)
@@ -51,6 +55,27 @@ AROUND_TARGET = (1.0, 1.1, 0.9)
 #: target measures slower than the table said, the walk on (CandidateRun.walk) judges the point the corrected
 #: prediction puts at the target, and the path must hold it. The greedy path's earlier points do not change.
 WALK_ROOM = 1.3
+
+def refit_batches(calibration: list[Any]) -> list[Any]:
+    """The first calibration batches, as many as the refit reads: up to REFIT_EXAMPLES examples and REFIT_TOKENS
+    token positions, at least one batch.
+
+    Example:
+        >>> import torch
+        >>> def batches(length): return [{"input_ids": torch.ones(32, length, dtype=torch.long)}] * 16
+        >>> [len(refit_batches(batches(n))) for n in (64, 128, 256, 512)]
+        [8, 8, 4, 2]
+    """
+    out: list[Any] = []
+    examples = tokens = 0
+    for batch in calibration:
+        if out and (examples >= REFIT_EXAMPLES or tokens >= REFIT_TOKENS):
+            break
+        out.append(batch)
+        examples += int(batch["input_ids"].shape[0])
+        tokens += int(batch["input_ids"].numel())
+    return out
+
 
 def data_objective(data: Any, requested: str | None) -> ObjectiveName:
     """The objective ``data`` supports (unlabelled texts: embedding; task data: task), checked against a request."""
@@ -305,7 +330,7 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
         estimate, written, held = plan_settings(
             model, data, target, runtime=runtime, against=against, batch_size=batch_size,
             seq_len=seq_len, threads=threads, fisher_batches=len(calibration),
-            refit_batches=max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH)),
+            refit_batches=len(refit_batches(calibration)),
             dev_examples=dev_examples if dev_examples is not None else len(getattr(data, "eval", None) or []),
             removable_layers=0 if costs is not None else len(Structure.from_model(model).layers),
             budget_seconds=budget, train=train, fisher=fisher, unchanged=unchanged, started=since)
@@ -377,7 +402,7 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
         paths = [p for p in (path, units_path, uniform_path) if p is not None]
         emit(ProgressEvent("compress: estimate after the search", 1, 1, estimate.refine(
             distinct_cuts(paths, target.speedup), speedup >= target.speedup)))
-    refit = calibration[: max(1, math.ceil(REFIT_EXAMPLES / CALIBRATION_BATCH))]
+    refit = refit_batches(calibration)
     return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path,
                         start=start, unchanged_speedup=speedup, batch_size=batch_size, seq_len=seq_len,
                         objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases,

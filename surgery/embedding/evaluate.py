@@ -208,6 +208,16 @@ class TeacherCache:
             self._rows.update(zip(missing, emb, strict=True))
         return torch.stack([self._rows[t] for t in texts]) if texts else torch.empty(0)
 
+    def known(self) -> list[str]:
+        """The texts embedded so far, in the order they were first embedded."""
+        return list(self._rows)
+
+    def add(self, texts: Sequence[str], rows: torch.Tensor) -> None:
+        """Embeddings of ``texts`` computed elsewhere (another process's cache of the same model), one row each."""
+        if len(texts) != len(rows):
+            raise ValueError(f"TeacherCache.add: {len(texts)} texts and {len(rows)} embeddings")
+        self._rows.update(zip(texts, rows, strict=True))
+
 
 def evaluate_embeddings(student: nn.Module, teacher: nn.Module | TeacherCache, tokenizer: PreTrainedTokenizerBase,
                         texts: Sequence[str], config: SentenceConfig, *, probes: Sequence[ProbeTask] = (),
