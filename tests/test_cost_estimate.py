@@ -250,3 +250,20 @@ def test_the_originals_figures_are_computed_once_and_workers_read_them(tmp_path:
 
     correct = example_correct(classifier, [first, second, third]).float()
     assert task.reference()["accuracy"] == pytest.approx(float(correct.mean()))
+
+
+def test_the_originals_pass_is_counted_in_the_candidates_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # At 512 tokens the pass took 9.5 minutes that no phase counted: compress.json's phases summed to 15 of 24.
+    from surgery.compress.candidates import Judge
+    from tests.test_pick import make_run, task_model
+
+    slow = Judge.prepare_reference
+
+    def slower(self: Judge) -> float:
+        time.sleep(0.3)
+        return slow(self)
+
+    monkeypatch.setattr(Judge, "prepare_reference", slower)
+    run = make_run(task_model(), tiny_task_data(96), 3.0, tmp_path)
+    assert run.reference_seconds >= 0.3
+    assert run.clock.phases.get("candidates", 0.0) == pytest.approx(run.reference_seconds, abs=0.01)

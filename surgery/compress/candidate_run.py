@@ -249,10 +249,14 @@ class CandidateRun:
         #: skip rule's figures until a cut has been built
         self.cut_estimate = plan.estimate.cut_seconds() if plan.estimate is not None else 0.0
         self.layer_cut_estimate = plan.estimate.cut_seconds(refit=False) if plan.estimate is not None else 0.0
+        # The original's figures on every dev part, once before any candidate (and before any worker starts, so
+        # that none computes them again); counted in the candidates phase, where the job estimate prices them.
+        since = time.perf_counter()
+        judge.prepare_reference()
         self.reference = judge.reference()
-        #: seconds the original's figures on every dev part took, computed once before any candidate (and before
-        #: any worker starts, so that none computes them again)
-        self.reference_seconds = judge.prepare_reference()
+        #: seconds the original's figures took
+        self.reference_seconds = time.perf_counter() - since
+        clock.phase("candidates", since)
         self.pool = CandidatePool(judge, workers, threads)
         self.built: dict[str, Built] = {}
         self.scores: dict[str, dict[str, PartScores]] = {}
