@@ -207,6 +207,18 @@ def layer_probe_seconds(p: Probes, shape: JobShape, batches: int) -> float:
     return (1 + shape.removable_layers) * batches * p.forward
 
 
+def batches_within(count: int, per_batch: float, share: float) -> int:
+    """How many of ``count`` batches of ``per_batch`` seconds fit in ``share`` seconds: at least one, at most all.
+
+    Example:
+        >>> batches_within(16, 3.0, 30.0), batches_within(4, 100.0, 30.0), batches_within(4, 0.0, 30.0)
+        (10, 1, 4)
+    """
+    if per_batch <= 0 or count * per_batch <= share:
+        return count
+    return max(1, min(count, int(share / per_batch)))
+
+
 def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, float]:
     """Seconds of one candidate's steps: ``refit``, ``objective`` (before and after the refit), ``judged`` (artefact
     and dev pass), ``timed`` (side-by-side rounds), ``built`` (a cut judged, not timed), ``cut`` (as the search runs
@@ -273,21 +285,18 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
         notes.append(f"latency table timed in {MIN_TABLE_REPEATS} rounds (not {base.table_repeats}) and each "
                      f"speedup in {MIN_SPEEDUP_REPEATS} (not {base.speedup_repeats})")
     share = IMPORTANCE_SHARE * budget_seconds
-    if probes.fisher_batch > 0 and settings.fisher_batches * probes.fisher_batch > share:
-        fewer = max(1, min(settings.fisher_batches, int(share / probes.fisher_batch)))
-        if fewer < settings.fisher_batches:
-            notes.append(f"the Fisher reads {fewer} of {settings.fisher_batches} calibration batches "
-                         f"({IMPORTANCE_SHARE:.0%} of the budget)")
-            settings = replace(settings, fisher_batches=fewer)
+    fewer = batches_within(settings.fisher_batches, probes.fisher_batch, share)
+    if fewer < settings.fisher_batches:
+        notes.append(f"the Fisher reads {fewer} of {settings.fisher_batches} calibration batches "
+                     f"({IMPORTANCE_SHARE:.0%} of the budget)")
+        settings = replace(settings, fisher_batches=fewer)
     # The layers' removal gets the same share: at 512 tokens on BERT-base widths its 13 x 4 forwards of a 16 s
     # batch were 14 of a 30-minute budget's minutes, unscaled (experiments/compress_cost).
-    per_batch = layer_probe_seconds(probes, shape, 1)
-    if per_batch > 0 and settings.layer_batches * per_batch > share:
-        fewer = max(1, min(settings.layer_batches, int(share / per_batch)))
-        if fewer < settings.layer_batches:
-            notes.append(f"each layer's removal is measured on {fewer} of {settings.layer_batches} batches "
-                         f"({IMPORTANCE_SHARE:.0%} of the budget)")
-            settings = replace(settings, layer_batches=fewer)
+    fewer = batches_within(settings.layer_batches, layer_probe_seconds(probes, shape, 1), share)
+    if fewer < settings.layer_batches:
+        notes.append(f"each layer's removal is measured on {fewer} of {settings.layer_batches} batches "
+                     f"({IMPORTANCE_SHARE:.0%} of the budget)")
+        settings = replace(settings, layer_batches=fewer)
     while settings.candidates > 2 and not fits(settings):
         settings = replace(settings, candidates=settings.candidates - 1)
     if settings.candidates < base.candidates:
