@@ -32,7 +32,7 @@ from tests.helpers import WORDS, runner, tiny_tokenizer, write_rows
 PROBES = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1, fisher_batch=3.0,
                 seconds=30.0)
 SHAPE = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16, layer_batches=4,
-                 refit_batches=8, dev_batches=10, train_batches=100, target=8.0, drop_search=False,
+                 refit_batches=8, dev_batches=10, dev_examples=320, train_batches=100, target=8.0, drop_search=False,
                  cached_table=False, runtime_differs=True)
 
 
@@ -267,3 +267,63 @@ def test_the_originals_pass_is_counted_in_the_candidates_phase(tmp_path: Path, m
     run = make_run(task_model(), tiny_task_data(96), 3.0, tmp_path)
     assert run.reference_seconds >= 0.3
     assert run.clock.phases.get("candidates", 0.0) == pytest.approx(run.reference_seconds, abs=0.01)
+
+
+def test_a_budget_judges_on_a_dev_subsample_and_refits_on_one_batch() -> None:
+    # BERT-base widths at 512 tokens on two cores: a forward of 32 x 512 at 16 s, the int8 export at 140 s, 998 dev
+    # texts. The original's pass over them alone was 9 of a 30-minute budget's minutes, and no cut fitted after it.
+    from surgery.compress.held_out import MIN_DEV_EXAMPLES
+    from surgery.compress.job_estimate import DEV_SHARE
+
+    p = Probes(forward=16.0, runtime_forward=2.5, export=140.0, probe_export=4.0, probe_forward=0.4, fisher_batch=31.0,
+               seconds=210.0)
+    shape = replace(SHAPE, refit_batches=2, dev_batches=998 / 32, dev_examples=998)
+    full = estimate_job(p, shape, budget_seconds=None, train=False)
+    assert full.settings.dev_examples is None and full.settings.refit_batches == 2
+    tight = estimate_job(p, shape, budget_seconds=1700.0, train=False)
+    assert MIN_DEV_EXAMPLES <= tight.settings.dev_examples < 998 and tight.settings.refit_batches == 1
+    said = " ".join(tight.notes)
+    assert f"judged on {tight.settings.dev_examples} of the 998 dev examples" in said
+    assert "refit reads 1 of 2 calibration batches" in said
+    # Priced: the original's pass and a cut's judging read the subsample, the refit one batch.
+    parts = candidate_seconds(p, shape, tight.settings)
+    assert parts["reference"] == pytest.approx(tight.settings.dev_examples / 32 * p.forward)
+    assert parts["refit"] == pytest.approx(candidate_seconds(p, shape, full.settings)["refit"] / 2)
+    before = sum(v for k, v in tight.phases.items() if k not in ("candidates", "training"))
+    passes = tight.settings.dev_examples / 32 * (p.forward + p.runtime_forward + p.forward / shape.target)
+    assert passes <= DEV_SHARE * (1700.0 - before) or tight.settings.dev_examples == MIN_DEV_EXAMPLES
+    # With the whole split judged the unchanged model and one refitted cut would not have fitted beside the phases.
+    whole = candidate_seconds(p, shape, replace(tight.settings, dev_examples=None, refit_batches=2))
+    assert before + whole["unchanged"] + whole["cut"] > 1700.0 >= before + parts["unchanged"] + parts["cut"]
+    # A budget the whole split fits changes neither.
+    roomy = estimate_job(p, shape, budget_seconds=2 * full.total, train=False)
+    assert roomy.settings.dev_examples is None and roomy.settings.refit_batches == 2
+
+
+def test_the_unchanged_candidate_is_priced_without_a_second_export_or_timing() -> None:
+    # Its artefact is the estimate's export and its speedup is timed in the latency phase: counted there, not again.
+    parts = candidate_seconds(PROBES, SHAPE, estimate_job(PROBES, SHAPE, budget_seconds=None, train=False).settings)
+    assert parts["unchanged"] == pytest.approx(SHAPE.dev_batches * (PROBES.forward + PROBES.runtime_forward))
+
+
+def test_a_budgeted_compress_judges_a_subsample_and_says_so_in_the_plan_and_report(
+        timed_by_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import job_estimate
+    from surgery.compress.compress_run import compress
+
+    monkeypatch.setattr(job_estimate, "MIN_DEV_EXAMPLES", 24)  # a tiny dev split: the floor below it
+    events: list[ProgressEvent] = []
+    model = tiny_model(TinySpec("bert", task="seq-cls"))
+    data = tiny_task_data(n=160)
+    result = compress(model, data, speedup=1.5, budget_minutes=1e-4, progress=events.append)
+    report = result.report
+    plan_line = next(e.info for e in events if e.task == "compress: estimate")["notes"]
+    settings = report.estimate["settings"]
+    assert settings["dev_examples"] == 24 and settings["refit_batches"] == 1
+    assert "judged on 24 of the" in plan_line and "refit reads 1 of" in plan_line
+    assert any("judged on 24 of the" in n for n in report.notes)
+    split = report.judging["split"]
+    assert split["subsample"] and split["dev_examples"] == len(data.eval) > 24
+    assert split["search"] + split["pick"] == 24 and split["pick"] == 12 and split["disjoint"]
+    assert report.judging["refit_batches"] == 1
+    assert report.original["accuracy"] is not None  # the original's figures on the subsample it is paired on

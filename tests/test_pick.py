@@ -611,8 +611,8 @@ def test_the_job_estimate_prices_a_cut_as_its_candidates_phase_does() -> None:
                seconds=30.0)
     for drop_search in (False, True):
         shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
-                         layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
-                         drop_search=drop_search, cached_table=False, runtime_differs=True)
+                         layer_batches=4, refit_batches=8, dev_batches=10, dev_examples=320, train_batches=100,
+                         target=8.0, drop_search=drop_search, cached_table=False, runtime_differs=True)
         job = estimate_job(p, shape, budget_seconds=None, train=False)
         parts = candidate_seconds(p, shape, job.settings)
         assert job.cut_seconds() == parts["cut"] > parts["judged"] > 0
@@ -651,7 +651,7 @@ def test_the_job_estimate_plans_fewer_candidates_to_leave_a_training_epoch() -> 
     p = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1, fisher_batch=3.0,
                seconds=30.0)
     shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
-                     layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
+                     layer_batches=4, refit_batches=8, dev_batches=10, dev_examples=320, train_batches=100, target=8.0,
                      drop_search=False, cached_table=False, runtime_differs=True)
     untrained = estimate_job(p, shape, budget_seconds=1300.0, train=False)
     trained = estimate_job(p, shape, budget_seconds=1300.0, train=True)
@@ -687,3 +687,22 @@ def test_nothing_is_timed_again_where_the_source_has_no_intervals() -> None:
     report = compress(model, tiny_task_data(96), max_drop=6.0, latency=latency).report  # type: ignore[arg-type]
     assert report.timing["timed"] and "together" not in report.timing
     assert not any(n.startswith("timed again") for c in report.candidates for n in c.notes)
+
+
+def test_a_budgets_dev_subsample_keeps_the_pick_part_disjoint_from_the_search_part() -> None:
+    for n, m in ((1000, 300), (301, 256), (48, 10)):
+        split = split_dev(n, examples=m)
+        assert split.judged == m and split.drawn_from == n
+        assert not set(split.search) & set(split.pick) and set(split.screen) <= set(split.search)
+        assert split_dev(n, examples=m) == split  # seeded: the same subsample every time
+    assert split_dev(20, examples=50) == split_dev(20)  # more than there are: the whole split
+    data = tiny_task_data(96)
+    dev, texts = dev_source(data, None, "task", 8)
+    parts, split = dev_parts(data, None, "task", 8, dev, texts, examples=20)
+    rows = {name: [tuple(r[m.bool()].tolist()) for b in batches for r, m in zip(b["input_ids"], b["attention_mask"],
+                                                                                strict=True)]
+            for name, batches in parts.items()}
+    table = data.eval
+    assert rows["pick"] == [tuple(table[i]["input_ids"]) for i in split.pick] and len(rows["pick"]) == 10
+    assert sorted(rows["screen"] + rows["rest"]) == sorted(tuple(table[i]["input_ids"]) for i in split.search)
+    assert not set(split.pick) & set(split.search)

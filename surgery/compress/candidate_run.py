@@ -1102,8 +1102,14 @@ class CandidateRun:
         sizes = {name: len(self.judge.reference_scores(name).values) for name in self.parts("screen", "rest", "pick")}
         built = len({b.index for b in self.built.values()})
         full = built * (sizes.get("screen", 0) + sizes.get("rest", 0))
+        # Where a budget judged on a seeded subsample of the dev split: how many examples it was drawn from.
+        subsample = self.split is not None and self.split.judged < self.split.drawn_from
+        shape = self.plan.estimate.shape if self.plan.estimate is not None else None
+        whole = shape.dev_examples if subsample and shape is not None else sum(sizes.values())
         return {"split": {"search": sizes.get("screen", 0) + sizes.get("rest", 0), "screen": sizes.get("screen", 0),
-                          "pick": sizes.get("pick", 0), "seed": 0, "disjoint": True},
+                          "pick": sizes.get("pick", 0), "seed": 0, "disjoint": True, "dev_examples": whole,
+                          "subsample": subsample},
+                "refit_batches": len(self.plan.calibration),
                 "built": built, "screened": self.judged["screen"] // max(sizes.get("screen", 1), 1),
                 "contenders": self.judged["rest"] // max(sizes.get("rest", 1), 1) if sizes.get("rest") else built,
                 "held_out": self.judged["pick"] // max(sizes.get("pick", 1), 1),

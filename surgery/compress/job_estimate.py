@@ -15,7 +15,8 @@
 (probes x rounds for the latency table, batches for the Fisher, per candidate a refit over its
 projections, an export, a pass over the dev data and the side-by-side rounds), and, when a budget
 is given, scales phases down until the sum fits: fewer timing rounds (latency table and speedups),
-a Fisher subsample, fewer candidates; every reduction is said in ``notes``.
+a Fisher subsample, the dev examples candidates are judged on (a seeded subsample of the dev split),
+fewer refit batches, fewer candidates; every reduction is said in ``notes``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import nn
 
 from surgery.compress.candidates import Unchanged
 from surgery.compress.compress_report import SpeedupTarget, Target
+from surgery.compress.held_out import MIN_DEV_EXAMPLES
 from surgery.compress.latency_measure import REPEATS as TABLE_REPEATS
 from surgery.compress.latency_source import SPEEDUP_REPEATS
 from surgery.compress.mask_fisher import LAYER_BATCHES, FisherBatch
@@ -51,6 +53,11 @@ SPEEDUP_CANDIDATES = 7
 BISECTION_POINTS = 7
 #: The share of the budget (left at the importance phase, for a running job) that the mask Fisher may take.
 IMPORTANCE_SHARE = 0.15
+#: The share of the candidates' room (the budget less the estimate, the latency table and the importance phase) that
+#: the passes over the dev data may take where the whole dev split does not fit: the original's pass and the unchanged
+#: model's, and one cut's. At 512 tokens on BERT-base widths the original's pass over 998 dev texts alone was 9 of a
+#: 30-minute budget's minutes, and no cut fitted after it (experiments/compress_cost).
+DEV_SHARE = 0.25
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
 PHASES = ("estimate", "latency", "importance", "candidates", "training")
 
@@ -79,7 +86,8 @@ class JobShape:
     fisher_batches: int
     layer_batches: int
     refit_batches: int
-    dev_batches: float  # passes over the dev data, in timed batches
+    dev_batches: float  # a pass over the whole dev split, in timed batches
+    dev_examples: int  # the examples of the whole dev split
     train_batches: int
     target: float  # the speedup the candidates are near (--speedup, else 2)
     drop_search: bool  # --max-drop: bisection along three paths
@@ -97,6 +105,10 @@ class Settings:
     layer_batches: int = LAYER_BATCHES
     candidates: int = SPEEDUP_CANDIDATES
     training: bool = False
+    #: calibration batches the refit of a cut reads (:func:`surgery.compress.plan.refit_batches`; fewer under a budget)
+    refit_batches: int = 8
+    #: dev examples candidates are judged on (None: the whole dev split; fewer: a seeded subsample under a budget)
+    dev_examples: int | None = None
 
 
 @dataclass
@@ -229,19 +241,86 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     small = p.forward / max(shape.target, 1.0)  # a candidate near the target, on whatever runtime
     # The refit: each cut projection reads the refit batches through the student and the teacher up to it (half a
     # model each, on average); the objective before and after it.
-    refit = 2 * shape.layers * shape.refit_batches * 0.5 * (p.forward + small)
-    objective = 2 * shape.refit_batches * small
-    judged = p.export + shape.dev_batches * small
+    refit = 2 * shape.layers * s.refit_batches * 0.5 * (p.forward + small)
+    objective = 2 * s.refit_batches * small
+    dev = dev_batches(shape, s)
+    judged = p.export + dev * small
     timed = (2 + s.speedup_repeats) * (p.forward + small)
-    # The original over every dev example in PyTorch fp32, once (Judge.prepare_reference): at 512 tokens on BERT-base
-    # widths 9.5 of a 30-minute job's minutes, which the estimate had left out (experiments/compress_cost).
-    reference = shape.dev_batches * p.forward
-    unchanged = reference + p.export + shape.dev_batches * p.runtime_forward + (
-        (2 + s.speedup_repeats) * (p.forward + p.runtime_forward) if shape.runtime_differs else 0.0)
+    # The original over every dev example judged in PyTorch fp32, once (Judge.prepare_reference): at 512 tokens on
+    # BERT-base widths 9.5 of a 30-minute job's minutes, which the estimate had left out (experiments/compress_cost).
+    reference = dev * p.forward
+    # The unchanged model's artefact is the estimate's own export (in its probes' seconds) and its speedup is timed in
+    # the latency phase: its candidate is judged, no more. Counting both again priced it at 923 s at 512 tokens on
+    # BERT-base widths, where it took 41 s beside the original's pass (experiments/compress_cost).
+    unchanged = reference + dev * p.runtime_forward
     built = refit + objective + judged
     cut = built + (0.0 if shape.drop_search else timed)
     return {"refit": refit, "objective": objective, "judged": judged, "timed": timed, "built": built, "cut": cut,
             "layer_drop": objective + judged + timed, "reference": reference, "unchanged": unchanged}
+
+
+def dev_batches(shape: JobShape, s: Settings) -> float:
+    """A pass over the dev examples ``s`` judges on (all of ``shape``'s, or a budget's subsample), in timed batches.
+
+    Example:
+        >>> shape = JobShape(layers=2, removable_layers=2, probes=3, probe_fraction=0.5, fisher_batches=16,
+        ...                  layer_batches=4, refit_batches=8, dev_batches=31.25, dev_examples=1000, train_batches=0,
+        ...                  target=2.0, drop_search=False, cached_table=False, runtime_differs=False)
+        >>> dev_batches(shape, Settings()), dev_batches(shape, Settings(dev_examples=256))
+        (31.25, 8.0)
+    """
+    if s.dev_examples is None or shape.dev_examples <= 0:
+        return shape.dev_batches
+    return shape.dev_batches * min(s.dev_examples, shape.dev_examples) / shape.dev_examples
+
+
+def fit_dev_and_refit(probes: Probes, shape: JobShape, settings: Settings, budget_seconds: float
+                      ) -> tuple[Settings, list[str]]:
+    """Where the job does not fit ``budget_seconds``: the dev examples candidates are judged on, and the refit's
+    batches, scaled down so that the unchanged model and one refitted cut fit the candidates' room (the budget less
+    the phases before them); each reduction said.
+
+    The dev passes (the original's and the unchanged model's over the whole split, and one cut's) get
+    :data:`DEV_SHARE` of the room, judged on a seeded subsample where they need more (at least
+    :data:`~surgery.compress.held_out.MIN_DEV_EXAMPLES`); the refit gets what is left of the room for one cut, down to
+    one batch. Both by :func:`batches_within`, the rule the Fisher's and the layers' batches are scaled by.
+
+    Example:
+        >>> p = Probes(forward=16.0, runtime_forward=2.5, export=140.0, probe_export=4.0, probe_forward=0.4,
+        ...            fisher_batch=31.0, seconds=210.0)
+        >>> shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
+        ...                  layer_batches=4, refit_batches=2, dev_batches=31.2, dev_examples=998, train_batches=0,
+        ...                  target=8.0, drop_search=False, cached_table=False, runtime_differs=True)
+        >>> fitted, notes = fit_dev_and_refit(p, shape, Settings(fisher_batches=8, layer_batches=1,
+        ...                                                       refit_batches=2), 1700.0)
+        >>> fitted.dev_examples, fitted.refit_batches, len(notes)
+        (256, 1, 2)
+    """
+    before = {k: v for k, v in phase_seconds(probes, shape, replace(settings, candidates=0)).items()
+              if k != "candidates"}
+    room = max(budget_seconds - sum(before.values()), 0.0)
+    notes: list[str] = []
+    whole = replace(settings, dev_examples=None)
+    # One dev example through the original and the unchanged model, and through one cut.
+    one = candidate_seconds(probes, shape, replace(whole, dev_examples=1))
+    per_example = one["unchanged"] + (one["judged"] - probes.export)
+    share = DEV_SHARE * room
+    fewer = max(min(MIN_DEV_EXAMPLES, shape.dev_examples), batches_within(shape.dev_examples, per_example, share))
+    if fewer < shape.dev_examples:
+        notes.append(f"candidates are judged on {fewer} of the {shape.dev_examples} dev examples, a seeded subsample "
+                     f"(the original's pass and each candidate's over all of them would take "
+                     f"{shape.dev_examples * per_example / 60:.1f} min of the {room / 60:.1f} min left for candidates)")
+        settings = replace(settings, dev_examples=fewer)
+    single = candidate_seconds(probes, shape, replace(settings, refit_batches=1))
+    per_batch = single["refit"] + single["objective"]
+    share = room - single["unchanged"] - (single["cut"] - per_batch)
+    fewer = batches_within(settings.refit_batches, per_batch, share)
+    if fewer < settings.refit_batches:
+        notes.append(f"a cut's refit reads {fewer} of {settings.refit_batches} calibration batches (all of them "
+                     f"would take {settings.refit_batches * per_batch / 60:.1f} min of a cut's "
+                     f"{max(share, 0.0) / 60:.1f} min)")
+        settings = replace(settings, refit_batches=fewer)
+    return settings, notes
 
 
 def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | None, train: bool) -> JobEstimate:
@@ -251,8 +330,8 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
         >>> p = Probes(forward=1.0, runtime_forward=0.3, export=20.0, probe_export=3.0, probe_forward=0.1,
         ...            fisher_batch=3.0, seconds=30.0)
         >>> shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
-        ...                  layer_batches=4, refit_batches=8, dev_batches=10, train_batches=100, target=8.0,
-        ...                  drop_search=False, cached_table=False, runtime_differs=True)
+        ...                  layer_batches=4, refit_batches=8, dev_batches=10, dev_examples=320, train_batches=100,
+        ...                  target=8.0, drop_search=False, cached_table=False, runtime_differs=True)
         >>> full = estimate_job(p, shape, budget_seconds=None, train=False)
         >>> full.settings.table_repeats, full.notes
         (7, [])
@@ -262,7 +341,7 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
     """
     settings = Settings(fisher_batches=shape.fisher_batches, layer_batches=shape.layer_batches,
                         candidates=3 * BISECTION_POINTS + 4 if shape.drop_search else SPEEDUP_CANDIDATES,
-                        training=train and budget_seconds is not None)
+                        training=train and budget_seconds is not None, refit_batches=shape.refit_batches)
     # An epoch: the student's forward and backward (the Fisher batch is one) and the teacher's forward, per batch.
     epoch = shape.train_batches * (probes.fisher_batch + probes.forward) * 1.1
     phases = phase_seconds(probes, shape, settings, epoch)
@@ -297,6 +376,9 @@ def estimate_job(probes: Probes, shape: JobShape, *, budget_seconds: float | Non
         notes.append(f"each layer's removal is measured on {fewer} of {settings.layer_batches} batches "
                      f"({IMPORTANCE_SHARE:.0%} of the budget)")
         settings = replace(settings, layer_batches=fewer)
+    if not fits(settings):
+        settings, said = fit_dev_and_refit(probes, shape, settings, budget_seconds)
+        notes += said
     while settings.candidates > 2 and not fits(settings):
         settings = replace(settings, candidates=settings.candidates - 1)
     if settings.candidates < base.candidates:
@@ -395,6 +477,7 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
     shape = JobShape(layers=len(Structure.from_model(model).layers), removable_layers=removable_layers,
                      probes=count, probe_fraction=fraction, fisher_batches=fisher_batches, layer_batches=LAYER_BATCHES,
                      refit_batches=refit_batches, dev_batches=dev_examples / max(batch_size, 1),
+                     dev_examples=dev_examples,
                      train_batches=math.ceil(train_rows / max(min(batch_size, 32), 1)),
                      target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
                      drop_search=not isinstance(target, SpeedupTarget),
@@ -426,7 +509,7 @@ def forward_equivalents(model: nn.Module, target: Target, *, dev_examples: int, 
                   probe_forward=PROBE_LAYERS / max(layers, 1), fisher_batch=3.0)
     shape = JobShape(layers=layers, removable_layers=layers, probes=count, probe_fraction=fraction,
                      fisher_batches=fisher_batches, layer_batches=LAYER_BATCHES, refit_batches=8,
-                     dev_batches=dev_examples / max(batch_size, 1), train_batches=0,
+                     dev_batches=dev_examples / max(batch_size, 1), dev_examples=dev_examples, train_batches=0,
                      target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
                      drop_search=not isinstance(target, SpeedupTarget), cached_table=False, runtime_differs=True)
     return estimate_job(unit, shape, budget_seconds=None, train=False).total

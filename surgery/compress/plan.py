@@ -135,6 +135,12 @@ class CompressPlan:
     #: the unchanged speedup's interval where it was measured (None: a prediction, or the reference runtime itself)
     unchanged_interval: list[float] | None = None
 
+    @property
+    def dev_examples(self) -> int | None:
+        """Dev examples the candidates are judged on: a budget's seeded subsample of the dev split, sized by the
+        job estimate (None: the whole split)."""
+        return self.estimate.settings.dev_examples if self.estimate is not None else None
+
     def families(self) -> dict[str, RemovalPath]:
         """Every search path by its candidates' origin: ``path``, ``units-path``, ``uniform-path``."""
         found = {"path": self.path, "units-path": self.units_path, "uniform-path": self.uniform_path}
@@ -403,6 +409,8 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
         emit(ProgressEvent("compress: estimate after the search", 1, 1, estimate.refine(
             distinct_cuts(paths, target.speedup), speedup >= target.speedup)))
     refit = refit_batches(calibration)
+    if estimate is not None:  # a budget may leave the refit fewer batches (said in the estimate's notes)
+        refit = refit[:estimate.settings.refit_batches]
     return CompressPlan(table=table, costs=costs, path=path, units_path=units_path, uniform_path=uniform_path,
                         start=start, unchanged_speedup=speedup, batch_size=batch_size, seq_len=seq_len,
                         objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases,

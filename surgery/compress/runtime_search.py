@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -58,16 +59,26 @@ def dev_table(data: Any, eval_data: Any) -> tuple[Any, str]:
 
 
 def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: int,
-              dev: list[Any], texts: list[str]) -> tuple[dict[str, list[Any]], DevSplit]:
+              dev: list[Any], texts: list[str], examples: int | None = None) -> tuple[dict[str, list[Any]], DevSplit]:
     """The dev data split (:func:`surgery.compress.held_out.split_dev`) into the search's screen, the rest of
-    the search's part and the held-out pick part: texts (embedding) or batches of those examples (task)."""
+    the search's part and the held-out pick part: texts (embedding) or batches of those examples (task).
+    ``examples``: a budget's seeded subsample of the dev data to split instead (None: all of it).
+
+    Example:
+        >>> from surgery.testing import tiny_task_data
+        >>> data = tiny_task_data(96)
+        >>> dev, texts = dev_source(data, None, "task", 8)
+        >>> parts, split = dev_parts(data, None, "task", 8, dev, texts, examples=40)
+        >>> split.judged, split.drawn_from == len(data.eval), sum(len(b["labels"]) for p in parts.values() for b in p)
+        (40, True, 40)
+    """
     if objective == "embedding":
-        split = split_dev(len(texts))
+        split = split_dev(len(texts), examples=examples)
         return {name: [texts[i] for i in getattr(split, name)] for name in ("screen", "rest", "pick")}, split
     source, name = dev_table(data, eval_data)
     table = getattr(source, name)
     if dataclasses.is_dataclass(source) and hasattr(table, "select"):  # TaskData: the examples themselves
-        split = split_dev(len(table))
+        split = split_dev(len(table), examples=examples)
 
         def batches(indices: tuple[int, ...]) -> list[Any]:
             if not indices:
@@ -76,7 +87,10 @@ def dev_parts(data: Any, eval_data: Any, objective: ObjectiveName, batch_size: i
             return list(part.loader(name, batch_size=batch_size))
 
         return {part: batches(getattr(split, part)) for part in ("screen", "rest", "pick")}, split
-    split = split_dev(len(dev))  # a loader only: whole batches split
+    # A loader only: whole batches split (a subsample: as many batches as hold about ``examples``).
+    total = sum(int(b["input_ids"].shape[0]) for b in dev)
+    split = split_dev(len(dev), examples=None if examples is None or total <= examples
+                      else max(2, math.ceil(examples * len(dev) / max(total, 1))))
     return {part: [dev[i] for i in getattr(split, part)] for part in ("screen", "rest", "pick")}, split
 
 
@@ -127,13 +141,18 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         objective = data_objective(data, config.objective)
         batch = config.batch_size or int(getattr(data, "batch_size", CALIBRATION_BATCH))
         dev, texts = dev_source(data, eval_data, objective, batch)
-        parts, split = dev_parts(data, eval_data, objective, batch, dev, texts)
         if type(model).__name__.endswith("ForSequenceClassification"):  # ids numbered as the head reads them
             for name, source in (("compress: the data", data), ("compress: the eval data", eval_data)):
                 check_label_order(model.config, getattr(source, "label_names", None) or [], name)
         plan = plan_compress(model, data, config, runtime=runtime, against=against, latency=latency,
                              progress=progress, clock=clock, costs=costs, unchanged=unchanged,
                              dev_examples=sum(int(b["input_ids"].shape[0]) for b in dev) or len(texts))
+        # Split once the estimate has said how many dev examples the budget affords (a seeded subsample, or all);
+        # the judge holds those only, so that nothing reads the rest (the original's accuracy included).
+        parts, split = dev_parts(data, eval_data, objective, batch, dev, texts, plan.dev_examples)
+        if split.judged < split.drawn_from:
+            dev = [b for name in ("screen", "rest", "pick") for b in parts[name]] if dev else []
+            texts = [t for name in ("screen", "rest", "pick") for t in parts[name]] if texts else []
         source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=config.threads,
                                             repeats=plan.speedup_repeats, batches=plan.batches)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
