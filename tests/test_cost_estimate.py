@@ -327,3 +327,20 @@ def test_a_budgeted_compress_judges_a_subsample_and_says_so_in_the_plan_and_repo
     assert split["search"] + split["pick"] == 24 and split["pick"] == 12 and split["disjoint"]
     assert report.judging["refit_batches"] == 1
     assert report.original["accuracy"] is not None  # the original's figures on the subsample it is paired on
+
+
+def test_timing_frees_runtime_buffers_only_past_the_memory_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The latency table holds its 18 probes at once: at 32 x 512 tokens their OpenVINO buffers were most of a
+    # 12.8 GB peak. Past the bound each is freed after its turn; below it nothing changes (a freed call is slower).
+    from surgery.measure import timing
+
+    released: list[int] = []
+    model = tiny_model(TinySpec("bert"))
+    model.release_memory = lambda: released.append(1)  # type: ignore[assignment]
+    models = {"a": tiny_model(TinySpec("bert")), "b": model}
+    inputs = [timing.make_inputs(99, batch_size=2, seq_len=8)]
+    assert not timing.time_models(models, inputs, repeats=2, warmup=1, threads=1).freed_buffers and not released
+    monkeypatch.setattr(timing, "TIMING_RSS_BYTES", 0)
+    found = timing.time_models(models, inputs, repeats=2, warmup=1, threads=1)
+    # Every model when the bound is first passed, then each after its turns (one warm-up round, two timed).
+    assert found.freed_buffers and len(released) == 4

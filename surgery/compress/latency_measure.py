@@ -614,6 +614,7 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
         "probe_layers": probe_layers, "template_layer": template, "narrowest_probe_ffn": floor,
         "repeats": repeats, "warmup": WARMUP, "calls_per_round": timing.calls, "round_load": round_load,
         "load_average": timing.load_average, "seconds": time.perf_counter() - started,
+        "freed_buffers": timing.freed_buffers,
     }
     return solve_table(seconds, plan, structure, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
                        threads=threads, **shape_fields(batches), model_key=model_key, machine=machine,

@@ -95,6 +95,20 @@ def memory_use(model: nn.Module, inputs: Mapping[str, torch.Tensor], device: tor
     return weights, peak, (weights + peak if peak is not None else None), method
 
 
+def rss_bytes() -> int | None:
+    """The process's resident memory now, in bytes (``/proc/self/statm``; None where there is none).
+
+    Example:
+        >>> (rss_bytes() or 1) > 0
+        True
+    """
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def peak_rss_bytes() -> int | None:
     """The process's peak resident memory so far, in bytes (``getrusage``'s ``ru_maxrss``; None where absent).
 

@@ -46,6 +46,12 @@ from surgery.persist.config_values import usable_positions
 
 #: Calls per timed unit are capped here (a probe of microseconds would otherwise run for ever).
 MAX_CALLS = 1000
+#: Resident memory (bytes) beyond which :func:`time_models` frees each runtime model's intermediate buffers after its
+#: turn (a model with ``release_memory``: OpenVINO). The latency table holds its 18 probes at once, and at 32 x 512
+#: tokens each OpenVINO probe keeps about 0.35 GB of buffers after its first call, beside 0.2 GB loaded: about 10 GB
+#: in all, the peak of a BERT-base compress run (12.8 GB). Freed, a probe's next call allocates them again, which
+#: measured 15% slower at that shape, so buffers are freed only past this bound (at 128 tokens nothing changes).
+TIMING_RSS_BYTES = 5 * 2**30
 
 
 
@@ -202,6 +208,8 @@ class Timing(BaseModel):
     device: str
     batch_shapes: list[list[int]] = Field(description="[batch, padded length] of each timed round's batch")
     load_average: list[float | None] = Field(default_factory=list, description="1-minute load before and after")
+    freed_buffers: bool = Field(default=False, description="runtime models' buffers were freed after each turn (the "
+                                "process held more than TIMING_RSS_BYTES): each call allocated them again")
     machine: MachineInfo
 
     def speedup(self, name: str) -> tuple[float, Interval]:
@@ -219,8 +227,8 @@ class Timing(BaseModel):
         return median_polish(self.seconds)
 
 
-def _calls_for(models: Mapping[str, nn.Module], batch: Batch, least: float | None, sync: Callable[[], None]
-               ) -> dict[str, int]:
+def _calls_for(models: Mapping[str, nn.Module], batch: Batch, least: float | None, sync: Callable[[], None],
+               after: Callable[[str], None]) -> dict[str, int]:
     """Calls per timed unit: enough for ``least`` seconds, judged on one timed call after an untimed one."""
     if least is None:
         return {name: 1 for name in models}
@@ -233,7 +241,43 @@ def _calls_for(models: Mapping[str, nn.Module], batch: Batch, least: float | Non
         sync()
         once = time.perf_counter() - start
         calls[name] = max(1, min(MAX_CALLS, math.ceil(least / max(once, 1e-6))))
+        after(name)
     return calls
+
+
+class BufferBound:
+    """Frees runtime models' intermediate buffers after each one's turn once the process holds more than ``limit``
+    bytes (see :data:`TIMING_RSS_BYTES`); ``freed`` says whether it had to.
+
+    Example:
+        >>> class Model:
+        ...     released = 0
+        ...     def release_memory(self): self.released += 1
+        >>> models = {"a": Model(), "b": Model()}
+        >>> bound = BufferBound(models, limit=0)
+        >>> bound("a"); bound("b"); bound.freed, models["a"].released, models["b"].released
+        (True, 1, 2)
+        >>> BufferBound(models, limit=2**62)("a")
+    """
+
+    def __init__(self, models: Mapping[str, Any], limit: int) -> None:
+        from surgery.measure.memory import rss_bytes
+
+        self.models, self.limit, self.rss, self.freed = models, limit, rss_bytes, False
+
+    def __call__(self, name: str) -> None:
+        if not self.freed:
+            held = self.rss()
+            if held is None or held <= self.limit:
+                return
+            self.freed = True  # from now on, every model after its turn; those that ran already, now
+            names = list(self.models)
+        else:
+            names = [name]
+        for each in names:
+            release = getattr(self.models[each], "release_memory", None)
+            if callable(release):
+                release()
 
 
 def time_models(models: Mapping[str, nn.Module], batches: Sequence[Batch], *, repeats: int, warmup: int = 2,
@@ -275,7 +319,8 @@ def time_models(models: Mapping[str, nn.Module], batches: Sequence[Batch], *, re
             for model in models.values():
                 if isinstance(model, nn.Module):
                     model.to(dev).eval()
-            calls = _calls_for(models, moved[0], least, sync)
+            bound = BufferBound(models, TIMING_RSS_BYTES)
+            calls = _calls_for(models, moved[0], least, sync, bound)
             for round_ in range(warmup + repeats):
                 batch = moved[round_ % len(moved)]
                 shift = round_ % len(names)
@@ -287,6 +332,7 @@ def time_models(models: Mapping[str, nn.Module], batches: Sequence[Batch], *, re
                     sync()
                     if round_ >= warmup:
                         seconds[name].append((time.perf_counter() - start) / calls[name])
+                    bound(name)
                 if round_ >= warmup:
                     shapes.append([int(batch["input_ids"].shape[0]), batch_length(batch)])
                 if on_round is not None:
@@ -297,6 +343,7 @@ def time_models(models: Mapping[str, nn.Module], batches: Sequence[Batch], *, re
                 model.train(modes[name])
     return Timing(reference=names[0], seconds=seconds, calls=calls, repeats=repeats, warmup=warmup, threads=used,
                   device=str(dev), batch_shapes=shapes, load_average=[before, load_average()],
+                  freed_buffers=bound.freed,
                   machine=machine_info().model_copy(update={"torch_threads": used}))
 
 
