@@ -318,8 +318,8 @@ def fit_dev_and_refit(probes: Probes, shape: JobShape, settings: Settings, budge
     fewer = batches_within(settings.refit_batches, per_batch, share)
     if fewer < settings.refit_batches:
         notes.append(f"a cut's refit reads {fewer} of {settings.refit_batches} calibration batches (all of them "
-                     f"would take {settings.refit_batches * per_batch / 60:.1f} min of a cut's "
-                     f"{max(share, 0.0) / 60:.1f} min)")
+                     f"would take {settings.refit_batches * per_batch / 60:.1f} min; "
+                     f"{max(share, 0.0) / 60:.1f} min is left for one cut's refit)")
         settings = replace(settings, refit_batches=fewer)
     return settings, notes
 
