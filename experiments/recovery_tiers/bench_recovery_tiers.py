@@ -88,7 +88,16 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
         "input_ids": torch.randint(1000, 20000, (32 * steps, 64), generator=gen).tolist(),
         "labels": torch.randint(0, 2, (32 * steps,), generator=gen).tolist()})
     base = load_classifier()
-    out: dict[str, Any] = {"batch": 32, "seq_len": 64, "steps_per_round": steps, "rounds": args.rounds, "threads": {}}
+    if args.speed_model == "cut":
+        # The tier study's student: every layer keeps KEEP_HEADS heads and KEEP_NEURONS neurons (which ones does not
+        # change a step's time). A step of so small a model is mostly fixed costs, which bf16 does not shrink.
+        layers = base.config.num_hidden_layers
+        apply_removal(base, Removal(heads={i: list(range(KEEP_HEADS, base.config.num_attention_heads))
+                                           for i in range(layers)},
+                                    neurons={i: list(range(KEEP_NEURONS, base.config.intermediate_size))
+                                             for i in range(layers)}))
+    out: dict[str, Any] = {"batch": 32, "seq_len": 64, "steps_per_round": steps, "rounds": args.rounds,
+                           "model": args.speed_model, "threads": {}}
     for threads in args.speed_threads:
         torch.set_num_threads(threads)
         times: dict[str, list[float]] = {"fp32": [], "bf16": []}
@@ -247,6 +256,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--speed-steps", type=int, default=6)
     parser.add_argument("--speed-threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--speed-model", choices=["full", "cut"], default="full",
+                        help="--part speed: MiniLM-L6 whole, or cut as the tier study cuts it (2 heads and 64 "
+                        "neurons a layer), written under speed_cut")
     parser.add_argument("--live-teacher", action="store_true", help="also one epoch with the teacher run at every "
                         "step (the cost the cache saves)")
     parser.add_argument("--work", type=Path, default=ROOT / "logs" / "recovery_work")
@@ -257,7 +269,8 @@ def main() -> None:
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results["machine"] = machine_info().model_dump(mode="json")
     if args.part == "speed":
-        results["speed"] = {**speed(args), "commit": commit()}
+        key = "speed" if args.speed_model == "full" else f"speed_{args.speed_model}"
+        results[key] = {**speed(args), "commit": commit()}
     else:
         from surgery.persist.assets import resolve_model_path
 
