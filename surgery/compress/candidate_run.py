@@ -21,10 +21,10 @@ from torch import nn
 
 from surgery.compress.candidate_pool import BuildJob, Built, CandidatePool, JudgeJob
 from surgery.compress.candidates import (
-    INT8_CALIBRATION_EXAMPLES,
     CandidateResult,
     Judge,
     PartScores,
+    int8_calibration,
     joined,
     layer_drop_removal,
     reference_label,
@@ -1116,7 +1116,8 @@ class CandidateRun:
                 "examples_judged": {"search": self.judged["screen"] + self.judged["rest"],
                                     "pick": self.judged["pick"], "every_candidate_on_the_whole_search_part": full},
                 "search_log": self.search_log, "reference_seconds": round(self.reference_seconds, 2),
-                "int8_calibration_examples": INT8_CALIBRATION_EXAMPLES if self.runtime.int8 else None,
+                "int8_calibration_examples": sum(int(b["input_ids"].shape[0]) for b in int8_calibration(
+                    self.judge.smoothing or self.judge.calibration)) if self.runtime.int8 else None,
                 "max_drop_rule": (None if self.target.max_drop is None else
                                   f"held by the upper end of the held-out drop's {CONFIDENCE:.0%} paired bootstrap "
                                   "interval (the retained accuracy's lower end); where no candidate holds it there, "
