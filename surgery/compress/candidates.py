@@ -221,6 +221,28 @@ def joined(parts: Sequence[PartScores]) -> PartScores:
     return PartScores(values, recall)
 
 
+def leading_batches(batches: Sequence[Mapping[str, torch.Tensor]], *, examples: int, tokens: int,
+                    padded: bool) -> list[Mapping[str, torch.Tensor]]:
+    """The first batches of ``batches`` until they hold ``examples`` examples or ``tokens`` token positions (padded
+    ones counted where ``padded``, else the attention masks' ones), at least one batch; all if they hold fewer.
+
+    Example:
+        >>> def batches(length): return [{"input_ids": torch.zeros(32, length)}] * 16
+        >>> [len(leading_batches(batches(n), examples=256, tokens=256 * 128, padded=True)) for n in (64, 512)]
+        [8, 2]
+    """
+    kept: list[Mapping[str, torch.Tensor]] = []
+    seen = positions = 0
+    for batch in batches:
+        if kept and (seen >= examples or positions >= tokens):
+            break
+        kept.append(batch)
+        seen += int(batch["input_ids"].shape[0])
+        mask = None if padded else batch.get("attention_mask")
+        positions += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+    return kept
+
+
 def int8_calibration(batches: Sequence[Mapping[str, torch.Tensor]], examples: int = INT8_CALIBRATION_EXAMPLES,
                      tokens: int = INT8_CALIBRATION_TOKENS) -> list[Mapping[str, torch.Tensor]]:
     """The first batches of ``batches`` that hold at least ``examples`` examples or ``tokens`` token positions (their
@@ -231,16 +253,7 @@ def int8_calibration(batches: Sequence[Mapping[str, torch.Tensor]], examples: in
         >>> [len(int8_calibration(batches(n))) for n in (4, 128, 256, 512)]
         [10, 10, 5, 3]
     """
-    kept: list[Mapping[str, torch.Tensor]] = []
-    seen = positions = 0
-    for batch in batches:
-        if kept and (seen >= examples or positions >= tokens):
-            break
-        kept.append(batch)
-        seen += int(batch["input_ids"].shape[0])
-        mask = batch.get("attention_mask")
-        positions += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
-    return kept
+    return leading_batches(batches, examples=examples, tokens=tokens, padded=False)
 
 
 @dataclass

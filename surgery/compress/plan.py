@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from surgery.compress.candidates import Unchanged, unchanged_on
+from surgery.compress.candidates import Unchanged, leading_batches, unchanged_on
 from surgery.compress.compress_report import DropTarget, SpeedupTarget, Target
 from surgery.compress.config import CompressConfig
 from surgery.compress.job_estimate import IMPORTANCE_SHARE, JobEstimate, plan_settings
@@ -66,15 +66,7 @@ def refit_batches(calibration: list[Any]) -> list[Any]:
         >>> [len(refit_batches(batches(n))) for n in (64, 128, 256, 512)]
         [8, 8, 4, 2]
     """
-    out: list[Any] = []
-    examples = tokens = 0
-    for batch in calibration:
-        if out and (examples >= REFIT_EXAMPLES or tokens >= REFIT_TOKENS):
-            break
-        out.append(batch)
-        examples += int(batch["input_ids"].shape[0])
-        tokens += int(batch["input_ids"].numel())
-    return out
+    return leading_batches(calibration, examples=REFIT_EXAMPLES, tokens=REFIT_TOKENS, padded=True)
 
 
 def data_objective(data: Any, requested: str | None) -> ObjectiveName:
