@@ -173,7 +173,7 @@ def test_the_fisher_in_micro_batches_gives_the_same_figures(monkeypatch: pytest.
     batch = {**tiny_inputs(spec, batch=6, seq=9), "labels": torch.tensor([0, 1, 2, 0, 1, 2])}
     batch["attention_mask"][3:, 6:] = 0  # padded rows: their trailing columns are cut in their micro-batch
     whole_heads, whole_neurons, n = mask_fisher(model, [batch], objective="task")
-    monkeypatch.setattr(fisher_module, "FISHER_ACTIVATION_BYTES", 1)  # one row at a time
+    monkeypatch.setattr(fisher_module, "BACKWARD_ACTIVATION_BYTES", 1)  # one row at a time
     heads, neurons, m = mask_fisher(model, [batch], objective="task")
     assert n == m == 6
     for i in whole_heads:

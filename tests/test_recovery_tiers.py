@@ -329,3 +329,63 @@ def test_each_tier_is_limited_to_the_time_left_when_it_starts(monkeypatch: pytes
     assert 0 < given["blockwise"] < 500.0  # type: ignore[operator]
     assert given["distil"] == pytest.approx(given["blockwise"] - blockwise_seconds, abs=0.05)  # type: ignore[operator]
     assert all(record["time_limit_reached"] is False for record in out["tiers"])
+
+
+def test_a_tier_whose_untimed_part_cannot_fit_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A timed step at 32 x 512 tokens on BERT-base widths is a minute and gigabytes: at the end of a budget it is
+    # not taken when the forwards alone say no tier fits.
+    timed: list[str] = []
+    monkeypatch.setattr(training_tier, "timed_distil_step", lambda *a, **k: timed.append("distil") or 1.0)
+    monkeypatch.setattr(training_tier, "layer_step_seconds", lambda *a, **k: timed.append("blockwise") or [1.0])
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    out = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 0.0, batch_size=8, bf16=False)
+    assert timed == [] and out["tiers_run"] == []
+    assert [e["timed"] for e in out["estimates"].values()] == [False, False]
+    assert "at least" in out["note"]
+    roomy = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 1e6, batch_size=8, bf16=False,
+                                      order=())
+    assert roomy["tiers_run"] == [] and timed == []  # tiers not asked for are not timed either
+
+
+def test_a_micro_batched_distillation_step_is_the_whole_batch_step() -> None:
+    # Gradient accumulation over equal micro-batches of a per-example mean loss: the same optimiser step.
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    data = tiny_task_data()
+    trained = []
+    for micro in (None, 2):
+        student = cut(teacher)
+        for module in student.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        result = recover(student, teacher, data, RecoveryConfig(epochs=1, batch_size=8, max_steps=1, seed=3,
+                                                                micro_batch=micro, cache_teacher=True))
+        assert result.steps == 1
+        trained.append(student)
+    for a, b in zip(trained[0].parameters(), trained[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4)
+    moved = any(not torch.equal(a, b) for a, b in zip(trained[0].parameters(), cut(teacher).parameters(),
+                                                      strict=True))
+    assert moved  # a step was taken
+
+
+def test_distillation_runs_in_micro_batches_that_fit_the_activation_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import mask_fisher
+
+    seen: list[int | None] = []
+    real = training_tier.distil
+
+    def distil(*args: object, micro_batch: int | None = None, **kwargs: object) -> object:
+        seen.append(micro_batch)
+        return real(*args, micro_batch=micro_batch, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(training_tier, "distil", distil)
+    monkeypatch.setattr(training_tier, "MAX_EPOCHS", 2)  # a tiny model never stops early; 8 steps at least
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
+    wide = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 1e6, batch_size=8, bf16=False,
+                                     order=("distil",))
+    monkeypatch.setattr(mask_fisher, "BACKWARD_ACTIVATION_BYTES", 1)  # one row at a time
+    narrow = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 1e6, batch_size=8, bf16=False,
+                                       order=("distil",))
+    assert wide["micro_batch"] is None and narrow["micro_batch"] == 1
+    assert narrow["estimates"]["distil"]["micro_batch"] == 1 and seen == [None, 1]
+    assert narrow["tiers_run"] == ["distil"] and narrow["tiers"][0]["steps"] > 0

@@ -36,10 +36,12 @@ from surgery.scoring.importance import batches_on, linear_input_scores, loss_obj
 
 ObjectiveName = Literal["task", "embedding"]
 
-#: Bytes of activations one Fisher micro-batch may keep for its backward pass: batches are split into
-#: rows that fit (a BERT-base batch of 32 x 512 tokens kept about 25 GB whole; the Fisher is a sum
-#: over examples, so the split changes no figure).
-FISHER_ACTIVATION_BYTES = 2 * 2**30
+#: Bytes of activations one backward pass of compress may keep: the Fisher's and the distillation tier's batches
+#: are split into rows that fit (:func:`rows_within`). A BERT-base batch of 32 x 512 tokens kept about 25 GB whole;
+#: a distillation step on it, timed whole, took a 2-core, 24 GB machine's compress to the OOM killer (session 14).
+#: The Fisher is a sum over examples, so its split changes no figure; distillation accumulates the micro-batches'
+#: gradients into one optimiser step (the HF Trainer's gradient accumulation).
+BACKWARD_ACTIVATION_BYTES = 2 * 2**30
 
 #: Batches each layer's removal is measured on (fewer where a budget says so: see job_estimate).
 LAYER_BATCHES = 4
@@ -63,6 +65,19 @@ def backward_bytes_per_row(model: nn.Module, seq_len: int) -> int:
         parts = adapter.layer(i)
         total += seq_len * (12 * hidden + 3 * parts.count("neurons") + 3 * parts.count("heads") * seq_len)
     return 4 * total
+
+
+def rows_within(model: nn.Module, seq_len: int, limit: int | None = None) -> int:
+    """Rows of ``seq_len`` tokens one backward pass through ``model`` may take at once within ``limit`` bytes
+    (default :data:`BACKWARD_ACTIVATION_BYTES`), at least one.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows_within(tiny_model(TinySpec("bert")), 8), rows_within(tiny_model(TinySpec("bert")), 8, limit=1)
+        (56775, 1)
+    """
+    per_row = backward_bytes_per_row(model, seq_len)
+    return max(1, (BACKWARD_ACTIVATION_BYTES if limit is None else limit) // max(per_row, 1))
 
 
 def micro_batches(batches: Sequence[Mapping[str, Any]], rows: int) -> list[dict[str, Any]]:
@@ -158,7 +173,7 @@ def mask_fisher(model: nn.Module, batches: Sequence[Mapping[str, Any]], *, objec
     examples = sum(int(b["input_ids"].shape[0]) for b in batches)
     if batches:  # bounded memory: the backward of a long batch is taken a few rows at a time
         longest = max(int(b["input_ids"].shape[1]) for b in batches)
-        batches = micro_batches(batches, max(1, FISHER_ACTIVATION_BYTES // backward_bytes_per_row(model, longest)))
+        batches = micro_batches(batches, rows_within(model, longest))
     if examples == 0:
         raise DataError("compress: the calibration data holds no examples; pass training data")
     chosen = importance_objective if objective == "embedding" else summed_task_loss

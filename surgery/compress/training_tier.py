@@ -83,7 +83,11 @@ def bf16_training() -> bool:
 
 
 class TierEstimate(BaseModel):
-    """A tier's time on this machine, from timed steps: ``seconds`` for the run ``steps`` describes."""
+    """A tier's time on this machine, from timed steps: ``seconds`` for the run ``steps`` describes.
+
+    ``timed`` False: its steps were not timed because even its untimed part (the forwards it cannot do without,
+    :func:`tier_floors`) did not fit the time left; ``seconds`` is then that floor, ``step_seconds`` a lower bound.
+    """
 
     tier: str
     seconds: float
@@ -91,23 +95,35 @@ class TierEstimate(BaseModel):
     steps: int
     fixed_seconds: float = 0.0  # paid once whatever the steps (caching the teacher's outputs)
     bf16: bool = False
+    timed: bool = True
+    micro_batch: int | None = None  # rows per forward and backward where a step's batch is split (distillation)
 
 
-def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: bool = False) -> float:
+def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: bool = False,
+                      micro_batch: int | None = None) -> float:
     """Seconds of one distillation step of ``student`` (forward and backward under the training's precision).
 
     The teacher's logits are cached once per run, so its forward is not part of a step. The second of two
-    steps is timed (the first pays for allocations); gradients are cleared after.
+    steps is timed (the first pays for allocations); gradients are cleared after. With ``micro_batch`` the
+    step runs as training runs it, in equal micro-batches (:func:`~surgery.training.trainer.accumulation_steps`):
+    one is timed, times their number, so that the timing holds no more activations than training does.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
         >>> timed_distil_step(tiny_model(TinySpec("bert", task="seq-cls")), tiny_task_data(8), 4) > 0
         True
+        >>> timed_distil_step(tiny_model(TinySpec("bert", task="seq-cls")), tiny_task_data(8), 4, micro_batch=1) > 0
+        True
     """
+    from surgery.training.trainer import accumulation_steps
+
     loader = data.loader("train", batch_size=batch_size)
     device = model_device(student)
     batch = next(batches_on(loader, device))
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    rows = int(batch["input_ids"].shape[0])
+    parts = accumulation_steps(rows, micro_batch)
+    inputs = {k: v[:rows // parts] if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == rows else v
+              for k, v in batch.items() if k != "labels"}
     was = student.training
     student.train()
     elapsed = 0.0
@@ -122,7 +138,7 @@ def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: b
     finally:
         student.zero_grad(set_to_none=True)
         student.train(was)
-    return elapsed
+    return elapsed * parts
 
 
 def timed_forward(model: nn.Module, batch: dict[str, Any], *, bf16: bool = False) -> float:
@@ -152,9 +168,12 @@ def masked_copies_for(data: Any) -> int:
 
 
 def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_size: int, *,
-                    bf16: bool = False) -> TierEstimate:
+                    bf16: bool = False, micro_batch: int | None = None,
+                    teacher_forward: float | None = None) -> TierEstimate:
     """One epoch of distillation: timed step x steps per epoch x Trainer overhead, plus the teacher's one pass
-    (an epoch and a pass per masked copy, :func:`masked_copies_for`, on top).
+    (an epoch and a pass per masked copy, :func:`masked_copies_for`, on top). ``micro_batch``: the rows one
+    backward may take (:func:`timed_distil_step`); ``teacher_forward``: the teacher's forward on a batch, timed
+    already (else timed here).
 
     Example:
         >>> import copy
@@ -166,15 +185,41 @@ def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_siz
     loader = data.loader("train", batch_size=batch_size)
     copies = 1 + masked_copies_for(data)
     steps = len(loader) * copies
-    step = timed_distil_step(student, data, batch_size, bf16=bf16) * TRAINER_OVERHEAD
-    teacher_forward = timed_forward(teacher, next(iter(loader)), bf16=bf16)
+    step = timed_distil_step(student, data, batch_size, bf16=bf16, micro_batch=micro_batch) * TRAINER_OVERHEAD
+    if teacher_forward is None:
+        teacher_forward = timed_forward(teacher, next(iter(loader)), bf16=bf16)
     if task_hidden_weight(data) > 0:  # the teacher runs at every step: its layers' outputs are the targets
         step += teacher_forward
         teacher_pass = 0.0
     else:  # its logits once per run
         teacher_pass = teacher_forward * steps
     return TierEstimate(tier="distil", seconds=round(step * steps + teacher_pass, 3), step_seconds=step, steps=steps,
-                        fixed_seconds=round(teacher_pass, 3), bf16=bf16)
+                        fixed_seconds=round(teacher_pass, 3), bf16=bf16, micro_batch=micro_batch)
+
+
+def tier_floors(data: Any, batch_size: int, batches: int, student_forward: float, teacher_forward: float, *,
+                bf16: bool = False) -> dict[str, TierEstimate]:
+    """Each tier's least possible time, from two inference forwards on one batch (no backward, little memory):
+    distillation's teacher pass and :data:`MIN_DISTIL_STEPS` steps of at least a forward and a backward (no
+    cheaper than two forwards); block-wise reconstruction's walks up both models (the part of
+    :func:`estimate_blockwise` that is not its steps). A tier whose floor does not fit the time left is not timed:
+    a timed step at a long length is itself a minute and gigabytes (BERT-base widths, 32 x 512 tokens).
+
+    Example:
+        >>> from surgery.testing import tiny_task_data
+        >>> floors = tier_floors(tiny_task_data(8), 4, 16, student_forward=1.0, teacher_forward=2.0)
+        >>> floors["distil"].seconds, floors["blockwise"].seconds, floors["distil"].timed
+        (20.0, 96.0, False)
+    """
+    steps = len(data.loader("train", batch_size=batch_size)) * (1 + masked_copies_for(data))
+    step = 2 * student_forward + (teacher_forward if task_hidden_weight(data) > 0 else 0.0)
+    teacher_pass = 0.0 if task_hidden_weight(data) > 0 else teacher_forward * steps
+    walks = 2 * batches * (student_forward + teacher_forward)
+    return {"distil": TierEstimate(tier="distil", seconds=round(teacher_pass + MIN_DISTIL_STEPS * step, 3),
+                                   step_seconds=step, steps=steps, fixed_seconds=round(teacher_pass, 3), bf16=bf16,
+                                   timed=False),
+            "blockwise": TierEstimate(tier="blockwise", seconds=round(walks, 3), step_seconds=0.0, steps=0,
+                                      fixed_seconds=round(walks, 3), bf16=bf16, timed=False)}
 
 
 def task_hidden_weight(data: Any) -> float:
@@ -190,8 +235,9 @@ def task_hidden_weight(data: Any) -> float:
 
 
 def estimate_blockwise(student: nn.Module, teacher: nn.Module, batches: list[dict[str, Any]],
-                       config: BlockwiseConfig) -> TierEstimate:
+                       config: BlockwiseConfig, forwards: tuple[float, float] | None = None) -> TierEstimate:
     """Block-wise reconstruction: per layer ``config.steps`` timed layer steps, plus caching and walking up both models.
+    ``forwards``: the student's and the teacher's inference forward on ``batches[0]``, timed already (else here).
 
     Example:
         >>> import copy
@@ -204,7 +250,9 @@ def estimate_blockwise(student: nn.Module, teacher: nn.Module, batches: list[dic
     layers = len(per_layer) if config.layers is None else len(config.layers)
     step = sum(per_layer) / len(per_layer) * BLOCKWISE_OVERHEAD
     # Each model runs about twice per batch: one pass records the layer calls, the walk up is another.
-    fixed = 2 * len(batches) * (timed_forward(student, batches[0]) + timed_forward(teacher, batches[0]))
+    if forwards is None:
+        forwards = (timed_forward(student, batches[0]), timed_forward(teacher, batches[0]))
+    fixed = 2 * len(batches) * sum(forwards)
     steps = config.steps * layers
     return TierEstimate(tier="blockwise", seconds=round(step * steps + fixed, 3), step_seconds=step, steps=steps,
                         fixed_seconds=round(fixed, 3), bf16=config.bf16)
@@ -225,19 +273,20 @@ def distil_steps_that_fit(seconds: float, estimate: TierEstimate) -> int:
 
 def distil(student: nn.Module, teacher: nn.Module, data: Any, *, epochs: int, batch_size: int, seed: int = 0,
            max_steps: int | None = None, bf16: bool = False, max_seconds: float | None = None,
-           progress: ProgressCallback | None = None) -> RecoveryResult:
+           progress: ProgressCallback | None = None, micro_batch: int | None = None) -> RecoveryResult:
     """Distil the original into the cut model (surgery's recovery, HF Trainer, teacher's logits cached once).
 
     Where ``data`` has a labelled eval split, every epoch is measured on it: the run stops after
     :data:`PATIENCE` epochs below the best and keeps the best epoch's parameters. The training rows come
     with :func:`masked_copies_for` masked copies. ``max_seconds`` ends it at the first step past that much wall-clock
-    time, whatever ``max_steps`` says.
+    time, whatever ``max_steps`` says. ``micro_batch``: the most rows one forward and backward takes (each step's
+    gradients accumulated over equal micro-batches).
     """
     measured = has_eval_split(data)
     # Set only for a task: the embedding objective chooses its own weight where the caller set none.
     hidden = {"hidden_weight": weight} if (weight := task_hidden_weight(data)) > 0 else {}
     config = RecoveryConfig(epochs=epochs, batch_size=batch_size, seed=seed, max_steps=max_steps, bf16=bf16,
-                            max_seconds=max_seconds,
+                            max_seconds=max_seconds, micro_batch=micro_batch,
                             keep_best=measured, patience=PATIENCE if measured else None,
                             masked_copies=masked_copies_for(data), **hidden)
     return recover(student, teacher, data, config, progress=progress)
@@ -257,13 +306,20 @@ def dev_accuracy(model: nn.Module, data: Any) -> float | None:
 
 def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left: float, *, batch_size: int,
                 seed: int = 0, progress: ProgressCallback | None = None,
-                order: tuple[str, ...] = TIER_ORDER, bf16: bool | None = None) -> dict[str, Any]:
+                order: tuple[str, ...] = TIER_ORDER, bf16: bool | None = None,
+                micro_batch: int | None = None) -> dict[str, Any]:
     """Run the recovery tiers on ``student`` in place, in ``order``, each while the time left fits its estimate.
 
     Returns what compress.json records under ``training``: the precision, every tier's estimate, and
     for each tier that ran its estimated and actual seconds and the dev accuracy (PyTorch) before and after
     it; ``tiers_run`` lists them, ``note`` says why none ran. ``epochs`` and ``epoch_seconds_estimated``
     describe the distillation tier (0 epochs when it did not run).
+
+    Memory and time are bounded before anything is trained: a tier whose floor (:func:`tier_floors`, from two
+    inference forwards) does not fit the time left is not timed (its estimate says ``timed: false``), and
+    distillation's forward and backward take at most ``micro_batch`` rows at once (default: those of the longest
+    calibration batch that fit :data:`~surgery.compress.mask_fisher.BACKWARD_ACTIVATION_BYTES`,
+    :func:`~surgery.compress.mask_fisher.rows_within`), each step's gradients accumulated over them.
 
     Example:
         >>> import copy
@@ -280,14 +336,31 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
                                 "estimates": {}, "tiers": [], "tiers_run": [], "epochs": 0}
     blockwise_cfg = BlockwiseConfig(bf16=use_bf16, seed=seed)
     batches = task_calibration_batches(data, BLOCKWISE_BATCHES, batch_size=batch_size)
-    estimates = {"distil": estimate_distil(student, teacher, data, batch_size, bf16=use_bf16),
-                 "blockwise": estimate_blockwise(student, teacher, batches, blockwise_cfg)}
+    if micro_batch is None:
+        from surgery.compress.mask_fisher import rows_within
+
+        micro_batch = rows_within(student, max(int(b["input_ids"].shape[1]) for b in batches))
+    micro = micro_batch if micro_batch < batch_size else None
+    training["micro_batch"] = micro
+    forwards = (timed_forward(student, batches[0], bf16=use_bf16), timed_forward(teacher, batches[0], bf16=use_bf16))
+    floors = tier_floors(data, batch_size, len(batches), *forwards, bf16=use_bf16)
+    estimates: dict[str, TierEstimate] = {}
+    for tier in ("distil", "blockwise"):
+        if tier not in order or floors[tier].seconds > seconds_left - (time.perf_counter() - measuring):
+            estimates[tier] = floors[tier]
+        elif tier == "distil":
+            estimates[tier] = estimate_distil(student, teacher, data, batch_size, bf16=use_bf16, micro_batch=micro,
+                                              teacher_forward=forwards[1])
+        else:
+            estimates[tier] = estimate_blockwise(student, teacher, batches, blockwise_cfg, forwards)
     training["estimates"] = {k: v.model_dump() for k, v in estimates.items()}
     training["epoch_seconds_estimated"] = round(estimates["distil"].step_seconds * estimates["distil"].steps, 2)
     left = seconds_left - (time.perf_counter() - measuring)  # the timed steps came out of the budget too
     current = None
     for index, tier in enumerate(order):
         estimate = estimates[tier]
+        if not estimate.timed:
+            continue
         if tier == "distil":
             steps = distil_steps_that_fit(left, estimate)
             if steps == 0:
@@ -314,7 +387,7 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
         else:
             epochs = steps / estimate.steps
             run = distil(student, teacher, data, epochs=math.ceil(epochs), batch_size=batch_size, seed=seed,
-                         max_steps=steps, bf16=use_bf16, max_seconds=limit, progress=emit)
+                         max_steps=steps, bf16=use_bf16, max_seconds=limit, progress=emit, micro_batch=micro)
             # Per epoch: training accuracy against the eval split's (a gap says the data, not the steps, is short).
             curve = [{k: None if h.get(k) is None else round(float(h[k]), 4) for k in ("train_acc", "accuracy", "kd")}
                      for h in run.history]
@@ -330,6 +403,7 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
         training["tiers_run"].append(tier)
     if not training["tiers_run"]:
         cheapest = min(estimates.values(), key=lambda e: e.seconds)
-        training["note"] = (f"no recovery tier fits: the cheapest ({cheapest.tier}) takes about "
+        at_least = "" if cheapest.timed else "at least "
+        training["note"] = (f"no recovery tier fits: the cheapest ({cheapest.tier}) takes {at_least}about "
                             f"{cheapest.seconds:.0f} s and the budget has {max(seconds_left, 0):.0f} s left")
     return training

@@ -42,6 +42,9 @@ class RecoveryConfig(DistillConfig):
     weight_decay: float = Field(default=0.01, ge=0.0)
     warmup_ratio: float = Field(default=0.0, ge=0.0, lt=1.0)
     batch_size: int = Field(default=32, ge=1)
+    micro_batch: int | None = Field(default=None, ge=1, description="the most rows one forward and backward may take: "
+                                    "each step's batch runs in equal micro-batches whose gradients accumulate "
+                                    "(bounded memory on long sequences); None: the whole batch at once")
     seed: int = 0
     refit: bool = Field(default=False, description="before training, re-solve every cut output projection by "
                                                    "least squares against the teacher (surgery.training.refit)")
@@ -122,7 +125,8 @@ def recovery_arguments(output_dir: str, config: RecoveryConfig) -> Any:
     extra = {"max_steps": config.max_steps} if config.max_steps is not None else {}
     return training_arguments(output_dir, epochs=config.epochs, batch_size=config.batch_size,
                               learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-                              warmup_ratio=config.warmup_ratio, seed=config.seed, bf16=config.bf16, **extra)
+                              warmup_ratio=config.warmup_ratio, seed=config.seed, bf16=config.bf16,
+                              micro_batch=config.micro_batch, **extra)
 
 
 def require_labelled(data: Any, who: str) -> TaskData:

@@ -330,9 +330,25 @@ class TimeLimit(TrainerCallback):
             self.reached = True
 
 
+def accumulation_steps(batch_size: int, micro_batch: int | None) -> int:
+    """Micro-batches one optimiser step of ``batch_size`` rows is split into so that each holds at most
+    ``micro_batch`` rows: the fewest that divide it evenly (every micro-batch the same size, so the mean of
+    their mean losses is the batch's mean loss). 1 without a ``micro_batch`` or where the batch fits.
+
+    Example:
+        >>> [accumulation_steps(32, None), accumulation_steps(32, 40), accumulation_steps(32, 5)]
+        [1, 1, 8]
+        >>> accumulation_steps(30, 4)  # 10 micro-batches of 3: the fewest equal ones of at most 4 rows
+        10
+    """
+    if micro_batch is None or micro_batch >= batch_size:
+        return 1
+    return next(a for a in range(1, batch_size + 1) if batch_size % a == 0 and batch_size // a <= max(micro_batch, 1))
+
+
 def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, learning_rate: float = 5e-5,
                        weight_decay: float = 0.0, warmup_ratio: float = 0.0, seed: int = 0, bf16: bool = False,
-                       **overrides: Any) -> TrainingArguments:
+                       micro_batch: int | None = None, **overrides: Any) -> TrainingArguments:
     """Trainer settings for surgery's runs: no checkpoints, no logging to stdout, linear decay, CPU without CUDA.
 
     ``bf16`` is the Trainer's mixed precision (bf16 autocast, fp32 weights), on a CPU as on CUDA: turn it
@@ -345,14 +361,24 @@ def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, le
 
     ``warmup_ratio`` is a fraction of the training steps (transformers 5 takes it as a float ``warmup_steps``).
 
+    ``micro_batch``: the most rows one forward and backward may take (bounded memory on long sequences); a
+    process's share of the batch is then run in equal micro-batches whose gradients accumulate into one
+    optimiser step (the Trainer's ``gradient_accumulation_steps``, :func:`accumulation_steps`): the same step,
+    in less memory.
+
     Example:
         >>> training_arguments("/tmp/x", epochs=2).num_train_epochs
         2
+        >>> args = training_arguments("/tmp/x", epochs=1, batch_size=32, micro_batch=6)
+        >>> args.per_device_train_batch_size, args.gradient_accumulation_steps
+        (4, 8)
     """
     share = per_process_batch(batch_size)  # batch_size is the global batch (surgery.core.distributed)
+    accumulate = accumulation_steps(share, micro_batch)
     values: dict[str, Any] = dict(
-        output_dir=output_dir, num_train_epochs=epochs, per_device_train_batch_size=share,
-        per_device_eval_batch_size=share, learning_rate=learning_rate, weight_decay=weight_decay,
+        output_dir=output_dir, num_train_epochs=epochs, per_device_train_batch_size=share // accumulate,
+        gradient_accumulation_steps=accumulate, per_device_eval_batch_size=share, learning_rate=learning_rate,
+        weight_decay=weight_decay,
         warmup_steps=warmup_ratio, lr_scheduler_type="linear", save_strategy="no", eval_strategy="no",
         logging_strategy="no", report_to=[], seed=seed, data_seed=seed, disable_tqdm=True,
         remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, bf16=bf16,
