@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from surgery.compress import held_out
-from surgery.compress.candidate_run import TOGETHER_AT_MOST, CandidateRun, Want
+from surgery.compress.candidate_run import TOGETHER_AT_MOST, CandidateRun, Want, same_cut
 from surgery.compress.candidates import Judge
 from surgery.compress.compress_report import DropTarget, SpeedupTarget
 from surgery.compress.compress_run import compress
@@ -584,6 +584,24 @@ def test_until_a_cut_is_built_the_skip_rule_expects_the_estimated_cost_of_a_cut(
     run.clock = FixedClock(run.cut_estimate + run.pick_reserve() + 1.0)
     assert run.evaluate([want])[0] is not None and run.cut_built
     assert run.candidate_cost() == run.last_cost  # measured now: the estimate no longer counts
+
+
+def test_the_skip_rule_counts_timing_each_candidate_of_a_round_one_after_another(tmp_path: Path) -> None:
+    # Workers build a round at once, but each candidate of a --speedup search is then timed in the main process, one
+    # after another: at 512 tokens on BERT-base widths two cuts fitted the budget and their timings overran it.
+    run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.last_cost, run.cut_built, run.timing_estimate = 1.0, True, 100.0
+    assert run.timing_cost() == 100.0
+    steps = len(run.plan.path.steps)
+    first, second = run.path_want(middle(steps)), run.path_want(max(1, middle(steps) // 2))
+    assert not same_cut(first, second)
+    run.clock = FixedClock(run.last_cost + run.timing_estimate + run.pick_reserve() + 50.0)  # one and its timing
+    found = run.evaluate([first, second])
+    assert found[0] is not None and found[1] is None
+    assert any(n.startswith(f"skipped candidate {second.name}") and "one after another" in n for n in run.notes)
+    run.time(found[0], "measured")  # a measured timing replaces the estimate's
+    assert run.timing_cost() == run.last_timing > 0
 
 
 def test_a_cut_of_whole_layers_is_priced_without_a_refit(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_each_tier_shows_its_estimate_before_it_runs(monkeypatch: pytest.MonkeyP
 def test_no_tier_runs_when_none_fits_and_a_short_budget_skips_the_dearer_one() -> None:
     teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
     student = cut(teacher)
-    none = training_tier.train_tiers(student, teacher, tiny_task_data(), 0.0, batch_size=8, bf16=False)
+    none = training_tier.train_tiers(student, teacher, tiny_task_data(), 1e-6, batch_size=8, bf16=False)
     assert none["tiers_run"] == [] and none["note"].startswith("no recovery tier fits")
     estimates = none["estimates"]
     # Room for the distillation tier's minimum but not for block-wise reconstruction: only distillation runs.
@@ -338,10 +338,12 @@ def test_a_tier_whose_untimed_part_cannot_fit_is_not_timed(monkeypatch: pytest.M
     monkeypatch.setattr(training_tier, "timed_distil_step", lambda *a, **k: timed.append("distil") or 1.0)
     monkeypatch.setattr(training_tier, "layer_step_seconds", lambda *a, **k: timed.append("blockwise") or [1.0])
     teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()
-    out = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 0.0, batch_size=8, bf16=False)
+    out = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 1e-6, batch_size=8, bf16=False)
     assert timed == [] and out["tiers_run"] == []
     assert [e["timed"] for e in out["estimates"].values()] == [False, False]
     assert "at least" in out["note"]
+    spent = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), -5.0, batch_size=8, bf16=False)
+    assert spent["tiers_run"] == [] and spent["estimates"] == {} and "no time left" in spent["note"]
     roomy = training_tier.train_tiers(cut(teacher), teacher, tiny_task_data(), 1e6, batch_size=8, bf16=False,
                                       order=())
     assert roomy["tiers_run"] == [] and timed == []  # tiers not asked for are not timed either

@@ -245,10 +245,15 @@ class CandidateRun:
         #: seconds of the slowest candidate built so far, and whether a cut was among them (the unchanged model reuses
         #: the estimate's artefact and has no refit: a quarter of a cut's cost at BERT-base widths)
         self.last_cost, self.cut_built = 0.0, False
-        #: what the job estimate expects a cut to cost, and a cut of whole layers only (no projection to refit): the
-        #: skip rule's figures until a cut has been built
-        self.cut_estimate = plan.estimate.cut_seconds() if plan.estimate is not None else 0.0
-        self.layer_cut_estimate = plan.estimate.cut_seconds(refit=False) if plan.estimate is not None else 0.0
+        #: what the job estimate expects one candidate's side-by-side timing to cost (a --speedup search), and then the
+        #: slowest timing measured: timed in this process one at a time, after workers built a round at once
+        self.timing_estimate = plan.estimate.timed_seconds() if plan.estimate is not None else 0.0
+        self.last_timing = 0.0
+        #: what the job estimate expects a cut to cost to build and judge, and a cut of whole layers only (no
+        #: projection to refit), its timing apart: the skip rule's figures until a cut has been built
+        self.cut_estimate = plan.estimate.cut_seconds() - self.timing_estimate if plan.estimate is not None else 0.0
+        self.layer_cut_estimate = (plan.estimate.cut_seconds(refit=False) - self.timing_estimate
+                                   if plan.estimate is not None else 0.0)
         # The original's figures on every dev part, once before any candidate (and before any worker starts, so
         # that none computes them again); counted in the candidates phase, where the job estimate prices them.
         since = time.perf_counter()
@@ -289,16 +294,20 @@ class CandidateRun:
                 continue
             if any(same_cut(w, want) for w in wants[:i]):
                 continue  # the same cut as one before it in this batch: made a twin below
-            # The first (unchanged) always runs; a batch runs in rounds of `workers` candidates at once.
+            # The first (unchanged) always runs; a batch runs in rounds of `workers` candidates at once, and each of
+            # them is then timed here, one after another (a --speedup search).
             rounds = -(-(len(jobs) + 1) // self.pool.workers)
             pick, training, cost = self.pick_reserve(), self.training_reserve(), self.candidate_cost(want)
             reserve = pick + training
-            if self.results and not self.clock.fits(cost * rounds + reserve):
+            timing = self.timing_cost() * (len(jobs) + 1)
+            if self.results and not self.clock.fits(cost * rounds + timing + reserve):
                 kept = ", ".join([*([f"{pick:.0f} s for the held-out pick"] if pick else []),
                                   *([f"{training:.0f} s for recovery"] if training else [])])
                 kept = f", of it kept {kept}" if kept else ""
                 said = (f"a candidate took {cost:.0f} s" if self.cut_built or cost == self.last_cost
                         else f"a cut is estimated at {cost:.0f} s")
+                if timing:
+                    said += f", and timing this round's {len(jobs) + 1} one after another {timing:.0f} s"
                 self.notes.append(f"skipped candidate {want.name}: the budget has {max(self.clock.left(), 0):.0f} s "
                                   f"left{kept}, and {said}")
                 continue
@@ -439,6 +448,27 @@ class CandidateRun:
         layers_only = want is not None and want.removal.layers_only()
         return max(self.last_cost, self.layer_cut_estimate if layers_only else self.cut_estimate)
 
+    def timing_cost(self) -> float:
+        """Seconds one candidate's side-by-side timing is expected to take: the slowest measured so far, else the job
+        estimate's; 0 where candidates are not timed as they are built (a --max-drop bisection times at the pick).
+
+        At 512 tokens on BERT-base widths a timing is about 2.5 minutes (the original in PyTorch at 32 x 512, 16 s a
+        call, in every round): two cuts built at once by two workers fitted the budget's 824 s, and timing them one
+        after the other took the job 2.3 minutes past its 30 (experiments/compress_cost, session 14).
+
+        Example:
+            >>> run = CandidateRun.__new__(CandidateRun)
+            >>> run.target, run.last_timing, run.timing_estimate = SpeedupTarget(speedup=8.0), 0.0, 150.0
+            >>> run.timing_cost()
+            150.0
+            >>> run.last_timing = 170.0
+            >>> run.timing_cost()
+            170.0
+        """
+        if not isinstance(self.target, SpeedupTarget):
+            return 0.0
+        return self.last_timing or self.timing_estimate
+
     def training_reserve(self) -> float:
         """Seconds a budgeted run that trains keeps back for recovery once it has a cut to train: one distillation
         epoch by the job estimate (0 when it does not train, before a cut was built, or without an estimate).
@@ -521,9 +551,11 @@ class CandidateRun:
             # Timed once per run, by the plan, on the very files this candidate was judged on.
             value, interval = self.plan.unchanged_speedup, self.plan.unchanged_interval
         else:
+            since = time.perf_counter()
             model, served = self.as_served(result.name)
             value, interval = self.source.speedup(self.judge.original, model, runtime=self.runtime.name,
                                                   reference_runtime=self.against.name, served=served)
+            self.last_timing = max(self.last_timing, time.perf_counter() - since)
         result.measured_speedup = round(value, 4)
         result.speedup_interval = interval
         timed = timing_key(result.removal, result.int8_float)

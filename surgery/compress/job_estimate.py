@@ -136,6 +136,19 @@ class JobEstimate:
         self.refined = {"candidates": count, "candidates_s": round(seconds, 1)}
         return {"candidates": f"{seconds / 60:.1f} min", "candidates_planned": count}
 
+    def timed_seconds(self) -> float:
+        """Seconds one candidate's side-by-side timing is estimated to take in a --speedup search (0 in a --max-drop
+        bisection, which times at the pick only). Timing runs in the main process, one candidate at a time, so a round
+        of candidates built at once by several workers is timed one after another.
+
+        Example:
+            >>> JobEstimate({}, Settings(), Probes(0, 0, 0, 0, 0, 0)).timed_seconds()  # no shape: nothing to count
+            0.0
+        """
+        if self.shape is None or self.shape.drop_search:
+            return 0.0
+        return candidate_seconds(self.probes, self.shape, self.settings)["timed"]
+
     def cut_seconds(self, *, refit: bool = True) -> float:
         """Seconds one cut candidate is estimated to take (refit, objective, artefact, dev pass, and for a --speedup
         search its side-by-side rounds): what a budgeted run expects of a cut before it has built one.
@@ -206,8 +219,12 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         timed_share = min(4, others)
         candidates = c["unchanged"] + others * c["built"] + timed_share * c["timed"]
     else:
-        cut = max(s.candidates - 2, 0)  # with a refit; then the layer-drop without one
-        candidates = c["unchanged"] + cut * c["cut"] + (c["layer_drop"] if s.candidates >= 2 else 0.0)
+        # The search builds refitted path points first and the layer-drop after them: with room for two candidates,
+        # the unchanged model and one refitted cut (counting the layer-drop there priced a BERT-base run at 512 tokens
+        # 2.5x under its candidates phase, which built two refitted cuts: experiments/compress_cost, session 14).
+        drop = s.candidates >= 3
+        cut = max(s.candidates - (2 if drop else 1), 0)
+        candidates = c["unchanged"] + cut * c["cut"] + (c["layer_drop"] if drop else 0.0)
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
         phases["training"] = epoch + c["judged"]

@@ -334,6 +334,9 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
     use_bf16 = bf16_training() if bf16 is None else bf16
     training: dict[str, Any] = {"bf16": use_bf16, "seconds_left": round(seconds_left, 1), "order": list(order),
                                 "estimates": {}, "tiers": [], "tiers_run": [], "epochs": 0}
+    if seconds_left <= 0:  # not even the forwards the floors need: at 512 tokens on BERT-base widths half a minute
+        training["note"] = f"no recovery tier fits: the budget has no time left ({seconds_left:.0f} s)"
+        return training
     blockwise_cfg = BlockwiseConfig(bf16=use_bf16, seed=seed)
     batches = task_calibration_batches(data, BLOCKWISE_BATCHES, batch_size=batch_size)
     if micro_batch is None:
