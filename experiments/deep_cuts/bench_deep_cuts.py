@@ -92,7 +92,8 @@ TARGETS: dict[str, Target] = {
 
 def config_for(spec: Target, args: Any, seed: int) -> CompressConfig:
     return CompressConfig(speedup=spec.speedup, max_drop=spec.max_drop, runtime=spec.runtime,
-                          budget_minutes=spec.budget, threads=args.threads, seed=seed)
+                          budget_minutes=spec.budget, threads=args.threads, seed=seed,
+                          workers=getattr(args, "workers", None))
 
 
 def compact_candidates(row: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +188,8 @@ def main() -> None:
     parser.add_argument("--task-hidden-weight", type=float, default=None,
                         help="the hidden-state MSE weight of a task model's distillation "
                              "(surgery.compress.training_tier.TASK_HIDDEN_WEIGHT; default: the library's)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="compress's worker processes (CompressConfig.workers; default: the library's)")
     args = parser.parse_args()
     if args.task_hidden_weight is not None:
         from surgery.compress import training_tier
