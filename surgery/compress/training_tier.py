@@ -115,6 +115,7 @@ def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: b
         >>> timed_distil_step(tiny_model(TinySpec("bert", task="seq-cls")), tiny_task_data(8), 4, micro_batch=1) > 0
         True
     """
+    from surgery.compress.mask_fisher import micro_batches
     from surgery.training.trainer import accumulation_steps
 
     loader = data.loader("train", batch_size=batch_size)
@@ -122,8 +123,7 @@ def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: b
     batch = next(batches_on(loader, device))
     rows = int(batch["input_ids"].shape[0])
     parts = accumulation_steps(rows, micro_batch)
-    inputs = {k: v[:rows // parts] if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == rows else v
-              for k, v in batch.items() if k != "labels"}
+    inputs = {k: v for k, v in micro_batches([batch], rows // parts)[0].items() if k != "labels"}
     was = student.training
     student.train()
     elapsed = 0.0
@@ -183,18 +183,24 @@ def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_siz
         2
     """
     loader = data.loader("train", batch_size=batch_size)
-    copies = 1 + masked_copies_for(data)
-    steps = len(loader) * copies
-    step = timed_distil_step(student, data, batch_size, bf16=bf16, micro_batch=micro_batch) * TRAINER_OVERHEAD
+    steps = len(loader) * (1 + masked_copies_for(data))
     if teacher_forward is None:
         teacher_forward = timed_forward(teacher, next(iter(loader)), bf16=bf16)
-    if task_hidden_weight(data) > 0:  # the teacher runs at every step: its layers' outputs are the targets
-        step += teacher_forward
-        teacher_pass = 0.0
-    else:  # its logits once per run
+    step = timed_distil_step(student, data, batch_size, bf16=bf16, micro_batch=micro_batch) * TRAINER_OVERHEAD
+    return distil_estimate(data, steps, step, teacher_forward, bf16=bf16, micro_batch=micro_batch)
+
+
+def distil_estimate(data: Any, steps: int, step: float, teacher_forward: float, *, bf16: bool = False,
+                    micro_batch: int | None = None, timed: bool = True) -> TierEstimate:
+    """An epoch of ``steps`` student steps of ``step`` seconds with the teacher's forward counted where distillation
+    runs it: at every step where its layers' outputs are targets (:func:`task_hidden_weight`), else once per row
+    (its logits cached for the run)."""
+    if task_hidden_weight(data) > 0:
+        step, teacher_pass = step + teacher_forward, 0.0
+    else:
         teacher_pass = teacher_forward * steps
     return TierEstimate(tier="distil", seconds=round(step * steps + teacher_pass, 3), step_seconds=step, steps=steps,
-                        fixed_seconds=round(teacher_pass, 3), bf16=bf16, micro_batch=micro_batch)
+                        fixed_seconds=round(teacher_pass, 3), bf16=bf16, micro_batch=micro_batch, timed=timed)
 
 
 def tier_floors(data: Any, batch_size: int, batches: int, student_forward: float, teacher_forward: float, *,
@@ -212,12 +218,10 @@ def tier_floors(data: Any, batch_size: int, batches: int, student_forward: float
         (20.0, 96.0, False)
     """
     steps = len(data.loader("train", batch_size=batch_size)) * (1 + masked_copies_for(data))
-    step = 2 * student_forward + (teacher_forward if task_hidden_weight(data) > 0 else 0.0)
-    teacher_pass = 0.0 if task_hidden_weight(data) > 0 else teacher_forward * steps
+    epoch = distil_estimate(data, steps, 2 * student_forward, teacher_forward, bf16=bf16, timed=False)
     walks = 2 * batches * (student_forward + teacher_forward)
-    return {"distil": TierEstimate(tier="distil", seconds=round(teacher_pass + MIN_DISTIL_STEPS * step, 3),
-                                   step_seconds=step, steps=steps, fixed_seconds=round(teacher_pass, 3), bf16=bf16,
-                                   timed=False),
+    least = epoch.fixed_seconds + MIN_DISTIL_STEPS * epoch.step_seconds
+    return {"distil": epoch.model_copy(update={"seconds": round(least, 3)}),
             "blockwise": TierEstimate(tier="blockwise", seconds=round(walks, 3), step_seconds=0.0, steps=0,
                                       fixed_seconds=round(walks, 3), bf16=bf16, timed=False)}
 
