@@ -216,6 +216,29 @@ def test_the_originals_pass_over_dev_is_priced_in_the_candidates_phase() -> None
     assert job.phases["candidates"] == pytest.approx(parts["unchanged"] + cuts * parts["cut"] + parts["layer_drop"])
 
 
+@pytest.mark.parametrize("drop_search", [False, True])
+def test_the_candidates_phase_prices_the_waves_the_workers_build(drop_search: bool) -> None:
+    # Workers build a round at once, a wave of `workers` candidates at a time; a lone last one is built here. A
+    # --max-drop bisection's rounds are its three paths; a --speedup search builds its cuts in one round.
+    from surgery.compress.job_estimate import DROP_PATHS, PARALLEL_ROUND, build_seconds
+
+    shape = replace(SHAPE, drop_search=drop_search)
+    one = estimate_job(PROBES, shape, budget_seconds=None, train=False)
+    two = estimate_job(PROBES, replace(shape, workers=2), budget_seconds=None, train=False)
+    parts = candidate_seconds(PROBES, shape, one.settings)
+    assert two.phases["candidates"] < one.phases["candidates"]
+    saved = one.phases["candidates"] - two.phases["candidates"]
+    if drop_search:  # each round of three: two at once (a wave), one here
+        rounds, last = divmod(one.settings.candidates - 1, DROP_PATHS)
+        tail = last * parts["built"] - build_seconds(parts["built"], last, 2)
+        assert saved == pytest.approx(rounds * parts["built"] * (2 - PARALLEL_ROUND) + tail)
+    else:
+        cuts = one.settings.candidates - 2
+        assert saved == pytest.approx(cuts * (parts["cut"] - parts["timed"])
+                                      - build_seconds(parts["cut"] - parts["timed"], cuts, 2))
+    assert build_seconds(10.0, 1, 2) == build_seconds(10.0, 1, 1) == 10.0  # alone: here, with every thread
+
+
 def test_the_originals_figures_are_computed_once_and_workers_read_them(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from surgery.compress import candidates as candidates_module

@@ -604,6 +604,26 @@ def test_the_skip_rule_counts_timing_each_candidate_of_a_round_one_after_another
     assert run.timing_cost() == run.last_timing > 0
 
 
+def test_the_skip_rule_prices_a_wave_built_by_workers_above_one_cut_built_alone(tmp_path: Path) -> None:
+    # Two cuts built at once by two workers, each on one of two cores, took 376 and 351 s at BERT-base widths and 128
+    # tokens where one cut alone was estimated at 302 s: priced as one cut, the wave took the last of a 15-minute
+    # budget. Until a wave is measured it is priced at PARALLEL_ROUND x a cut; a lone cut is built here, at 1x.
+    from surgery.compress.job_estimate import PARALLEL_ROUND
+
+    run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
+    run.pool.workers, run.last_cost, run.cut_built, run.timing_estimate = 2, 100.0, True, 0.0
+    steps = len(run.plan.path.steps)
+    first, second = run.path_want(middle(steps)), run.path_want(max(1, middle(steps) // 2))
+    room = run.pick_reserve() + 100.0 * (1 + PARALLEL_ROUND) / 2  # one cut alone fits, a wave of two does not
+    run.clock = FixedClock(room)
+    found = run.evaluate([first, second])
+    assert found[0] is not None and found[1] is None and run.worker_cost == 0.0  # built here, alone
+    note = next(n for n in run.notes if n.startswith(f"skipped candidate {second.name}"))
+    assert f"building this round's 2 {100.0 * PARALLEL_ROUND:.0f} s" in note
+    assert run.pool.executor is None  # no worker was started for it
+
+
 def test_a_cut_of_whole_layers_is_priced_without_a_refit(tmp_path: Path) -> None:
     # At BERT-base widths the refit is most of a cut's cost; the layer-drop has no projection to refit. Priced as a
     # refitted cut, it was skipped where the plan had counted on it, and the budget stopped with minutes unspent.

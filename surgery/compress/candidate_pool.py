@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,8 @@ class Built:
     weights: str | None = None
     error: str | None = None
     seconds: float = 0.0
+    #: built in a worker process (held to the pool's ``threads``), not in the caller's with all of its threads
+    worker: bool = False
 
 
 def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple[Built, nn.Module | None]:
@@ -266,6 +268,24 @@ def worker_judge(job: JudgeJob) -> dict[str, PartScores]:
     return judge_candidate(_WORKER["judge"], job)
 
 
+def split_jobs(count: int, workers: int) -> tuple[int, int]:
+    """How many of ``count`` jobs go to ``workers`` worker processes and how many are built in this process.
+
+    Workers take waves of ``workers`` jobs at once, each held to its share of the cores. A job left alone in the
+    last wave is built here with all of them instead: in a worker it holds one share and the rest of the machine
+    waits (a --max-drop bisection judges its three paths in rounds of three; on two workers every round ended with
+    one job on one of the two cores). With one worker everything is built here.
+
+    Example:
+        >>> split_jobs(3, 2), split_jobs(4, 2), split_jobs(1, 2), split_jobs(5, 4), split_jobs(6, 4), split_jobs(3, 1)
+        ((2, 1), (4, 0), (0, 1), (4, 1), (6, 0), (0, 3))
+    """
+    if workers <= 1:
+        return 0, count
+    lone = 1 if count % workers == 1 else 0
+    return count - lone, lone
+
+
 class CandidatePool:
     """Build and judge jobs, in this process (one worker) or in ``workers`` spawned processes.
 
@@ -288,19 +308,20 @@ class CandidatePool:
                                             initializer=start_worker, initargs=(str(shared), self.threads))
 
     def build(self, jobs: Sequence[BuildJob]) -> list[Built]:
-        if not jobs:
-            return []
-        if self.workers == 1 or (len(jobs) == 1 and self.executor is None):
-            answers = []
-            for job in jobs:
-                built, model = build_candidate(self.judge, job, save_weights=False)
-                if model is not None:
-                    self.models[job.index] = model
-                answers.append(built)
-            return answers
-        self.start()
-        assert self.executor is not None
-        return list(self.executor.map(worker_build, jobs))
+        """Build ``jobs``: in waves of :attr:`workers` at once in the worker processes, and a last job left alone
+        in a wave here, with all of the caller's threads (:func:`split_jobs`)."""
+        away, _ = split_jobs(len(jobs), self.workers)
+        answers: list[Built] = []
+        if away:
+            self.start()
+            assert self.executor is not None
+            answers += [replace(built, worker=True) for built in self.executor.map(worker_build, jobs[:away])]
+        for job in jobs[away:]:
+            built, model = build_candidate(self.judge, job, save_weights=False)
+            if model is not None:
+                self.models[job.index] = model
+            answers.append(built)
+        return answers
 
     def judge_more(self, jobs: Sequence[JudgeJob]) -> list[dict[str, PartScores]]:
         if not jobs:

@@ -32,6 +32,7 @@ from surgery.compress.candidates import (
 )
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
 from surgery.compress.held_out import CONFIDENCE, DevSplit, Judged, paired_drop
+from surgery.compress.job_estimate import build_seconds
 from surgery.compress.latency_source import LatencySource, speedups_together
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.precision import precision_choice
@@ -245,6 +246,8 @@ class CandidateRun:
         #: seconds of the slowest candidate built so far, and whether a cut was among them (the unchanged model reuses
         #: the estimate's artefact and has no refit: a quarter of a cut's cost at BERT-base widths)
         self.last_cost, self.cut_built = 0.0, False
+        #: seconds of the slowest candidate built in a worker (0: none yet): a wave's, built at once with others
+        self.worker_cost = 0.0
         #: what the job estimate expects one candidate's side-by-side timing to cost (a --speedup search), and then the
         #: slowest timing measured: timed in this process one at a time, after workers built a round at once
         self.timing_estimate = plan.estimate.timed_seconds() if plan.estimate is not None else 0.0
@@ -294,20 +297,23 @@ class CandidateRun:
                 continue
             if any(same_cut(w, want) for w in wants[:i]):
                 continue  # the same cut as one before it in this batch: made a twin below
-            # The first (unchanged) always runs; a batch runs in rounds of `workers` candidates at once, and each of
-            # them is then timed here, one after another (a --speedup search).
-            rounds = -(-(len(jobs) + 1) // self.pool.workers)
+            # The first (unchanged) always runs; a batch runs in waves of `workers` candidates at once in the workers
+            # (a lone last one here), and each of them is then timed here, one after another (a --speedup search).
+            count = len(jobs) + 1
             pick, training, cost = self.pick_reserve(), self.training_reserve(), self.candidate_cost(want)
             reserve = pick + training
-            timing = self.timing_cost() * (len(jobs) + 1)
-            if self.results and not self.clock.fits(cost * rounds + timing + reserve):
+            build = build_seconds(cost, count, self.pool.workers, self.worker_cost or None)
+            timing = self.timing_cost() * count
+            if self.results and not self.clock.fits(build + timing + reserve):
                 kept = ", ".join([*([f"{pick:.0f} s for the held-out pick"] if pick else []),
                                   *([f"{training:.0f} s for recovery"] if training else [])])
                 kept = f", of it kept {kept}" if kept else ""
                 said = (f"a candidate took {cost:.0f} s" if self.cut_built or cost == self.last_cost
                         else f"a cut is estimated at {cost:.0f} s")
+                if build > cost:
+                    said += f", building this round's {count} {build:.0f} s"
                 if timing:
-                    said += f", and timing this round's {len(jobs) + 1} one after another {timing:.0f} s"
+                    said += f", and timing this round's {count} one after another {timing:.0f} s"
                 self.notes.append(f"skipped candidate {want.name}: the budget has {max(self.clock.left(), 0):.0f} s "
                                   f"left{kept}, and {said}")
                 continue
@@ -316,6 +322,7 @@ class CandidateRun:
                                      list(want.int8_float or []), want.int8_refit)))
         answers = self.pool.build([job for _, job in jobs])
         self.last_cost = max([self.last_cost, *(a.seconds for a in answers)])
+        self.worker_cost = max([self.worker_cost, *(a.seconds for a in answers if a.worker)])
         self.cut_built = self.cut_built or any(wants[i].origin != "unchanged" for i, _ in jobs)
         fresh: list[CandidateResult] = []
         for (i, _), built in zip(jobs, answers, strict=True):

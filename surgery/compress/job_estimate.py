@@ -58,6 +58,14 @@ IMPORTANCE_SHARE = 0.15
 #: model's, and one cut's. At 512 tokens on BERT-base widths the original's pass over 998 dev texts alone was 9 of a
 #: 30-minute budget's minutes, and no cut fitted after it (experiments/compress_cost).
 DEV_SHARE = 0.25
+#: A wave of candidates built at once by the worker processes, each held to its share of the cores, against one
+#: candidate built alone in this process with all of them: the wave's seconds over the one's (until a wave was
+#: measured, then the measured seconds count). On two cores, waves of two measured 1.05x (BERT-base widths, 512
+#: tokens, session 14), 1.25x (the same at 128 tokens) and 1.11x (MiniLM-L6 --max-drop 1, its whole candidates
+#: phase against the serial estimate halved): experiments/compress_cost.
+PARALLEL_ROUND = 1.3
+#: The paths a --max-drop bisection walks at once: its rounds are this many candidates.
+DROP_PATHS = 3
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
 PHASES = ("estimate", "latency", "importance", "candidates", "training")
 
@@ -93,6 +101,7 @@ class JobShape:
     drop_search: bool  # --max-drop: bisection along three paths
     cached_table: bool
     runtime_differs: bool  # the runtime is not the reference one: the unchanged model is timed too
+    workers: int = 1  # processes candidates are built in (candidate_pool.CandidatePool)
 
 
 @dataclass
@@ -214,21 +223,43 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     fisher = max(s.fisher_batches - 1, 0) * p.fisher_batch
     importance = fisher + layer_probe_seconds(p, shape, s.layer_batches)
     c = candidate_seconds(p, shape, s)
-    if shape.drop_search:  # judged along three paths, then a few timed
+    w = shape.workers
+    if shape.drop_search:  # judged along three paths at once, round after round, then a few timed
         others = max(s.candidates - 1, 0)
         timed_share = min(4, others)
-        candidates = c["unchanged"] + others * c["built"] + timed_share * c["timed"]
+        rounds, last = divmod(others, DROP_PATHS)
+        built = rounds * build_seconds(c["built"], DROP_PATHS, w) + build_seconds(c["built"], last, w)
+        candidates = c["unchanged"] + built + timed_share * c["timed"]
     else:
-        # The search builds refitted path points first and the layer-drop after them: with room for two candidates,
-        # the unchanged model and one refitted cut (counting the layer-drop there priced a BERT-base run at 512 tokens
-        # 2.5x under its candidates phase, which built two refitted cuts: experiments/compress_cost, session 14).
+        # The search builds refitted path points first (at once) and the layer-drop after them: with room for two
+        # candidates, the unchanged model and one refitted cut (counting the layer-drop there priced a BERT-base run
+        # at 512 tokens 2.5x under its candidates phase, which built two refitted cuts: experiments/compress_cost,
+        # session 14). Each is timed here, one after another.
         drop = s.candidates >= 3
         cut = max(s.candidates - (2 if drop else 1), 0)
-        candidates = c["unchanged"] + cut * c["cut"] + (c["layer_drop"] if drop else 0.0)
+        candidates = (c["unchanged"] + build_seconds(c["cut"] - c["timed"], cut, w) + cut * c["timed"]
+                      + (c["layer_drop"] if drop else 0.0))
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
         phases["training"] = epoch + c["judged"]
     return phases
+
+
+def build_seconds(one: float, count: int, workers: int, wave: float | None = None) -> float:
+    """Seconds to build ``count`` candidates of ``one`` second each (built alone in this process) handed over at
+    once to a pool of ``workers`` (:func:`~surgery.compress.candidate_pool.split_jobs`): waves of ``workers`` at
+    once in the workers, ``wave`` seconds each (default ``one`` x :data:`PARALLEL_ROUND`), and a job left alone
+    in the last wave built here in ``one``.
+
+    Example:
+        >>> build_seconds(100.0, 3, 1), build_seconds(100.0, 3, 2), build_seconds(100.0, 4, 2, wave=110.0)
+        (300.0, 230.0, 220.0)
+    """
+    from surgery.compress.candidate_pool import split_jobs
+
+    away, here = split_jobs(count, workers)
+    waves = -(-away // max(workers, 1))
+    return waves * (one * PARALLEL_ROUND if wave is None else wave) + here * one
 
 
 def layer_probe_seconds(p: Probes, shape: JobShape, batches: int) -> float:
@@ -481,7 +512,7 @@ def time_probes(model: nn.Module, *, runtime: Runtime, batch_size: int, seq_len:
 def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runtime, against: Runtime,
                   batch_size: int, seq_len: int, threads: int | None, fisher_batches: int,
                   refit_batches: int, dev_examples: int, removable_layers: int, budget_seconds: float | None,
-                  train: bool, fisher: Any, unchanged: Unchanged, started: float | None = None
+                  train: bool, fisher: Any, unchanged: Unchanged, started: float | None = None, workers: int = 1
                   ) -> tuple[JobEstimate, dict[str, nn.Module], tempfile.TemporaryDirectory[str]]:
     """Time the probes and estimate the job (see the module doc). Returns the estimate, the latency probe it wrote
     (loaded, by the table's name for it) and the temporary directory that holds it (removed when dropped)."""
@@ -501,7 +532,7 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
                      drop_search=not isinstance(target, SpeedupTarget),
                      cached_table=table_cached(model, runtime=runtime.name, batch_size=batch_size, seq_len=seq_len,
                                                threads=threads),
-                     runtime_differs=runtime.name != against.name)
+                     runtime_differs=runtime.name != against.name, workers=workers)
     return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
 
 

@@ -313,6 +313,8 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
     written: dict[str, nn.Module] = {}
     interval = None
     if latency is None:  # times are measured here: estimate the job before spending it
+        from surgery.compress.candidate_pool import default_workers
+
         since = time.perf_counter()
 
         def fisher() -> FisherBatch:
@@ -331,7 +333,8 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
             refit_batches=len(refit_batches(calibration)),
             dev_examples=dev_examples if dev_examples is not None else len(getattr(data, "eval", None) or []),
             removable_layers=0 if costs is not None else len(Structure.from_model(model).layers),
-            budget_seconds=budget, train=train, fisher=fisher, unchanged=unchanged, started=since)
+            budget_seconds=budget, train=train, fisher=fisher, unchanged=unchanged, started=since,
+            workers=config.workers or default_workers(model))
         clock.phase("estimate", since)
         emit(ProgressEvent("compress: estimate", 1, 1, estimate.info()))
     since = time.perf_counter()
