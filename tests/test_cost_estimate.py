@@ -220,7 +220,7 @@ def test_the_originals_pass_over_dev_is_priced_in_the_candidates_phase() -> None
 def test_the_candidates_phase_prices_the_waves_the_workers_build(drop_search: bool) -> None:
     # Workers build a round at once, a wave of `workers` candidates at a time; a lone last one is built here. A
     # --max-drop bisection's rounds are its three paths; a --speedup search builds its cuts in one round.
-    from surgery.compress.job_estimate import DROP_PATHS, PARALLEL_ROUND, build_seconds
+    from surgery.compress.job_estimate import DROP_PATHS, WAVE_SHARE, build_seconds
 
     shape = replace(SHAPE, drop_search=drop_search)
     one = estimate_job(PROBES, shape, budget_seconds=None, train=False)
@@ -231,7 +231,7 @@ def test_the_candidates_phase_prices_the_waves_the_workers_build(drop_search: bo
     if drop_search:  # each round of three: two at once (a wave), one here
         rounds, last = divmod(one.settings.candidates - 1, DROP_PATHS)
         tail = last * parts["built"] - build_seconds(parts["built"], last, 2)
-        assert saved == pytest.approx(rounds * parts["built"] * (2 - PARALLEL_ROUND) + tail)
+        assert saved == pytest.approx(rounds * parts["built"] * 2 * (1 - WAVE_SHARE) + tail)
     else:
         cuts = one.settings.candidates - 2
         assert saved == pytest.approx(cuts * (parts["cut"] - parts["timed"])
@@ -303,7 +303,7 @@ def test_a_budget_judges_on_a_dev_subsample_and_refits_on_one_batch() -> None:
     shape = replace(SHAPE, refit_batches=2, dev_batches=998 / 32, dev_examples=998)
     full = estimate_job(p, shape, budget_seconds=None, train=False)
     assert full.settings.dev_examples is None and full.settings.refit_batches == 2
-    tight = estimate_job(p, shape, budget_seconds=1700.0, train=False)
+    tight = estimate_job(p, shape, budget_seconds=1500.0, train=False)
     assert MIN_DEV_EXAMPLES <= tight.settings.dev_examples < 998 and tight.settings.refit_batches == 1
     said = " ".join(tight.notes)
     assert f"judged on {tight.settings.dev_examples} of the 998 dev examples" in said
@@ -314,10 +314,10 @@ def test_a_budget_judges_on_a_dev_subsample_and_refits_on_one_batch() -> None:
     assert parts["refit"] == pytest.approx(candidate_seconds(p, shape, full.settings)["refit"] / 2)
     before = sum(v for k, v in tight.phases.items() if k not in ("candidates", "training"))
     passes = tight.settings.dev_examples / 32 * (p.forward + p.runtime_forward + p.forward / shape.target)
-    assert passes <= DEV_SHARE * (1700.0 - before) or tight.settings.dev_examples == MIN_DEV_EXAMPLES
+    assert passes <= DEV_SHARE * (1500.0 - before) or tight.settings.dev_examples == MIN_DEV_EXAMPLES
     # With the whole split judged the unchanged model and one refitted cut would not have fitted beside the phases.
     whole = candidate_seconds(p, shape, replace(tight.settings, dev_examples=None, refit_batches=2))
-    assert before + whole["unchanged"] + whole["cut"] > 1700.0 >= before + parts["unchanged"] + parts["cut"]
+    assert before + whole["unchanged"] + whole["cut"] > 1500.0 >= before + parts["unchanged"] + parts["cut"]
     # A budget the whole split fits changes neither.
     roomy = estimate_job(p, shape, budget_seconds=2 * full.total, train=False)
     assert roomy.settings.dev_examples is None and roomy.settings.refit_batches == 2

@@ -607,20 +607,21 @@ def test_the_skip_rule_counts_timing_each_candidate_of_a_round_one_after_another
 def test_the_skip_rule_prices_a_wave_built_by_workers_above_one_cut_built_alone(tmp_path: Path) -> None:
     # Two cuts built at once by two workers, each on one of two cores, took 376 and 351 s at BERT-base widths and 128
     # tokens where one cut alone was estimated at 302 s: priced as one cut, the wave took the last of a 15-minute
-    # budget. Until a wave is measured it is priced at PARALLEL_ROUND x a cut; a lone cut is built here, at 1x.
-    from surgery.compress.job_estimate import PARALLEL_ROUND
+    # budget. Until a wave is measured it is priced at 2 x WAVE_SHARE x a cut; a lone cut is built here, at 1x.
+    from surgery.compress.job_estimate import WAVE_SHARE
 
+    wave = 2 * WAVE_SHARE
     run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
     run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
     run.pool.workers, run.last_cost, run.cut_built, run.timing_estimate = 2, 100.0, True, 0.0
     steps = len(run.plan.path.steps)
     first, second = run.path_want(middle(steps)), run.path_want(max(1, middle(steps) // 2))
-    room = run.pick_reserve() + 100.0 * (1 + PARALLEL_ROUND) / 2  # one cut alone fits, a wave of two does not
+    room = run.pick_reserve() + 100.0 * (1 + wave) / 2  # one cut alone fits, a wave of two does not
     run.clock = FixedClock(room)
     found = run.evaluate([first, second])
     assert found[0] is not None and found[1] is None and run.worker_cost == 0.0  # built here, alone
     note = next(n for n in run.notes if n.startswith(f"skipped candidate {second.name}"))
-    assert f"building this round's 2 {100.0 * PARALLEL_ROUND:.0f} s" in note
+    assert f"building this round's 2 {100.0 * wave:.0f} s" in note
     assert run.pool.executor is None  # no worker was started for it
 
 
@@ -691,11 +692,11 @@ def test_the_job_estimate_plans_fewer_candidates_to_leave_a_training_epoch() -> 
     shape = JobShape(layers=12, removable_layers=12, probes=19, probe_fraction=0.7, fisher_batches=16,
                      layer_batches=4, refit_batches=8, dev_batches=10, dev_examples=320, train_batches=100, target=8.0,
                      drop_search=False, cached_table=False, runtime_differs=True)
-    untrained = estimate_job(p, shape, budget_seconds=1300.0, train=False)
-    trained = estimate_job(p, shape, budget_seconds=1300.0, train=True)
+    untrained = estimate_job(p, shape, budget_seconds=1000.0, train=False)
+    trained = estimate_job(p, shape, budget_seconds=1000.0, train=True)
     assert trained.epoch_seconds > 0 and trained.settings.candidates < untrained.settings.candidates
     fixed = sum(phase_seconds(p, shape, trained.settings).values())
-    assert fixed + trained.epoch_seconds <= 1300.0 and trained.phases["training"] >= trained.epoch_seconds
+    assert fixed + trained.epoch_seconds <= 1000.0 and trained.phases["training"] >= trained.epoch_seconds
 
 
 def test_the_fastest_measured_is_timed_again_side_by_side_with_its_rivals_before_it_is_picked() -> None:

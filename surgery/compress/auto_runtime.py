@@ -213,11 +213,12 @@ def _pick(winners: dict[str, CandidateResult], config: CompressConfig) -> tuple[
 
 
 def compress_auto(model: nn.Module, data: Any, config: CompressConfig, *, eval_data: Any = None,
-                  latency: LatencySource | None = None, progress: ProgressCallback | None = None) -> CompressResult:
+                  latency: LatencySource | None = None, progress: ProgressCallback | None = None,
+                  clock: Clock | None = None) -> CompressResult:
     """``compress`` with ``runtime='auto'`` (see the module doc); the report names the winning runtime."""
     from surgery.runtimes import available_runtimes, get_runtime
 
-    clock = Clock(config.budget_minutes)
+    clock = clock or Clock(config.budget_minutes)
     emit = progress or no_progress
     found = available_runtimes()
     names = [name for name, reason in found.items() if reason is None]

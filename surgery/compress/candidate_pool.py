@@ -117,6 +117,9 @@ class Built:
     seconds: float = 0.0
     #: built in a worker process (held to the pool's ``threads``), not in the caller's with all of its threads
     worker: bool = False
+    #: seconds of its steps: ``cut`` (cut, refit and the calibration objective around it), ``artefact`` (the
+    #: runtime's files written and loaded), ``scores`` (judged on the job's parts)
+    steps: dict[str, float] = field(default_factory=dict)
 
 
 def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple[Built, nn.Module | None]:
@@ -128,6 +131,7 @@ def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple
         from surgery.compress.precision import precision_build
 
         notes += precision_build(model, judge, job.int8_float, int8_refit=job.int8_refit)
+    steps = {"cut": time.perf_counter() - started}
     out = judge.workdir / f"candidate-{job.index}"
     try:
         # The unchanged model's files were written once for the run (the estimate, the table and its speedup
@@ -140,9 +144,12 @@ def build_candidate(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple
         # A structure the runtime cannot run (an FFN cut to width 0 on OpenVINO): skipped and said so.
         return Built(job.index, error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}",
                      seconds=time.perf_counter() - started), None
+    steps["artefact"] = time.perf_counter() - started - steps["cut"]
     scores = {part: judge.scores(served.model, part) for part in job.parts}
+    steps["scores"] = time.perf_counter() - started - steps["cut"] - steps["artefact"]
     built = Built(job.index, scores, refitted is not None, notes,
-                  None if served.directory is None else str(served.directory), served.digests)
+                  None if served.directory is None else str(served.directory), served.digests,
+                  steps={k: round(v, 3) for k, v in steps.items()})
     if save_weights:
         from safetensors.torch import save_model
 

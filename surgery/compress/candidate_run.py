@@ -373,6 +373,7 @@ class CandidateRun:
                            tier="refit" if built.refitted else "none", notes=built.notes)
         result.search = judged
         result.artefact = built.digests
+        result.steps, result.worker = dict(built.steps), built.worker
         result.int8_float = list(want.int8_float or [])
         result.int8_refit = want.int8_refit
         self.built[want.name] = built

@@ -77,6 +77,10 @@ class CandidateResult(BaseModel):
                                     "only): what the pick and --max-drop read")
     timed_because: str | None = Field(default=None, description="why it was timed, or why not")
     seconds: float = 0.0
+    steps: dict[str, float] = Field(default_factory=dict, description="seconds of its build's steps: cut (the cut, "
+                                    "its refit and the calibration objective), artefact (written and loaded), "
+                                    "scores (the first judging)")
+    worker: bool = Field(default=False, description="built in a worker process, beside others")
     artefact: dict[str, str] = Field(default_factory=dict, description="SHA-256 of each file of the runtime "
                                      "artefact it was judged and timed on (empty for torch)")
     int8_float: list[str] = Field(default_factory=list, description="op groups its int8 artefact left in float "

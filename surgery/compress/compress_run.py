@@ -46,7 +46,7 @@ from surgery.persist.config_values import check_data_argument, check_model_argum
 
 def compress(model: nn.Module, data: Any, config: CompressConfig | None = None, *, eval_data: Any = None,
              latency: LatencySource | None = None, progress: ProgressCallback | None = None,
-             **settings: Any) -> CompressResult:
+             clock: Clock | None = None, **settings: Any) -> CompressResult:
     """Make ``model`` reach the target of ``config`` on its runtime at the smallest loss; judged against the original.
 
     Args:
@@ -59,6 +59,8 @@ def compress(model: nn.Module, data: Any, config: CompressConfig | None = None, 
         eval_data: held-out data to judge on instead of ``data``'s eval split.
         latency: where times come from (default: measured on this machine).
         progress: called with progress events.
+        clock: the job's deadline (default: ``config.budget_minutes`` from now). ``surgery compress`` counts the
+            budget from the command's start and keeps back its save (:class:`~surgery.compress.plan.Clock`).
         **settings: the config's fields as keywords instead of ``config`` (``target=SpeedupTarget(...)``
             stands for ``speedup`` and ``max_drop``).
 
@@ -90,12 +92,13 @@ def compress(model: nn.Module, data: Any, config: CompressConfig | None = None, 
     if config.auto:
         from surgery.compress.auto_runtime import compress_auto
 
-        return compress_auto(model, data, config, eval_data=eval_data, latency=latency, progress=progress)
+        return compress_auto(model, data, config, eval_data=eval_data, latency=latency, progress=progress,
+                             clock=clock)
     from surgery.compress.latency_measure import resolve_runtime
 
     # Resolved once, here: every phase below is handed these objects, never the names again.
     runtime = resolve_runtime(config.runtime, "compress")
     against = resolve_runtime(config.against_runtime, "compress: against_runtime")
     result, _ = compress_on(model, data, config, runtime=runtime, against=against, eval_data=eval_data,
-                            latency=latency, progress=progress, clock=Clock(config.budget_minutes))
+                            latency=latency, progress=progress, clock=clock or Clock(config.budget_minutes))
     return result

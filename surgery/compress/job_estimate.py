@@ -58,12 +58,14 @@ IMPORTANCE_SHARE = 0.15
 #: model's, and one cut's. At 512 tokens on BERT-base widths the original's pass over 998 dev texts alone was 9 of a
 #: 30-minute budget's minutes, and no cut fitted after it (experiments/compress_cost).
 DEV_SHARE = 0.25
-#: A wave of candidates built at once by the worker processes, each held to its share of the cores, against one
-#: candidate built alone in this process with all of them: the wave's seconds over the one's (until a wave was
-#: measured, then the measured seconds count). On two cores, waves of two measured 1.05x (BERT-base widths, 512
-#: tokens, session 14), 1.25x (the same at 128 tokens) and 1.11x (MiniLM-L6 --max-drop 1, its whole candidates
-#: phase against the serial estimate halved): experiments/compress_cost.
-PARALLEL_ROUND = 1.3
+#: A wave of ``w`` candidates built at once by ``w`` worker processes, each held to its share of the cores, takes
+#: ``w x WAVE_SHARE`` times one candidate built alone in this process with all of them (until a wave was measured;
+#: then the measured seconds count). Below 1 by what the workers gain over threads: a process each keeps the
+#: single-threaded parts (NNCF's graph passes, Python) busy where threads wait. On two cores (Zen 5) a wave of two
+#: took 0.91x two candidates alone (MiniLM-L6 --max-drop 1: about 30 s a candidate in a wave, 16.5 s alone) and
+#: about 0.9x at BERT-base widths and 128 tokens (334 and 365 s in a wave, where the refit probe and the rest put
+#: one alone near 200 s): experiments/compress_cost, session 15. The workers buy little on two cores.
+WAVE_SHARE = 0.95
 #: The paths a --max-drop bisection walks at once: its rounds are this many candidates.
 DROP_PATHS = 3
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
@@ -97,7 +99,7 @@ class JobShape:
     dev_batches: float  # a pass over the whole dev split, in timed batches
     dev_examples: int  # the examples of the whole dev split
     train_batches: int
-    target: float  # the speedup the candidates are near (--speedup, else 2)
+    target: float  # the speedup the candidates are near (--speedup, else drop_target)
     drop_search: bool  # --max-drop: bisection along three paths
     cached_table: bool
     runtime_differs: bool  # the runtime is not the reference one: the unchanged model is timed too
@@ -248,18 +250,18 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
 def build_seconds(one: float, count: int, workers: int, wave: float | None = None) -> float:
     """Seconds to build ``count`` candidates of ``one`` second each (built alone in this process) handed over at
     once to a pool of ``workers`` (:func:`~surgery.compress.candidate_pool.split_jobs`): waves of ``workers`` at
-    once in the workers, ``wave`` seconds each (default ``one`` x :data:`PARALLEL_ROUND`), and a job left alone
-    in the last wave built here in ``one``.
+    once in the workers, ``wave`` seconds each (default ``one`` x ``workers`` x :data:`WAVE_SHARE`), and a job left
+    alone in the last wave built here in ``one``.
 
     Example:
-        >>> build_seconds(100.0, 3, 1), build_seconds(100.0, 3, 2), build_seconds(100.0, 4, 2, wave=110.0)
-        (300.0, 230.0, 220.0)
+        >>> build_seconds(100.0, 3, 1), build_seconds(100.0, 3, 2), build_seconds(100.0, 4, 2, wave=180.0)
+        (300.0, 290.0, 360.0)
     """
     from surgery.compress.candidate_pool import split_jobs
 
     away, here = split_jobs(count, workers)
     waves = -(-away // max(workers, 1))
-    return waves * (one * PARALLEL_ROUND if wave is None else wave) + here * one
+    return waves * (one * workers * WAVE_SHARE if wave is None else wave) + here * one
 
 
 def layer_probe_seconds(p: Probes, shape: JobShape, batches: int) -> float:
@@ -286,11 +288,16 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     timed) and ``unchanged`` (the run's unchanged model, whose artefact is the estimate's: judged, and timed where
     the runtime differs from the reference; before it, once per run, ``reference``: the original's pass over every
     dev example, the figures each candidate is paired with)."""
-    small = p.forward / max(shape.target, 1.0)  # a candidate near the target, on whatever runtime
-    # The refit: each cut projection reads the refit batches through the student and the teacher up to it (half a
-    # model each, on average); the objective before and after it.
-    refit = 2 * shape.layers * s.refit_batches * 0.5 * (p.forward + small)
-    objective = 2 * s.refit_batches * small
+    small = p.forward / max(shape.target, 1.0)  # a candidate near the target, on the runtime
+    cut = torch_forward(p, shape.target)  # the same cut in PyTorch fp32, where it is refitted
+    # The refit, per batch: two forwards of the original (its layers' calls recorded, then each layer's projection
+    # outputs) and four of the cut (recorded, advanced layer by layer, and one layer run per refitted projection,
+    # two a layer); the Gram matrices ride along. experiments/probes/refit_cost.py at BERT-base widths, 128 tokens:
+    # 6.1 forwards of the original a batch at 0.9 of the widths (2 + 4 x 0.91 = 5.6) and 3.8 at half (2 + 4 x 0.5
+    # = 4.0); the estimate before, a half-model pass per projection, put them at 24 and 18. Then the calibration
+    # objective before and after the refit.
+    refit = s.refit_batches * (2 * p.forward + 4 * cut)
+    objective = 2 * s.refit_batches * cut
     dev = dev_batches(shape, s)
     judged = p.export + dev * small
     timed = (2 + s.speedup_repeats) * (p.forward + small)
@@ -305,6 +312,21 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     cut = built + (0.0 if shape.drop_search else timed)
     return {"refit": refit, "objective": objective, "judged": judged, "timed": timed, "built": built, "cut": cut,
             "layer_drop": objective + judged + timed, "reference": reference, "unchanged": unchanged}
+
+
+def torch_forward(p: Probes, target: float) -> float:
+    """Seconds of a forward in PyTorch fp32 of a cut that runs ``target`` x faster than the original on the target
+    runtime: the runtime's own gain (the unchanged model there against the original in PyTorch) is not the cut's.
+    At BERT-base widths on OpenVINO int8 (7.2x unchanged), a cut at 8x is nine tenths of the original in PyTorch.
+
+    Example:
+        >>> p = Probes(forward=4.0, runtime_forward=0.5, export=0.0, probe_export=0.0, probe_forward=0.0,
+        ...            fisher_batch=0.0)
+        >>> torch_forward(p, 8.0), torch_forward(p, 16.0), torch_forward(p, 4.0)
+        (4.0, 2.0, 4.0)
+    """
+    gain = p.forward / p.runtime_forward if p.runtime_forward > 0 else 1.0
+    return p.forward * min(1.0, max(gain, 1.0) / max(target, 1.0))
 
 
 def dev_batches(shape: JobShape, s: Settings) -> float:
@@ -528,12 +550,26 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
                      refit_batches=refit_batches, dev_batches=dev_examples / max(batch_size, 1),
                      dev_examples=dev_examples,
                      train_batches=math.ceil(train_rows / max(min(batch_size, 32), 1)),
-                     target=target.speedup if isinstance(target, SpeedupTarget) else 2.0,
+                     target=target.speedup if isinstance(target, SpeedupTarget) else drop_target(probes),
                      drop_search=not isinstance(target, SpeedupTarget),
                      cached_table=table_cached(model, runtime=runtime.name, batch_size=batch_size, seq_len=seq_len,
                                                threads=threads),
                      runtime_differs=runtime.name != against.name, workers=workers)
     return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
+
+
+def drop_target(p: Probes) -> float:
+    """The speedup a --max-drop search's candidates are priced at: twice the runtime's own gain (the unchanged
+    model there against the original in PyTorch). On OpenVINO int8 MiniLM-L6's --max-drop 1 candidates measured
+    7-18x over a 5.7-6.2x runtime gain (experiments/compress_cost); priced at 2x, each was a full-width forward.
+
+    Example:
+        >>> drop_target(Probes(forward=0.24, runtime_forward=0.04, export=0.0, probe_export=0.0, probe_forward=0.0,
+        ...                    fisher_batch=0.0))
+        12.0
+    """
+    gain = p.forward / p.runtime_forward if p.runtime_forward > 0 else 1.0
+    return 2.0 * max(gain, 1.0)
 
 
 def forward_equivalents(model: nn.Module, target: Target, *, dev_examples: int, batch_size: int,

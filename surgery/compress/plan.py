@@ -199,11 +199,20 @@ def distinct_cuts(paths: list[RemovalPath], goal: float) -> int:
 
 
 class Clock:
-    """The job's deadline, and phase timings."""
+    """The job's deadline, and phase timings.
 
-    def __init__(self, budget_minutes: float | None) -> None:
-        self.start = time.perf_counter()
-        self.deadline = None if budget_minutes is None else self.start + 60.0 * budget_minutes
+    ``start``: the :func:`time.perf_counter` the budget counts from (default: now); ``after``: seconds kept back
+    from the deadline for what the caller does once the job returns (the CLI's save).
+
+    Example:
+        >>> clock = Clock(1.0, start=time.perf_counter() - 20.0, after=10.0)
+        >>> 29.0 < clock.left() <= 30.0, Clock(None).left()
+        (True, inf)
+    """
+
+    def __init__(self, budget_minutes: float | None, *, start: float | None = None, after: float = 0.0) -> None:
+        self.start = time.perf_counter() if start is None else start
+        self.deadline = None if budget_minutes is None else self.start + 60.0 * budget_minutes - after
         self.phases: dict[str, float] = {}
 
     def left(self) -> float:
