@@ -49,8 +49,11 @@ MIN_TABLE_REPEATS, MIN_SPEEDUP_REPEATS = 3, 6
 #: Candidates a --speedup search judges at most: the unchanged model, the path at the target and 10%
 #: either side, the units-only and the uniform paths' points, a uniform layer-drop.
 SPEEDUP_CANDIDATES = 7
-#: Points a --max-drop bisection judges per path (log2 of a path of about a hundred removals), for 3 paths.
-BISECTION_POINTS = 7
+#: Points a --max-drop bisection builds per path, for 3 paths. Guided by the Fisher's estimates of the loss
+#: (``candidate_run.guided_step``), and a point another path already built is free (the same cut): MiniLM-L6's
+#: --max-drop 1 built 6, 4 and 5 on its three paths in one run and 6, 3 and 3 in another (experiments/compress_cost,
+#: sessions 14 and 15), not the 7 each of an unguided bisection of about a hundred steps (log2).
+BISECTION_POINTS = 5
 #: The share of the budget (left at the importance phase, for a running job) that the mask Fisher may take.
 IMPORTANCE_SHARE = 0.15
 #: The share of the candidates' room (the budget less the estimate, the latency table and the importance phase) that
