@@ -32,7 +32,7 @@ from surgery.compress.candidates import (
 )
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
 from surgery.compress.held_out import CONFIDENCE, DevSplit, Judged, paired_drop
-from surgery.compress.job_estimate import build_seconds
+from surgery.compress.job_estimate import WAVE_SHARE, build_seconds
 from surgery.compress.latency_source import LatencySource, speedups_together
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.precision import precision_choice
@@ -243,10 +243,12 @@ class CandidateRun:
         #: candidate name -> the directory of the runtime artefact it was judged and timed on (None: torch)
         self.artefacts: dict[str, Path | None] = {}
         self.notes: list[str] = []
-        #: seconds of the slowest candidate built so far, and whether a cut was among them (the unchanged model reuses
-        #: the estimate's artefact and has no refit: a quarter of a cut's cost at BERT-base widths)
+        #: seconds of the slowest candidate built alone in this process so far, and whether a cut was built (the
+        #: unchanged model reuses the estimate's artefact and has no refit: a quarter of a cut's cost at BERT-base
+        #: widths)
         self.last_cost, self.cut_built = 0.0, False
-        #: seconds of the slowest candidate built in a worker (0: none yet): a wave's, built at once with others
+        #: seconds of the slowest candidate built in a worker (0: none yet): a wave's, built at once with others, about
+        #: 1.8x one alone on two cores
         self.worker_cost = 0.0
         #: what the job estimate expects one candidate's side-by-side timing to cost (a --speedup search), and then the
         #: slowest timing measured: timed in this process one at a time, after workers built a round at once
@@ -321,7 +323,7 @@ class CandidateRun:
             jobs.append((i, BuildJob(self.index, want.removal.effective().model_dump(), True, self.parts("screen"),
                                      list(want.int8_float or []), want.int8_refit)))
         answers = self.pool.build([job for _, job in jobs])
-        self.last_cost = max([self.last_cost, *(a.seconds for a in answers)])
+        self.last_cost = max([self.last_cost, *(a.seconds for a in answers if not a.worker)])
         self.worker_cost = max([self.worker_cost, *(a.seconds for a in answers if a.worker)])
         self.cut_built = self.cut_built or any(wants[i].origin != "unchanged" for i, _ in jobs)
         fresh: list[CandidateResult] = []
@@ -432,9 +434,9 @@ class CandidateRun:
         result.recall_at_10 = figures.get("recall_at_10")
 
     def candidate_cost(self, want: Want | None = None) -> float:
-        """Seconds the next candidate (``want``) is expected to take: the slowest built so far, and until a cut was
-        built at least the job estimate's cost of a cut
-        (:meth:`~surgery.compress.job_estimate.JobEstimate.cut_seconds`).
+        """Seconds the next candidate (``want``) is expected to take alone in this process: the slowest built so far
+        (one built in a wave of the workers counts as its wave's share), and until a cut was built at least the job
+        estimate's cost of a cut (:meth:`~surgery.compress.job_estimate.JobEstimate.cut_seconds`).
         With the unchanged model's cost alone a budgeted BERT-base run expected 53 s of a cut that costs minutes.
         A cut of whole layers only has no projection to refit, and is priced without one: priced as a refitted cut
         (474 s against about 95 s), a BERT-base run at ``--budget 15`` skipped the layer-drop its plan had counted
@@ -444,15 +446,21 @@ class CandidateRun:
             >>> from surgery.compress.removal_path import Removal
             >>> run = CandidateRun.__new__(CandidateRun)
             >>> run.last_cost, run.cut_built, run.cut_estimate, run.layer_cut_estimate = 50.0, False, 200.0, 60.0
+            >>> run.worker_cost, run.pool = 0.0, type("Pool", (), {"workers": 2})()
             >>> drop = Want("layer-drop-1", "uniform-layer-drop", Removal(layers=[1]))
             >>> run.candidate_cost(), run.candidate_cost(drop)
             (200.0, 60.0)
             >>> run.last_cost, run.cut_built = 120.0, True
             >>> run.candidate_cost()
             120.0
+            >>> run.worker_cost = 380.0  # a cut built in a wave of two: about 200 s alone
+            >>> round(run.candidate_cost())
+            200
         """
+        # A cut built only in a wave says what one alone costs through the wave's share (job_estimate.WAVE_SHARE).
+        alone = self.worker_cost / (self.pool.workers * WAVE_SHARE) if self.worker_cost else 0.0
         if self.cut_built:
-            return self.last_cost
+            return max(self.last_cost, alone)
         layers_only = want is not None and want.removal.layers_only()
         return max(self.last_cost, self.layer_cut_estimate if layers_only else self.cut_estimate)
 
@@ -783,7 +791,7 @@ class CandidateRun:
         base = next((r for r in self.results if r.origin == "path" and r.path_step == k), None)
         if k is None or base is None or self.artefacts.get(base.name) is None:
             return
-        if not self.clock.fits(2 * self.last_cost):  # gains + costs take about one candidate's time
+        if not self.clock.fits(2 * self.candidate_cost()):  # gains + costs take about one candidate's time
             self.notes.append("precision pass skipped: the budget has no room for it")
             return
         choice, rows = precision_choice(path, k, self.model_of(base.name), self.artefacts[base.name], self.judge,
