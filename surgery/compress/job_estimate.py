@@ -242,7 +242,7 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         # session 14). Each is timed here, one after another.
         drop = s.candidates >= 3
         cut = max(s.candidates - (2 if drop else 1), 0)
-        candidates = (c["unchanged"] + build_seconds(c["cut"] - c["timed"], cut, w) + cut * c["timed"]
+        candidates = (c["unchanged"] + build_seconds(c["built"], cut, w) + cut * c["timed"]
                       + (c["layer_drop"] if drop else 0.0))
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
