@@ -335,10 +335,13 @@ def budget_clock(budget_minutes: float | None, model: Any) -> Any:
     minutes end to end (experiments/compress_cost, session 15).
 
     Example:
+        >>> import time
         >>> from surgery.testing import TinySpec, tiny_model
-        >>> clock = budget_clock(1.0, tiny_model(TinySpec("bert")))
-        >>> 0.0 < clock.left() < 60.0 - SAVE_FLOOR_SECONDS, budget_clock(None, None).deadline
-        (True, None)
+        >>> clock = budget_clock(1.0, tiny_model(TinySpec("bert")))  # counted from this interpreter's start
+        >>> clock.start < time.perf_counter(), clock.deadline - clock.start < 60.0 - SAVE_FLOOR_SECONDS
+        (True, True)
+        >>> budget_clock(None, None).deadline is None
+        True
     """
     import time
 
