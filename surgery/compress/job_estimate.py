@@ -87,6 +87,11 @@ class Probes:
     fisher_batch: float
     seconds: float = 0.0
 
+    @property
+    def runtime_gain(self) -> float:
+        """The unchanged model on the target runtime against the original in PyTorch (at least 1)."""
+        return max(self.forward / self.runtime_forward, 1.0) if self.runtime_forward > 0 else 1.0
+
 
 @dataclass
 class JobShape:
@@ -328,8 +333,7 @@ def torch_forward(p: Probes, target: float) -> float:
         >>> torch_forward(p, 8.0), torch_forward(p, 16.0), torch_forward(p, 4.0)
         (4.0, 2.0, 4.0)
     """
-    gain = p.forward / p.runtime_forward if p.runtime_forward > 0 else 1.0
-    return p.forward * min(1.0, max(gain, 1.0) / max(target, 1.0))
+    return p.forward * min(1.0, p.runtime_gain / max(target, 1.0))
 
 
 def dev_batches(shape: JobShape, s: Settings) -> float:
@@ -571,8 +575,7 @@ def drop_target(p: Probes) -> float:
         ...                    fisher_batch=0.0))
         12.0
     """
-    gain = p.forward / p.runtime_forward if p.runtime_forward > 0 else 1.0
-    return 2.0 * max(gain, 1.0)
+    return 2.0 * p.runtime_gain
 
 
 def forward_equivalents(model: nn.Module, target: Target, *, dev_examples: int, batch_size: int,
