@@ -12,6 +12,8 @@ PyTorch in its own rounds: ``reference_runtime``)::
     nice python experiments/latency_prediction/predict_vs_measured.py --threads 1
     nice python experiments/latency_prediction/predict_vs_measured.py --threads 1 --models minilm \\
         --runtime onnxruntime-int8 --tag int8
+    python experiments/latency_prediction/predict_vs_measured.py --models minilm --runtime openvino-int8 \\
+        --recipes shallow --repeats 20 --tag openvino-int8-shallow
 
 Writes ``results[-TAG].json`` and ``results[-TAG].md`` (with the machine and the load average) here.
 """
@@ -73,6 +75,21 @@ RECIPES: dict[str, Recipe] = {
                                                                      [0.1, 0.2, 0.15, 0.25], drop_every=3),
 }
 
+# Shallow cuts, the structures a 6x embedding target or a --max-drop path point on a fast int8 runtime asks
+# for (10-30% of the time taken off): a head or two, FFN widths just below the full one, on and off 64.
+SHALLOW: dict[str, Recipe] = {
+    "heads 11/12": lambda n, h, w: _cycle(n, h, w, [11 / 12], [1.0]),
+    "heads 10/12": lambda n, h, w: _cycle(n, h, w, [10 / 12], [1.0]),
+    "ffn 0.9 (off 64)": lambda n, h, w: _cycle(n, h, w, [1.0], [0.9]),
+    "ffn 11/12 (a multiple of 64)": lambda n, h, w: _cycle(n, h, w, [1.0], [11 / 12]),
+    "ffn 3/4": lambda n, h, w: _cycle(n, h, w, [1.0], [0.75]),
+    "heads 10/12, ffn 0.85": lambda n, h, w: _cycle(n, h, w, [10 / 12], [0.85]),
+    "shallow uneven": lambda n, h, w: _cycle(n, h, w, [1.0, 11 / 12, 10 / 12, 1.0, 0.75, 11 / 12],
+                                             [1.0, 0.91, 0.85, 0.97, 0.78, 0.94]),
+    "heads 1/2": RECIPES["heads 1/2"],
+}
+RECIPE_SETS = {"default": RECIPES, "shallow": SHALLOW}
+
 
 def cut_to(model: nn.Module, structure: Structure) -> nn.Module:
     """A copy of ``model`` with layer ``i`` cut to ``structure.layers[i]`` (its first heads and neurons)."""
@@ -108,7 +125,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     shape = dict(batch_size=batch, seq_len=args.seq_len, threads=args.threads)
     original = Structure.from_model(model)
     n, heads, width = len(original.layers), original.kept[0].heads, original.kept[0].ffn_width
-    structures = {label: Structure(tuple(recipe(n, heads, width))) for label, recipe in RECIPES.items()}
+    structures = {label: Structure(tuple(recipe(n, heads, width)))
+                  for label, recipe in RECIPE_SETS[args.recipes].items()}
     runtime = args.runtime
     say(f"{name}: latency table, {runtime}, batch {batch} x {args.seq_len}, {args.threads} thread(s)")
     # The original in PyTorch is timed in the table's own rounds, so the speedup over it needs no second table.
@@ -159,7 +177,7 @@ def markdown(results: dict[str, Any]) -> str:
              f"torch {m['torch_version']} ({m['torch_cpu_capability']} kernels), onnxruntime "
              f"{m['onnxruntime_version']}; fingerprint `{results['fingerprint']}`.", "",
              f"Load average (1 min) before / after: {results['load_before']:.1f} / {results['load_after']:.1f} on "
-             f"{m['usable_cpus']} CPUs shared with other jobs; run under `nice`. Target: prediction within "
+             f"{m['usable_cpus']} CPUs (other jobs beside it show in it). Target: prediction within "
              f"{TARGET:.0%} of the measured paired speedup.", ""]
     for part in results["models"]:
         own = part["runtime"] != "torch"
@@ -206,6 +224,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15, help="side-by-side rounds")
     parser.add_argument("--table-repeats", type=int, default=9)
+    parser.add_argument("--recipes", default="default", choices=sorted(RECIPE_SETS),
+                        help="which structures: the default set, or shallow cuts (10-30%% of the time)")
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument("--render", action="store_true", help="only rewrite the .md from the tag's .json")
     args = parser.parse_args()
