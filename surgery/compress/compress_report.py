@@ -107,6 +107,10 @@ class CompressReport(BaseModel):
                                            "whether it was searched and what its search found")
     artefact: dict[str, str] = Field(default_factory=dict, description="SHA-256 of each file of the winner's runtime "
                                      "artefact, the one judged and timed and the one saved (empty for torch)")
+    alignment: dict[str, Any] | None = Field(default=None, description="whether the runtime ran batches padded "
+                                             "to a block multiple faster (measured on the unchanged model; "
+                                             "surgery.runtimes.shared.alignment): the multiple the saved artefact "
+                                             "pads to, and the speedups that chose it")
     judging: dict[str, Any] = Field(default_factory=dict, description="the dev split (search, its screen, the "
                                     "held-out pick part), how many candidates were judged on what, the search's "
                                     "probes, and the rule --max-drop is held by")

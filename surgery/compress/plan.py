@@ -34,6 +34,7 @@ from surgery.core.errors import ConfigError, DataError, StockFormatError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.measure.serving import ServingShape, data_batches, measured_shape
 from surgery.measure.timing import batch_length
+from surgery.runtimes.shared.alignment import Alignment, measure_alignment, pad_batch
 from surgery.training.refit import task_calibration_batches
 
 if TYPE_CHECKING:
@@ -126,6 +127,9 @@ class CompressPlan:
     unchanged: Unchanged | None = None
     #: the unchanged speedup's interval where it was measured (None: a prediction, or the reference runtime itself)
     unchanged_interval: list[float] | None = None
+    #: whether padding batches to a block multiple was measured to pay on the runtime (None: not measured here);
+    #: where it was, ``seq_len`` and ``batches`` are the padded ones every time is taken at
+    alignment: Alignment | None = None
 
     @property
     def dev_examples(self) -> int | None:
@@ -318,6 +322,7 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
                                                        "lengths": lengths, "objective": chosen}))
     importance_objective = data.importance_objective() if chosen == "embedding" else None
     first: FisherBatch | None = None
+    alignment: Alignment | None = None
     estimate, held = None, None
     written: dict[str, nn.Module] = {}
     interval = None
@@ -335,6 +340,19 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
 
         if unchanged is None:  # the run's one export of the unchanged model, as a candidate's (user calibration)
             unchanged = unchanged_on(runtime, model, objective=chosen, calibration=calibration, threads=threads)
+        if runtime.aligns and unchanged.served.directory is not None:
+            # Where the runtime's kernels run a padded batch faster, the artefact is served padded: every time
+            # below is then taken at the padded length, the length the saved model runs at.
+            alignment = measure_alignment(unchanged.served.model, vocab_size=int(model.config.vocab_size),
+                                          batch_size=batch_size, seq_len=seq_len, threads=threads)
+            if alignment.multiple is not None:
+                if batches:
+                    batches = [pad_batch(b, alignment.multiple)[0] for b in batches]
+                    seq_len = max(batch_length(b) for b in batches)
+                else:
+                    seq_len = alignment.padded_len
+                unchanged.speedup = None  # timed as given (--runtime auto): timed again as served
+            emit(ProgressEvent("compress: alignment", 1, 1, {"why": alignment.why()}))
         budget = None if clock.deadline is None else max(clock.left(), 0.0)
         estimate, written, held = plan_settings(
             model, data, target, runtime=runtime, against=against, batch_size=batch_size,
@@ -419,4 +437,4 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
                         start=start, unchanged_speedup=speedup, batch_size=batch_size, seq_len=seq_len,
                         objective=chosen, calibration=refit, smoothing=calibration, phases=clock.phases,
                         estimate=estimate, shape=shape, batches=batches, unchanged=unchanged,
-                        unchanged_interval=interval)
+                        unchanged_interval=interval, alignment=alignment)

@@ -19,7 +19,7 @@ from torch import nn
 
 from surgery.compress.candidate_pool import default_workers
 from surgery.compress.candidate_run import CandidateRun
-from surgery.compress.candidates import Judge, Unchanged
+from surgery.compress.candidates import Judge, Unchanged, file_digests
 from surgery.compress.compress_report import CompressResult, KeptDirectory
 from surgery.compress.config import CompressConfig
 from surgery.compress.held_out import DevSplit, split_dev
@@ -175,11 +175,17 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
                                                                   budget_minutes, config.seed, train=config.train)
             # The judged files themselves leave the work directory (moved, never written again).
             artefact = keep_artefact(run.artefacts.get(winner_name))
+            aligned = artefact is not None and plan.alignment is not None and plan.alignment.multiple is not None
+            if aligned:
+                runtime.align(artefact, plan.alignment.multiple)  # served padded, as it was timed
         report = run.report(winner_name, why, warnings, training, budget_minutes, config.threads, config.stock,
                             clock)
         report.text_length = dict((getattr(data, "info", None) or {}).get("text_length") or {})
         report.config = config.model_dump(mode="json")
         report.artefact = dict(report.winner_result().artefact) if report.winner_result() else {}
+        report.alignment = plan.alignment.model_dump(mode="json") if plan.alignment is not None else None
+        if aligned:  # the record now says how the artefact is served: its digests again
+            report.artefact = file_digests(Path(artefact))
         if plan.estimate is not None:  # estimated before the work, against what each phase took
             report.estimate = plan.estimate.report(report.phases)
             report.notes.extend(f"estimate: {n}" for n in plan.estimate.notes)

@@ -73,7 +73,7 @@ class OnnxRuntimeRuntime(GraphRuntime):
         from surgery.runtimes.onnx.onnx_session import OnnxRuntimeModel
 
         return OnnxRuntimeModel(Path(out_dir) / ONNX_NAME, config=config, output=record.output, threads=threads,
-                                task=record.task)
+                                task=record.task, pad_to_multiple_of=record.pad_to_multiple_of)
 
     def smooth_alpha(self, config: Any) -> float | None:
         return config.smooth_alpha if config.smooth_alpha is not None else SMOOTH_ALPHA

@@ -21,6 +21,7 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from surgery.core.errors import MissingDependencyError
+from surgery.runtimes.shared.alignment import pad_batch, per_token_output, trim
 from surgery.runtimes.shared.benched_model import BenchedRuntimeModel
 from surgery.runtimes.shared.graph_export import graph_feeds, quiet_loggers
 from surgery.runtimes.shared.names import ONNX_PACKAGES
@@ -200,12 +201,14 @@ class OnnxRuntimeModel(nn.Module):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, config: Any, output: str = "last_hidden_state",
-                 threads: int | None = None, task: str | None = None) -> None:
+                 threads: int | None = None, task: str | None = None, pad_to_multiple_of: int | None = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.config = config
         self.output = output
         self.task = task
+        #: batches are padded to a multiple of this where it pays (measured: surgery.runtimes.shared.alignment)
+        self.pad_to_multiple_of = pad_to_multiple_of
         self.session = make_session(self.path, threads=threads)
         self.input_names = [i.name for i in self.session.get_inputs()]
         # No weights live in torch; this empty parameter only tells device-aware callers "cpu".
@@ -213,9 +216,10 @@ class OnnxRuntimeModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, **_: Any) -> Any:
-        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        given, length = pad_batch({"input_ids": input_ids, "attention_mask": attention_mask,
+                                   "token_type_ids": token_type_ids}, self.pad_to_multiple_of)
         (result,) = self.session.run([self.output], graph_feeds(given, self.input_names))
-        tensor = torch.from_numpy(result)
+        tensor = trim(torch.from_numpy(result), length, per_token_output(self.output, self.task))
         if self.output == "logits" and self.task == "mlm":
             return MaskedLMOutput(logits=tensor)
         return _OUTPUT_TYPES[self.output](**{self.output: tensor})

@@ -53,6 +53,7 @@ from surgery.core.errors import ConfigError, MissingDependencyError
 from surgery.core.manifest import int8_float_of
 from surgery.persist.model_io import atomic_directory
 from surgery.runtimes.openvino.vendor_telemetry import import_openvino, vendor_telemetry_held_off
+from surgery.runtimes.shared.alignment import pad_batch, per_token_output, trim
 from surgery.runtimes.shared.graph_export import (
     Agreement,
     ExportParityError,
@@ -139,7 +140,8 @@ class OpenVinoModel(nn.Module):
     runtime = "openvino"
 
     def __init__(self, path: str | os.PathLike[str], *, config: Any, output: str | None = None,
-                 threads: int | None = None, task: str | None = None, precision: str | None = None) -> None:
+                 threads: int | None = None, task: str | None = None, precision: str | None = None,
+                 pad_to_multiple_of: int | None = None) -> None:
         super().__init__()
         require_openvino("OpenVINO inference")
         ov = import_openvino()
@@ -151,6 +153,8 @@ class OpenVinoModel(nn.Module):
         self.input_names = [port.get_any_name() for port in model.inputs]
         self.output = output or next(iter(model.outputs[0].get_names()), "last_hidden_state")
         self.task = task
+        #: batches are padded to a multiple of this where it pays (measured: surgery.runtimes.shared.alignment)
+        self.pad_to_multiple_of = pad_to_multiple_of
         # The precision the IR says it runs at (an IR from before that record: f32, as it was checked).
         self.compiled = core.compile_model(model, "CPU", compile_config(threads, precision or ir_precision(model)
                                                                         or "f32"))
@@ -162,9 +166,11 @@ class OpenVinoModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, **_: Any) -> Any:
-        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        given, length = pad_batch({"input_ids": input_ids, "attention_mask": attention_mask,
+                                   "token_type_ids": token_type_ids}, self.pad_to_multiple_of)
         result = self.request.infer(graph_feeds(given, self.input_names))
-        tensor = torch.from_numpy(result[self.compiled.outputs[0]].copy())
+        tensor = trim(torch.from_numpy(result[self.compiled.outputs[0]].copy()), length,
+                      per_token_output(self.output, self.task))
         if self.output == "logits" and self.task == "mlm":
             return MaskedLMOutput(logits=tensor)
         if self.output == "logits":

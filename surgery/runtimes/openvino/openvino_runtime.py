@@ -74,7 +74,8 @@ class OpenVinoRuntime(GraphRuntime):
         from surgery.runtimes.openvino.openvino_ir import OV_XML, OpenVinoModel
 
         return OpenVinoModel(Path(out_dir) / OV_XML, config=config, output=record.output, threads=threads,
-                             task=record.task, precision=self.inference_precision)
+                             task=record.task, precision=self.inference_precision,
+                             pad_to_multiple_of=record.pad_to_multiple_of)
 
     def smooth_alpha(self, config: Any) -> float | None:
         from surgery.runtimes.openvino.openvino_ir import SMOOTH_QUANT_ALPHA

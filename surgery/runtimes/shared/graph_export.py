@@ -85,6 +85,10 @@ class ExportRecord(BaseModel):
     versions: dict[str, str]
     parity_batch: tuple[int, int]
     tolerance: float
+    pad_to_multiple_of: int | None = Field(default=None, description="the served model pads each batch to a "
+                                           "multiple of this where that adds at most an eighth of its length "
+                                           "(measured to pay on the machine it was chosen on: "
+                                           "surgery.runtimes.shared.alignment); None: batches run as given")
 
     def served_agreement(self) -> Agreement:
         """How closely the artefact, as it runs, agrees with PyTorch fp32: its int8 or bf16 drift, else its parity."""

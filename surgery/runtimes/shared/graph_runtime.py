@@ -40,6 +40,8 @@ class GraphRuntime(Runtime):
     every export this object makes, over those an export's settings give (``bench --int8-fp32`` passes them).
     """
 
+    aligns = True
+
     def __init__(self, **export_options: Any) -> None:
         #: Further keyword arguments of the exporter (:meth:`write_graph`), over an export's own settings.
         self.export_options = export_options
@@ -93,6 +95,12 @@ class GraphRuntime(Runtime):
         record = record.model_copy(update={"accuracy_torch": accuracy_torch, record.accuracy_field: accuracy})
         record.write(out_dir)
         return record.model_dump(mode="json")
+
+    def align(self, out_dir: Path, multiple: int | None) -> None:
+        """Record in ``out_dir``'s export record that its served model pads batches to a multiple of ``multiple``
+        (:mod:`surgery.runtimes.shared.alignment`; None: as given)."""
+        record = self.read_record(Path(out_dir))
+        record.model_copy(update={"pad_to_multiple_of": multiple}).write(Path(out_dir))
 
     def export_report(self, artefact: RuntimeArtefact) -> ExportRecord:
         """The exporter's record of the folder (what ``surgery export`` renders)."""

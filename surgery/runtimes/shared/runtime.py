@@ -135,6 +135,14 @@ class Runtime(ABC):
     #: by every export) and :meth:`with_float_groups` writes such a copy of an artefact: compress's precision pass
     #: (:mod:`surgery.compress.precision`) searches maps on it.
     float_fallback: ClassVar[bool] = False
+    #: True where its served model can pad each batch to a block multiple that was measured to run faster
+    #: (:mod:`surgery.runtimes.shared.alignment`) and :meth:`align` records that multiple in an artefact.
+    aligns: ClassVar[bool] = False
+
+    def align(self, out_dir: Path, multiple: int | None) -> None:
+        """Record that the artefact in ``out_dir`` is served padded to a multiple of ``multiple`` (only where
+        :attr:`aligns`)."""
+        raise NotImplementedError(f"runtime {self.name!r} does not pad batches (aligns is False)")
 
     @property
     def int8(self) -> bool:
