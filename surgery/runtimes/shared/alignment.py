@@ -155,11 +155,14 @@ def measure_alignment(served: nn.Module, *, vocab_size: int, batch_size: int, se
     from surgery.measure.timing import make_inputs, time_models
 
     started = time.perf_counter()
-    lengths: dict[int, int] = {}  # padded length -> the smallest multiple giving it
+    # padded length -> the largest multiple giving it: one measured length cannot tell a kernel's block of 16
+    # from one of 64 (63 tokens pad to 64 by any of them), and a multiple of the largest is a multiple of each,
+    # so the served model then pads only to lengths at least as aligned as the one measured.
+    lengths: dict[int, int] = {}
     for multiple in MULTIPLES:
         target = padded_length(seq_len, multiple)
         if target != seq_len:
-            lengths.setdefault(target, multiple)
+            lengths[target] = multiple
     if not lengths:
         return Alignment(seq_len=seq_len, padded_len=seq_len)
 
