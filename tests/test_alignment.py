@@ -93,6 +93,7 @@ def test_compress_times_at_the_padded_length_and_saves_the_artefact_padded(
     from surgery.compress import plan as plan_module
     from surgery.compress.compress_report import SpeedupTarget
     from surgery.compress.compress_run import compress
+    from surgery.compress.latency_source import MeasuredLatency
     from surgery.compress.plan import plan_compress
 
     seen: list[int] = []
@@ -108,11 +109,20 @@ def test_compress_times_at_the_padded_length_and_saves_the_artefact_padded(
     events: list = []
     plan = plan_compress(model, tiny_task_data(), target=SpeedupTarget(speedup=1.5), runtime="onnxruntime",
                          progress=events.append)
-    assert plan.alignment is not None and plan.seq_len == plan.alignment.padded_len == -(-seen[0] // 16) * 16 + 16
+    assert plan.alignment is not None and plan.alignment.multiple == 16 and plan.seq_len == seen[0]
     assert any(e.task == "compress: alignment" for e in events)
+    timed: list[int | None] = []
+    tabled = MeasuredLatency.speedup  # the tables' (timed_by_tables)
+
+    def speedup(self: MeasuredLatency, *args: object, **kwargs: object) -> object:
+        timed.append(self.pad_to_multiple_of)
+        return tabled(self, *args, **kwargs)
+
+    monkeypatch.setattr(MeasuredLatency, "speedup", speedup)
     result = compress(model, tiny_task_data(), speedup=1.5, runtime="onnxruntime", threads=1)
     assert result.report.alignment is not None and result.report.alignment["multiple"] == 16
+    assert timed and set(timed) == {16}  # every speed measured as the artefact is served
     assert result.artefact is not None
     runtime = get_runtime("onnxruntime")
     assert runtime.read_record(result.artefact).pad_to_multiple_of == 16
-    assert result.report.artefact == file_digests(result.artefact)  # digests of the files as saved
+    assert result.report.artefact == file_digests(result.artefact) == result.report.winner_result().artefact

@@ -541,7 +541,8 @@ def time_probes(model: nn.Module, *, runtime: Runtime, batch_size: int, seq_len:
 def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runtime, against: Runtime,
                   batch_size: int, seq_len: int, threads: int | None, fisher_batches: int,
                   refit_batches: int, dev_examples: int, removable_layers: int, budget_seconds: float | None,
-                  train: bool, fisher: Any, unchanged: Unchanged, started: float | None = None, workers: int = 1
+                  train: bool, fisher: Any, unchanged: Unchanged, started: float | None = None, workers: int = 1,
+                  pad_to_multiple_of: int | None = None
                   ) -> tuple[JobEstimate, dict[str, nn.Module], tempfile.TemporaryDirectory[str]]:
     """Time the probes and estimate the job (see the module doc). Returns the estimate, the latency probe it wrote
     (loaded, by the table's name for it) and the temporary directory that holds it (removed when dropped)."""
@@ -560,7 +561,7 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
                      target=target.speedup if isinstance(target, SpeedupTarget) else drop_target(probes),
                      drop_search=not isinstance(target, SpeedupTarget),
                      cached_table=table_cached(model, runtime=runtime.name, batch_size=batch_size, seq_len=seq_len,
-                                               threads=threads),
+                                               threads=threads, pad_to_multiple_of=pad_to_multiple_of),
                      runtime_differs=runtime.name != against.name, workers=workers)
     return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
 

@@ -90,6 +90,7 @@ from surgery.measure.timing import (
     time_models,
     torch_threads,
 )
+from surgery.runtimes.shared.alignment import padded
 
 if TYPE_CHECKING:
     from surgery.runtimes import Runtime
@@ -373,7 +374,7 @@ def runtime_model(model: nn.Module, runtime: str | Runtime, work_dir: Path, *, t
 
 def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, batch_size: int, seq_len: int,
                        threads: int | None, repeats: int = CHECK_REPEATS, batches: Sequence[Batch] | None = None,
-                       served: nn.Module | None = None) -> str | None:
+                       served: nn.Module | None = None, pad_to_multiple_of: int | None = None) -> str | None:
     """Why a cached table may not be used for ``model`` here: its prediction is off the model's own time.
 
     The model is timed in ``runtime`` at the table's batch shape (``batches``: the table's drawn batches) (a
@@ -400,8 +401,8 @@ def cache_disagreement(table: LatencyTable, model: nn.Module, *, runtime: str, b
     model.eval()
     try:
         with tempfile.TemporaryDirectory(prefix="surgery-cache-check-") as tmp, torch_threads(threads):
-            timed = {"model": runtime_model(model, runtime, Path(tmp), threads=threads) if served is None
-                     else served}
+            timed = {"model": padded(runtime_model(model, runtime, Path(tmp), threads=threads) if served is None
+                                     else served, pad_to_multiple_of)}
             inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len,
                                     batches=batches)
             timing = time_models(timed, inputs, repeats=repeats, warmup=1, device=device, least=MIN_TIMED_SECONDS)
@@ -451,6 +452,7 @@ def measure_latency_table(
     progress: ProgressCallback | None = None,
     batches: Sequence[Batch] | None = None,
     prepared: Mapping[str, nn.Module] | None = None,
+    pad_to_multiple_of: int | None = None,
 ) -> LatencyTable:
     """Measure (or read from the cache) the latency table of ``model``'s shape on ``runtime`` here.
 
@@ -476,6 +478,8 @@ def measure_latency_table(
             read off them (the batch, the longest); the lengths' summary is in the table and its cache key.
         prepared: probes already as they run in ``runtime``, by probe name (``"model"``: the model itself, as
             ``compress`` wrote it once for the whole run); they are timed as given, not written again.
+        pad_to_multiple_of: the probes in ``runtime`` run each batch padded to this multiple, as an artefact that
+            records it is served (:mod:`surgery.runtimes.shared.alignment`); the reference runs it as given.
 
     Returns:
         The :class:`LatencyTable`; ``measured`` says how it was measured, ``measured['cached']`` whether
@@ -505,14 +509,16 @@ def measure_latency_table(
     shape = model_shape(model)
     machine = machine_info().model_copy(update={"torch_threads": threads})
     key = table_key(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
-                    probe_layers=probe_layers, reference_runtime=reference_runtime, batches=batches)
+                    probe_layers=probe_layers, reference_runtime=reference_runtime, batches=batches,
+                    pad_to_multiple_of=pad_to_multiple_of)
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key)
     stale = None
     if cache:
         found, stale = read_cached(path, key)
         if found is not None:  # a file is untrusted: used only if it predicts this model's own time here
             disagreement = cache_disagreement(found, model, runtime=runtime, batch_size=batch_size, seq_len=seq_len,
-                                              threads=threads, batches=batches, served=(prepared or {}).get("model"))
+                                              threads=threads, batches=batches, served=(prepared or {}).get("model"),
+                                              pad_to_multiple_of=pad_to_multiple_of)
             if disagreement is None:
                 return found.model_copy(update={"machine": machine.model_dump(mode="json"),
                                                 "measured": {**found.measured, "cached": True,
@@ -521,7 +527,8 @@ def measure_latency_table(
     table = _measure(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads,
                      repeats=repeats, probe_layers=probe_layers, device=device, progress=progress or no_progress,
                      reference_runtime=reference_runtime, batches=batches, prepared=prepared,
-                     model_key=model_key(shape), machine=machine.model_dump(mode="json"))
+                     model_key=model_key(shape), machine=machine.model_dump(mode="json"),
+                     pad_to_multiple_of=pad_to_multiple_of)
     cache_note = try_write_cached(path, key, table) if cache and write_cache else None
     return table.model_copy(update={"measured": {**table.measured, "cached": False,
                                                   "cache_file": str(path) if cache and not cache_note else None,
@@ -531,7 +538,7 @@ def measure_latency_table(
 
 def table_key(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
               repeats: int = REPEATS, probe_layers: int = PROBE_LAYERS, reference_runtime: str | None = None,
-              batches: Sequence[Batch] | None = None) -> dict[str, Any]:
+              batches: Sequence[Batch] | None = None, pad_to_multiple_of: int | None = None) -> dict[str, Any]:
     """What a latency table measured here depends on: the key of its cache file (the serving shape included:
     batch, threads, and with ``batches`` drawn from data their length policy and lengths' summary).
 
@@ -548,12 +555,14 @@ def table_key(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, 
             "width_grid": list(WIDTH_FRACTIONS), "reference_runtime": reference_runtime,
             "machine": machine.fingerprint, "versions": machine.versions,
             "graph_format": (runtime_key := resolve_runtime(runtime).cache_key())["graph_format"],
-            "runtime_key": runtime_key, **shape_fields(batches)}
+            "runtime_key": runtime_key, **shape_fields(batches),
+            # only where set: the keys of tables timed as given stay what they were
+            **({"pad_to_multiple_of": pad_to_multiple_of} if pad_to_multiple_of else {})}
 
 
 def table_cached(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int | None,
                  repeats: int = REPEATS, cache_dir: str | os.PathLike[str] | None = None,
-                 batches: Sequence[Batch] | None = None) -> bool:
+                 batches: Sequence[Batch] | None = None, pad_to_multiple_of: int | None = None) -> bool:
     """Whether a cached table for this model, runtime and batch shape is on file here (the estimate's question:
     a cached table costs a check of the model's own time, not a measurement).
 
@@ -565,14 +574,14 @@ def table_cached(model: nn.Module, *, runtime: str, batch_size: int, seq_len: in
         False
     """
     key = table_key(model, runtime=runtime, batch_size=batch_size, seq_len=seq_len, threads=threads, repeats=repeats,
-                    batches=batches)
+                    batches=batches, pad_to_multiple_of=pad_to_multiple_of)
     return cache_path(cache_dir if cache_dir is not None else default_cache_dir(), key).is_file()
 
 
 def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, threads: int, repeats: int,
              probe_layers: int, device: torch.device, progress: ProgressCallback, model_key: str,
              machine: dict[str, Any], reference_runtime: str | None, batches: Sequence[Batch] | None = None,
-             prepared: Mapping[str, nn.Module] | None = None) -> LatencyTable:
+             prepared: Mapping[str, nn.Module] | None = None, pad_to_multiple_of: int | None = None) -> LatencyTable:
     started = time.perf_counter()
     structure = Structure.from_model(model)
     template = template_layer(model)
@@ -601,6 +610,7 @@ def _measure(model: nn.Module, *, runtime: str, batch_size: int, seq_len: int, t
                 progress(ProgressEvent("latency probes", done + 1, len(plan) + 1, {"probe": name}))
             inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len,
                                     batches=batches)
+            timed = {name: m if name == "reference" else padded(m, pad_to_multiple_of) for name, m in timed.items()}
             total = WARMUP + repeats
             timing = time_models(timed, inputs, repeats=repeats, warmup=WARMUP, device=device,
                                  least=MIN_TIMED_SECONDS,
@@ -656,6 +666,7 @@ def measured_speedups(
     report: Callable[[Timing], None] | None = None,
     prepared: Collection[str] = (),
     batches: Sequence[Batch] | None = None,
+    pad_to_multiple_of: int | None = None,
 ) -> dict[str, tuple[float, Interval]]:
     """Each of ``candidates`` (name -> model) in ``runtime`` against ``original`` in ``reference_runtime``, all
     side by side in one set of interleaved rounds: name -> (paired speedup, its 95% interval).
@@ -668,7 +679,8 @@ def measured_speedups(
     speedup's 95% bootstrap interval over rounds. ``report`` receives the whole
     :class:`~surgery.measure.timing.Timing` (rounds, machine) for a caller that keeps it; in it a candidate is
     named ``"NAME [RUNTIME]"`` and the original ``"original [REFERENCE]"``. ``batches``: the serving shape's
-    batches to time on (:func:`timing_batches`), each round its own.
+    batches to time on (:func:`timing_batches`), each round its own. ``pad_to_multiple_of``: the candidates run
+    each batch padded to this multiple, as their artefacts are served (the original as given).
 
     Example:
         >>> import surgery
@@ -694,8 +706,8 @@ def measured_speedups(
         served = {reference: runtime_model(original, reference_runtime, Path(tmp) / "reference", threads=threads,
                                            calibration=calibration)}
         for i, (name, model) in enumerate(candidates.items()):
-            served[names[name]] = model if name in prepared else runtime_model(
-                model, runtime, Path(tmp) / str(i), threads=threads, calibration=calibration)
+            served[names[name]] = padded(model if name in prepared else runtime_model(
+                model, runtime, Path(tmp) / str(i), threads=threads, calibration=calibration), pad_to_multiple_of)
         device = next(original.parameters()).device
         inputs = timing_batches(shared_vocab(served), batch_size=batch_size, seq_len=seq_len, batches=batches)
         timing = time_models(served, inputs, repeats=repeats, warmup=2, threads=threads or torch.get_num_threads(),
@@ -747,8 +759,8 @@ def runtime_ratios(model: nn.Module, runtimes: Sequence[str], *, reference_runti
 
 
 def measure_fallback_costs(served_dir: Path, model: nn.Module, *, runtime: Runtime, batch_size: int, seq_len: int,
-                           threads: int | None, repeats: int = REPEATS, batches: Sequence[Batch] | None = None
-                           ) -> FallbackCosts:
+                           threads: int | None, repeats: int = REPEATS, batches: Sequence[Batch] | None = None,
+                           pad_to_multiple_of: int | None = None) -> FallbackCosts:
     """What each op group costs in float on top of int8, measured on ``runtime``'s int8 artefact of ``model``.
 
     Probes (as the latency table's: interleaved rounds, :data:`MIN_TIMED_SECONDS` per call, median
@@ -761,7 +773,8 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, runtime: Runti
     dequantize steps lose to f32 ones: measured on MiniLM-L6 attention on an AVX2-only EPYC), and
     :func:`~surgery.compress.removal_path.buy_fallbacks` takes such a part for free. Noise around 0
     can only make a part that truly costs little look free, which the candidate's own timing then shows.
-    ``batches``: the serving shape's batches, as the table's (:func:`timing_batches`).
+    ``batches``: the serving shape's batches, as the table's (:func:`timing_batches`); ``pad_to_multiple_of``: each
+    batch padded to it, as the artefact is served.
     """
     from surgery.compress.latency_table import FALLBACK_UNITS
     from surgery.runtimes.shared.weight_products import precision_groups
@@ -780,6 +793,7 @@ def measure_fallback_costs(served_dir: Path, model: nn.Module, *, runtime: Runti
             copy = runtime.with_float_groups(Path(served_dir), model, members, Path(tmp) / part)
             timed[part] = runtime.load(copy, config=model.config, threads=threads)
         inputs = timing_batches(int(model.config.vocab_size), batch_size=batch_size, seq_len=seq_len, batches=batches)
+        timed = {name: padded(m, pad_to_multiple_of) for name, m in timed.items()}
         timing = time_models(timed, inputs, repeats=repeats, warmup=WARMUP, device=device, least=MIN_TIMED_SECONDS)
         del timed
     seconds, round_load = timing.steady()

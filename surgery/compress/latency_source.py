@@ -84,6 +84,9 @@ class MeasuredLatency:
     batches: list[dict[str, Any]] | None = None
     #: probes already as they run (``"model"``: the run's unchanged model, written once), timed as given
     prepared: dict[str, nn.Module] = field(default_factory=dict)
+    #: the runtime's models run each batch padded to this multiple, as the artefacts are served
+    #: (:mod:`surgery.runtimes.shared.alignment`); the reference runs it as given. None: as given.
+    pad_to_multiple_of: int | None = None
 
     def table(self, model: nn.Module, runtime: str) -> LatencyTable:
         from surgery.compress.latency_measure import measure_latency_table
@@ -91,6 +94,7 @@ class MeasuredLatency:
         return measure_latency_table(model, runtime=runtime, batch_size=self.batch_size, seq_len=self.seq_len,
                                      threads=self.threads, cache_dir=self.cache_dir, write_cache=self.write_cache,
                                      batches=self.batches, prepared=self.prepared,
+                                     pad_to_multiple_of=self.pad_to_multiple_of,
                                      **({"repeats": self.table_repeats} if self.table_repeats else {}))
 
     def speedup(self, original: nn.Module, candidate: nn.Module, *, runtime: str, reference_runtime: str,
@@ -108,7 +112,8 @@ class MeasuredLatency:
 
         out = measured_speedups(original, candidates, runtime=runtime, reference_runtime=reference_runtime,
                                 batch_size=self.batch_size, seq_len=self.seq_len, threads=self.threads,
-                                repeats=self.repeats, prepared=served, batches=self.batches)
+                                repeats=self.repeats, prepared=served, batches=self.batches,
+                                pad_to_multiple_of=self.pad_to_multiple_of)
         return {name: (float(value), _bounds(interval)) for name, (value, interval) in out.items()}
 
     def ratios(self, model: nn.Module, runtimes: list[str], *, reference_runtime: str,

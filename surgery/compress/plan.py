@@ -34,7 +34,7 @@ from surgery.core.errors import ConfigError, DataError, StockFormatError
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.measure.serving import ServingShape, data_batches, measured_shape
 from surgery.measure.timing import batch_length
-from surgery.runtimes.shared.alignment import Alignment, measure_alignment, pad_batch
+from surgery.runtimes.shared.alignment import Alignment, measure_alignment
 from surgery.training.refit import task_calibration_batches
 
 if TYPE_CHECKING:
@@ -341,16 +341,11 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
         if unchanged is None:  # the run's one export of the unchanged model, as a candidate's (user calibration)
             unchanged = unchanged_on(runtime, model, objective=chosen, calibration=calibration, threads=threads)
         if runtime.aligns and unchanged.served.directory is not None:
-            # Where the runtime's kernels run a padded batch faster, the artefact is served padded: every time
-            # below is then taken at the padded length, the length the saved model runs at.
+            # Where the runtime's kernels run a padded batch faster, the artefact is served padded: every model on
+            # the runtime is then timed padded, as the saved one runs; the reference as the user's batch is.
             alignment = measure_alignment(unchanged.served.model, vocab_size=int(model.config.vocab_size),
                                           batch_size=batch_size, seq_len=seq_len, threads=threads)
             if alignment.multiple is not None:
-                if batches:
-                    batches = [pad_batch(b, alignment.multiple)[0] for b in batches]
-                    seq_len = max(batch_length(b) for b in batches)
-                else:
-                    seq_len = alignment.padded_len
                 unchanged.speedup = None  # timed as given (--runtime auto): timed again as served
             emit(ProgressEvent("compress: alignment", 1, 1, {"why": alignment.why()}))
         budget = None if clock.deadline is None else max(clock.left(), 0.0)
@@ -361,7 +356,8 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
             dev_examples=dev_examples if dev_examples is not None else len(getattr(data, "eval", None) or []),
             removable_layers=0 if costs is not None else len(Structure.from_model(model).layers),
             budget_seconds=budget, train=train, fisher=fisher, unchanged=unchanged, started=since,
-            workers=config.workers or default_workers(model))
+            workers=config.workers or default_workers(model),
+            pad_to_multiple_of=alignment.multiple if alignment is not None else None)
         clock.phase("estimate", since)
         emit(ProgressEvent("compress: estimate", 1, 1, estimate.info()))
     since = time.perf_counter()
@@ -372,7 +368,8 @@ def plan_compress(model: nn.Module, data: Any, config: CompressConfig | None = N
         table_repeats=estimate.settings.table_repeats if estimate is not None else None,
         repeats=estimate.settings.speedup_repeats if estimate is not None else SPEEDUP_REPEATS, batches=batches,
         prepared={**written, **({"model": unchanged.served.model} if unchanged is not None
-                                and unchanged.served.directory is not None else {})})
+                                and unchanged.served.directory is not None else {})},
+        pad_to_multiple_of=alignment.multiple if alignment is not None else None)
     table = source.table(model, runtime.name)
     written = {}
     if held is not None:

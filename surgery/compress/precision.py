@@ -158,7 +158,8 @@ def precision_choice(path: Any, step: int, model: nn.Module, served_dir: Path, j
     from surgery.runtimes.shared.weight_products import precision_groups
 
     costs = measure_fallback_costs(served_dir, model, runtime=judge.runtime, batch_size=plan.batch_size,
-                                   seq_len=plan.seq_len, threads=judge.threads, batches=plan.batches)
+                                   seq_len=plan.seq_len, threads=judge.threads, batches=plan.batches,
+                                   pad_to_multiple_of=getattr(getattr(plan, "alignment", None), "multiple", None))
     if free_only and not costs.faster_in_float():
         return None, []
     # With free_only the other groups could not be taken: their gains are not measured.

@@ -154,7 +154,8 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
             dev = [b for name in ("screen", "rest", "pick") for b in parts[name]] if dev else []
             texts = [t for name in ("screen", "rest", "pick") for t in parts[name]] if texts else []
         source = latency or MeasuredLatency(batch_size=plan.batch_size, seq_len=plan.seq_len, threads=config.threads,
-                                            repeats=plan.speedup_repeats, batches=plan.batches)
+                                            repeats=plan.speedup_repeats, batches=plan.batches,
+                                            pad_to_multiple_of=plan.alignment.multiple if plan.alignment else None)
         with tempfile.TemporaryDirectory(prefix="surgery-compress-") as tmp:
             judge = Judge(original=model, objective=plan.objective, runtime=runtime, calibration=plan.calibration,
                           smoothing=plan.smoothing, workdir=Path(tmp), dev=dev, texts=texts,
@@ -184,8 +185,9 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         report.config = config.model_dump(mode="json")
         report.artefact = dict(report.winner_result().artefact) if report.winner_result() else {}
         report.alignment = plan.alignment.model_dump(mode="json") if plan.alignment is not None else None
-        if aligned:  # the record now says how the artefact is served: its digests again
+        if aligned:  # the record now says how the artefact is served: its digests again, the winner's too
             report.artefact = file_digests(Path(artefact))
+            report.winner_result().artefact = dict(report.artefact)
         if plan.estimate is not None:  # estimated before the work, against what each phase took
             report.estimate = plan.estimate.report(report.phases)
             report.notes.extend(f"estimate: {n}" for n in plan.estimate.notes)

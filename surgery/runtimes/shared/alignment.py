@@ -135,6 +135,38 @@ class Alignment(BaseModel):
                 f"{self.speedups[self.padded_len]:.2f}x faster")
 
 
+def padded(served: nn.Module, multiple: int | None) -> nn.Module:
+    """``served`` calling itself on each batch padded to ``multiple`` (:func:`pad_batch`): a served model timed as
+    it runs when its artefact records that multiple; ``served`` itself where ``multiple`` is None.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_inputs, tiny_model
+        >>> model = tiny_model(TinySpec("bert"))
+        >>> padded(model, None) is model, padded(model, 16).config is model.config
+        (True, True)
+        >>> tuple(padded(model, 16)(**tiny_inputs(TinySpec("bert"), batch=2, seq=15)).last_hidden_state.shape)[:2]
+        (2, 16)
+    """
+    if not multiple:
+        return served
+    import torch
+
+    class Padded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.served, self.config = served, getattr(served, "config", None)
+
+        def forward(self, **inputs: Any) -> Any:
+            return self.served(**pad_batch(inputs, multiple)[0])
+
+        def release_memory(self) -> None:  # what timing at long inputs calls on a runtime's model, if it has it
+            release = getattr(self.served, "release_memory", None)
+            if release is not None:
+                release()
+
+    return Padded()
+
+
 def measure_alignment(served: nn.Module, *, vocab_size: int, batch_size: int, seq_len: int, threads: int | None,
                       repeats: int = ALIGN_REPEATS) -> Alignment:
     """Time ``served`` on a ``batch_size`` x ``seq_len`` batch as it is and padded to each length of
@@ -150,8 +182,6 @@ def measure_alignment(served: nn.Module, *, vocab_size: int, batch_size: int, se
     """
     import time
 
-    import torch
-
     from surgery.measure.timing import make_inputs, time_models
 
     started = time.perf_counter()
@@ -166,19 +196,9 @@ def measure_alignment(served: nn.Module, *, vocab_size: int, batch_size: int, se
     if not lengths:
         return Alignment(seq_len=seq_len, padded_len=seq_len)
 
-    class PaddedTo(torch.nn.Module):
-        """``served`` called on each batch padded to ``multiple`` (what a served model with that multiple runs)."""
-
-        def __init__(self, multiple: int) -> None:
-            super().__init__()
-            self.served, self.multiple = served, multiple
-
-        def forward(self, **inputs: Any) -> Any:
-            return self.served(**pad_batch(inputs, self.multiple)[0])
-
     batch = make_inputs(vocab_size, batch_size=batch_size, seq_len=seq_len)
     models: dict[str, Any] = {"as is": served}
-    models.update({str(target): PaddedTo(multiple) for target, multiple in lengths.items()})
+    models.update({str(target): padded(served, multiple) for target, multiple in lengths.items()})
     timing = time_models(models, [batch], repeats=repeats, warmup=1, threads=threads)
     speedups, intervals = {}, {}
     for target in lengths:
