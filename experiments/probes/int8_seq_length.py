@@ -6,9 +6,15 @@ experiments/latency_prediction (idle, one thread, batch 32). This times, for eac
 OpenVINO int8 and OpenVINO bf16 side by side in one interleaved benchmark (the one timing routine), so that
 each ratio is paired::
 
-    python experiments/probes/int8_seq_length.py --lengths 56 60 62 63 64 65 72 --repeats 12
+    python experiments/probes/int8_seq_length.py --lengths 56 62 63 64 65 72 --repeats 12
 
-Prints a table and writes ``results/int8_seq_length.json`` with the machine.
+``--no-reference`` times only the runtimes, each length in its own round (a sweep of many lengths in a minute;
+milliseconds, no ratio to PyTorch)::
+
+    python experiments/probes/int8_seq_length.py --no-reference --runtimes openvino-int8 --repeats 5 \
+        --lengths $(seq 40 80) 96 112 128 --out experiments/probes/results/int8_seq_length_sweep.json
+
+Prints a table and writes ``results/int8_seq_length.json`` (or ``--out``) with the machine.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runtimes", nargs="+", default=["openvino-int8", "openvino-bf16"])
     parser.add_argument("--out", type=Path, default=HERE / "int8_seq_length.json")
+    parser.add_argument("--no-reference", action="store_true", help="time the runtimes only (milliseconds)")
     args = parser.parse_args()
     model = surgery.from_pretrained("minilm-l6").eval()
     vocab = int(model.config.vocab_size)
@@ -45,18 +52,19 @@ def main() -> None:
     rows = []
     for length in args.lengths:
         batch = make_inputs(vocab, batch_size=args.batch_size, seq_len=length)
-        timing = time_models({"torch": model, **served}, [batch], repeats=args.repeats, warmup=2,
-                             threads=args.threads)
-        row = {"seq_len": length, "torch_ms": 1000 * sorted(timing.seconds["torch"])[args.repeats // 2]}
-        for name in served:
-            ratio, interval = timing.speedup(name)
-            row[name] = {"speedup": ratio, "ci95": [interval.low, interval.high],
-                         "ms": 1000 * sorted(timing.seconds[name])[args.repeats // 2]}
+        timed = served if args.no_reference else {"torch": model, **served}
+        timing = time_models(timed, [batch], repeats=args.repeats, warmup=2, threads=args.threads)
+        row: dict = {"seq_len": length}
+        for name in timed:
+            row[name] = {"ms": 1000 * sorted(timing.seconds[name])[args.repeats // 2]}
+            if not args.no_reference and name != "torch":
+                ratio, interval = timing.speedup(name)
+                row[name].update(speedup=ratio, ci95=[interval.low, interval.high])
         rows.append(row)
-        cells = "  ".join(f"{name} {row[name]['ms']:6.1f} ms {row[name]['speedup']:.2f}x "
-                          f"[{row[name]['ci95'][0]:.2f}-{row[name]['ci95'][1]:.2f}]" for name in served)
-        print(f"[{time.strftime('%H:%M:%S')}] {length:4d} tokens: torch {row['torch_ms']:6.1f} ms  {cells}",
-              flush=True)
+        cells = "  ".join(f"{name} {row[name]['ms']:6.1f} ms" + (
+            f" {row[name]['speedup']:.2f}x [{row[name]['ci95'][0]:.2f}-{row[name]['ci95'][1]:.2f}]"
+            if "speedup" in row[name] else "") for name in timed)
+        print(f"[{time.strftime('%H:%M:%S')}] {length:4d} tokens: {cells}", flush=True)
     info = machine_info()
     record = {"machine": info.model_dump(mode="json"), "fingerprint": info.fingerprint, "args": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
