@@ -122,6 +122,7 @@ def test_compress_times_at_the_padded_length_and_saves_the_artefact_padded(
     result = compress(model, tiny_task_data(), speedup=1.5, runtime="onnxruntime", threads=1)
     assert result.report.alignment is not None and result.report.alignment["multiple"] == 16
     assert timed and set(timed) == {16}  # every speed measured as the artefact is served
+    assert any("artefact pads each batch" in n for n in result.report.notes)
     assert result.artefact is not None
     runtime = get_runtime("onnxruntime")
     assert runtime.read_record(result.artefact).pad_to_multiple_of == 16

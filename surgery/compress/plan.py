@@ -128,7 +128,7 @@ class CompressPlan:
     #: the unchanged speedup's interval where it was measured (None: a prediction, or the reference runtime itself)
     unchanged_interval: list[float] | None = None
     #: whether padding batches to a block multiple was measured to pay on the runtime (None: not measured here);
-    #: where it was, ``seq_len`` and ``batches`` are the padded ones every time is taken at
+    #: where it pays, the runtime's models are timed padded to its multiple and the saved artefact records it
     alignment: Alignment | None = None
 
     @property

@@ -188,6 +188,8 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
         if aligned:  # the record now says how the artefact is served: its digests again, the winner's too
             report.artefact = file_digests(Path(artefact))
             report.winner_result().artefact = dict(report.artefact)
+            report.notes.append(f"the {runtime.name} artefact pads each batch: {plan.alignment.why()} on the "
+                                "unchanged model (alignment in compress.json)")
         if plan.estimate is not None:  # estimated before the work, against what each phase took
             report.estimate = plan.estimate.report(report.phases)
             report.notes.extend(f"estimate: {n}" for n in plan.estimate.notes)
