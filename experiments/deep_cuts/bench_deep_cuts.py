@@ -129,6 +129,7 @@ def record(result: Any, seconds: float) -> dict[str, Any]:
         "candidates": [c.model_dump(mode="json") for c in report.candidates],
         "batch_size": report.batch_size, "seq_len": report.seq_len,
         "task_hidden_weight": training_tier.TASK_HIDDEN_WEIGHT,
+        "alignment": getattr(report, "alignment", None),
     }
 
 
