@@ -1,9 +1,9 @@
 """Padding a batch to a sequence length the runtime's kernels run fast, where that is measured to pay.
 
 A graph runtime's int8 kernels can work on the sequence in blocks. On an AVX-512 VNNI CPU (AMD Zen 5),
-OpenVINO int8 ran all-MiniLM-L6-v2 at batch 32 in 81 ms at 63 tokens and 68 ms at 64, with the same
-sawtooth every 16 tokens (experiments/probes/int8_seq_length.py): a batch one token short of a block ran
-18% slower than the full block. Padding is exact for an encoder (the padded positions are masked out of
+OpenVINO int8 ran all-MiniLM-L6-v2 at batch 32 in 88 ms at 63 tokens and 76 ms at 64, with the same
+sawtooth every 16 tokens from 40 to 80 (experiments/probes/int8_seq_length.py): a batch one token short of a
+block ran 16% slower than the full block. Padding is exact for an encoder (the padded positions are masked out of
 attention and trimmed from per-token outputs), so a served graph may pad a batch up to a multiple of a
 block, but only where it was measured to pay on this machine: :func:`measure_alignment` times the batch
 as it is against its padded lengths, side by side, and :class:`Alignment` records the multiple it found
