@@ -23,13 +23,11 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
 from pydantic import BaseModel, Field
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
+from torch import nn
 
 #: The block sizes tried (a multiple of each is a length the kernels may run fast).
 MULTIPLES = (8, 16, 32, 64)
@@ -63,8 +61,6 @@ def pad_batch(batch: Mapping[str, torch.Tensor | None], multiple: int | None
     """``batch`` padded on the right to :func:`padded_length` (masked out: mask, ids and types 0), and its own
     length, to trim per-token outputs back to (:func:`trim`). A missing mask becomes all ones before the
     padding, so the padding is masked whatever the caller passed."""
-    import torch
-
     ids = batch["input_ids"]
     assert ids is not None
     length = int(ids.shape[1])
@@ -147,24 +143,23 @@ def padded(served: nn.Module, multiple: int | None) -> nn.Module:
         >>> tuple(padded(model, 16)(**tiny_inputs(TinySpec("bert"), batch=2, seq=15)).last_hidden_state.shape)[:2]
         (2, 16)
     """
-    if not multiple:
-        return served
-    import torch
+    return served if not multiple else _Padded(served, multiple)
 
-    class Padded(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.served, self.config = served, getattr(served, "config", None)
 
-        def forward(self, **inputs: Any) -> Any:
-            return self.served(**pad_batch(inputs, multiple)[0])
+class _Padded(nn.Module):
+    """What :func:`padded` returns: ``served`` called on each batch padded to ``multiple``."""
 
-        def release_memory(self) -> None:  # what timing at long inputs calls on a runtime's model, if it has it
-            release = getattr(self.served, "release_memory", None)
-            if release is not None:
-                release()
+    def __init__(self, served: nn.Module, multiple: int) -> None:
+        super().__init__()
+        self.served, self.multiple, self.config = served, multiple, getattr(served, "config", None)
 
-    return Padded()
+    def forward(self, **inputs: Any) -> Any:
+        return self.served(**pad_batch(inputs, self.multiple)[0])
+
+    def release_memory(self) -> None:  # what timing at long inputs calls on a runtime's model, if it has it
+        release = getattr(self.served, "release_memory", None)
+        if release is not None:
+            release()
 
 
 def measure_alignment(served: nn.Module, *, vocab_size: int, batch_size: int, seq_len: int, threads: int | None,
