@@ -239,6 +239,25 @@ def test_the_candidates_phase_prices_the_waves_the_workers_build(drop_search: bo
     assert build_seconds(10.0, 1, 2) == build_seconds(10.0, 1, 1) == 10.0  # alone: here, with every thread
 
 
+def test_waves_of_workers_with_the_jobs_own_thread_count_are_priced_near_one_candidate() -> None:
+    # At --threads 1 on two cores each worker has one thread, as this process does: a wave of two MiniLM-L6 cuts
+    # took 1.13-1.29x one alone, where the estimate priced 1.9x and the candidates phase came in at 0.48-0.60 of it.
+    from surgery.compress.job_estimate import WAVE_CONTENTION, WAVE_SHARE, build_seconds, wave_share
+
+    assert wave_share(2, None, cores=2) == pytest.approx(2 * WAVE_SHARE)  # workers have half this process's threads
+    assert wave_share(2, 1, cores=2) == pytest.approx(WAVE_CONTENTION)
+    assert WAVE_CONTENTION < 2 * WAVE_SHARE
+    assert wave_share(4, 2, cores=8) == pytest.approx(WAVE_CONTENTION)  # 2 threads here, 2 a worker
+    assert wave_share(1, 1, cores=2) == 1.0
+    for drop_search in (False, True):
+        shape = replace(SHAPE, drop_search=drop_search, workers=2)
+        every = estimate_job(PROBES, shape, budget_seconds=None, train=False)
+        one_thread = estimate_job(PROBES, replace(shape, wave=wave_share(2, 1, cores=2)), budget_seconds=None,
+                                  train=False)
+        assert one_thread.phases["candidates"] < every.phases["candidates"]
+    assert build_seconds(100.0, 4, 2, share=WAVE_CONTENTION) == pytest.approx(2 * 100.0 * WAVE_CONTENTION)
+
+
 def test_the_originals_figures_are_computed_once_and_workers_read_them(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from surgery.compress import candidates as candidates_module

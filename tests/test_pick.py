@@ -607,11 +607,12 @@ def test_the_skip_rule_counts_timing_each_candidate_of_a_round_one_after_another
 def test_the_skip_rule_prices_a_wave_built_by_workers_above_one_cut_built_alone(tmp_path: Path) -> None:
     # Two cuts built at once by two workers, each on one of two cores, took 376 and 351 s at BERT-base widths and 128
     # tokens where one cut alone was estimated at 302 s: priced as one cut, the wave took the last of a 15-minute
-    # budget. Until a wave is measured it is priced at 2 x WAVE_SHARE x a cut; a lone cut is built here, at 1x.
-    from surgery.compress.job_estimate import WAVE_SHARE
+    # budget. Until a wave is measured it is priced at wave_share x a cut (2 x WAVE_SHARE where the job has every
+    # core); a lone cut is built here, at 1x.
+    from surgery.compress.job_estimate import wave_share
 
-    wave = 2 * WAVE_SHARE
     run = make_run(task_model(), tiny_task_data(400), 1.0, tmp_path, target=SpeedupTarget(speedup=2.0))
+    wave = wave_share(2, run.threads)
     run.evaluate([Want("unchanged", "unchanged", run.plan.path.removal_at(0))])
     run.pool.workers, run.last_cost, run.cut_built, run.timing_estimate = 2, 100.0, True, 0.0
     steps = len(run.plan.path.steps)

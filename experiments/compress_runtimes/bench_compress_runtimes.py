@@ -34,7 +34,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,8 +125,11 @@ def served_artefact(result: Any, threads: int) -> torch.nn.Module:
 
 
 def peer_comparison(original: Any, result: Any, calibration: Any, test: Any, threads: int, seq_len: int,
-                    batch_size: int) -> dict[str, Any]:
-    """The peer recipe (unchanged classifier, OpenVINO + NNCF int8) against compress's artefact, side by side."""
+                    batch_size: int, score: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The peer recipe (the unchanged model, OpenVINO + NNCF int8) against compress's artefact, side by side.
+
+    The peer is scored by its test accuracy (``test``), or by ``score(peer)`` (an embedding model: its figures on
+    the test texts, each kept as ``peer_<name>``)."""
     from surgery.measure.timing import make_inputs, time_models
     from surgery.runtimes import get_runtime
 
@@ -134,7 +137,8 @@ def peer_comparison(original: Any, result: Any, calibration: Any, test: Any, thr
         peer = get_runtime("openvino-int8").prepare(original, Path(tmp) / "peer", calibration=calibration,
                                                     threads=threads)
         ours = served_artefact(result, threads)
-        peer_test = accuracy(peer, test.loader("eval"))
+        figures = ({"peer_test": accuracy(peer, test.loader("eval"))} if score is None
+                   else {f"peer_{k}": v for k, v in score(peer).items()})
         inputs = make_inputs(int(original.config.vocab_size), batch_size=batch_size, seq_len=seq_len)
         timing = time_models({"fine-tuned [torch fp32]": original, "peer [openvino-int8, unchanged]": peer,
                               "compress [artefact]": ours}, [inputs], repeats=20, warmup=2, threads=threads)
@@ -146,7 +150,7 @@ def peer_comparison(original: Any, result: Any, calibration: Any, test: Any, thr
     from surgery.measure.stats import bootstrap_median
 
     interval = bootstrap_median(ratios)
-    return {"peer_test": peer_test, "peer_speedup": timing.speedup("peer [openvino-int8, unchanged]")[0],
+    return {**figures, "peer_speedup": timing.speedup("peer [openvino-int8, unchanged]")[0],
             "compress_speedup_side_by_side": timing.speedup("compress [artefact]")[0],
             "vs_peer": statistics.median(ratios), "vs_peer_interval": [interval.low, interval.high],
             "batch_size": batch_size, "seq_len": seq_len, "repeats": 20,

@@ -172,8 +172,18 @@ def run_embedding(args: Any, seed: int, spec: Target) -> dict[str, Any]:
                       workdir=Path(tmp), texts=split["test_texts"], tokenizer=split["tokenizer"],
                       sentence=split["sentence"], max_length=64, threads=args.threads)
         figures = judge.judge(served_artefact(result, args.threads))
+
+        def score(peer: Any) -> dict[str, Any]:  # the peer's artefact on the same test texts, by the same judge
+            found = judge.judge(peer)
+            return {"test_cosine": found["mean_cosine"], "test_recall_at_10": found["recall_at_10"]}
+
+        # The peer: NNCF int8 of the unchanged all-MiniLM-L6-v2 on compress's calibration batches, timed in the same
+        # rounds as compress's artefact at the batch compress timed (the user's batch as given, unpadded).
+        peer = peer_comparison(original, result, result.calibration, None, args.threads, result.report.seq_len,
+                               result.report.batch_size, score=score)
     return compact_candidates({**record(result, seconds), "test_texts": len(split["test_texts"]),
-                               "test_cosine": figures["mean_cosine"], "test_recall_at_10": figures["recall_at_10"]})
+                               "test_cosine": figures["mean_cosine"], "test_recall_at_10": figures["recall_at_10"],
+                               "peer": peer})
 
 
 def reached(row: dict[str, Any], spec: Target) -> bool:

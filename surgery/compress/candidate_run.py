@@ -32,7 +32,7 @@ from surgery.compress.candidates import (
 )
 from surgery.compress.compress_report import CompressReport, SpeedupTarget, Target
 from surgery.compress.held_out import CONFIDENCE, DevSplit, Judged, paired_drop
-from surgery.compress.job_estimate import WAVE_SHARE, build_seconds
+from surgery.compress.job_estimate import build_seconds, wave_share
 from surgery.compress.latency_source import LatencySource, speedups_together
 from surgery.compress.plan import AROUND_TARGET, Clock, CompressPlan
 from surgery.compress.precision import precision_choice
@@ -248,7 +248,7 @@ class CandidateRun:
         #: widths)
         self.last_cost, self.cut_built = 0.0, False
         #: seconds of the slowest candidate built in a worker (0: none yet): a wave's, built at once with others, about
-        #: 1.8x one alone on two cores
+        #: 1.8x one alone on two cores where this process has both, 1.25x where it has one (job_estimate.wave_share)
         self.worker_cost = 0.0
         #: what the job estimate expects one candidate's side-by-side timing to cost (a --speedup search), and then the
         #: slowest timing measured: timed in this process one at a time, after workers built a round at once
@@ -268,6 +268,8 @@ class CandidateRun:
         self.reference_seconds = time.perf_counter() - since
         clock.phase("candidates", since)
         self.pool = CandidatePool(judge, workers, threads)
+        #: the job's thread count (None: every core): with the pool's, what a wave costs (job_estimate.wave_share)
+        self.threads = threads
         self.built: dict[str, Built] = {}
         self.scores: dict[str, dict[str, PartScores]] = {}
         self.search_log: list[dict[str, Any]] = []
@@ -304,7 +306,8 @@ class CandidateRun:
             count = len(jobs) + 1
             pick, training, cost = self.pick_reserve(), self.training_reserve(), self.candidate_cost(want)
             reserve = pick + training
-            build = build_seconds(cost, count, self.pool.workers, self.worker_cost or None)
+            build = build_seconds(cost, count, self.pool.workers, self.worker_cost or None,
+                                  share=wave_share(self.pool.workers, self.threads))
             timing = self.timing_cost() * count
             if self.results and not self.clock.fits(build + timing + reserve):
                 kept = ", ".join([*([f"{pick:.0f} s for the held-out pick"] if pick else []),
@@ -446,7 +449,7 @@ class CandidateRun:
             >>> from surgery.compress.removal_path import Removal
             >>> run = CandidateRun.__new__(CandidateRun)
             >>> run.last_cost, run.cut_built, run.cut_estimate, run.layer_cut_estimate = 50.0, False, 200.0, 60.0
-            >>> run.worker_cost, run.pool = 0.0, type("Pool", (), {"workers": 2})()
+            >>> run.worker_cost, run.pool, run.threads = 0.0, type("Pool", (), {"workers": 2})(), None
             >>> drop = Want("layer-drop-1", "uniform-layer-drop", Removal(layers=[1]))
             >>> run.candidate_cost(), run.candidate_cost(drop)
             (200.0, 60.0)
@@ -457,8 +460,8 @@ class CandidateRun:
             >>> round(run.candidate_cost())
             200
         """
-        # A cut built only in a wave says what one alone costs through the wave's share (job_estimate.WAVE_SHARE).
-        alone = self.worker_cost / (self.pool.workers * WAVE_SHARE) if self.worker_cost else 0.0
+        # A cut built only in a wave says what one alone costs through the wave's share (job_estimate.wave_share).
+        alone = self.worker_cost / wave_share(self.pool.workers, self.threads) if self.worker_cost else 0.0
         if self.cut_built:
             return max(self.last_cost, alone)
         layers_only = want is not None and want.removal.layers_only()

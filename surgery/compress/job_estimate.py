@@ -69,6 +69,36 @@ DEV_SHARE = 0.25
 #: about 0.9x at BERT-base widths and 128 tokens (334 and 365 s in a wave, where the refit probe and the rest put
 #: one alone near 200 s): experiments/compress_cost, session 15. The workers buy little on two cores.
 WAVE_SHARE = 0.95
+#: Where the job itself runs on fewer threads than the cores (``--threads 1`` on two cores), a worker has as many
+#: threads as this process, and a wave of them runs side by side on cores that were idle: it takes about one
+#: candidate's time, slowed by what the processes share (caches, memory, NNCF's start in a fresh process). On the
+#: Zen 5 at one thread, a wave of two MiniLM-L6 cuts took 1.13-1.29x one built alone at the same depth (23.5-30.7 s
+#: against 18.0-23.8 s; experiments/deep_cuts, session 16's --max-drop rows), where ``w x WAVE_SHARE`` had priced
+#: 1.9x and the candidates phase came in at 0.48-0.60 of its estimate.
+WAVE_CONTENTION = 1.25
+
+
+def wave_share(workers: int, threads: int | None, cores: int | None = None) -> float:
+    """One wave of ``workers`` candidates built at once, in units of one candidate built alone in this process.
+
+    This process builds with ``threads`` (all the cores when None); a worker with its share of the cores
+    (:func:`~surgery.compress.candidate_pool.worker_threads`). Where each worker has fewer threads than this
+    process, the wave costs ``workers x WAVE_SHARE``; where it has as many, about one candidate's time
+    (:data:`WAVE_CONTENTION`). The smaller of ``WAVE_CONTENTION x`` the thread ratio and ``workers x WAVE_SHARE``
+    covers both and what lies between.
+
+    Example:
+        >>> wave_share(1, None, cores=2), wave_share(2, None, cores=2), wave_share(2, 1, cores=2)
+        (1.0, 1.9, 1.25)
+    """
+    from surgery.compress.candidate_pool import available_cores, worker_threads
+
+    if workers <= 1:
+        return 1.0
+    cores = cores or available_cores()
+    here = min(threads, cores) if threads is not None else cores
+    ratio = here / worker_threads(workers, threads, cores)
+    return min(workers * WAVE_SHARE, WAVE_CONTENTION * ratio)
 #: The paths a --max-drop bisection walks at once: its rounds are this many candidates.
 DROP_PATHS = 3
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
@@ -112,6 +142,8 @@ class JobShape:
     cached_table: bool
     runtime_differs: bool  # the runtime is not the reference one: the unchanged model is timed too
     workers: int = 1  # processes candidates are built in (candidate_pool.CandidatePool)
+    wave: float | None = None  # a wave of them against one candidate built alone here (wave_share; None: the
+    # job has every core, w x WAVE_SHARE)
 
 
 @dataclass
@@ -238,7 +270,8 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         others = max(s.candidates - 1, 0)
         timed_share = min(4, others)
         rounds, last = divmod(others, DROP_PATHS)
-        built = rounds * build_seconds(c["built"], DROP_PATHS, w) + build_seconds(c["built"], last, w)
+        built = (rounds * build_seconds(c["built"], DROP_PATHS, w, share=shape.wave)
+                 + build_seconds(c["built"], last, w, share=shape.wave))
         candidates = c["unchanged"] + built + timed_share * c["timed"]
     else:
         # The search builds refitted path points first (at once) and the layer-drop after them: with room for two
@@ -247,7 +280,7 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         # session 14). Each is timed here, one after another.
         drop = s.candidates >= 3
         cut = max(s.candidates - (2 if drop else 1), 0)
-        candidates = (c["unchanged"] + build_seconds(c["built"], cut, w) + cut * c["timed"]
+        candidates = (c["unchanged"] + build_seconds(c["built"], cut, w, share=shape.wave) + cut * c["timed"]
                       + (c["layer_drop"] if drop else 0.0))
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
@@ -255,21 +288,27 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     return phases
 
 
-def build_seconds(one: float, count: int, workers: int, wave: float | None = None) -> float:
+def build_seconds(one: float, count: int, workers: int, wave: float | None = None, *, share: float | None = None
+                  ) -> float:
     """Seconds to build ``count`` candidates of ``one`` second each (built alone in this process) handed over at
     once to a pool of ``workers`` (:func:`~surgery.compress.candidate_pool.split_jobs`): waves of ``workers`` at
-    once in the workers, ``wave`` seconds each (default ``one`` x ``workers`` x :data:`WAVE_SHARE`), and a job left
-    alone in the last wave built here in ``one``.
+    once in the workers, ``wave`` seconds each (default ``one`` x ``share``, and ``share`` by default
+    ``workers`` x :data:`WAVE_SHARE`: see :func:`wave_share`), and a job left alone in the last wave built here
+    in ``one``.
 
     Example:
         >>> build_seconds(100.0, 3, 1), build_seconds(100.0, 3, 2), build_seconds(100.0, 4, 2, wave=180.0)
         (300.0, 290.0, 360.0)
+        >>> build_seconds(100.0, 4, 2, share=1.25)  # workers with as many threads as this process
+        250.0
     """
     from surgery.compress.candidate_pool import split_jobs
 
     away, here = split_jobs(count, workers)
     waves = -(-away // max(workers, 1))
-    return waves * (one * workers * WAVE_SHARE if wave is None else wave) + here * one
+    if wave is None:
+        wave = one * (workers * WAVE_SHARE if share is None else share)
+    return waves * wave + here * one
 
 
 def layer_probe_seconds(p: Probes, shape: JobShape, batches: int) -> float:
@@ -562,7 +601,8 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
                      drop_search=not isinstance(target, SpeedupTarget),
                      cached_table=table_cached(model, runtime=runtime.name, batch_size=batch_size, seq_len=seq_len,
                                                threads=threads, pad_to_multiple_of=pad_to_multiple_of),
-                     runtime_differs=runtime.name != against.name, workers=workers)
+                     runtime_differs=runtime.name != against.name, workers=workers,
+                     wave=wave_share(workers, threads))
     return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
 
 
