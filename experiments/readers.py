@@ -95,7 +95,8 @@ def _compress_row(key: str, run: dict[str, Any]) -> dict[str, Any]:
                size_bytes=(run.get("artefact") or {}).get("bytes"))
     peer = run.get("peer") or {}
     row.update(vs_peer=peer.get("vs_peer"), vs_peer_interval=peer.get("vs_peer_interval"),
-               peer_retained=peer.get("peer_retained"), peer_speedup=peer.get("peer_speedup"))
+               peer_retained=peer.get("peer_retained"), peer_speedup=peer.get("peer_speedup"),
+               peer_fidelity=peer.get("peer_test_cosine"), peer_recall_at_10=peer.get("peer_test_recall_at_10"))
     return row
 
 
