@@ -127,3 +127,82 @@ def test_compress_times_at_the_padded_length_and_saves_the_artefact_padded(
     runtime = get_runtime("onnxruntime")
     assert runtime.read_record(result.artefact).pad_to_multiple_of == 16
     assert result.report.artefact == file_digests(result.artefact) == result.report.winner_result().artefact
+
+
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_export_records_an_asked_multiple_and_serves_it(tmp_path: Path) -> None:
+    needs("onnxruntime")
+    from surgery.runtimes.export_config import ExportConfig, export
+
+    spec = TinySpec("bert")
+    model = tiny_model(spec).eval()
+    report = export(model, tmp_path / "graph", ExportConfig(runtime="onnxruntime", seq=8, pad_to_multiple_of=16))
+    assert report.pad_to_multiple_of == 16 and "as asked" in (report.padding or "")
+    runtime = get_runtime("onnxruntime")
+    served = runtime.load(tmp_path / "graph", config=model.config, threads=1)
+    assert served.pad_to_multiple_of == 16
+    inputs = tiny_inputs(spec, batch=2, seq=15)
+    with torch.inference_mode():
+        out = served(**inputs).last_hidden_state
+        reference = model(**inputs).last_hidden_state
+    assert out.shape == reference.shape  # served padded to 16, trimmed back to the batch's 15 tokens
+    torch.testing.assert_close(out, reference, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.onnx
+def test_export_auto_measures_at_the_calibration_length_and_records_what_it_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs("onnxruntime")
+    from surgery.runtimes.export_config import ExportConfig, export
+
+    seen: list[tuple[int, int]] = []
+
+    def measured(served: torch.nn.Module, *, vocab_size: int, batch_size: int, seq_len: int, threads: int | None,
+                 **_: object) -> Alignment:
+        seen.append((batch_size, seq_len))
+        return Alignment(seq_len=seq_len, multiple=8, padded_len=-(-seq_len // 8) * 8,
+                         speedups={-(-seq_len // 8) * 8: 1.2}, intervals={-(-seq_len // 8) * 8: (1.1, 1.3)})
+
+    monkeypatch.setattr(alignment, "measure_alignment", measured)
+    spec = TinySpec("bert")
+    model = tiny_model(spec).eval()
+    batches = [tiny_inputs(spec, batch=4, seq=13), tiny_inputs(spec, batch=4, seq=11)]
+    config = ExportConfig(runtime="onnxruntime-int8", seq=8, pad_to_multiple_of="auto", int8_mode="static")
+    report = export(model, tmp_path / "graph", config, calibration=batches)
+    assert seen == [(4, 12)]  # the largest batch, at the batches' mean padded length
+    assert report.pad_to_multiple_of == 8 and (report.padding or "").startswith("measured at a batch of 4 x 12")
+
+    # No padding measured to pay: none recorded, and the record says why.
+    monkeypatch.setattr(alignment, "measure_alignment",
+                        lambda served, **kw: Alignment(seq_len=kw["seq_len"], padded_len=kw["seq_len"],
+                                                       speedups={16: 1.0}, intervals={16: (0.95, 1.05)}))
+    report = export(model, tmp_path / "again", config, calibration=batches)
+    assert report.pad_to_multiple_of is None and "no padding" in (report.padding or "")
+
+
+def test_export_refuses_padding_where_it_cannot_apply() -> None:
+    from pydantic import ValidationError
+
+    from surgery.runtimes.export_config import ExportConfig
+
+    with pytest.raises(ValidationError, match="serves batches as given"):
+        ExportConfig(runtime="torch", pad_to_multiple_of=16)
+    with pytest.raises(ValidationError, match="sentence-transformers runs the artefact as given"):
+        ExportConfig(runtime="onnxruntime", format="sentence-transformers", pad_to_multiple_of=16)
+    with pytest.raises(ValidationError, match="from 2 to"):
+        ExportConfig(runtime="onnxruntime", pad_to_multiple_of=1)
+    assert ExportConfig(runtime="onnxruntime", pad_to_multiple_of="auto").pad_to_multiple_of == "auto"
+
+
+def test_export_pad_flag_errors_are_one_line_before_torch(tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    code, err, imported = run_cli(["export", "minilm-l6", "--out", str(tmp_path / "o"),
+                                   "--pad-to-multiple-of", "sixteen"], tmp_path)
+    assert code == 2 and "--pad-to-multiple-of takes auto or a whole number" in err and "torch" not in imported
+    assert len(err.strip().splitlines()) == 1
+    code, err, _ = run_cli(["export", "minilm-l6", "--out", str(tmp_path / "o"), "--runtime", "openvino",
+                            "--pad-to-multiple-of", "auto"], tmp_path)
+    assert code == 2 and "give --calibration FILE or --data FILE" in err and len(err.strip().splitlines()) == 1

@@ -178,7 +178,8 @@ def compress_on(model: nn.Module, data: Any, config: CompressConfig, *, runtime:
             artefact = keep_artefact(run.artefacts.get(winner_name))
             aligned = artefact is not None and plan.alignment is not None and plan.alignment.multiple is not None
             if aligned:
-                runtime.align(artefact, plan.alignment.multiple)  # served padded, as it was timed
+                runtime.align(artefact, plan.alignment.multiple,  # served padded, as it was timed
+                              f"compress measured it on the unchanged model: {plan.alignment.why()}")
         report = run.report(winner_name, why, warnings, training, budget_minutes, config.threads, config.stock,
                             clock)
         report.text_length = dict((getattr(data, "info", None) or {}).get("text_length") or {})

@@ -56,6 +56,11 @@ RUNTIME_SETTINGS = {"opset": "--opset", "optimize": "--optimize", "fuse_attentio
                     "per_tensor": "--per-tensor", "int8_fp32": "--int8-fp32", "int8_mode": "--int8-mode"}
 
 
+#: The largest block ``pad_to_multiple_of`` takes (tokens): padding never adds more than an eighth of a batch's
+#: length, so a larger block would only pad batches of 4,096 tokens and more.
+MAX_PAD_MULTIPLE = 512
+
+
 class ExportConfig(BaseModel):
     """The settings of one export, for every runtime; validated once (unknown fields are refused).
 
@@ -88,6 +93,10 @@ class ExportConfig(BaseModel):
                              "tolerance x max(1, largest |PyTorch output| on real tokens) (finite, positive)")
     threads: int | None = Field(default=None, ge=1, description="threads for the checks")
     max_length: int | None = Field(default=None, ge=2, description="tokens the saved tokenizer truncates at")
+    pad_to_multiple_of: int | Literal["auto"] | None = Field(
+        default=None, description="graph runtimes: the served model pads each batch to a multiple of this many tokens "
+        "(where that adds at most an eighth of its length); auto: the artefact is timed at the calibration texts' or "
+        "the data's length as it is and padded, and a multiple is recorded only where it was measured to pay")
     overwrite: bool = False
 
     @field_validator("runtime")
@@ -120,6 +129,16 @@ class ExportConfig(BaseModel):
                                                                           ())]
                 raise ValueError(f"{name} belongs to the runtimes that read it ({', '.join(readers) or 'none'}); drop "
                                  f"it for {self.runtime!r} (CLI {flag})")
+        if self.pad_to_multiple_of is not None:
+            if not runtime.aligns:
+                raise ValueError(f"pad_to_multiple_of: runtime {self.runtime!r} serves batches as given; padding "
+                                 "belongs to the graph runtimes (onnxruntime, openvino and their int8/bf16 kinds)")
+            if self.format == "sentence-transformers":
+                raise ValueError("pad_to_multiple_of pads batches in surgery's served model; stock "
+                                 "sentence-transformers runs the artefact as given: use format graph, or drop it")
+            if self.pad_to_multiple_of != "auto" and not 2 <= self.pad_to_multiple_of <= MAX_PAD_MULTIPLE:
+                raise ValueError(f"pad_to_multiple_of must be auto or a whole number from 2 to {MAX_PAD_MULTIPLE} "
+                                 f"(tokens), got {self.pad_to_multiple_of}")
         if self.smooth_alpha is not None and runtime.precision != "int8":
             raise ValueError(f"smooth_alpha sets the int8 smoothing; {self.runtime!r} is not an int8 runtime")
         if self.format == "sentence-transformers":

@@ -204,3 +204,61 @@ def measure_alignment(served: nn.Module, *, vocab_size: int, batch_size: int, se
     return Alignment(seq_len=seq_len, multiple=lengths[best] if take else None,
                      padded_len=best if take else seq_len, speedups=speedups, intervals=intervals,
                      seconds=round(time.perf_counter() - started, 3))
+
+
+def serving_shape(batches: list[Mapping[str, Any]]) -> tuple[int, int]:
+    """``(batch_size, seq_len)`` a runtime serves ``batches`` at: the largest batch, and the mean of the batches'
+    padded lengths rounded (compress times at the mean padded length of the data's batches the same way).
+
+    Example:
+        >>> def batch(n, length): return {"input_ids": torch.ones(n, length, dtype=torch.long)}
+        >>> serving_shape([batch(32, 60), batch(32, 66), batch(7, 20)])
+        (32, 49)
+    """
+    if not batches:
+        raise ValueError("serving_shape needs at least one batch")
+    shapes = [tuple(b["input_ids"].shape) for b in batches]
+    return max(n for n, _ in shapes), round(sum(length for _, length in shapes) / len(shapes))
+
+
+def align_artefact(runtime: Any, directory: Any, model: nn.Module, pad_to_multiple_of: int | str, *,
+                   batches: list[Mapping[str, Any]] | None, threads: int | None) -> dict[str, Any]:
+    """Record in the artefact at ``directory`` (written by ``runtime``) the multiple its served model pads to.
+
+    ``pad_to_multiple_of`` is a multiple (recorded as given) or ``"auto"``: the artefact is loaded and timed at
+    the shape of ``batches`` (the user's calibration texts or data: :func:`serving_shape`) as it is and padded
+    (:func:`measure_alignment`), and the multiple is recorded only where padding was measured to pay. Returns
+    what was recorded and why (``surgery export``'s report).
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from surgery.runtimes import get_runtime
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> model, onnx = tiny_model(TinySpec("bert")), get_runtime("onnxruntime")
+        >>> art = onnx.write_artefact(model, Path(tempfile.mkdtemp()) / "a", seq=8)
+        >>> align_artefact(onnx, art.directory, model, 16, batches=None, threads=1)
+        {'pad_to_multiple_of': 16, 'why': 'padded to a multiple of 16 tokens, as asked (not measured)'}
+        >>> onnx.read_record(art.directory).pad_to_multiple_of
+        16
+    """
+    from surgery.core.errors import ConfigError
+
+    if not runtime.aligns:
+        raise ConfigError(f"pad_to_multiple_of: runtime {runtime.name!r} serves batches as given; padding belongs to "
+                          "the graph runtimes (onnxruntime, openvino and their int8/bf16 kinds)")
+    if pad_to_multiple_of != "auto":
+        multiple = int(pad_to_multiple_of)
+        why = f"padded to a multiple of {multiple} tokens, as asked (not measured)"
+        runtime.align(directory, multiple, why)
+        return {"pad_to_multiple_of": multiple, "why": why}
+    if not batches:
+        raise ConfigError("pad_to_multiple_of auto times the artefact at your texts' length: give calibration texts "
+                          "(--calibration) or labelled data (--data), or a multiple (--pad-to-multiple-of 16)")
+    batch_size, seq_len = serving_shape(batches)
+    served = runtime.load(directory, config=model.config, threads=threads)
+    found = measure_alignment(served, vocab_size=int(model.config.vocab_size), batch_size=batch_size,
+                              seq_len=seq_len, threads=threads)
+    why = f"measured at a batch of {batch_size} x {seq_len} tokens: {found.why()}"
+    runtime.align(directory, found.multiple, why)
+    return {"pad_to_multiple_of": found.multiple, "why": why, "alignment": found.model_dump(mode="json")}

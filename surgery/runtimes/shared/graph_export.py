@@ -89,6 +89,8 @@ class ExportRecord(BaseModel):
                                            "multiple of this where that adds at most an eighth of its length "
                                            "(measured to pay on the machine it was chosen on: "
                                            "surgery.runtimes.shared.alignment); None: batches run as given")
+    padding: str | None = Field(default=None, description="how pad_to_multiple_of was chosen: asked, or measured "
+                                "and what the measurement gave (None: not decided)")
 
     def served_agreement(self) -> Agreement:
         """How closely the artefact, as it runs, agrees with PyTorch fp32: its int8 or bf16 drift, else its parity."""

@@ -96,11 +96,11 @@ class GraphRuntime(Runtime):
         record.write(out_dir)
         return record.model_dump(mode="json")
 
-    def align(self, out_dir: Path, multiple: int | None) -> None:
+    def align(self, out_dir: Path, multiple: int | None, why: str | None = None) -> None:
         """Record in ``out_dir``'s export record that its served model pads batches to a multiple of ``multiple``
-        (:mod:`surgery.runtimes.shared.alignment`; None: as given)."""
+        (:mod:`surgery.runtimes.shared.alignment`; None: as given), and ``why`` (how it was chosen)."""
         record = self.read_record(Path(out_dir))
-        record.model_copy(update={"pad_to_multiple_of": multiple}).write(Path(out_dir))
+        record.model_copy(update={"pad_to_multiple_of": multiple, "padding": why}).write(Path(out_dir))
 
     def export_report(self, artefact: RuntimeArtefact) -> ExportRecord:
         """The exporter's record of the folder (what ``surgery export`` renders)."""

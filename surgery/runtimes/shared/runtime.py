@@ -139,9 +139,9 @@ class Runtime(ABC):
     #: (:mod:`surgery.runtimes.shared.alignment`) and :meth:`align` records that multiple in an artefact.
     aligns: ClassVar[bool] = False
 
-    def align(self, out_dir: Path, multiple: int | None) -> None:
+    def align(self, out_dir: Path, multiple: int | None, why: str | None = None) -> None:
         """Record that the artefact in ``out_dir`` is served padded to a multiple of ``multiple`` (only where
-        :attr:`aligns`)."""
+        :attr:`aligns`), and ``why`` (how the multiple was chosen)."""
         raise NotImplementedError(f"runtime {self.name!r} does not pad batches (aligns is False)")
 
     @property
@@ -213,19 +213,24 @@ class Runtime(ABC):
         says: :meth:`write_folder` with this runtime's :meth:`artefact_options`. Returns :meth:`export_report`."""
         return self.write_folder(model, out_dir, task=config.task, tokenizer=tokenizer, calibration=calibration,
                                  data=data, threads=config.threads, overwrite=config.overwrite,
-                                 max_length=config.max_length, **self.artefact_options(config, tokenizer=tokenizer))
+                                 max_length=config.max_length, pad_to_multiple_of=config.pad_to_multiple_of,
+                                 **self.artefact_options(config, tokenizer=tokenizer))
 
     def write_folder(self, model: nn.Module, out_dir: str | os.PathLike[str], *, task: str = "auto",
                      tokenizer: Any = None, calibration: Sequence[Batch] | None = None,
                      data: Iterable[Mapping[str, torch.Tensor]] | None = None, threads: int | None = None,
-                     overwrite: bool = False, max_length: int | None = None, **options: Any) -> Any:
+                     overwrite: bool = False, max_length: int | None = None,
+                     pad_to_multiple_of: int | str | None = None, **options: Any) -> Any:
         """The deployable folder, for every runtime: :meth:`write_artefact` (with ``options``), the serving tokenizer
         beside it and, with labelled ``data``, the accuracy of PyTorch fp32 and of the artefact as served
         (:meth:`accuracy`, kept by :meth:`record_accuracy`), written atomically into ``out_dir`` (an existing one is
         replaced only with ``overwrite``, and only when surgery wrote it whole).
 
         ``tokenizer`` is saved truncating at ``max_length`` (default: the source's ``max_seq_length``, else the
-        tokenizer's or the model's limit; :mod:`surgery.runtimes.shared.tokenizer`). Returns :meth:`export_report`
+        tokenizer's or the model's limit; :mod:`surgery.runtimes.shared.tokenizer`). ``pad_to_multiple_of`` (a graph
+        runtime: a multiple, or ``"auto"`` to measure it at the shape of ``calibration`` or ``data``) records the
+        block the served model pads each batch to (:func:`surgery.runtimes.shared.alignment.align_artefact`), before
+        the accuracy is read, so that ``data`` is judged as the artefact is served. Returns :meth:`export_report`
         of the :class:`RuntimeArtefact` (``info["accuracy_torch"]`` and ``info["accuracy"]`` with ``data``).
 
         Example:
@@ -253,8 +258,13 @@ class Runtime(ABC):
                 item.rename(tmp / item.name)
             artefact.directory.rmdir()
             info = dict(artefact.info)
-            if data is not None:
-                batches = list(data)
+            batches = list(data) if data is not None else None
+            if pad_to_multiple_of is not None:
+                from surgery.runtimes.shared.alignment import align_artefact
+
+                align_artefact(self, tmp, model, pad_to_multiple_of, batches=list(calibration or []) or batches,
+                               threads=threads)
+            if batches is not None:
                 on_torch = accuracy_of(fp32_copy(model), batches)
                 served = self.accuracy(tmp, batches, config=model.config, threads=threads)
                 if served is None or on_torch is None:
