@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -90,11 +89,13 @@ def batch_seq_len(data: Any, batch_size: int, batches: int = 20) -> int:
         >>> batch_seq_len(TaskData(rows, rows, ["a", "b"]), 1)
         4
     """
+    from surgery.runtimes.shared.alignment import serving_shape
+
     loader = data.loader("train", batch_size=batch_size)
-    lengths = [int(b["input_ids"].shape[1]) for b, _ in zip(loader, range(batches), strict=False)]
-    if not lengths:
+    first = [b for b, _ in zip(loader, range(batches), strict=False)]
+    if not first:
         raise DataError("compress: the training data holds no examples")
-    return max(1, round(statistics.mean(lengths)))
+    return max(1, serving_shape(first)[1])  # the rule surgery export's --pad-to-multiple-of auto times at
 
 
 @dataclass
