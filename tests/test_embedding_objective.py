@@ -14,12 +14,15 @@ from typer.testing import CliRunner
 
 import surgery
 from surgery.cli.app import app
-from surgery.data.task_data import TaskData
+from surgery.core.errors import ConfigError
+from surgery.data.task_data import PaddingCollator, TaskData
 from surgery.embedding import SentenceConfig, embed_texts, load_text_data
-from surgery.embedding.evaluate import mean_cosine
+from surgery.embedding.evaluate import embed_batch, mean_cosine
 from surgery.embedding.objective import (
     EMBEDDING_HIDDEN_WEIGHT,
+    TEACHER_EMBEDDING,
     EmbeddingDistillConfig,
+    distillation_rows,
     embedding_loss,
     embedding_trainer,
     neighbour_loss,
@@ -140,6 +143,65 @@ def test_pruned_student_recovers_its_teachers_embeddings(family: str) -> None:
     result = recover_embeddings(student, teacher, data, RecoveryConfig(epochs=3, learning_rate=1e-3, batch_size=8))
     assert result.steps == 3 * 3 and result.history[-1]["loss"] is not None
     assert distance() < 0.8 * before, family
+
+
+def test_cached_teacher_embeddings_train_the_student_exactly_as_the_live_teacher() -> None:
+    # After a layer-drop nothing but the teacher's sentence embeddings is read: computed once per run, not per step.
+    data = text_data()
+    teacher = tiny_model(TinySpec("bert", layers=3)).eval()
+    student = copy.deepcopy(teacher)
+    surgery.convert(student, LayerDropStrategy(count=1))
+    config = RecoveryConfig(epochs=1, batch_size=8, learning_rate=1e-3)
+    rows, collator = distillation_rows(teacher, data, config, hidden_weight=0.0)
+    live_rows, _ = distillation_rows(teacher, data, config.model_copy(update={"cache_teacher": False}),
+                                                 hidden_weight=0.0)
+    assert TEACHER_EMBEDDING in rows.column_names and TEACHER_EMBEDDING not in live_rows.column_names
+    batch = collator([rows[i] for i in range(len(rows))])
+    target = embed_texts(teacher, data.tokenizer, data.train_texts, data.sentence_config)
+    torch.testing.assert_close(batch[TEACHER_EMBEDDING], target, atol=1e-5, rtol=1e-5)
+    # The same run, cached or live: the same steps and the same weights at the end; the teacher ran once per
+    # batch of the caching pass against once per step.
+    calls: list[int] = []
+    teacher.register_forward_hook(lambda *_: calls.append(1))
+    trained, steps, teacher_calls = {}, {}, {}
+    for cache in (True, False):
+        torch.manual_seed(0)
+        trained[cache] = copy.deepcopy(student)
+        calls.clear()
+        steps[cache] = recover_embeddings(trained[cache], teacher, data,
+                                          config.model_copy(update={"cache_teacher": cache})).steps
+        teacher_calls[cache] = len(calls)
+    assert steps[True] == steps[False] == teacher_calls[False] > 1
+    assert teacher_calls[True] == -(-len(data.train) // 32)
+    for a, b in zip(trained[True].parameters(), trained[False].parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # A student that kept every layer reads the teacher's layers too: nothing is cached for it.
+    kept, _ = distillation_rows(teacher, data, config, hidden_weight=1.0)
+    assert TEACHER_EMBEDDING not in kept.column_names
+
+
+def test_masked_copies_of_the_texts_are_distilled_and_refused_without_a_mask_token() -> None:
+    from transformers import BertTokenizer
+
+    data = text_data()
+    teacher = tiny_model(TinySpec("bert", layers=2)).eval()
+    config = RecoveryConfig(epochs=1, batch_size=8, masked_copies=2, mask_rate=0.5)
+    rows, _ = distillation_rows(teacher, data, config, hidden_weight=0.0)
+    n = len(data.train)
+    mask = data.tokenizer.mask_token_id
+    assert len(rows) == 3 * n and all(mask not in r["input_ids"] for r in rows.select(range(n)))
+    assert sum(r["input_ids"].count(mask) for r in rows.select(range(n, 3 * n))) > n  # about half the words masked
+    # Each copy's target is the teacher's embedding of the masked text itself.
+    copies = rows.select(range(n, 3 * n))
+    live = PaddingCollator(data.tokenizer)([{k: v for k, v in r.items() if k != TEACHER_EMBEDDING} for r in copies])
+    expected, _ = embed_batch(teacher, live, data.sentence_config)
+    torch.testing.assert_close(torch.tensor(copies[TEACHER_EMBEDDING]), expected, atol=1e-5, rtol=1e-5)
+    result = recover_embeddings(copy.deepcopy(teacher), teacher, data, config)
+    assert result.steps == -(-3 * n // 8)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *sorted({w for t in EMBEDDING_TEXTS for w in t.split()})]
+    plain = load_text_data(EMBEDDING_TEXTS, BertTokenizer(vocab={t: i for i, t in enumerate(words)}, mask_token=None))
+    with pytest.raises(ConfigError, match="masked_copies"):
+        distillation_rows(teacher, plain, config, hidden_weight=0.0)
 
 
 @pytest.mark.slow

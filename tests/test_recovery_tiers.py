@@ -264,6 +264,31 @@ def test_the_distillation_estimate_counts_the_masked_copies(monkeypatch: pytest.
     assert steps[1] == (1 + training_tier.MASKED_COPIES) * steps[0]
 
 
+def test_embedding_distillation_is_priced_with_the_teacher_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The embedding objective reads the teacher's layers for a student that kept every layer (its teacher runs at
+    # every step) and only its sentence embeddings after a layer-drop (computed once for the run, masked copies too).
+    import surgery
+    from surgery.embedding import SentenceConfig, load_text_data
+    from surgery.strategies.pruning.layer_drop import LayerDropStrategy
+    from tests.helpers import EMBEDDING_TEXTS, tiny_tokenizer
+
+    data = load_text_data(EMBEDDING_TEXTS, tiny_tokenizer(), batch_size=8)
+    data.sentence_config = SentenceConfig(normalize=True)
+    teacher = tiny_model(TinySpec("bert", layers=3)).eval()
+    dropped = copy.deepcopy(teacher)
+    surgery.convert(dropped, LayerDropStrategy(count=1))
+    assert training_tier.teacher_each_step(cut(teacher), teacher, data)
+    assert not training_tier.teacher_each_step(dropped, teacher, data)
+    live = training_tier.estimate_distil(cut(teacher), teacher, data, 8)
+    cached = training_tier.estimate_distil(dropped, teacher, data, 8)
+    assert live.fixed_seconds == 0 and cached.fixed_seconds > 0 and live.steps == cached.steps
+    monkeypatch.setattr(training_tier, "EMBEDDING_MASKED_COPIES", 2)
+    assert training_tier.masked_copies_for(data) == 2
+    assert training_tier.estimate_distil(dropped, teacher, data, 8).steps == 3 * cached.steps
+    run = training_tier.distil(dropped, teacher, data, epochs=1, batch_size=8)
+    assert run.steps == 3 * cached.steps and run.hidden_weight == 0.0
+
+
 def test_the_hidden_state_term_of_a_task_distillation_runs_the_teacher_each_step(
         monkeypatch: pytest.MonkeyPatch) -> None:
     teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2)).eval()

@@ -28,6 +28,7 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
+from surgery.anatomy import adapter_for
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.scoring.importance import batches_on, model_device
 from surgery.training import RecoveryConfig, RecoveryResult, accuracy, recover
@@ -51,6 +52,10 @@ PATIENCE = 3
 #: --speedup 12 --budget 20 (experiments/deep_cuts, fe5437f) kept 93.62% against 93.88% without (rt-fresh-rotten-plot
 #: seed 1) and 92.00% against 90.16% (rt-sentiment seed 1, another winner): within noise on two runs.
 MASKED_COPIES = 0
+#: Masked copies of the training texts embedding distillation adds (where the tokenizer has a mask token), each
+#: labelled by the teacher's embedding of the masked text (computed once where no hidden-state term runs the
+#: teacher at every step).
+EMBEDDING_MASKED_COPIES = 0
 #: Weight of the hidden-state MSE in a task model's distillation: each layer of the cut model against the original's
 #: (CoFi's layer distillation, :func:`surgery.training.hidden_state_loss`), beside the logit KL. The teacher then
 #: runs at every step (its logits are no longer cached once). 0: logits only. The embedding objective has its own
@@ -155,16 +160,36 @@ def timed_forward(model: nn.Module, batch: dict[str, Any], *, bf16: bool = False
 
 
 def masked_copies_for(data: Any) -> int:
-    """The masked copies distillation on ``data`` adds: :data:`MASKED_COPIES` where its tokenizer has a mask token.
+    """The masked copies distillation on ``data`` adds where its tokenizer has a mask token: :data:`MASKED_COPIES`
+    for a task, :data:`EMBEDDING_MASKED_COPIES` for the embedding objective.
 
     Example:
         >>> from surgery.testing import tiny_task_data
         >>> masked_copies_for(tiny_task_data(8)) in (0, MASKED_COPIES)
         True
     """
-    if getattr(data, "objective", "task") != "task":
-        return 0  # the embedding objective distils sentence embeddings on texts of its own
-    return MASKED_COPIES if getattr(getattr(data, "tokenizer", None), "mask_token_id", None) is not None else 0
+    if getattr(getattr(data, "tokenizer", None), "mask_token_id", None) is None:
+        return 0
+    return MASKED_COPIES if getattr(data, "objective", "task") == "task" else EMBEDDING_MASKED_COPIES
+
+
+def teacher_each_step(student: nn.Module, teacher: nn.Module, data: Any) -> bool:
+    """Whether distillation of ``student`` runs the teacher at every step: where a hidden-state term reads its
+    layers (a task's :data:`TASK_HIDDEN_WEIGHT`; the embedding objective's own weight, on for a student that kept
+    every layer), else the teacher's outputs are computed once per run.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model, tiny_task_data
+        >>> model = tiny_model(TinySpec("bert", task="seq-cls"))
+        >>> teacher_each_step(model, model, tiny_task_data(8)) == (TASK_HIDDEN_WEIGHT > 0)
+        True
+    """
+    if getattr(data, "objective", "task") == "task":
+        return TASK_HIDDEN_WEIGHT > 0
+    from surgery.embedding.objective import embedding_hidden_weight
+
+    dropped = adapter_for(student).num_layers < adapter_for(teacher).num_layers
+    return embedding_hidden_weight(RecoveryConfig(), layers_dropped=dropped) > 0
 
 
 def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_size: int, *,
@@ -187,15 +212,22 @@ def estimate_distil(student: nn.Module, teacher: nn.Module, data: Any, batch_siz
     if teacher_forward is None:
         teacher_forward = timed_forward(teacher, next(iter(loader)), bf16=bf16)
     step = timed_distil_step(student, data, batch_size, bf16=bf16, micro_batch=micro_batch) * TRAINER_OVERHEAD
-    return distil_estimate(data, steps, step, teacher_forward, bf16=bf16, micro_batch=micro_batch)
+    return distil_estimate(steps, step, teacher_forward, each_step=teacher_each_step(student, teacher, data),
+                           bf16=bf16, micro_batch=micro_batch)
 
 
-def distil_estimate(data: Any, steps: int, step: float, teacher_forward: float, *, bf16: bool = False,
+def distil_estimate(steps: int, step: float, teacher_forward: float, *, each_step: bool, bf16: bool = False,
                     micro_batch: int | None = None, timed: bool = True) -> TierEstimate:
     """An epoch of ``steps`` student steps of ``step`` seconds with the teacher's forward counted where distillation
-    runs it: at every step where its layers' outputs are targets (:func:`task_hidden_weight`), else once per row
-    (its logits cached for the run)."""
-    if task_hidden_weight(data) > 0:
+    runs it: at every step where its layers' outputs are targets (``each_step``: :func:`teacher_each_step`), else
+    once per row (its outputs cached for the run).
+
+    Example:
+        >>> cached, live = (distil_estimate(10, 1.0, 0.5, each_step=each) for each in (False, True))
+        >>> cached.seconds, live.seconds, cached.fixed_seconds, live.step_seconds
+        (15.0, 15.0, 5.0, 1.5)
+    """
+    if each_step:
         step, teacher_pass = step + teacher_forward, 0.0
     else:
         teacher_pass = teacher_forward * steps
@@ -204,7 +236,7 @@ def distil_estimate(data: Any, steps: int, step: float, teacher_forward: float, 
 
 
 def tier_floors(data: Any, batch_size: int, batches: int, student_forward: float, teacher_forward: float, *,
-                bf16: bool = False) -> dict[str, TierEstimate]:
+                bf16: bool = False, each_step: bool = False) -> dict[str, TierEstimate]:
     """Each tier's least possible time, from two inference forwards on one batch (no backward, little memory):
     distillation's teacher pass and :data:`MIN_DISTIL_STEPS` steps of at least a forward and a backward (no
     cheaper than two forwards); block-wise reconstruction's walks up both models (the part of
@@ -218,7 +250,7 @@ def tier_floors(data: Any, batch_size: int, batches: int, student_forward: float
         (20.0, 96.0, False)
     """
     steps = len(data.loader("train", batch_size=batch_size)) * (1 + masked_copies_for(data))
-    epoch = distil_estimate(data, steps, 2 * student_forward, teacher_forward, bf16=bf16, timed=False)
+    epoch = distil_estimate(steps, 2 * student_forward, teacher_forward, each_step=each_step, bf16=bf16, timed=False)
     walks = 2 * batches * (student_forward + teacher_forward)
     least = epoch.fixed_seconds + MIN_DISTIL_STEPS * epoch.step_seconds
     return {"distil": epoch.model_copy(update={"seconds": round(least, 3)}),
@@ -350,7 +382,8 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
     micro = micro_batch if micro_batch < batch_size else None
     training["micro_batch"] = micro
     forwards = (timed_forward(student, batches[0], bf16=use_bf16), timed_forward(teacher, batches[0], bf16=use_bf16))
-    floors = tier_floors(data, batch_size, len(batches), *forwards, bf16=use_bf16)
+    floors = tier_floors(data, batch_size, len(batches), *forwards, bf16=use_bf16,
+                         each_step=teacher_each_step(student, teacher, data))
     estimates: dict[str, TierEstimate] = {}
     for tier in ("distil", "blockwise"):
         if tier not in order or floors[tier].seconds > seconds_left - (time.perf_counter() - measuring):

@@ -15,6 +15,7 @@ composes with trainers that add terms on top (SHRP's balance loss) by ordinary i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from surgery.anatomy import adapter_for
+from surgery.core.errors import ConfigError
 from surgery.core.manifest import steps_of
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.data.task_data import PaddingCollator
@@ -42,10 +44,14 @@ from surgery.training import (
     train_columns,
 )
 from surgery.training.recover import recovery_arguments, refit_before_training, time_limit
+from surgery.training.trainer import TeacherLogitsCollator, masked_copies, with_teacher_outputs
 
 if TYPE_CHECKING:
     from surgery.embedding.texts import TextData
 
+
+#: The dataset column (and batch key) holding the teacher's cached sentence embeddings.
+TEACHER_EMBEDDING = "teacher_embedding"
 
 #: The token-level hidden-state weight of embedding recovery when the caller leaves ``hidden_weight``
 #: unset and the student kept every layer. Measured on MiniLM-L6 (experiments/embeddings/results/embed_16k_seeds.md,
@@ -179,11 +185,16 @@ class EmbeddingDistillTrainer(SurgeryTrainer):
         features = {k: v for k, v in inputs.items() if k != "labels"}  # labels, if any, are not used
         cfg = self.embedding
         hidden = cfg.hidden_weight > 0
+        cached = features.pop(TEACHER_EMBEDDING, None)  # computed once (teacher_embeddings), where nothing else is read
         with recording_layer_outputs(model) if hidden else nullcontext([]) as s_layers:
             student, _ = embed_batch(model, features, self.sentence_config)
-        teacher_model = self._teacher_on(student.device)
-        with torch.no_grad(), recording_layer_outputs(teacher_model) if hidden else nullcontext([]) as t_layers:
-            target, _ = embed_batch(teacher_model, features, self.sentence_config)
+        t_layers: list[Any] = []
+        if cached is not None and not hidden:
+            target = cached.to(student.device)
+        else:
+            teacher_model = self._teacher_on(student.device)
+            with torch.no_grad(), recording_layer_outputs(teacher_model) if hidden else nullcontext([]) as t_layers:
+                target, _ = embed_batch(teacher_model, features, self.sentence_config)
         kd = embedding_loss(student, target, mse_weight=cfg.mse_weight, cosine_weight=cfg.cosine_weight)
         if cfg.similarity_weight > 0:
             kd = kd + cfg.similarity_weight * neighbour_loss(student, target, temperature=cfg.similarity_temperature)
@@ -207,17 +218,62 @@ def sentence_config_of(data: TextData) -> SentenceConfig:
 def embedding_trainer(model: nn.Module, teacher: nn.Module, data: TextData, args: Any, *,
                       embedding: EmbeddingDistillConfig | None = None,
                       trainer_class: type[EmbeddingDistillTrainer] = EmbeddingDistillTrainer,
+                      rows: Any = None, collator: Callable[[list[dict[str, Any]]], Any] | None = None,
                       **kwargs: Any) -> EmbeddingDistillTrainer:
-    """A trainer of the embedding objective on ``data``'s training texts (``trainer_class`` may add terms).
+    """A trainer of the embedding objective on ``data``'s training texts (``trainer_class`` may add terms), or on
+    ``rows`` with their ``collator`` (:func:`distillation_rows`).
 
     Dropout is off unless ``dropout=True`` is passed: the targets are the teacher's deterministic
     embeddings, and with dropout on, a student that already matches its teacher sees a training
     loss ~100× its evaluation loss (measured on the tiny test models) and learns to chase noise.
     """
     kwargs.setdefault("dropout", False)
-    return trainer_class(model=model, args=args, train_dataset=train_columns(data),
-                         data_collator=PaddingCollator(data.tokenizer), teacher=teacher,
+    if rows is None:
+        rows, collator = train_columns(data), PaddingCollator(data.tokenizer)
+    return trainer_class(model=model, args=args, train_dataset=rows,
+                         data_collator=collator or PaddingCollator(data.tokenizer), teacher=teacher,
                          sentence_config=sentence_config_of(data), embedding=embedding, **kwargs)
+
+
+def distillation_rows(teacher: nn.Module, data: TextData, config: RecoveryConfig, *, hidden_weight: float
+                      ) -> tuple[Any, Callable[[list[dict[str, Any]]], Any]]:
+    """The rows embedding distillation reads and their collator: ``data``'s training texts, then
+    ``config.masked_copies`` copies of them with ``config.mask_rate`` of their tokens masked
+    (:func:`surgery.training.trainer.masked_copies`: the teacher's embedding of the masked text is its target), with the
+    teacher's sentence embeddings computed once (:data:`TEACHER_EMBEDDING`) where the loss reads nothing else of
+    it (``config.cache_teacher`` and no hidden-state term).
+
+    A few thousand texts distilled for several epochs are learned and stop generalising: the cut model then
+    matches its teacher on the texts it trained on far better than on others. Masked copies show it more of the
+    teacher's function for one teacher pass each.
+
+    Example:
+        >>> from transformers import BertTokenizer
+        >>> from surgery.embedding.texts import load_text_data
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> tok = BertTokenizer(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+        ...                                                        "a", "b"])})
+        >>> data = load_text_data([f"a b {'a ' * i}" for i in range(4)], tok, batch_size=2)
+        >>> rows, collator = distillation_rows(tiny_model(TinySpec("bert")), data,
+        ...                                    RecoveryConfig(masked_copies=2), hidden_weight=0.0)
+        >>> len(rows) == 3 * len(data.train), collator([rows[0], rows[-1]])[TEACHER_EMBEDDING].shape[0]
+        (True, 2)
+    """
+    rows, collator = train_columns(data), PaddingCollator(data.tokenizer)
+    if config.masked_copies > 0:
+        mask_id = getattr(data.tokenizer, "mask_token_id", None)
+        if mask_id is None:
+            raise ConfigError("recovery: masked copies need a tokenizer with a mask token, and this one has none; "
+                              "set masked_copies to 0")
+        rows = masked_copies(rows, config.masked_copies, mask_id=int(mask_id), rate=config.mask_rate,
+                             seed=config.seed, keep=list(getattr(data.tokenizer, "all_special_ids", []) or []))
+    if config.cache_teacher and hidden_weight == 0:
+        sentence = sentence_config_of(data)
+        rows = with_teacher_outputs(teacher, rows, collator, column=TEACHER_EMBEDDING,
+                                    outputs=lambda model, features: embed_batch(model, features, sentence)[0],
+                                    batch_size=max(config.batch_size, 32), bf16=config.bf16)
+        return rows, TeacherLogitsCollator(collator, column=TEACHER_EMBEDDING)
+    return rows, collator
 
 
 def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, config: RecoveryConfig, *,
@@ -259,7 +315,9 @@ def recover_embeddings(model: nn.Module, teacher: nn.Module, data: TextData, con
     steps = 0
     if config.epochs > 0:
         with scratch_dir("surgery-recover-") as tmp:
-            trainer = embedding_trainer(model, teacher, data, recovery_arguments(tmp, config), embedding=embedding)
+            rows, collator = distillation_rows(teacher, data, config, hidden_weight=hidden_weight)
+            trainer = embedding_trainer(model, teacher, data, recovery_arguments(tmp, config), embedding=embedding,
+                                        rows=rows, collator=collator)
             history.stats = trainer.stats
             trainer.add_callback(history)
             if limit is not None:

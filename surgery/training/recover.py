@@ -62,11 +62,12 @@ class RecoveryConfig(DistillConfig):
     patience: int | None = Field(default=None, ge=1, description="stop once this many epochs in a row measured "
                                  "below the best on the eval split (needs one); None: run every epoch")
     masked_copies: int = Field(default=0, ge=0, description="copies of the training rows with tokens masked, "
-                               "labelled by the teacher's logits on them (needs cache_teacher and a tokenizer with "
-                               "a mask token); 0: the rows as they are")
+                               "labelled by the teacher's outputs on them (a tokenizer with a mask token; a task's "
+                               "logit distillation needs cache_teacher too); 0: the rows as they are")
     mask_rate: float = Field(default=0.15, gt=0.0, lt=1.0, description="share of a masked copy's tokens masked")
-    cache_teacher: bool = Field(default=True, description="compute the teacher's logits once per run rather "
-                                "than at every step (logit distillation only)")
+    cache_teacher: bool = Field(default=True, description="compute the teacher's logits (the embedding objective: "
+                                "its sentence embeddings) once per run rather than at every step (where no "
+                                "hidden-state term reads its layers)")
     # The embedding objective's neighbour term (surgery.embedding.objective.neighbour_loss); a task
     # recovery refuses it rather than ignore it.
     similarity_weight: float = Field(default=0.0, ge=0.0, description="embedding objective only: weight of the "

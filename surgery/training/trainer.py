@@ -394,7 +394,8 @@ def train_columns(task: TaskData) -> Any:
 
 
 class TeacherLogitsCollator:
-    """``inner``'s batch plus the rows' cached teacher logits, stacked as ``teacher_logits`` (float32).
+    """``inner``'s batch plus the rows' cached teacher outputs (``column``: the logits by default), stacked as that
+    column (float32).
 
     Example:
         >>> rows = [{"input_ids": [2, 5], "teacher_logits": [0.5, -1.0]},
@@ -403,24 +404,22 @@ class TeacherLogitsCollator:
         torch.Size([2, 2])
     """
 
-    def __init__(self, inner: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]) -> None:
+    def __init__(self, inner: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]], *,
+                 column: str = TEACHER_LOGITS) -> None:
         self.inner = inner
+        self.column = column
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        logits = [r[TEACHER_LOGITS] for r in rows]
-        batch = self.inner([{k: v for k, v in r.items() if k != TEACHER_LOGITS} for r in rows])
-        batch[TEACHER_LOGITS] = torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in logits])
+        cached = [r[self.column] for r in rows]
+        batch = self.inner([{k: v for k, v in r.items() if k != self.column} for r in rows])
+        batch[self.column] = torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in cached])
         return batch
 
 
 def with_teacher_logits(teacher: nn.Module, rows: Any, collator: Callable[[list[dict[str, Any]]], Any], *,
                         batch_size: int = 64, bf16: bool = False) -> Any:
-    """``rows`` (a ``datasets.Dataset``) with a ``teacher_logits`` column: one inference pass of ``teacher``.
-
-    The teacher is frozen and runs in eval mode, so its logits for a row are the same at every epoch:
-    computing them once costs one forward pass over the data instead of one per step of every epoch
-    (a quarter of a distillation step's time). ``bf16`` runs the pass under the same bf16 autocast the
-    training uses; the logits are stored in float32.
+    """``rows`` (a ``datasets.Dataset``) with a ``teacher_logits`` column: one inference pass of ``teacher``
+    (:func:`with_teacher_outputs` of its logits).
 
     Example:
         >>> import datasets
@@ -429,6 +428,31 @@ def with_teacher_logits(teacher: nn.Module, rows: Any, collator: Callable[[list[
         >>> cached = with_teacher_logits(tiny_model(TinySpec("bert", task="seq-cls")), rows, PaddingCollator(None))
         >>> len(cached[TEACHER_LOGITS][0])
         3
+    """
+    return with_teacher_outputs(teacher, rows, collator, batch_size=batch_size, bf16=bf16)
+
+
+def with_teacher_outputs(teacher: nn.Module, rows: Any, collator: Callable[[list[dict[str, Any]]], Any], *,
+                         column: str = TEACHER_LOGITS,
+                         outputs: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None,
+                         batch_size: int = 64, bf16: bool = False) -> Any:
+    """``rows`` (a ``datasets.Dataset``) with a ``column`` of the teacher's ``outputs(teacher, features)`` per row (a
+    ``[rows, width]`` tensor; default: its logits), from one inference pass.
+
+    The teacher is frozen and runs in eval mode, so its outputs for a row are the same at every epoch:
+    computing them once costs one forward pass over the data instead of one per step of every epoch
+    (a quarter to a third of a distillation step's time). ``bf16`` runs the pass under the same bf16 autocast the
+    training uses; the outputs are stored in float32.
+
+    Example:
+        >>> import datasets
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> rows = datasets.Dataset.from_dict({"input_ids": [[2, 5, 3], [2, 6, 7, 3]]})
+        >>> first = lambda model, features: model(**features)["last_hidden_state"][:, 0]
+        >>> cached = with_teacher_outputs(tiny_model(TinySpec("bert")), rows, PaddingCollator(None),
+        ...                               column="first", outputs=first)
+        >>> len(cached["first"]), len(cached["first"][0]) == tiny_model(TinySpec("bert")).config.hidden_size
+        (2, True)
     """
     was = teacher.training
     teacher.eval()
@@ -440,10 +464,14 @@ def with_teacher_logits(teacher: nn.Module, rows: Any, collator: Callable[[list[
                 chunk = rows.select(range(start, min(start + batch_size, len(rows))))
                 batch = collator([dict(r) for r in chunk])
                 features = {k: v.to(device) for k, v in batch.items() if k != "labels" and torch.is_tensor(v)}
-                out.extend(teacher(**features)["logits"].float().cpu().tolist())
+                value = outputs(teacher, features) if outputs is not None else teacher(**features)["logits"]
+                out.extend(value.float().cpu().tolist())
     finally:
         teacher.train(was)
-    return rows.add_column(TEACHER_LOGITS, out)
+    import datasets
+
+    # Stored as float32 (a list of Python floats would be kept as float64: twice the memory for an embedding's width).
+    return rows.add_column(column, out, feature=datasets.Sequence(datasets.Value("float32")))
 
 
 def masked_copies(rows: Any, copies: int, *, mask_id: int, rate: float, seed: int = 0,
