@@ -187,6 +187,40 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def one_trace_per_graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every ONNX trace of a module identical to one already traced in this run, by any test on any worker
+    (``tests.helpers.module_fingerprint``: the same classes, config, weights and input shapes, opset and length
+    bound), is served from that trace's bytes: ``torch.onnx.export(dynamo=True)`` of a tiny model takes 1-3 s here
+    and writes the same bytes again (tests/helpers.py ``identical_graphs_traced_once`` says what stays as it was:
+    the module still runs once, and parity checks, quantization, sessions and records are made as usual). The
+    traces live in a folder of this run that the xdist workers share, written whole (a rename) or not at all; a
+    trace that fails is not kept, so its error is raised again. Child processes trace for themselves."""
+    from surgery.runtimes.onnx import onnx_graph
+    from tests.helpers import module_fingerprint
+
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "onnx-traces"
+    folder.mkdir(exist_ok=True)
+    real = onnx_graph._torch_export
+
+    def traced(module: torch.nn.Module, inputs: Any, path: Path, *, opset: int | None, max_seq: int | None) -> None:
+        kept = folder / f"{module_fingerprint(module, inputs, opset, max_seq)}.onnx"
+        if kept.is_file():
+            with torch.no_grad():
+                module(**inputs)
+            path.write_bytes(kept.read_bytes())
+            return
+        real(module, inputs, path, opset=opset, max_seq=max_seq)
+        partial = folder / f"{kept.name}.{os.getpid()}.part"
+        partial.write_bytes(path.read_bytes())
+        os.replace(partial, kept)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnx_graph, "_torch_export", traced)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def own_latency_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Latency tables are cached under a directory of this run (of this worker), not the user's ~/.cache: a table
     another run measured at another load must not decide what a test sees. Child processes inherit it."""
