@@ -190,8 +190,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def one_trace_per_graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every ONNX trace of a module identical to one already traced in this run, by any test on any worker
     (``tests.helpers.module_fingerprint``: the same classes, config, weights and input shapes, opset and length
-    bound), is served from that trace's bytes: ``torch.onnx.export(dynamo=True)`` of a tiny model takes 1-3 s here
-    and writes the same bytes again (tests/helpers.py ``identical_graphs_traced_once`` says what stays as it was:
+    bound), is served from that trace's bytes: ``torch.onnx.export(dynamo=True)`` of a tiny model takes 2-7 s on a
+    2-core machine and writes the same bytes again (tests/helpers.py ``identical_graphs_traced_once`` says what stays:
     the module still runs once, and parity checks, quantization, sessions and records are made as usual). The
     traces live in a folder of this run that the xdist workers share, written whole (a rename) or not at all; a
     trace that fails is not kept, so its error is raised again. Child processes trace for themselves."""
