@@ -228,9 +228,7 @@ def embedding_trainer(model: nn.Module, teacher: nn.Module, data: TextData, args
     loss ~100× its evaluation loss (measured on the tiny test models) and learns to chase noise.
     """
     kwargs.setdefault("dropout", False)
-    if rows is None:
-        rows, collator = train_columns(data), PaddingCollator(data.tokenizer)
-    return trainer_class(model=model, args=args, train_dataset=rows,
+    return trainer_class(model=model, args=args, train_dataset=train_columns(data) if rows is None else rows,
                          data_collator=collator or PaddingCollator(data.tokenizer), teacher=teacher,
                          sentence_config=sentence_config_of(data), embedding=embedding, **kwargs)
 

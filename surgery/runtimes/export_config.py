@@ -130,9 +130,8 @@ class ExportConfig(BaseModel):
                 raise ValueError(f"{name} belongs to the runtimes that read it ({', '.join(readers) or 'none'}); drop "
                                  f"it for {self.runtime!r} (CLI {flag})")
         if self.pad_to_multiple_of is not None:
-            if not runtime.aligns:
-                raise ValueError(f"pad_to_multiple_of: runtime {self.runtime!r} serves batches as given; padding "
-                                 "belongs to the graph runtimes (onnxruntime, openvino and their int8/bf16 kinds)")
+            if (refused := runtime.padding_refused()) is not None:
+                raise ValueError(refused)
             if self.format == "sentence-transformers":
                 raise ValueError("pad_to_multiple_of pads batches in surgery's served model; stock "
                                  "sentence-transformers runs the artefact as given: use format graph, or drop it")

@@ -244,9 +244,8 @@ def align_artefact(runtime: Any, directory: Any, model: nn.Module, pad_to_multip
     """
     from surgery.core.errors import ConfigError
 
-    if not runtime.aligns:
-        raise ConfigError(f"pad_to_multiple_of: runtime {runtime.name!r} serves batches as given; padding belongs to "
-                          "the graph runtimes (onnxruntime, openvino and their int8/bf16 kinds)")
+    if (refused := runtime.padding_refused()) is not None:
+        raise ConfigError(refused)
     if pad_to_multiple_of != "auto":
         multiple = int(pad_to_multiple_of)
         why = f"padded to a multiple of {multiple} tokens, as asked (not measured)"

@@ -139,10 +139,26 @@ class Runtime(ABC):
     #: (:mod:`surgery.runtimes.shared.alignment`) and :meth:`align` records that multiple in an artefact.
     aligns: ClassVar[bool] = False
 
+    @classmethod
+    def padding_refused(cls) -> str | None:
+        """Why this runtime cannot serve batches padded to a block (None where it can: :attr:`aligns`).
+
+        Example:
+            >>> from surgery.runtimes import runtime_class
+            >>> runtime_class("onnxruntime").padding_refused() is None
+            True
+            >>> runtime_class("torch").padding_refused()[:52]
+            "pad_to_multiple_of: runtime 'torch' serves batches a"
+        """
+        if cls.aligns:
+            return None
+        return (f"pad_to_multiple_of: runtime {cls.name!r} serves batches as given; padding belongs to the graph "
+                "runtimes (onnxruntime, openvino and their int8/bf16 kinds)")
+
     def align(self, out_dir: Path, multiple: int | None, why: str | None = None) -> None:
         """Record that the artefact in ``out_dir`` is served padded to a multiple of ``multiple`` (only where
         :attr:`aligns`), and ``why`` (how the multiple was chosen)."""
-        raise NotImplementedError(f"runtime {self.name!r} does not pad batches (aligns is False)")
+        raise NotImplementedError(self.padding_refused())
 
     @property
     def int8(self) -> bool:
