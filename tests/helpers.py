@@ -107,9 +107,10 @@ def self_labelled(model: nn.Module, n: int = 30) -> TaskData:
 
 
 def tables_for(model: torch.nn.Module) -> TableLatency:
-    """Latency from shape tables: torch and ORT fp32 alike; int8 at 40% of their time."""
+    """Latency from shape tables: torch, ORT and OpenVINO fp32 alike; int8 at 40% of their time."""
     return TableLatency({"torch": shape_latency_table(model), "onnxruntime": shape_latency_table(model, "onnxruntime"),
-                         "onnxruntime-int8": shape_latency_table(model, "onnxruntime-int8", scale=0.4)})
+                         "onnxruntime-int8": shape_latency_table(model, "onnxruntime-int8", scale=0.4),
+                         "openvino": shape_latency_table(model, "openvino")})
 
 
 def few_latency_probes(monkeypatch: pytest.MonkeyPatch) -> None:
