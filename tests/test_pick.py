@@ -334,6 +334,39 @@ def test_two_workers_choose_the_same_winner_as_one() -> None:
     assert two.winner_result().held_out == one.winner_result().held_out
 
 
+def test_a_job_run_here_while_the_workers_wait_gets_the_pools_share_of_cores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --threads 1 with two workers: a round's lone last job (and a lone contender's judging) ran on one core while
+    # the other waited. It gets the two the workers hold, then the caller's thread count is back.
+    from surgery.compress import candidate_pool
+    from surgery.compress.candidate_pool import BuildJob, Built, CandidatePool, JudgeJob
+
+    seen: list[tuple[str, int, int | None]] = []
+
+    def build(judge: Judge, job: BuildJob, *, save_weights: bool) -> tuple[Built, None]:
+        seen.append(("build", torch.get_num_threads(), judge.threads))
+        return Built(job.index), None
+
+    def judge_candidate(judge: Judge, job: JudgeJob, model: Any = None) -> dict[str, Any]:
+        seen.append(("judge", torch.get_num_threads(), judge.threads))
+        return {}
+
+    monkeypatch.setattr(candidate_pool, "build_candidate", build)
+    monkeypatch.setattr(candidate_pool, "judge_candidate", judge_candidate)
+    monkeypatch.setattr(candidate_pool, "available_cores", lambda: 4)
+    torch.set_num_threads(1)
+    for workers, threads, share in ((2, 1, 2), (4, 1, 4), (1, 1, 1), (2, None, None)):
+        judge = Judge(original=task_model(), objective="task", runtime="torch", calibration=[], workdir=tmp_path,
+                      threads=threads)
+        pool = CandidatePool(judge, workers=workers, threads=threads)
+        seen.clear()
+        pool.build([BuildJob(1, {}, True, ("screen",))])  # one job: built here, no worker started
+        pool.judge_more([JudgeJob(1, {}, None, None, ("rest",))])
+        assert pool.executor is None
+        assert seen == [(step, share or 1, share) for step in ("build", "judge")], (workers, threads)
+        assert torch.get_num_threads() == 1 and judge.threads == threads
+
+
 def test_a_speedup_run_walks_back_to_fewer_cuts_where_the_table_underestimates_speed(tmp_path: Path) -> None:
     goal = 3.6  # deep on this model's path (its points: 1.48x, 2.84x, then 2.95x to 4.5x): room to walk back
     run = speedup_run(tmp_path, goal, skew=1.3)

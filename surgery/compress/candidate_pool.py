@@ -19,8 +19,9 @@ import copy
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -115,7 +116,7 @@ class Built:
     weights: str | None = None
     error: str | None = None
     seconds: float = 0.0
-    #: built in a worker process (held to the pool's ``threads``), not in the caller's with all of its threads
+    #: built in a worker process (held to the pool's ``threads``), not in this one on the pool's whole share
     worker: bool = False
     #: seconds of its steps: ``cut`` (cut, refit and the calibration objective around it), ``artefact`` (the
     #: runtime's files written and loaded), ``scores`` (judged on the job's parts)
@@ -314,9 +315,33 @@ class CandidatePool:
         self.executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
                                             initializer=start_worker, initargs=(str(shared), self.threads))
 
+    @property
+    def share(self) -> int:
+        """The cores the pool holds: its workers' threads together (at most the cores there are)."""
+        return min(self.workers * self.threads, available_cores())
+
+    @contextmanager
+    def whole_share(self) -> Iterator[None]:
+        """A job run in this process while the workers wait gets the pool's :attr:`share` of threads (its build,
+        refit and judging; timing is not done in jobs), not only the caller's: at ``--threads 1`` with two workers
+        a lone last job of a round held one core and the other waited. With one worker, or where the caller
+        already runs on every core (``threads`` unset), nothing changes."""
+        judged = self.judge.threads
+        if self.workers == 1 or judged is None or judged >= self.share:
+            yield
+            return
+        held = torch.get_num_threads()
+        self.judge.threads = self.share
+        torch.set_num_threads(self.share)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(held)
+            self.judge.threads = judged
+
     def build(self, jobs: Sequence[BuildJob]) -> list[Built]:
         """Build ``jobs``: in waves of :attr:`workers` at once in the worker processes, and a last job left alone
-        in a wave here, with all of the caller's threads (:func:`split_jobs`)."""
+        in a wave here, on the pool's whole share of cores (:func:`split_jobs`, :meth:`whole_share`)."""
         away, _ = split_jobs(len(jobs), self.workers)
         answers: list[Built] = []
         if away:
@@ -324,7 +349,8 @@ class CandidatePool:
             assert self.executor is not None
             answers += [replace(built, worker=True) for built in self.executor.map(worker_build, jobs[:away])]
         for job in jobs[away:]:
-            built, model = build_candidate(self.judge, job, save_weights=False)
+            with self.whole_share():
+                built, model = build_candidate(self.judge, job, save_weights=False)
             if model is not None:
                 self.models[job.index] = model
             answers.append(built)
@@ -335,7 +361,8 @@ class CandidatePool:
             return []
         # Jobs of models built in this process (the first, alone) run here: no worker has their weights.
         here = [j for j in jobs if self.executor is None or len(jobs) == 1 or j.weights is None]
-        answers = {j.index: judge_candidate(self.judge, j, self.models.get(j.index)) for j in here}
+        with self.whole_share():  # the workers wait meanwhile
+            answers = {j.index: judge_candidate(self.judge, j, self.models.get(j.index)) for j in here}
         away = [j for j in jobs if j not in here]
         if away:
             assert self.executor is not None
