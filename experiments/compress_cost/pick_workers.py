@@ -66,6 +66,9 @@ def one_run(args: argparse.Namespace, workers: int, data: Any, original: Any,
             "winner_search": winner.search.model_dump() if winner and winner.search else None,
             "winner_held_out": winner.held_out.model_dump() if winner and winner.held_out else None,
             "test": test(result), "candidates": len(report.candidates),
+            # where each build's seconds went, and whether a worker built it or this process alone
+            "builds": [{"name": c.name, "worker": c.worker, "seconds": c.seconds, "steps": c.steps}
+                       for c in report.candidates if c.seconds],
             "judging": {k: v for k, v in report.judging.items() if k != "search_log"},
             "probes": report.judging.get("search_log"), "timing": report.timing,
             "load_average_before": load_before, "load_average_after": load_after, "warnings": report.warnings}
