@@ -258,6 +258,25 @@ def test_waves_of_workers_with_the_jobs_own_thread_count_are_priced_near_one_can
     assert build_seconds(100.0, 4, 2, share=WAVE_CONTENTION) == pytest.approx(2 * 100.0 * WAVE_CONTENTION)
 
 
+def test_a_rounds_lone_job_is_priced_on_the_workers_cores() -> None:
+    # At --threads 1 with two workers the lone job of a round runs here on both cores (CandidatePool.whole_share):
+    # a MiniLM-L6 build took 24.8 s against 39.4 s on one thread (Zen 4). Where the job has every core, or one
+    # worker, nothing changes.
+    from surgery.compress.job_estimate import LONE_THREAD_EXPONENT, build_seconds, lone_share, wave_share
+
+    assert lone_share(2, 1, cores=2) == pytest.approx(0.5 ** LONE_THREAD_EXPONENT)
+    assert lone_share(4, 1, cores=2) == pytest.approx(0.5 ** LONE_THREAD_EXPONENT)  # four workers share two cores
+    assert lone_share(2, None, cores=2) == lone_share(1, 1, cores=2) == lone_share(2, 2, cores=2) == 1.0
+    assert build_seconds(100.0, 3, 2, share=1.25, alone=0.6) == pytest.approx(125.0 + 60.0)
+    assert build_seconds(100.0, 3, 1, alone=0.6) == 300.0  # one worker: everything here on the job's threads
+    for drop_search in (False, True):
+        shape = replace(SHAPE, drop_search=drop_search, workers=2, wave=wave_share(2, 1, cores=2))
+        held = estimate_job(PROBES, shape, budget_seconds=None, train=False)
+        shared = estimate_job(PROBES, replace(shape, alone=lone_share(2, 1, cores=2)), budget_seconds=None,
+                              train=False)
+        assert shared.phases["candidates"] < held.phases["candidates"]
+
+
 def test_the_originals_figures_are_computed_once_and_workers_read_them(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from surgery.compress import candidates as candidates_module

@@ -76,6 +76,11 @@ WAVE_SHARE = 0.95
 #: against 18.0-23.8 s; experiments/deep_cuts, session 16's --max-drop rows), where ``w x WAVE_SHARE`` had priced
 #: 1.9x and the candidates phase came in at 0.48-0.60 of its estimate.
 WAVE_CONTENTION = 1.25
+#: A job left alone in a round runs in this process on the cores the workers hold (``candidate_pool.CandidatePool
+#: .whole_share``), not only the job's threads: its time scales as (threads / share) to this power. On the Zen 4 at
+#: ``--threads 1`` with two workers, a MiniLM-L6 build took 24.8 s on two threads against 39.4 s on one (means over
+#: 8 and 20 builds of rt-sentiment's --max-drop 1 search; experiments/compress_cost, session 19): 1.59x, 2 ** 0.67.
+LONE_THREAD_EXPONENT = 0.67
 
 
 def wave_share(workers: int, threads: int | None, cores: int | None = None) -> float:
@@ -99,6 +104,23 @@ def wave_share(workers: int, threads: int | None, cores: int | None = None) -> f
     here = min(threads, cores) if threads is not None else cores
     ratio = here / worker_threads(workers, threads, cores)
     return min(workers * WAVE_SHARE, WAVE_CONTENTION * ratio)
+
+
+def lone_share(workers: int, threads: int | None, cores: int | None = None) -> float:
+    """A job left alone in a round, built here on the workers' cores, in units of one built alone on the job's own
+    threads: 1 where those are every core already (``threads`` None) or there is one worker.
+
+    Example:
+        >>> lone_share(1, 1, cores=2), lone_share(2, None, cores=2), round(lone_share(2, 1, cores=2), 3)
+        (1.0, 1.0, 0.629)
+    """
+    from surgery.compress.candidate_pool import available_cores, worker_threads
+
+    if workers <= 1 or threads is None:
+        return 1.0
+    cores = cores or available_cores()
+    share = min(workers * worker_threads(workers, threads, cores), cores)
+    return min(1.0, (min(threads, cores) / share) ** LONE_THREAD_EXPONENT)
 #: The paths a --max-drop bisection walks at once: its rounds are this many candidates.
 DROP_PATHS = 3
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
@@ -144,6 +166,7 @@ class JobShape:
     workers: int = 1  # processes candidates are built in (candidate_pool.CandidatePool)
     wave: float | None = None  # a wave of them against one candidate built alone here (wave_share; None: the
     # job has every core, w x WAVE_SHARE)
+    alone: float = 1.0  # a round's lone job, built here on the workers' cores, against one on the job's (lone_share)
 
 
 @dataclass
@@ -270,8 +293,8 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         others = max(s.candidates - 1, 0)
         timed_share = min(4, others)
         rounds, last = divmod(others, DROP_PATHS)
-        built = (rounds * build_seconds(c["built"], DROP_PATHS, w, share=shape.wave)
-                 + build_seconds(c["built"], last, w, share=shape.wave))
+        built = (rounds * build_seconds(c["built"], DROP_PATHS, w, share=shape.wave, alone=shape.alone)
+                 + build_seconds(c["built"], last, w, share=shape.wave, alone=shape.alone))
         candidates = c["unchanged"] + built + timed_share * c["timed"]
     else:
         # The search builds refitted path points first (at once) and the layer-drop after them: with room for two
@@ -280,7 +303,8 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
         # session 14). Each is timed here, one after another.
         drop = s.candidates >= 3
         cut = max(s.candidates - (2 if drop else 1), 0)
-        candidates = (c["unchanged"] + build_seconds(c["built"], cut, w, share=shape.wave) + cut * c["timed"]
+        candidates = (c["unchanged"] + build_seconds(c["built"], cut, w, share=shape.wave, alone=shape.alone)
+                      + cut * c["timed"]
                       + (c["layer_drop"] if drop else 0.0))
     phases = {"estimate": p.seconds, "latency": latency, "importance": importance, "candidates": candidates}
     if s.training and epoch is not None:
@@ -288,19 +312,21 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     return phases
 
 
-def build_seconds(one: float, count: int, workers: int, wave: float | None = None, *, share: float | None = None
-                  ) -> float:
+def build_seconds(one: float, count: int, workers: int, wave: float | None = None, *, share: float | None = None,
+                  alone: float = 1.0) -> float:
     """Seconds to build ``count`` candidates of ``one`` second each (built alone in this process) handed over at
     once to a pool of ``workers`` (:func:`~surgery.compress.candidate_pool.split_jobs`): waves of ``workers`` at
     once in the workers, ``wave`` seconds each (default ``one`` x ``share``, and ``share`` by default
     ``workers`` x :data:`WAVE_SHARE`: see :func:`wave_share`), and a job left alone in the last wave built here
-    in ``one``.
+    in ``one`` x ``alone`` (:func:`lone_share`: on the workers' cores).
 
     Example:
         >>> build_seconds(100.0, 3, 1), build_seconds(100.0, 3, 2), build_seconds(100.0, 4, 2, wave=180.0)
         (300.0, 290.0, 360.0)
         >>> build_seconds(100.0, 4, 2, share=1.25)  # workers with as many threads as this process
         250.0
+        >>> build_seconds(100.0, 3, 2, share=1.25, alone=0.6)  # and the lone third on both workers' cores
+        185.0
     """
     from surgery.compress.candidate_pool import split_jobs
 
@@ -308,7 +334,7 @@ def build_seconds(one: float, count: int, workers: int, wave: float | None = Non
     waves = -(-away // max(workers, 1))
     if wave is None:
         wave = one * (workers * WAVE_SHARE if share is None else share)
-    return waves * wave + here * one
+    return waves * wave + here * one * (alone if workers > 1 else 1.0)
 
 
 def layer_probe_seconds(p: Probes, shape: JobShape, batches: int) -> float:
@@ -602,7 +628,7 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
                      cached_table=table_cached(model, runtime=runtime.name, batch_size=batch_size, seq_len=seq_len,
                                                threads=threads, pad_to_multiple_of=pad_to_multiple_of),
                      runtime_differs=runtime.name != against.name, workers=workers,
-                     wave=wave_share(workers, threads))
+                     wave=wave_share(workers, threads), alone=lone_share(workers, threads))
     return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
 
 
