@@ -121,6 +121,8 @@ def lone_share(workers: int, threads: int | None, cores: int | None = None) -> f
     cores = cores or available_cores()
     share = min(workers * worker_threads(workers, threads, cores), cores)
     return min(1.0, (min(threads, cores) / share) ** LONE_THREAD_EXPONENT)
+
+
 #: The paths a --max-drop bisection walks at once: its rounds are this many candidates.
 DROP_PATHS = 3
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
