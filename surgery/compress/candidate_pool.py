@@ -78,6 +78,17 @@ def worker_threads(workers: int, threads: int | None, cores: int | None = None) 
     return min(share, threads) if threads is not None else share
 
 
+def pool_share(workers: int, threads: int | None, cores: int | None = None) -> int:
+    """The cores a pool of ``workers`` holds: their threads together, at most the cores there are.
+
+    Example:
+        >>> pool_share(2, 1, cores=2), pool_share(4, 1, cores=2), pool_share(2, None, cores=8)
+        (2, 2, 8)
+    """
+    cores = cores or available_cores()
+    return min(workers * worker_threads(workers, threads, cores), cores)
+
+
 @dataclass(frozen=True)
 class BuildJob:
     """Build candidate ``index`` (cut, refit, the runtime's artefact) and judge it on ``parts``."""
@@ -317,7 +328,7 @@ class CandidatePool:
 
     @property
     def share(self) -> int:
-        """The cores the pool holds: its workers' threads together (at most the cores there are)."""
+        """The cores the pool holds (:func:`pool_share`)."""
         return min(self.workers * self.threads, available_cores())
 
     @contextmanager

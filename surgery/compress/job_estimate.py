@@ -114,13 +114,12 @@ def lone_share(workers: int, threads: int | None, cores: int | None = None) -> f
         >>> lone_share(1, 1, cores=2), lone_share(2, None, cores=2), round(lone_share(2, 1, cores=2), 3)
         (1.0, 1.0, 0.629)
     """
-    from surgery.compress.candidate_pool import available_cores, worker_threads
+    from surgery.compress.candidate_pool import available_cores, pool_share
 
     if workers <= 1 or threads is None:
         return 1.0
     cores = cores or available_cores()
-    share = min(workers * worker_threads(workers, threads, cores), cores)
-    return min(1.0, (min(threads, cores) / share) ** LONE_THREAD_EXPONENT)
+    return min(1.0, (min(threads, cores) / pool_share(workers, threads, cores)) ** LONE_THREAD_EXPONENT)
 
 
 #: The paths a --max-drop bisection walks at once: its rounds are this many candidates.
