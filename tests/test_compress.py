@@ -156,6 +156,33 @@ def test_max_drop_picks_the_fastest_within_it() -> None:
     assert len(judged) <= math.ceil(math.log(len(report.path) + 1, 4 / 3)) + 2
 
 
+def test_max_drop_bisection_stops_where_its_bracket_is_finer_than_the_tables_resolution(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from surgery.compress import candidate_run
+
+    model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
+    report = compress(model, tiny_task_data(), target=DropTarget(max_drop=5.0), latency=tables_for(model)).report
+    paths = {"path": report.path, "units-path": report.units_path, "uniform-path": report.uniform_path}
+
+    def speed(family: str, k: int) -> float:
+        return report.unchanged_speedup if k == 0 else paths[family][k - 1]["predicted_speedup"]
+
+    log, ends = report.judging["search_log"], report.judging["bisection"]
+    assert log and set(ends) == set(paths) and report.winner != "unchanged"
+    for probe in log:  # every point built had a bracket wider than the resolution to split
+        lo, hi = probe["bracket"]
+        assert speed(probe["family"], hi) > speed(probe["family"], lo) * (1 + candidate_run.BISECTION_RESOLUTION)
+    for family, end in ends.items():  # and every search ended inside it
+        lo, hi = end["bracket"]
+        assert hi <= lo or end["predicted_speedups"][1] <= end["predicted_speedups"][0] * 1.03
+        assert end["predicted_speedups"][0] == pytest.approx(speed(family, lo), abs=1e-3)
+    # a resolution wider than the whole path's range builds no point at all: the unchanged model stays
+    monkeypatch.setattr(candidate_run, "BISECTION_RESOLUTION", 100.0)
+    coarse = compress(model, tiny_task_data(), target=DropTarget(max_drop=5.0), latency=tables_for(model)).report
+    assert not coarse.judging["search_log"] and coarse.winner == "unchanged"
+    assert all(end["bracket"][0] == 0 for end in coarse.judging["bisection"].values())
+
+
 def embedding_data() -> Any:
     data = load_text_data(EMBEDDING_TEXTS, tiny_tokenizer(), batch_size=8)
     data.sentence_config = SentenceConfig(normalize=True)

@@ -58,6 +58,12 @@ TOGETHER_AT_MOST = 4
 #: (experiments/deep_cuts, session 7); distillation then stopped after 2.6-4 minutes with 10-13 of a 20-minute
 #: budget left, time enough to train the next one too.
 TRAINED_FINALISTS = 2
+#: A --max-drop bisection stops on a path once the two ends of its bracket (the deepest point judged within the drop,
+#: the shallowest beyond it) are predicted within this much of each other's speed: closer points differ by less than
+#: the latency table's own error (the pick's timed candidates land 2-9% from their prediction) and than the pick's
+#: timing tolerance (:data:`MEET_TOLERANCE`), and each costs a build. Replayed on the 14 --max-drop 1 runs of
+#: experiments/deep_cuts (sessions 16-19), it leaves out 24 of their 243 bisection points, at most 3% of speed each.
+BISECTION_RESOLUTION = 0.03
 
 
 def meets(result: CandidateResult, goal: float) -> bool:
@@ -223,6 +229,27 @@ def guided_step(path: RemovalPath, lo: int, hi: int, judged: dict[int, float], m
     return min(max(guess, lo + quarter), max(lo + quarter, hi - quarter + 1), hi)
 
 
+def resolved(path: RemovalPath, lo: int, hi: int) -> bool:
+    """Whether a bisection bracket ``[lo, hi]`` along ``path`` is narrower than :data:`BISECTION_RESOLUTION` in speed.
+
+    ``lo`` holds the drop (0: the unchanged model), ``hi`` is the last step not yet shown beyond it.
+
+    Example:
+        >>> from surgery.compress.removal_path import PathStep
+        >>> steps = [PathStep(kind="neurons", layers=[0], units=[[k]], loss=0.1, saving_ms=0.1,
+        ...                   cumulative_loss=0.1 * (k + 1), predicted_ms=10.0 - k / 10, predicted_speedup=1.0)
+        ...          for k in range(64)]
+        >>> path = RemovalPath(start=[], reference_ms=10.0, start_ms=10.0, steps=steps)
+        >>> resolved(path, 40, 44), resolved(path, 40, 48)  # 6.1 ms against 5.7 and 5.3 ms
+        (False, False)
+        >>> resolved(path, 60, 62)  # 4.1 ms against 3.9 ms: 5% apart
+        False
+        >>> resolved(path, 10, 12)  # 9.1 ms against 8.9 ms: 2% apart
+        True
+    """
+    return hi <= lo or path.speedup_at(hi) <= path.speedup_at(lo) * (1 + BISECTION_RESOLUTION)
+
+
 class CandidateRun:
     """Phase 5 and 6: build, judge and time candidates within the budget, pick, train the winner."""
 
@@ -273,6 +300,7 @@ class CandidateRun:
         self.built: dict[str, Built] = {}
         self.scores: dict[str, dict[str, PartScores]] = {}
         self.search_log: list[dict[str, Any]] = []
+        self.bisection: dict[str, dict[str, list[float]]] = {}
         self.timing: dict[str, Any] = {}
         #: examples judged per rung: how many candidates read each part
         self.judged = {"screen": 0, "rest": 0, "pick": 0}
@@ -821,12 +849,13 @@ class CandidateRun:
                 self.time(r, f"--speedup {goal:g}: the precision pass's candidate")
 
     def drop_candidates(self, max_drop: float) -> None:
-        """Bisection along every path at once (one probe per path per round, judged together), then the
-        points beside the main path's boundary; nothing is timed here (the pick times what it may pick)."""
+        """Bisection along every path at once (one probe per path per round, judged together) until each path's
+        bracket is narrower than :data:`BISECTION_RESOLUTION` in predicted speed, then the points beside the main
+        path's boundary; nothing is timed here (the pick times what it may pick)."""
         families = self.plan.families()
         bracket = {family: [0, len(path.steps)] for family, path in families.items()}
         judged: dict[str, dict[int, float]] = {family: {0: self.results[0].drop} for family in families}
-        while active := [f for f, (lo, hi) in bracket.items() if lo < hi]:
+        while active := [f for f, (lo, hi) in bracket.items() if not resolved(families[f], lo, hi)]:
             wants = []
             for family in active:
                 lo, hi = bracket[family]
@@ -843,6 +872,10 @@ class CandidateRun:
                     bracket[family][0] = k
                 else:
                     bracket[family][1] = k - 1
+        # Where each path's search ended: the bracket left (lo holds, hi not shown beyond) and its two ends' speeds.
+        self.bisection = {family: {"bracket": [lo, hi], "predicted_speedups": [
+            round(families[family].speedup_at(lo), 4), round(families[family].speedup_at(max(lo, hi)), 4)]}
+            for family, (lo, hi) in bracket.items()}
         anchor = bracket["path"][0]
         path = self.plan.path
         extra: list[Want] = []
@@ -1166,7 +1199,8 @@ class CandidateRun:
                 "held_out": self.judged["pick"] // max(sizes.get("pick", 1), 1),
                 "examples_judged": {"search": self.judged["screen"] + self.judged["rest"],
                                     "pick": self.judged["pick"], "every_candidate_on_the_whole_search_part": full},
-                "search_log": self.search_log, "reference_seconds": round(self.reference_seconds, 2),
+                "search_log": self.search_log, "bisection": self.bisection,
+                "reference_seconds": round(self.reference_seconds, 2),
                 "int8_calibration_examples": sum(int(b["input_ids"].shape[0]) for b in int8_calibration(
                     self.judge.smoothing or self.judge.calibration)) if self.runtime.int8 else None,
                 "max_drop_rule": (None if self.target.max_drop is None else
