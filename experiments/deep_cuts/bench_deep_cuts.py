@@ -130,6 +130,9 @@ def record(result: Any, seconds: float) -> dict[str, Any]:
         "batch_size": report.batch_size, "seq_len": report.seq_len,
         "task_hidden_weight": training_tier.TASK_HIDDEN_WEIGHT,
         "alignment": getattr(report, "alignment", None),
+        # how the search spent its builds: the bisection's probes and where each path's search ended
+        "judging": {k: report.judging.get(k) for k in ("built", "search_log", "bisection", "split")},
+        "workers": report.workers, "worker_threads": report.worker_threads,
     }
 
 
