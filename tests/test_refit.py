@@ -18,6 +18,7 @@ from surgery.training.refit import (
     projection_name,
     refit_projections,
     refit_targets,
+    residual_sums,
 )
 from tests.helpers import one_family_fast
 
@@ -70,6 +71,56 @@ def test_refit_is_the_least_squares_solution() -> None:
     x1 = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
     residual = y - (x @ mine.weight.detach().double().T + mine.bias.detach().double())
     assert float((x1.T @ residual).abs().max()) < 1e-6 * float((x1.T @ y).abs().max())
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])  # post-LN (a norm reads each sum), pre-LN (layer output)
+def test_the_residual_refit_is_the_least_squares_solution_for_the_sum_it_feeds(family: str) -> None:
+    # The default (residual=True) solves the down projection for the original's residual sum, not its own output:
+    # with no ridge, what is left of (the original's sum - the student's) has zero correlation with [x, 1], checked
+    # here from full forwards. The heads cut below it change the stream the FFN adds to, so the two targets differ.
+    spec = TinySpec(family, layers=2, heads=4, ffn=37)
+    teacher = tiny_model(spec).eval()
+    student = copy.deepcopy(teacher)
+    adapter_for(student).remove_units(1, {"neurons": list(range(20)), "heads": [0, 1]})
+    batches = _batches(spec, 8)
+    plain = copy.deepcopy(student)
+    refit_projections(plain, teacher, batches, ridge=0.0, residual=False)
+    refit_projections(student, teacher, batches, ridge=0.0)  # residual=True, the default
+    found: dict[str, list[torch.Tensor]] = {"x": [], "mine": [], "theirs": []}
+
+    def sum_hook(model: torch.nn.Module, key: str) -> Any:
+        where = residual_sums(model, 1)["down"]
+        if isinstance(where, torch.nn.Module):
+            return where.register_forward_pre_hook(lambda _m, a: found[key].append(a[0]))
+        return adapter_for(model).layers()[1].register_forward_hook(
+            lambda _m, _a, o: found[key].append(o[0] if isinstance(o, tuple) else o))
+
+    mine = projection(student, 1, "down")
+    handles = [mine.register_forward_pre_hook(lambda _m, a: found["x"].append(a[0])),
+               sum_hook(student, "mine"), sum_hook(teacher, "theirs")]
+    with torch.no_grad():
+        for batch in batches:
+            student(**batch)
+            teacher(**batch)
+    for h in handles:
+        h.remove()
+    masks = [b["attention_mask"].bool() for b in batches]
+
+    def rows(key: str) -> torch.Tensor:
+        return torch.cat([t[m] for t, m in zip(found[key], masks, strict=True)]).double()
+
+    x = rows("x")
+    x1 = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1) if mine.bias is not None else x  # ModernBERT: none
+    left = rows("theirs") - rows("mine")
+    assert float((x1.T @ left).abs().max()) < 1e-6 * float((x1.T @ rows("theirs")).abs().max())
+    assert not torch.allclose(mine.weight, projection(plain, 1, "down").weight)  # not the plain solution
+
+
+def test_residual_sums_name_where_each_family_adds_its_projections() -> None:
+    bert, modern = tiny_model(TinySpec("bert")), tiny_model(TinySpec("modernbert", layers=2))
+    norms = adapter_for(bert).layer(0).norms
+    assert residual_sums(bert, 0) == {"o": norms["attention"], "down": norms["ffn"]}
+    assert residual_sums(modern, 1) == {"o": adapter_for(modern).layer(1).norms["ffn"], "down": "layer output"}
 
 
 def test_only_cut_projections_change_by_default_and_layer_drop_maps_layers() -> None:
@@ -152,8 +203,9 @@ def _cut_everywhere(spec: TinySpec, *, drop: bool) -> tuple[torch.nn.Module, tor
     return teacher, student
 
 
+@pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("family", one_family_fast())
-def test_refit_solves_on_the_activations_a_full_forward_computes(family: str) -> None:
+def test_refit_solves_on_the_activations_a_full_forward_computes(family: str, residual: bool) -> None:
     # The refit runs each layer from cached hidden states (the layers below are fixed by then), not the
     # whole model per projection: every activation it reads must still be, bit for bit, what a full
     # forward of the model, with the weights it had at that moment, computes on one of the batches.
@@ -181,7 +233,7 @@ def test_refit_solves_on_the_activations_a_full_forward_computes(family: str) ->
     handles = [watch("student", projection_name(student, layer, name), True) for layer, name in targets]
     handles += [watch("teacher", projection_name(teacher, layer_map[layer], name), False) for layer, name in targets]
     try:
-        result = refit_projections(student, teacher, batches)
+        result = refit_projections(student, teacher, batches, residual=residual)
     finally:
         for handle in handles:
             handle.remove()

@@ -5,10 +5,14 @@ attention output ``o`` and the FFN ``down`` projection): the kept columns still 
 were learnt next to the removed ones. A refit re-solves each shrunken projection so that, on
 calibration text, it reproduces what the model before surgery (the teacher) computed there:
 
-``W', b' = argmin Σ_tokens ‖W' x_s + b' − y_t‖² + λ‖W'‖²``
+``W', b' = argmin Σ_tokens ‖W' x_s + b' − (y_t + r_t − r_s)‖² + λ‖W'‖²``
 
-with ``x_s`` the student's input to the projection and ``y_t`` the teacher's output of the same
-projection on the same tokens (padding excluded). This is the layer-wise reconstruction step of
+with ``x_s`` the student's input to the projection, ``y_t`` the teacher's output of the same
+projection on the same tokens (padding excluded), and ``r_t``, ``r_s`` the residual streams that output
+is added to in the teacher and in the student (:func:`residual_sums`): the solved projection makes the
+student's sum ``r_s + W' x_s + b'`` reproduce the teacher's, so it also makes up what cuts below changed in
+the stream. ``residual=False`` drops ``r_t − r_s`` (the projection's own output as the target).
+This is the layer-wise reconstruction step of
 post-training pruning (Kwon et al., *A Fast Post-Training Pruning Framework for Transformers*,
 NeurIPS 2022, tune the kept units' scales the same way; here the whole projection is solved, which
 the closed form makes as cheap). Layers are refitted in order, each from a forward pass of the student
@@ -134,6 +138,38 @@ def refit_targets(student: nn.Module, teacher: nn.Module, *, layer_map: Mapping[
 ProductInputs = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
 
+#: Where a projection's output joins the residual stream: the module whose input is that sum, or the layer's own
+#: output (:data:`LAYER_OUTPUT`), by projection name (:func:`residual_sums`).
+LAYER_OUTPUT = "layer output"
+
+
+def residual_sums(model: nn.Module, layer: int) -> dict[str, nn.Module | str]:
+    """Where each projection of layer ``layer`` is added to the residual stream, as its next module sees the sum.
+
+    A post-LN layer (BERT, DistilBERT, MPNet, DeBERTa-v2: its call closes with a norm) norms each sum at once:
+    the attention output's in the attention norm, the FFN down's in the FFN norm. A pre-LN layer (ModernBERT) adds
+    the attention output to the stream that its FFN norm then reads, and the FFN down's sum is the layer's output.
+    A projection whose sum is not found is left out (its refit keeps the plain target).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> {n: type(m).__name__ for n, m in residual_sums(tiny_model(TinySpec("bert")), 0).items()}
+        {'o': 'LayerNorm', 'down': 'LayerNorm'}
+        >>> residual_sums(tiny_model(TinySpec("modernbert")), 1)["down"]
+        'layer output'
+    """
+    adapter = adapter_for(model)
+    parts = adapter.layer(layer)
+    try:
+        post = adapter.calling_convention(parts.module).output_norm is not None
+    except Exception:  # a layer a strategy replaced has no convention to read: no sums known
+        return {}
+    found: dict[str, nn.Module | str | None] = (
+        {"o": parts.norms.get("attention"), "down": parts.norms.get("ffn")} if post
+        else {"o": parts.norms.get("ffn"), "down": LAYER_OUTPUT})
+    return {name: where for name, where in found.items() if where is not None}
+
+
 class _Normal:
     """Running normal equations ``[x, 1]ᵀ[x, 1]`` and ``[x, 1]ᵀ y`` of one projection, in float64."""
 
@@ -219,30 +255,45 @@ class _Layers:
                                for calls, hidden in zip(self.calls, self.hidden, strict=True)]
         self.at = max(self.at, to)
 
-    def run(self, batch: int) -> None:
-        """Layer ``at`` on batch ``batch``'s cached hidden states, for its hooks (one may end it early)."""
+    def run(self, batch: int) -> torch.Tensor | None:
+        """Layer ``at`` on batch ``batch``'s cached hidden states, for its hooks (one may end it early: then None),
+        returning what the layer outputs."""
         with torch.no_grad(), contextlib.suppress(_Reached):
-            self.calls[batch][self.at].run(self.layers[self.at], self.hidden[batch])
+            return self.calls[batch][self.at].run(self.layers[self.at], self.hidden[batch])
+        return None
 
-    def outputs(self, index: int, modules: Mapping[str, nn.Module],
-                masks: Sequence[torch.Tensor | None]) -> dict[str, list[torch.Tensor]]:
+    def outputs(self, index: int, modules: Mapping[str, nn.Module], masks: Sequence[torch.Tensor | None],
+                sums: Mapping[str, nn.Module | str] | None = None) -> dict[str, list[torch.Tensor]]:
         """What each of ``modules`` (inside layer ``index``) outputs on every batch, real tokens only; the whole
-        layer runs once, and the cached hidden states then enter layer ``index + 1``."""
+        layer runs once, and the cached hidden states then enter layer ``index + 1``. ``sums`` adds, under
+        ``"<name>+"``, the residual sum each of them is added into (:func:`residual_sums`)."""
         self.advance(index)
+        sums = sums or {}
         found: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
+        found.update({f"{name}+": [] for name in sums})
+        current: list[torch.Tensor | None] = [None]
 
-        def keeper(name: str, mask: list[torch.Tensor | None]) -> Callable[..., None]:
+        def keeper(name: str) -> Callable[..., None]:
             def keep(_m: nn.Module, _args: Any, output: Any) -> None:
-                found[name].append(_token_rows(output.detach(), mask[0]))
+                found[name].append(_token_rows(output.detach(), current[0]))
             return keep
 
-        current: list[torch.Tensor | None] = [None]
-        handles = [module.register_forward_hook(keeper(name, current)) for name, module in modules.items()]
+        def sum_keeper(name: str) -> Callable[..., None]:
+            def keep(_m: nn.Module, args: Any) -> None:
+                found[name].append(_token_rows(args[0].detach(), current[0]))
+            return keep
+
+        handles = [module.register_forward_hook(keeper(name)) for name, module in modules.items()]
+        handles += [where.register_forward_pre_hook(sum_keeper(f"{name}+")) for name, where in sums.items()
+                    if isinstance(where, nn.Module)]
         try:
             with torch.no_grad():
                 for b, mask in enumerate(masks):
                     current[0] = mask
                     self.hidden[b] = self.calls[b][index].run(self.layers[index], self.hidden[b])
+                    for name, where in sums.items():
+                        if where == LAYER_OUTPUT:
+                            found[f"{name}+"].append(_token_rows(self.hidden[b], mask))
         finally:
             for handle in handles:
                 handle.remove()
@@ -253,27 +304,54 @@ class _Layers:
 
 
 def _accumulate(student: _Layers, teacher: list[torch.Tensor], mine: nn.Linear, layer: int,
-                masks: Sequence[torch.Tensor | None]) -> _Normal:
+                masks: Sequence[torch.Tensor | None], teacher_sums: list[torch.Tensor] | None = None,
+                where: nn.Module | str | None = None) -> _Normal:
     """One pass of the student's layer ``layer`` over the batches: its input to ``mine`` against ``teacher``
-    (the original's output of the same projection, per batch, real tokens)."""
-    normal, box = _Normal(), {}
+    (the original's output of the same projection, per batch, real tokens).
 
-    # The student's pass stops at the projection: nothing above it is needed.
+    With ``teacher_sums`` (the original's residual sum that output is added into) and ``where`` (the student's
+    same sum, :func:`residual_sums`), the target is the original's sum less the student's own residual: the
+    projection then also makes up what the cuts below changed in the stream it is added to, not only in its input.
+    """
+    normal, box = _Normal(), {}
+    residual = teacher_sums is not None and where is not None
+
     def take_input(_m: nn.Module, args: Any) -> None:
         box["x"] = args[0].detach()
+        if not residual:  # the student's pass stops at the projection: nothing above it is needed
+            raise _Reached
+
+    def take_output(_m: nn.Module, _args: Any, output: Any) -> None:
+        box["y"] = output.detach()
+
+    def take_sum(_m: nn.Module, args: Any) -> None:
+        box["sum"] = args[0].detach()
         raise _Reached
 
     student.advance(layer)
-    handle = mine.register_forward_pre_hook(take_input)
+    handles = [mine.register_forward_pre_hook(take_input)]
+    if residual:
+        handles.append(mine.register_forward_hook(take_output))
+        if isinstance(where, nn.Module):
+            handles.append(where.register_forward_pre_hook(take_sum))
     try:
         for b, mask in enumerate(masks):
             box.clear()
-            student.run(b)
+            output = student.run(b)
             if "x" not in box:
                 raise RuntimeError(f"refit: layer {layer}'s call did not reach the projection it solves")
-            normal.add(_token_rows(box["x"], mask), teacher[b], bias=mine.bias is not None)
+            target = teacher[b]
+            if residual:
+                summed = box.get("sum", output if where == LAYER_OUTPUT else None)
+                if summed is None or "y" not in box:
+                    raise RuntimeError(f"refit: layer {layer}'s call did not reach the residual sum it solves for")
+                # the original's sum less the student's residual (its sum less its own output of the projection)
+                assert teacher_sums is not None
+                target = teacher_sums[b] - _token_rows(summed - box["y"], mask)
+            normal.add(_token_rows(box["x"], mask), target, bias=mine.bias is not None)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     return normal
 
 
@@ -314,7 +392,8 @@ def _accumulate_given(student: nn.Module, teacher: nn.Module, batches: Iterable[
 
 def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[Mapping[str, Any]], *,
                       layer_map: Mapping[int, int] | None = None, only_changed: bool = True,
-                      ridge: float = 1e-2, quantized_inputs: ProductInputs | None = None) -> RefitResult:
+                      ridge: float = 1e-2, quantized_inputs: ProductInputs | None = None,
+                      residual: bool = True) -> RefitResult:
     """Re-solve ``student``'s output projections so they reproduce ``teacher``'s on ``batches``, in place.
 
     ``batches`` holds model inputs (``input_ids``, ``attention_mask``, ...) and must be re-iterable
@@ -329,6 +408,13 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
     OpenVINO IR), so the cut's error and the int8 error upstream are compensated together; all projections
     are then solved from one pass (the inputs are fixed).
 
+    ``residual`` (default) solves each projection for the original's residual sum it is added into
+    (:func:`residual_sums`), less the student's own residual there, instead of the original's output of the
+    projection alone: a cut below changes the residual stream too, and the projection is the last place in the
+    layer that can make that up. On the suite's fine-tuned MiniLM-L6 classifiers the two targets score alike on
+    shallow cuts and the residual one holds up where cuts are deep (experiments/refit, ``probe_residual.py``).
+    ``quantized_inputs`` reads no residual stream off the int8 model, so with it every solve keeps the plain target.
+
     Example:
         >>> from surgery.testing import TinySpec, tiny_cut_pair, tiny_inputs
         >>> spec = TinySpec("bert", layers=2, heads=4, ffn=37)
@@ -338,6 +424,7 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
         (['0:down'], True)
     """
     start = time.perf_counter()
+    residual = residual and quantized_inputs is None
     student_was, teacher_was = student.training, teacher.training
     student.eval()
     teacher.eval()
@@ -365,8 +452,13 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
                     passes = _Layers(student, batches), _Layers(teacher, batches)
                 if outputs is None or outputs[0] != layer_map[layer]:  # both projections of a teacher layer at once
                     modules = {n: m for n in PROJECTIONS if (m := projection(teacher, layer_map[layer], n)) is not None}
-                    outputs = layer_map[layer], passes[1].outputs(layer_map[layer], modules, masks)
-                normal = _accumulate(passes[0], outputs[1][name], linear, layer, masks)
+                    sums = {n: w for n, w in residual_sums(teacher, layer_map[layer]).items()
+                            if n in modules} if residual else {}
+                    outputs = layer_map[layer], passes[1].outputs(layer_map[layer], modules, masks, sums)
+                where = residual_sums(student, layer).get(name) if residual else None
+                theirs = outputs[1].get(f"{name}+") if where is not None else None
+                normal = _accumulate(passes[0], outputs[1][name], linear, layer, masks, theirs,
+                                     where if theirs is not None else None)
             current = linear.weight.detach().double()
             if linear.bias is not None:
                 current = torch.cat([current, linear.bias.detach().double()[:, None]], dim=1)
