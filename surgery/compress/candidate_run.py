@@ -62,7 +62,8 @@ TRAINED_FINALISTS = 2
 #: the shallowest beyond it) are predicted within this much of each other's speed: closer points differ by less than
 #: the latency table's own error (the pick's timed candidates land 2-9% from their prediction) and than the pick's
 #: timing tolerance (:data:`MEET_TOLERANCE`), and each costs a build. Replayed on the 14 --max-drop 1 runs of
-#: experiments/deep_cuts (sessions 16-19), it leaves out 24 of their 243 bisection points, at most 3% of speed each.
+#: experiments/deep_cuts (sessions 16-19), it leaves out 24 of their 243 bisection points, at most 3% of speed each
+#: (experiments/compress_cost/replay_resolution.py).
 BISECTION_RESOLUTION = 0.03
 
 
