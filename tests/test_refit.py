@@ -116,11 +116,23 @@ def test_the_residual_refit_is_the_least_squares_solution_for_the_sum_it_feeds(f
     assert not torch.allclose(mine.weight, projection(plain, 1, "down").weight)  # not the plain solution
 
 
-def test_residual_sums_name_where_each_family_adds_its_projections() -> None:
-    bert, modern = tiny_model(TinySpec("bert")), tiny_model(TinySpec("modernbert", layers=2))
-    norms = adapter_for(bert).layer(0).norms
-    assert residual_sums(bert, 0) == {"o": norms["attention"], "down": norms["ffn"]}
-    assert residual_sums(modern, 1) == {"o": adapter_for(modern).layer(1).norms["ffn"], "down": "layer output"}
+@pytest.mark.parametrize("family", FAMILIES)
+def test_residual_sums_name_where_each_family_adds_its_projections(family: str) -> None:
+    model = tiny_model(TinySpec(family, layers=2))
+    norms = adapter_for(model).layer(1).norms
+    expected = ({"o": norms["ffn"], "down": "layer output"} if family == "modernbert"  # pre-LN
+                else {"o": norms["attention"], "down": norms["ffn"]})
+    assert residual_sums(model, 1) == expected
+
+
+def test_a_replaced_layer_gives_no_residual_sums() -> None:
+    from surgery.strategies import ExpertAttentionStrategy
+
+    spec = TinySpec("bert", layers=2, heads=4, ffn=37)
+    teacher = tiny_model(spec).eval()
+    routed = copy.deepcopy(teacher)
+    surgery.convert(routed, ExpertAttentionStrategy())  # every layer replaced by a routed one
+    assert residual_sums(routed, 0) == {} and residual_sums(routed, 1) == {}
 
 
 def test_only_cut_projections_change_by_default_and_layer_drop_maps_layers() -> None:

@@ -149,7 +149,8 @@ def residual_sums(model: nn.Module, layer: int) -> dict[str, nn.Module | str]:
     A post-LN layer (BERT, DistilBERT, MPNet, DeBERTa-v2: its call closes with a norm) norms each sum at once:
     the attention output's in the attention norm, the FFN down's in the FFN norm. A pre-LN layer (ModernBERT) adds
     the attention output to the stream that its FFN norm then reads, and the FFN down's sum is the layer's output.
-    A projection whose sum is not found is left out (its refit keeps the plain target).
+    A layer a strategy replaced (SHRP's routed layer: no norms of the family's own) gives no sums, and a projection
+    whose sum is not found is left out: its refit keeps the plain target.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_model
@@ -160,14 +161,12 @@ def residual_sums(model: nn.Module, layer: int) -> dict[str, nn.Module | str]:
     """
     adapter = adapter_for(model)
     parts = adapter.layer(layer)
-    try:
-        post = adapter.calling_convention(parts.module).output_norm is not None
-    except Exception:  # a layer a strategy replaced has no convention to read: no sums known
+    attention, ffn = parts.norms.get("attention"), parts.norms.get("ffn")
+    if attention is None or ffn is None:  # not the family's own layer: where its sums are is not known
         return {}
-    found: dict[str, nn.Module | str | None] = (
-        {"o": parts.norms.get("attention"), "down": parts.norms.get("ffn")} if post
-        else {"o": parts.norms.get("ffn"), "down": LAYER_OUTPUT})
-    return {name: where for name, where in found.items() if where is not None}
+    # A post-LN layer's call closes with its FFN norm; a pre-LN one's with the residual add itself.
+    post = adapter.calling_convention(parts.module).output_norm is ffn
+    return {"o": attention, "down": ffn} if post else {"o": ffn, "down": LAYER_OUTPUT}
 
 
 class _Normal:
