@@ -28,6 +28,18 @@ def _batches(spec: TinySpec, n: int = 4) -> list[dict[str, torch.Tensor]]:
     return [tiny_inputs(spec, batch=16) for _ in range(n)]
 
 
+def _run_watched(handles: list[Any], batches: list[dict[str, torch.Tensor]], *models: torch.nn.Module
+                 ) -> list[torch.Tensor]:
+    """Every batch through ``models`` for the hooks in ``handles``, which are removed after; the real-token masks."""
+    with torch.no_grad():
+        for batch in batches:
+            for model in models:
+                model(**batch)
+    for handle in handles:
+        handle.remove()
+    return [b["attention_mask"].bool() for b in batches]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_refit_lowers_the_error_of_every_cut_projection_and_reloads(family: str, tmp_path) -> None:
     spec = TinySpec(family, layers=2, heads=4, ffn=37)
@@ -59,13 +71,7 @@ def test_refit_is_the_least_squares_solution() -> None:
     mine, theirs = projection(student, 0, "down"), projection(teacher, 0, "down")
     handles = [mine.register_forward_pre_hook(lambda _m, a: xs.append(a[0])),
                theirs.register_forward_hook(lambda _m, _a, o: ys.append(o))]
-    with torch.no_grad():
-        for batch in batches:
-            student(**batch)
-            teacher(**batch)
-    for h in handles:
-        h.remove()
-    masks = [b["attention_mask"].bool() for b in batches]
+    masks = _run_watched(handles, batches, student, teacher)
     x = torch.cat([t[m] for t, m in zip(xs, masks, strict=True)]).double()
     y = torch.cat([t[m] for t, m in zip(ys, masks, strict=True)]).double()
     x1 = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
@@ -98,13 +104,7 @@ def test_the_residual_refit_is_the_least_squares_solution_for_the_sum_it_feeds(f
     mine = projection(student, 1, "down")
     handles = [mine.register_forward_pre_hook(lambda _m, a: found["x"].append(a[0])),
                sum_hook(student, "mine"), sum_hook(teacher, "theirs")]
-    with torch.no_grad():
-        for batch in batches:
-            student(**batch)
-            teacher(**batch)
-    for h in handles:
-        h.remove()
-    masks = [b["attention_mask"].bool() for b in batches]
+    masks = _run_watched(handles, batches, student, teacher)
 
     def rows(key: str) -> torch.Tensor:
         return torch.cat([t[m] for t, m in zip(found[key], masks, strict=True)]).double()
