@@ -184,18 +184,3 @@ def tiny_cut_pair(spec: TinySpec, layer: int, removal: dict[str, list[int]]) -> 
     adapter_for(student).remove_units(layer, removal)
     return teacher, student
 
-
-
-def even_path(steps: int = 64) -> Any:
-    """A removal path of ``steps`` one-neuron steps from a 10 ms model, each 0.1 ms faster and 0.1 more estimated loss.
-
-    Example:
-        >>> path = even_path()
-        >>> len(path.steps), round(path.speedup_at(0), 2), round(path.speedup_at(50), 2)
-        (64, 1.0, 1.96)
-    """
-    from surgery.compress.removal_path import PathStep, RemovalPath
-
-    return RemovalPath(start=[], reference_ms=10.0, start_ms=10.0, steps=[
-        PathStep(kind="neurons", layers=[0], units=[[k]], loss=0.1, saving_ms=0.1, cumulative_loss=0.1 * (k + 1),
-                 predicted_ms=10.0 - k / 10, predicted_speedup=1.0) for k in range(steps)])

@@ -202,8 +202,11 @@ def guided_step(path: RemovalPath, lo: int, hi: int, judged: dict[int, float], m
     estimate costs at most a few more points than plain bisection, and a good one ends it in a few.
 
     Example:
-        >>> from surgery.testing import even_path
-        >>> path = even_path()  # 64 steps from 10 ms, 0.1 ms and 0.1 estimated loss each
+        >>> from surgery.compress.removal_path import PathStep
+        >>> steps = [PathStep(kind="neurons", layers=[0], units=[[k]], loss=0.1, saving_ms=0.1,
+        ...                   cumulative_loss=0.1 * (k + 1), predicted_ms=10.0 - k / 10, predicted_speedup=1.0)
+        ...          for k in range(64)]
+        >>> path = RemovalPath(start=[], reference_ms=10.0, start_ms=10.0, steps=steps)
         >>> guided_step(path, 0, 64, {0: 0.0}, 1.0)  # nothing to scale the estimates by yet: the middle
         32
         >>> guided_step(path, 0, 31, {0: 0.0, 32: 3.2}, 1.0)  # drop = estimate: the last step estimated at 1.0
@@ -233,13 +236,13 @@ def resolved(path: RemovalPath, lo: int, hi: int) -> bool:
     ``lo`` holds the drop (0: the unchanged model), ``hi`` is the last step not yet shown beyond it.
 
     Example:
-        >>> from surgery.testing import even_path
-        >>> path = even_path()  # 64 steps from 10 ms, 0.1 ms and 0.1 estimated loss each
-        >>> resolved(path, 40, 44), resolved(path, 40, 48)  # 6.1 ms against 5.7 and 5.3 ms
-        (False, False)
-        >>> resolved(path, 60, 62)  # 4.1 ms against 3.9 ms: 5% apart
-        False
-        >>> resolved(path, 10, 12)  # 9.1 ms against 8.9 ms: 2% apart
+        >>> from surgery.compress.removal_path import PathStep
+        >>> path = RemovalPath(start=[], reference_ms=10.0, start_ms=10.0, steps=[
+        ...     PathStep(kind="head", layers=[0], units=[[k]], loss=0.1, saving_ms=0.1, cumulative_loss=0.1,
+        ...              predicted_ms=ms, predicted_speedup=10.0 / ms) for k, ms in enumerate([9.0, 8.8, 8.0])])
+        >>> resolved(path, 1, 2), resolved(path, 2, 3)  # 9.0 against 8.8 ms: 2% apart; 8.8 against 8.0 ms: 10%
+        (True, False)
+        >>> resolved(path, 3, 3)  # a closed bracket
         True
     """
     return hi <= lo or path.speedup_at(hi) <= path.speedup_at(lo) * (1 + BISECTION_RESOLUTION)
