@@ -10,8 +10,9 @@ makes it (:func:`surgery.compress.candidates.apply_removal`), then refitted on c
 (1000): accuracy, agreement with the fine-tuned model's predictions, and the mean KL from its output distribution.
 Nothing here chooses a setting: the same cuts are scored both ways on splits neither refit read.
 
-    python experiments/refit/probe_residual.py --work /work/bench --seeds 0 \
+    python experiments/refit/probe_residual.py --work /work/bench --seeds 0 1 \
         --out experiments/refit/results/residual_probe.json
+    python experiments/refit/probe_residual.py --out experiments/refit/results/residual_probe.json --summary
 """
 
 from __future__ import annotations
@@ -103,23 +104,63 @@ def run(args: argparse.Namespace, task_name: str, seed: int, tokenizer: Any) -> 
     return row
 
 
+def summary(out: dict[str, Any]) -> str:
+    """The README's table (test split) and, per depth, the residual target's mean difference from the plain one."""
+    import statistics
+
+    lines = ["| task (fine-tuned test %) | seed | share of predicted time | step | test accuracy: cut / plain / "
+             "residual | agreement: cut / plain / residual | KL: plain / residual |", "|---|---|---|---|---|---|---|"]
+    runs = sorted(out["runs"].items(), key=lambda kv: (kv[0].split("|")[1], kv[0]))
+    for key, row in runs:
+        task, seed = key.split("|")
+        for p in row["points"]:
+            c, pl, rs = p["cut"]["test"], p["plain"]["test"], p["residual"]["test"]
+            lines.append(f"| {task} ({100 * row['original']['test']['accuracy']:.1f}) | {seed} | {p['fraction']} | "
+                         f"{p['step']} | {100 * c['accuracy']:.1f} / {100 * pl['accuracy']:.1f} / "
+                         f"{100 * rs['accuracy']:.1f} | {c['agreement']:.3f} / {pl['agreement']:.3f} / "
+                         f"{rs['agreement']:.3f} | {pl['kl']:.4f} / {rs['kl']:.4f} |")
+    lines.append("")
+    for fraction in sorted({p["fraction"] for _, row in runs for p in row["points"]}, reverse=True):
+        pairs = [(p["plain"]["test"], p["residual"]["test"]) for _, row in runs for p in row["points"]
+                 if p["fraction"] == fraction]
+        accuracy = [100 * (r["accuracy"] - q["accuracy"]) for q, r in pairs]
+        agreement = [r["agreement"] - q["agreement"] for q, r in pairs]
+        kl = [100 * (r["kl"] - q["kl"]) / q["kl"] for q, r in pairs]
+
+        def mean_std(values: list[float], fmt: str) -> str:
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(spread)}"
+
+        lines.append(f"- {fraction:g} of the predicted time, {len(pairs)} cuts, residual less plain: accuracy "
+                     f"{mean_std(accuracy, '{:+.2f}')} points, agreement {mean_std(agreement, '{:+.3f}')}, KL "
+                     f"{mean_std(kl, '{:+.1f}')}% (lower in {sum(k < 0 for k in kl)} of {len(kl)})")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--work", type=Path)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.6, 0.45, 0.35, 0.25])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--summary", action="store_true", help="print the table and summary of --out; run nothing")
     args = parser.parse_args()
+    if args.summary:
+        print(summary(json.loads(args.out.read_text())))
+        return
     torch.set_num_threads(args.threads)
     from surgery.persist.assets import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"command": " ".join(sys.argv), "commit": commit, "machine": machine(), "threads": args.threads, "runs": {}}
-    if args.out.exists():
-        out["runs"] = json.loads(args.out.read_text()).get("runs", {})
+    out = {"commands": [], "commit": commit, "machine": machine(), "threads": args.threads, "runs": {}}
+    if args.out.exists():  # runs of earlier invocations stay, each command listed
+        earlier = json.loads(args.out.read_text())
+        out["runs"] = earlier.get("runs", {})
+        out["commands"] = earlier.get("commands") or [earlier["command"]] * ("command" in earlier)
+    out["commands"].append(" ".join(sys.argv))
     for seed in args.seeds:
         for task_name in args.tasks:
             out["runs"][f"{task_name}|{seed}"] = run(args, task_name, seed, tokenizer)
