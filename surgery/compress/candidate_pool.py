@@ -315,6 +315,8 @@ class CandidatePool:
     def __init__(self, judge: Judge, workers: int, threads: int | None = None) -> None:
         self.judge, self.workers = judge, max(1, workers)
         self.threads = worker_threads(self.workers, threads)
+        #: the cores the pool holds (:func:`pool_share`): what a job run here while the workers wait gets
+        self.share = pool_share(self.workers, threads)
         self.executor: ProcessPoolExecutor | None = None
         #: candidate index -> its torch model, for jobs run in this process
         self.models: dict[int, nn.Module] = {}
@@ -325,11 +327,6 @@ class CandidatePool:
         shared = write_shared(self.judge, self.judge.workdir / "shared")
         self.executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
                                             initializer=start_worker, initargs=(str(shared), self.threads))
-
-    @property
-    def share(self) -> int:
-        """The cores the pool holds (:func:`pool_share`)."""
-        return min(self.workers * self.threads, available_cores())
 
     @contextmanager
     def whole_share(self) -> Iterator[None]:
