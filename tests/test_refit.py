@@ -13,6 +13,7 @@ from surgery.anatomy import adapter_for
 from surgery.strategies import FFNPruningStrategy, HeadPruningStrategy, LayerDropStrategy
 from surgery.testing import FAMILIES, TinySpec, main_output, tiny_inputs, tiny_model
 from surgery.training.refit import (
+    TeacherOutputs,
     changed_projections,
     projection,
     projection_name,
@@ -280,3 +281,70 @@ def test_refit_runs_the_layers_below_a_projection_once_per_batch() -> None:
     assert len(result.projections) == 8
     assert calls["teacher"] == 2 * len(batches)
     assert calls["student"] <= 4 * len(batches)  # recording, the runs for its own two projections, advancing
+
+
+def _layer_calls(model: torch.nn.Module) -> tuple[list[int], list[Any]]:
+    """A counter of ``model``'s encoder layer calls, and the hooks to remove."""
+    count = [0]
+    hooks = [layer.register_forward_hook(lambda *_a: count.__setitem__(0, count[0] + 1))
+             for layer in adapter_for(model).layers()]
+    return count, hooks
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_a_second_cut_refits_against_kept_teacher_outputs_without_running_the_teacher_bit_for_bit(
+        residual: bool) -> None:
+    spec = TinySpec("bert", layers=3, heads=4, ffn=37)
+    teacher, first = _cut_everywhere(spec, drop=False)
+    second = copy.deepcopy(first)
+    adapter_for(second).remove_units(1, {"heads": [0]})  # another cut of the same teacher
+    alone = copy.deepcopy(second)
+    batches = _batches(spec, 3)
+    kept = TeacherOutputs(teacher, batches)
+    refit_projections(first, teacher, batches, residual=residual, teacher_outputs=kept)
+    assert kept.layers == [0, 1, 2] and kept.misses == 3 and kept.hits == 0
+    runs, hooks = _layer_calls(teacher)
+    with_kept = refit_projections(second, teacher, batches, residual=residual, teacher_outputs=kept)
+    for hook in hooks:
+        hook.remove()
+    assert runs[0] == 0 and kept.hits == 3  # the teacher did not run at all
+    without = refit_projections(alone, teacher, batches, residual=residual)
+    assert with_kept.projections == without.projections and with_kept.error == without.error
+    for (name, a), b in zip(second.state_dict().items(), alone.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_teacher_outputs_past_their_bytes_are_computed_again_from_the_layers_below() -> None:
+    # Room for one layer: the first is kept, the teacher's pass for the others starts from the embeddings and runs
+    # the kept layer too (its hidden states are not kept), and every solve is the same as without a cache.
+    spec = TinySpec("bert", layers=3, heads=4, ffn=37)
+    teacher, first = _cut_everywhere(spec, drop=False)
+    second, alone = copy.deepcopy(first), copy.deepcopy(first)
+    batches = _batches(spec, 2)
+    probe = TeacherOutputs(teacher, batches)
+    refit_projections(copy.deepcopy(first), teacher, batches, teacher_outputs=probe)
+    one_layer = probe.nbytes // 3
+    kept = TeacherOutputs(teacher, batches, max_bytes=one_layer)
+    refit_projections(first, teacher, batches, teacher_outputs=kept)
+    assert kept.layers == [0] and 0 < kept.nbytes <= one_layer
+    refit_projections(second, teacher, batches, teacher_outputs=kept)
+    assert (kept.hits, kept.misses) == (1, 5)
+    refit_projections(alone, teacher, batches)
+    for (name, a), b in zip(second.state_dict().items(), alone.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    nothing = TeacherOutputs(teacher, batches, max_bytes=0)
+    refit_projections(copy.deepcopy(first), teacher, batches, teacher_outputs=nothing)
+    assert nothing.layers == [] and nothing.nbytes == 0
+
+
+def test_teacher_outputs_serve_only_their_teacher_and_batches() -> None:
+    spec = TinySpec("bert", layers=2, heads=4, ffn=37)
+    teacher, student = _cut_everywhere(spec, drop=False)
+    batches = _batches(spec, 2)
+    kept = TeacherOutputs(teacher, batches)
+    assert kept.serves(teacher, list(batches))
+    other = [dict(b) for b in _batches(spec, 2)]  # equal values, other tensors: not what was kept
+    assert not kept.serves(teacher, other) and not kept.serves(copy.deepcopy(teacher), batches)
+    assert not kept.serves(teacher, batches[:1])
+    with pytest.raises(ValueError, match="another teacher or other batches"):
+        refit_projections(student, teacher, other, teacher_outputs=kept)

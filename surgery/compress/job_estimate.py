@@ -168,6 +168,8 @@ class JobShape:
     wave: float | None = None  # a wave of them against one candidate built alone here (wave_share; None: the
     # job has every core, w x WAVE_SHARE)
     alone: float = 1.0  # a round's lone job, built here on the workers' cores, against one on the job's (lone_share)
+    teacher_kept: float = 0.0  # the share of the original's layers whose outputs a process keeps for its refits
+    # (candidates.REFIT_TEACHER_BYTES, refit_teacher_kept): their teacher pass is paid once a process, not per cut
 
 
 @dataclass
@@ -370,7 +372,11 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     # 6.1 forwards of the original a batch at 0.9 of the widths (2 + 4 x 0.91 = 5.6) and 3.8 at half (2 + 4 x 0.5
     # = 4.0); the estimate before, a half-model pass per projection, put them at 24 and 18. Then the calibration
     # objective before and after the refit.
-    refit = s.refit_batches * (2 * p.forward + 4 * cut)
+    # The original's part is paid once per process for the layers it keeps (surgery.training.refit.TeacherOutputs):
+    # on MiniLM-L6 at 52 tokens all six, which took a refit from 21 to 16 s (experiments/compress_cost).
+    per_process = max(1, math.ceil(s.candidates / max(shape.workers, 1)))
+    teacher = 2 * p.forward * (1 - shape.teacher_kept + shape.teacher_kept / per_process)
+    refit = s.refit_batches * (teacher + 4 * cut)
     objective = 2 * s.refit_batches * cut
     dev = dev_batches(shape, s)
     judged = p.export + dev * small
@@ -629,8 +635,29 @@ def plan_settings(model: nn.Module, data: Any, target: Target, *, runtime: Runti
                      cached_table=table_cached(model, runtime=runtime.name, batch_size=batch_size, seq_len=seq_len,
                                                threads=threads, pad_to_multiple_of=pad_to_multiple_of),
                      runtime_differs=runtime.name != against.name, workers=workers,
-                     wave=wave_share(workers, threads), alone=lone_share(workers, threads))
+                     wave=wave_share(workers, threads), alone=lone_share(workers, threads),
+                     teacher_kept=refit_teacher_kept(model, refit_batches=refit_batches, batch_size=batch_size,
+                                                     seq_len=seq_len))
     return estimate_job(probes, shape, budget_seconds=budget_seconds, train=train), written, work
+
+
+def refit_teacher_kept(model: nn.Module, *, refit_batches: int, batch_size: int, seq_len: int) -> float:
+    """The share of ``model``'s layers whose outputs a refit keeps for the next cut (at most
+    :data:`~surgery.compress.candidates.REFIT_TEACHER_BYTES` a process): per layer, the two projections' outputs and
+    the two residual sums they are added into, float32, every padded position counted (an upper bound).
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_model
+        >>> refit_teacher_kept(tiny_model(TinySpec("bert")), refit_batches=8, batch_size=32, seq_len=128)
+        1.0
+    """
+    from surgery.compress.candidates import REFIT_TEACHER_BYTES
+
+    layers = len(Structure.from_model(model).layers)
+    per_layer = 4 * refit_batches * batch_size * seq_len * int(model.config.hidden_size) * 4
+    if layers == 0 or per_layer == 0:
+        return 0.0
+    return min(layers, REFIT_TEACHER_BYTES // per_layer) / layers
 
 
 def drop_target(p: Probes) -> float:

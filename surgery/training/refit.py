@@ -302,6 +302,67 @@ class _Layers:
         return found
 
 
+class TeacherOutputs:
+    """The original's outputs a refit solves for, layer by layer, kept for the next refit of the same original on the
+    same batches.
+
+    A refit reads the teacher's output of each projection it solves (and, with ``residual``, the residual sums
+    they are added into) on every calibration batch. They do not depend on the cut: compress refits a dozen or
+    more cuts of one original on one set of batches, and without this each refit ran the original's layers again
+    (on MiniLM-L6, a third of a refit's seconds: experiments/compress_cost). Layers are kept in the order a refit
+    first asks for them until ``max_bytes`` of tensors are held; a layer past that is computed each time, as
+    without a cache. What a refit solves is the same either way, bit for bit.
+
+    Example:
+        >>> from surgery.testing import TinySpec, tiny_cut_pair, tiny_inputs
+        >>> spec = TinySpec("bert", layers=2, heads=4, ffn=37)
+        >>> teacher, student = tiny_cut_pair(spec, 0, {"neurons": list(range(10))})
+        >>> batches = [tiny_inputs(spec, batch=16)]
+        >>> kept = TeacherOutputs(teacher, batches)
+        >>> _ = refit_projections(student, teacher, batches, teacher_outputs=kept)
+        >>> kept.layers, kept.misses, kept.nbytes > 0
+        ([0], 1, True)
+    """
+
+    def __init__(self, teacher: nn.Module, batches: Sequence[Mapping[str, Any]], *,
+                 max_bytes: int = 512 * 2**20) -> None:
+        self.teacher = teacher
+        self.batches = list(batches)
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._kept: dict[tuple[int, tuple[str, ...], tuple[str, ...]], dict[str, list[torch.Tensor]]] = {}
+
+    @property
+    def layers(self) -> list[int]:
+        """The teacher layers whose outputs are held."""
+        return sorted({key[0] for key in self._kept})
+
+    def serves(self, teacher: nn.Module, batches: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether these are ``teacher``'s outputs on exactly ``batches`` (the same tensors, in the same order)."""
+        if teacher is not self.teacher or len(batches) != len(self.batches):
+            return False
+        return all(set(a) == set(b) and all(a[k] is b[k] for k in a)
+                   for a, b in zip(batches, self.batches, strict=True))
+
+    def outputs(self, layer: int, modules: Sequence[str], sums: Sequence[str],
+                compute: Callable[[], dict[str, list[torch.Tensor]]]) -> dict[str, list[torch.Tensor]]:
+        """Layer ``layer``'s outputs of ``modules`` and ``sums`` (as :meth:`_Layers.outputs` gives them), from the
+        cache or from ``compute``."""
+        key = (layer, tuple(modules), tuple(sums))
+        if key in self._kept:
+            self.hits += 1
+            return self._kept[key]
+        self.misses += 1
+        found = compute()
+        size = sum(t.numel() * t.element_size() for rows in found.values() for t in rows)
+        if self.nbytes + size <= self.max_bytes:
+            self._kept[key] = found
+            self.nbytes += size
+        return found
+
+
 def _accumulate(student: _Layers, teacher: list[torch.Tensor], mine: nn.Linear, layer: int,
                 masks: Sequence[torch.Tensor | None], teacher_sums: list[torch.Tensor] | None = None,
                 where: nn.Module | str | None = None) -> _Normal:
@@ -392,7 +453,7 @@ def _accumulate_given(student: nn.Module, teacher: nn.Module, batches: Iterable[
 def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[Mapping[str, Any]], *,
                       layer_map: Mapping[int, int] | None = None, only_changed: bool = True,
                       ridge: float = 1e-2, quantized_inputs: ProductInputs | None = None,
-                      residual: bool = True) -> RefitResult:
+                      residual: bool = True, teacher_outputs: TeacherOutputs | None = None) -> RefitResult:
     """Re-solve ``student``'s output projections so they reproduce ``teacher``'s on ``batches``, in place.
 
     ``batches`` holds model inputs (``input_ids``, ``attention_mask``, ...) and must be re-iterable
@@ -413,6 +474,9 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
     layer that can make that up. On the suite's fine-tuned MiniLM-L6 classifiers the two targets score alike on
     shallow cuts and the residual one holds up where cuts are deep (experiments/refit, ``probe_residual.py``).
     ``quantized_inputs`` reads no residual stream off the int8 model, so with it every solve keeps the plain target.
+
+    ``teacher_outputs`` (a :class:`TeacherOutputs` of this ``teacher`` on these ``batches``) keeps what the teacher's
+    layers output for the next refit of another cut of it; the solves are the same with or without it.
 
     Example:
         >>> from surgery.testing import TinySpec, tiny_cut_pair, tiny_inputs
@@ -435,7 +499,11 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
         fed = [t for t in targets if (linear := projection(student, *t)) is not None and linear.in_features > 0]
         given = _accumulate_given(student, teacher, batches, fed, layer_map, quantized_inputs) \
             if quantized_inputs is not None and fed else {}
-        passes: tuple[_Layers, _Layers] | None = None  # the student's and the teacher's, made when first needed
+        if teacher_outputs is not None:
+            if not teacher_outputs.serves(teacher, batches := list(batches)):
+                raise ValueError("refit: teacher_outputs were kept for another teacher or other batches")
+            batches = teacher_outputs.batches
+        passes: list[_Layers | None] = [None, None]  # the student's and the teacher's, each made when first needed
         masks: list[torch.Tensor | None] = []
         outputs: tuple[int, dict[str, list[torch.Tensor]]] | None = None  # one teacher layer's projection outputs
         for layer, name in targets:  # in layer order: each pass sees the layers below as already refitted
@@ -443,19 +511,30 @@ def refit_projections(student: nn.Module, teacher: nn.Module, batches: Iterable[
             assert linear is not None
             normal = given.get((layer, name))
             if normal is None:
-                if passes is None:
+                if passes[0] is None:
                     batches = list(batches)
                     device = next(student.parameters()).device
                     masks = [batch["attention_mask"].to(device) if torch.is_tensor(batch.get("attention_mask"))
                              else None for batch in batches]
-                    passes = _Layers(student, batches), _Layers(teacher, batches)
+                    passes[0] = _Layers(student, batches)
                 if outputs is None or outputs[0] != layer_map[layer]:  # both projections of a teacher layer at once
-                    modules = {n: m for n in PROJECTIONS if (m := projection(teacher, layer_map[layer], n)) is not None}
-                    sums = {n: w for n, w in residual_sums(teacher, layer_map[layer]).items()
-                            if n in modules} if residual else {}
-                    outputs = layer_map[layer], passes[1].outputs(layer_map[layer], modules, masks, sums)
+                    index = layer_map[layer]
+                    modules = {n: m for n in PROJECTIONS if (m := projection(teacher, index, n)) is not None}
+                    sums = {n: w for n, w in residual_sums(teacher, index).items() if n in modules} if residual else {}
+
+                    def run_teacher(index: int = index, modules: dict[str, nn.Module] = modules,
+                                    sums: dict[str, nn.Module | str] = sums, batches: list[Any] = batches,
+                                    masks: list[torch.Tensor | None] = masks) -> dict[str, list[torch.Tensor]]:
+                        if passes[1] is None:
+                            passes[1] = _Layers(teacher, batches)
+                        return passes[1].outputs(index, modules, masks, sums)
+
+                    found = run_teacher() if teacher_outputs is None else \
+                        teacher_outputs.outputs(index, list(modules), list(sums), run_teacher)
+                    outputs = index, found
                 where = residual_sums(student, layer).get(name) if residual else None
                 theirs = outputs[1].get(f"{name}+") if where is not None else None
+                assert passes[0] is not None
                 normal = _accumulate(passes[0], outputs[1][name], linear, layer, masks, theirs,
                                      where if theirs is not None else None)
             current = linear.weight.detach().double()
