@@ -319,31 +319,36 @@ def test_measured_speedup_times_the_candidate_against_the_original() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.onnx
-def test_an_onnxruntime_table_timed_on_another_graph_format_is_measured_again(tmp_path, monkeypatch) -> None:
-    pytest.importorskip("onnxruntime")
+@pytest.mark.openvino
+def test_a_table_timed_on_another_graph_format_of_its_runtime_is_measured_again(tmp_path, monkeypatch) -> None:
+    # The key holds the runtime's graph format (Runtime.cache_key): ONNX Runtime's changed when fused attention came.
+    # Run on OpenVINO, whose conversion of a probe takes a tenth of an ONNX trace; the key is every runtime's.
+    pytest.importorskip("openvino")
     import surgery.compress.latency_measure as latency_measure
+    from surgery.runtimes.onnx.onnx_runtime import GRAPH_FORMAT, OnnxRuntimeRuntime
+    from surgery.runtimes.openvino import openvino_ir
+    from surgery.runtimes.openvino.openvino_runtime import OpenVinoRuntime
 
+    assert OnnxRuntimeRuntime().cache_key()["graph_format"] == GRAPH_FORMAT
     calls = count_timing(monkeypatch)
-    few_latency_probes(monkeypatch)  # the cache key is under test, not the grid: each probe is an ONNX export
+    few_latency_probes(monkeypatch)  # the cache key is under test, not the grid
     # A hit is checked against the model's own time (tests/test_flags_and_cache.py); at 3 rounds on a
     # loaded machine that check may rightly refuse the table, which is not what this test is about.
     monkeypatch.setattr(latency_measure, "cache_disagreement", lambda *args, **kwargs: None)
+    converted: list[int] = []
+    convert = openvino_ir.convert_to_ir
+    monkeypatch.setattr(openvino_ir, "convert_to_ir", lambda *a, **k: converted.append(1) or convert(*a, **k))
     # Layers wide enough to cost measurable time in a few short rounds under load: at hidden 32, batch 2 x 8 tokens,
     # a fresh-clone suite at nice 19 beside a benchmark measured layers costing nothing, and such a table is rightly
     # neither stored nor read back (the second call below then measured again).
     model = tiny_model(TinySpec("bert", layers=2, head_dim=32, ffn=512))
     settings = {**FAST, "batch_size": 4, "seq_len": 32, "cache": True, "cache_dir": tmp_path}
-    # The second measurement exports the very probes of the first: each is traced once (the same module gives
-    # the same graph); what is under test is that its table is timed again, which the count of timings says.
-    reused = identical_graphs_traced_once(monkeypatch)
-    first = measure_latency_table(model, runtime="onnxruntime", **settings)
-    timed, traced_again = len(calls), len(reused)
-    assert measure_latency_table(model, runtime="onnxruntime", **settings).measured["cached"] and len(calls) == timed
-    # The exporter changed what it writes (as fused attention did): the old table no longer says how fast it is.
-    from surgery.runtimes.onnx.onnx_runtime import OnnxRuntimeRuntime
-
-    monkeypatch.setattr(OnnxRuntimeRuntime, "graph_format", OnnxRuntimeRuntime.graph_format + 1)
-    again = measure_latency_table(model, runtime="onnxruntime", **settings)
+    first = measure_latency_table(model, runtime="openvino", **settings)
+    timed, exported = len(calls), len(converted)
+    assert measure_latency_table(model, runtime="openvino", **settings).measured["cached"] and len(calls) == timed
+    assert len(converted) == exported  # a hit exports nothing
+    # The exporter changed what it writes: the old table no longer says how fast it is.
+    monkeypatch.setattr(OpenVinoRuntime, "graph_format", 2)
+    again = measure_latency_table(model, runtime="openvino", **settings)
     assert not again.measured["cached"] and len(calls) == 2 * timed and first.model_key == again.model_key
-    assert len(reused) > traced_again  # measured again on graphs exported again (their bytes from the first trace)
+    assert len(converted) == 2 * exported  # measured again on graphs exported again
