@@ -84,7 +84,8 @@ def test_int8_is_calibrated_its_drift_recorded_and_it_needs_calibration(tmp_path
     artefact = runtime.write_artefact(model, tmp_path / "q", calibration=calibration(spec), threads=1)
     info = artefact.info
     assert info["precision"] == "int8" and info["int8_quantization"]["model_type"] == "transformer"
-    assert info["int8_quantization"]["calibration_texts"] == 24  # one item per text, padding cut off
+    assert info["int8_quantization"]["calibration_texts"] == 24  # each text unpadded
+    assert 0 < info["int8_quantization"]["calibration_items"] <= 24  # texts of one length as one item
     assert info["int8_quantization"]["smooth_quant_alpha"] == 0.95
     assert 0.9 < artefact.parity["mean_cosine"] <= 1.0 + 1e-9 and artefact.parity["max_abs_diff"] > 0
     xml = (artefact.directory / OV_XML).read_text()
@@ -95,6 +96,52 @@ def test_int8_is_calibrated_its_drift_recorded_and_it_needs_calibration(tmp_path
     with pytest.raises(ConfigError, match="--calibration FILE"):
         runtime.write_artefact(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def _ranges(ov_model) -> dict[str, list[np.ndarray]]:
+    """Every FakeQuantize node's input and output ranges (what calibration set)."""
+    return {op.get_friendly_name(): [np.asarray(op.input_value(i).get_node().get_data(), dtype=np.float64)
+                                     for i in range(1, 5)]
+            for op in ov_model.get_ordered_ops() if op.get_type_name() == "FakeQuantize"}
+
+
+@pytest.mark.slow
+def test_texts_of_one_length_calibrate_together_to_the_ranges_of_one_text_an_item() -> None:
+    # NNCF runs each group of equal-length texts as one batch with batchwise statistics: every text's statistics stay
+    # its own, so the ranges are those of one text an item (NNCF's own way, and the library's before), up to float
+    # rounding of a batched product, and no padding enters.
+    import nncf
+
+    from surgery.runtimes.openvino import openvino_ir
+    from surgery.runtimes.shared.graph_export import SingleOutput
+
+    spec = TinySpec("bert", task="seq-cls")
+    model = uneven(spec).eval()
+    batches = calibration(spec)
+    for seed, batch in enumerate(batches):  # texts of 6 to 12 tokens: seven lengths, most shared by several texts
+        for row in range(8):
+            batch["attention_mask"][row, 12 - 2 * seed - row % 3:] = 0
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    items = openvino_ir.calibration_examples(batches, names)
+    groups = openvino_ir.length_groups(items)
+    assert sum(len(g["input_ids"]) for g in groups) == len(items) == 24 and len(groups) < len(items) / 2
+    assert all(g["attention_mask"].all() for g in groups)  # no padding
+    inputs = {name: torch.as_tensor(value) for name, value in items[0].items()}
+    with torch.no_grad():
+        ir = openvino_ir.convert_to_ir(SingleOutput(model, "logits", names), inputs)
+    grouped, info = openvino_ir.quantize(ir, items)
+    assert (info.calibration_texts, info.calibration_items) == (24, len(groups))
+    assert info.calibration_tokens == sum(item["input_ids"].size for item in items)
+    advanced = nncf.AdvancedQuantizationParameters(
+        smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=openvino_ir.SMOOTH_QUANT_ALPHA))
+    with openvino_ir._quiet():
+        alone = nncf.quantize(ir, nncf.Dataset(items), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(items),
+                              fast_bias_correction=True, advanced_parameters=advanced)
+    theirs, ours = _ranges(alone), _ranges(grouped)
+    assert theirs and sorted(theirs) == sorted(ours)
+    for name, values in theirs.items():
+        for a, b in zip(values, ours[name], strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6 * max(float(np.abs(a).max()), 1e-6), err_msg=name)
 
 
 @pytest.mark.slow
