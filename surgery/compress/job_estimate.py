@@ -53,9 +53,9 @@ SPEEDUP_CANDIDATES = 7
 #: (``candidate_run.guided_step``), and a point another path already built is free (the same cut): MiniLM-L6's
 #: --max-drop 1 built 6, 4 and 5 on its three paths in one run and 6, 3 and 3 in another (experiments/compress_cost,
 #: sessions 14 and 15), not the 7 each of an unguided bisection of about a hundred steps (log2). Since a path stops at
-#: the latency table's resolution (candidate_run.BISECTION_RESOLUTION) the seven recorded runs on a Zen 4 (sessions
-#: 20-21, experiments/deep_cuts) built 15-19 candidates, 16.9 on average: 4 points a path and the 4 others (priced at 5,
-#: the candidates phase came in at 0.63-1.09 of its estimate; at 4, by proportion, about 0.74-1.29).
+#: the latency table's resolution (candidate_run.BISECTION_RESOLUTION) ten recorded runs on a Zen 4 (sessions 20-21,
+#: experiments/deep_cuts) built 15-23 candidates, 18.1 on average, each cheaper than priced: at 5 points a path their
+#: candidates phase came in at 0.63-1.13 of its estimate (three outside 30%), at 4 at 0.74-1.34 (one outside).
 BISECTION_POINTS = 4
 #: The share of the budget (left at the importance phase, for a running job) that the mask Fisher may take.
 IMPORTANCE_SHARE = 0.15
