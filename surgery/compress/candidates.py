@@ -44,7 +44,7 @@ INT8_CALIBRATION_EXAMPLES = 300
 #: (the unchanged model's export at 512 tokens on BERT-base widths: minutes). Up to 128 tokens nothing changes.
 INT8_CALIBRATION_TOKENS = INT8_CALIBRATION_EXAMPLES * 128
 #: Bytes of the original's layer outputs a run keeps for the refits of its cuts (per process: each worker keeps its own,
-#: :class:`surgery.training.refit.TeacherOutputs`). MiniLM-L6 at 8 batches of 32 x 52 tokens holds about 300 MB; at
+#: :class:`surgery.training.refit.TeacherOutputs`). MiniLM-L6 at 8 batches of 32 x 52 tokens holds at most 491 MB; at
 #: BERT-base widths and 128 tokens the first layers are kept and the rest computed for each refit, as without it.
 REFIT_TEACHER_BYTES = 512 * 2**20
 

@@ -376,7 +376,8 @@ def candidate_seconds(p: Probes, shape: JobShape, s: Settings) -> dict[str, floa
     # = 4.0); the estimate before, a half-model pass per projection, put them at 24 and 18. Then the calibration
     # objective before and after the refit.
     # The original's part is paid once per process for the layers it keeps (surgery.training.refit.TeacherOutputs):
-    # on MiniLM-L6 at 52 tokens all six, which took a refit from 21 to 16 s (experiments/compress_cost).
+    # on MiniLM-L6 at up to 64 tokens all six, which took a refit's solve from 15-16 s of CPU to 7-8 after a
+    # process's first (experiments/compress_cost, session 21).
     per_process = max(1, math.ceil(s.candidates / max(shape.workers, 1)))
     teacher = 2 * p.forward * (1 - shape.teacher_kept + shape.teacher_kept / per_process)
     refit = s.refit_batches * (teacher + 4 * cut)
