@@ -20,7 +20,7 @@ from surgery.compress.candidate_run import TOGETHER_AT_MOST, CandidateRun, Want,
 from surgery.compress.candidates import Judge
 from surgery.compress.compress_report import DropTarget, SpeedupTarget
 from surgery.compress.compress_run import compress
-from surgery.compress.held_out import Judged, paired_drop, split_dev
+from surgery.compress.held_out import Judged, adjusted_wald, paired_drop, split_dev
 from surgery.compress.latency_source import TableLatency
 from surgery.compress.plan import Clock, plan_compress
 from surgery.compress.runtime_search import dev_parts, dev_source
@@ -192,7 +192,12 @@ def test_paired_interval_is_narrow_where_models_agree_and_covers_the_drop() -> N
     ref = [1.0] * 150 + [0.0] * 50
     same_but_two = [1.0] * 148 + [0.0] * 52
     j = paired_drop(ref, same_but_two)
-    assert j.drop == pytest.approx(1.0) and j.drop_interval[0] >= 0.0 and j.drop_interval[1] <= 2.5
+    assert j.drop == pytest.approx(1.0) and j.drop_interval[0] < 1.0 < j.drop_interval[1] <= 3.0
+    # Two disagreements are not a bound of one point: the adjusted Wald interval keeps room for the ones a sample
+    # of 200 missed (the percentile bootstrap gave [0, 2.5] here, and [0, 0] with none).
+    assert j.drop_interval == pytest.approx(list(adjusted_wald(2, 0, 200)), abs=1e-4)
+    agree = paired_drop(ref, ref)
+    assert agree.drop_interval[0] < 0.0 < 1.0 < agree.drop_interval[1] < 1.2
     # unpaired-size noise: a model that swaps 20 right for 20 wrong answers has the same mean, a wide interval
     swapped = [0.0] * 20 + [1.0] * 130 + [1.0] * 20 + [0.0] * 30
     wide = paired_drop(ref, swapped)

@@ -1202,6 +1202,7 @@ class CandidateRun:
                 "int8_calibration_examples": sum(int(b["input_ids"].shape[0]) for b in int8_calibration(
                     self.judge.smoothing or self.judge.calibration)) if self.runtime.int8 else None,
                 "max_drop_rule": (None if self.target.max_drop is None else
-                                  f"held by the upper end of the held-out drop's {CONFIDENCE:.0%} paired bootstrap "
-                                  "interval (the retained accuracy's lower end); where no candidate holds it there, "
-                                  "the fastest within on the held-out point estimate, with a warning")}
+                                  f"held by the upper end of the held-out drop's {CONFIDENCE:.0%} paired interval "
+                                  "(adjusted Wald for accuracy; the retained accuracy's lower end); where no "
+                                  "candidate holds it there, the fastest within on the held-out point estimate, "
+                                  "with a warning")}

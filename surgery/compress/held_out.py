@@ -3,8 +3,8 @@
 A pick fitted to the examples that also chose it lands under the bar on new data (the failure NNCF's
 accuracy control is known for on small data). So the dev examples are split once, by a seeded
 permutation, into the *search* part (bisection, screening, every decision of the search) and the
-*pick* part (read only for the finalists). Figures on the pick part carry a paired bootstrap
-interval of the drop against the original on the same examples, and ``--max-drop`` is held by its
+*pick* part (read only for the finalists). Figures on the pick part carry a paired interval of the
+drop against the original on the same examples (:func:`paired_drop`), and ``--max-drop`` is held by its
 upper end (the retained accuracy's lower end). Where no finalist holds it there, the pick falls back to
 the held-out point estimate (still unbiased: the search never read those examples) and warns.
 
@@ -20,6 +20,7 @@ parts, disjoint as before, over fewer examples.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -107,7 +108,8 @@ class Judged(BaseModel):
     value: float = Field(description="accuracy (task) or mean cosine (embedding) on these examples, a fraction")
     reference: float = Field(description="the original's own figure on the same examples")
     drop: float = Field(description="points lost against the original on these examples")
-    drop_interval: list[float] = Field(description="the drop's paired bootstrap interval, points [low, high]")
+    drop_interval: list[float] = Field(description="the drop's paired interval, points [low, high]: adjusted Wald "
+                                                   "for right/wrong scores, percentile bootstrap for cosines")
     retained: float | None = Field(default=None, description="value / reference, percent")
     retained_low: float | None = Field(default=None, description="the retained share at the drop interval's high end")
 
@@ -115,16 +117,23 @@ class Judged(BaseModel):
 def paired_drop(reference: Sequence[float] | torch.Tensor, candidate: Sequence[float] | torch.Tensor, *,
                 confidence: float = CONFIDENCE, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> Judged:
     """The drop of ``candidate`` against ``reference`` (per-example scores: 1/0 correct, or cosines), with a
-    paired percentile bootstrap interval over the examples.
+    paired interval over the examples.
 
-    Paired: each resample draws the same examples for both, so only where they differ moves the
-    interval (the original and a faithful cut agree on most examples).
+    Paired: only where the two differ moves the interval (the original and a faithful cut agree on most
+    examples). Right/wrong scores get Bonett & Price's adjusted Wald interval for a difference of paired
+    proportions (one pseudo-example added to each cell where they disagree): the percentile bootstrap of a
+    few disagreements is too narrow (with none in the sample it is [0, 0], and with two that went either
+    way it bounded text-source cuts to 1 point on 200 held-out examples that lost 1.1-1.4 on test).
+    Cosines, or any score that is not 0/1, get the percentile bootstrap of the per-example differences.
 
     Example:
         >>> j = paired_drop([1.0] * 90 + [0.0] * 10, [1.0] * 88 + [0.0] * 12)
         >>> j.drop, j.drop_interval[0] <= 2.0 <= j.drop_interval[1], j.examples
         (2.0, True, 100)
-        >>> paired_drop([1.0, 0.0], [1.0, 0.0]).drop_interval
+        >>> agree = paired_drop([1.0] * 150 + [0.0] * 50, [1.0] * 150 + [0.0] * 50)
+        >>> agree.drop, agree.drop_interval[0] < 0.0 < agree.drop_interval[1] < 1.2
+        (0.0, True)
+        >>> paired_drop([0.9, 0.8], [0.9, 0.8]).drop_interval
         [0.0, 0.0]
     """
     ref = torch.as_tensor(reference, dtype=torch.float64).flatten()
@@ -134,10 +143,15 @@ def paired_drop(reference: Sequence[float] | torch.Tensor, candidate: Sequence[f
                          "same examples, at least one")
     diff = 100.0 * (ref - cand)
     n = diff.numel()
-    draws = torch.randint(n, (rounds, n), generator=torch.Generator().manual_seed(seed))
-    means = diff[draws].mean(dim=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+    binary = bool(((ref == 0) | (ref == 1)).all() and ((cand == 0) | (cand == 1)).all())
+    if binary:
+        low, high = adjusted_wald(int(((ref == 1) & (cand == 0)).sum()), int(((ref == 0) & (cand == 1)).sum()), n,
+                                  confidence=confidence)
+    else:
+        draws = torch.randint(n, (rounds, n), generator=torch.Generator().manual_seed(seed))
+        means = diff[draws].mean(dim=1)
+        tail = (1.0 - confidence) / 2.0
+        low, high = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
     value, base = float(cand.mean()), float(ref.mean())
     drop = float(diff.mean())
     retained = 100.0 * value / base if base > 0 else None
@@ -146,3 +160,19 @@ def paired_drop(reference: Sequence[float] | torch.Tensor, candidate: Sequence[f
                   drop_interval=[round(low, 4), round(high, 4)],
                   retained=None if retained is None else round(retained, 3),
                   retained_low=None if retained_low is None else round(retained_low, 3))
+
+
+def adjusted_wald(lost: int, won: int, n: int, *, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Bonett & Price (2012)'s adjusted Wald interval, in points, for the drop between two paired right/wrong
+    scorings of ``n`` examples: ``lost`` right before and wrong after, ``won`` the other way round.
+
+    Example:
+        >>> low, high = adjusted_wald(2, 0, 200)
+        >>> round(low, 2), round(high, 2)
+        (-0.63, 2.61)
+    """
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    p_lost, p_won = (lost + 1) / (n + 2), (won + 1) / (n + 2)
+    centre = p_lost - p_won
+    half = z * math.sqrt(max(p_lost + p_won - centre * centre, 0.0) / (n + 2))
+    return 100.0 * (centre - half), 100.0 * (centre + half)
