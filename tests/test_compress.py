@@ -147,7 +147,10 @@ def test_max_drop_picks_the_fastest_within_it() -> None:
     model = tiny_model(TinySpec("bert", task="seq-cls", layers=3))
     report = compress(model, tiny_task_data(), target=DropTarget(max_drop=5.0), latency=tables_for(model)).report
     winner = report.winner_result()
-    assert winner is not None and winner.drop <= 5.0 and not report.warnings
+    # 12 held-out examples bound no drop to 5 points (with no disagreement the adjusted Wald interval reaches 16.6):
+    # the pick reads the held-out point estimate and says the interval was too wide, nothing else.
+    assert winner is not None and winner.drop <= 5.0 and winner.held_out is not None
+    assert report.warnings and all("more dev data narrows the interval" in w for w in report.warnings)
     within = [c for c in report.candidates if c.measured_speedup is not None and c.drop <= 5.0]
     assert winner.measured_speedup == max(c.measured_speedup for c in within)
     # points along the path are found by a search whose bracket shrinks to at most 3/4 per probe (bisection
