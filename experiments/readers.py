@@ -558,6 +558,16 @@ def read_fallback_costs(path: Path) -> dict[str, Any]:
                   rows=rows, machine=d["machine"])
 
 
+def read_pick_rules(path: Path) -> dict[str, Any]:
+    """replay*.json (experiments/pick_rules/replay.py): one row per pick rule, its picks' test figures on each half
+    of the test split (``tuning``, ``report``) and on the whole of it, over the recorded runs."""
+    d = _json(path)
+    rows = [{**r, "name": r["rule"]} for r in d["rows"]]
+    notes = [f"held-out figures that differ from compress's: {len(d['mismatches'])}"]
+    return legacy(path, source="experiments/pick_rules/replay.py", config={"records": d["records"]}, rows=rows,
+                  machine=d.get("machine"), notes=notes)
+
+
 READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "head_prune": read_head_prune,
     "compress": read_compress,
@@ -580,6 +590,7 @@ READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "recovery_tiers": read_recovery_tiers,
     "serving_shapes": read_serving_shapes,
     "fallback_costs": read_fallback_costs,
+    "pick_rules": read_pick_rules,
 }
 
 __all__ = ["READERS", "ROOT", "legacy"]
