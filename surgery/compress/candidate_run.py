@@ -972,9 +972,9 @@ class CandidateRun:
         self.hold_out(finalists)
         within = [r for r in finalists if self.held_high(r) <= limit]
         if all(r.origin == "unchanged" for r in within):
-            # The unchanged model's interval is tight (int8 changes few predictions of the original) where
-            # any cut's spans a few points on a few hundred examples: the interval alone would return the
-            # model unchanged whenever dev is small, although cuts are within on unseen examples. Judged
+            # The unchanged model's interval is the narrowest (int8 changes few predictions of the original)
+            # where any cut's spans a few points on a few hundred examples: the interval alone would return
+            # the model unchanged whenever dev is small, although cuts are within on unseen examples. Judged
             # like the cuts instead, on the point estimate below.
             within = []
         self.time_fastest(within)
