@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,19 +25,21 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from surgery.compress.candidate_run import along_paths
+from surgery.compress.held_out import adjusted_wald
+
 PATHS = ("path", "units-path", "uniform-path")
-LIMIT = 1.0
-#: the one-sided level of every bound below (the library's 90% two-sided interval's upper end)
-Z = 1.6448536269514722
 
 
 @dataclass
 class Cand:
-    """One candidate of a recorded run, its per-example scores as tensors."""
+    """One candidate of a recorded run, its per-example scores as tensors (the fields the library's
+    ``along_paths`` reads: ``name``, ``origin``, ``path_step``)."""
 
     name: str
     origin: str
-    step: int | None
+    path_step: int | None
     speedup: float
     search_drop: float  # the figure the search decided on (screen, or the whole search part for a contender)
     dev: torch.Tensor
@@ -54,6 +56,7 @@ class Run:
     pick: list[int]
     cands: list[Cand]
     winner: str
+    reported_held_out: dict[str, float]  # compress's own held-out drop of each candidate it judged there
 
 
 def tensor(bits: str) -> torch.Tensor:
@@ -73,22 +76,22 @@ def load_runs(path: Path) -> list[Run]:
             s = scores[s["twin_of"]] if "twin_of" in s else s
             cands.append(Cand(c["name"], c["origin"], c.get("path_step"), c["predicted_speedup"], c["drop"],
                               tensor(s["dev"]), tensor(s["test"])))
+        held = {c["name"]: c["held_out"]["drop"] for c in row["candidates"] if c.get("held_out")}
         out.append(Run(key, row["config"]["max_drop"], tensor(row["original"]["dev"]), tensor(row["original"]["test"]),
-                       row["split"]["search"], row["split"]["pick"], cands, row["winner"]))
+                       row["split"]["search"], row["split"]["pick"], cands, row["winner"], held))
     return out
 
 
-def check(path: Path) -> list[str]:
+def mismatches(runs: Sequence[Run]) -> list[str]:
     """Where a held-out figure recomputed from the recorded scores differs from the one compress reported."""
     bad = []
-    for key, row in json.loads(path.read_text())["runs"].items():
-        run = next(r for r in load_runs(path) if r.key == key)
-        by_name = {c.name: c for c in run.cands}
-        for c in row["candidates"]:
-            if c.get("held_out") and c["name"] in by_name:
-                mine = drop(run.original_dev[run.pick], by_name[c["name"]].dev[run.pick])
-                if abs(mine - c["held_out"]["drop"]) > 1e-6:
-                    bad.append(f"{key} {c['name']}: held-out {mine:.4f} recomputed, {c['held_out']['drop']} reported")
+    for run in runs:
+        for c in run.cands:
+            if c.name in run.reported_held_out:
+                mine = drop(run.original_dev[run.pick], c.dev[run.pick])
+                if abs(mine - run.reported_held_out[c.name]) > 1e-6:
+                    bad.append(f"{run.key} {c.name}: held-out {mine:.4f} recomputed, "
+                               f"{run.reported_held_out[c.name]} reported")
     return bad
 
 
@@ -96,9 +99,12 @@ def drop(ref: torch.Tensor, cand: torch.Tensor) -> float:
     return float(100.0 * (ref - cand).mean())
 
 
-# -- bounds on a paired drop --------------------------------------------------------------------------------
+# -- bounds on a paired drop: each maps (run, finalists, the dev examples read) to each finalist's upper end ----
+Bounds = Callable[[Run, Sequence[Cand], list[int]], dict[str, float]]
+
+
 def bootstrap_high(ref: torch.Tensor, cand: torch.Tensor, rounds: int = 2000, seed: int = 0) -> float:
-    """The bound compress used up to session 22: the upper end of the paired percentile bootstrap's 90% interval
+    """The bound compress used up to session 21: the upper end of the paired percentile bootstrap's 90% interval
     (2,000 seeded resamples, as ``surgery.compress.held_out.paired_drop`` drew them then)."""
     diff = 100.0 * (ref - cand)
     n = diff.numel()
@@ -108,109 +114,70 @@ def bootstrap_high(ref: torch.Tensor, cand: torch.Tensor, rounds: int = 2000, se
 
 
 def adjusted_wald_high(ref: torch.Tensor, cand: torch.Tensor) -> float:
-    """Bonett & Price (2012)'s adjusted Wald bound for a difference of paired proportions: one pseudo-example
-    added to each discordant cell, so that few (or no) disagreements still leave a bound of their size."""
-    n = ref.numel()
-    lost = float(((ref == 1) & (cand == 0)).sum())
-    won = float(((ref == 0) & (cand == 1)).sum())
-    p12, p21 = (lost + 1) / (n + 2), (won + 1) / (n + 2)
-    diff = p12 - p21
-    se = math.sqrt(max(p12 + p21 - diff * diff, 0.0) / (n + 2))
-    return 100.0 * (diff + Z * se)
+    """The bound compress uses from session 22 (``surgery.compress.held_out.adjusted_wald``)."""
+    lost, won = int(((ref == 1) & (cand == 0)).sum()), int(((ref == 0) & (cand == 1)).sum())
+    return adjusted_wald(lost, won, ref.numel())[1]
+
+
+def own(high: Callable[[torch.Tensor, torch.Tensor], float]) -> Bounds:
+    """Each finalist's own bound on the examples read."""
+    return lambda run, finalists, idx: {c.name: high(run.original_dev[idx], c.dev[idx]) for c in finalists}
+
+
+def centred_along_path(bounds: Bounds) -> Bounds:
+    """``bounds`` centred on each finalist's drop read along its path (the fitted point plus its own margin)."""
+    def read(run: Run, finalists: Sequence[Cand], idx: list[int]) -> dict[str, float]:
+        held = {c.name: drop(run.original_dev[idx], c.dev[idx]) for c in finalists}
+        fitted = along_paths(finalists, lambda c: held[c.name], PATHS)
+        return {name: fitted[name] + high - held[name] for name, high in bounds(run, finalists, idx).items()}
+    return read
+
+
+def path_bootstrap(run: Run, finalists: Sequence[Cand], idx: list[int], rounds: int = 400,
+                   seed: int = 0) -> dict[str, float]:
+    """Each finalist's drop read along its path, bounded by a paired bootstrap of that reading: the examples
+    resampled together for every candidate, the fit along the paths redone on each resample, the 95th percentile
+    of each candidate's fitted drop. Nested cuts share their disagreements, so the fit pools them; a resample
+    that happens to spare a deep cut spares its neighbours too."""
+    ref = run.original_dev[idx]
+    diffs = {c.name: 100.0 * (ref - c.dev[idx]) for c in finalists}
+    draws = torch.randint(ref.numel(), (rounds, ref.numel()), generator=torch.Generator().manual_seed(seed))
+    fitted: dict[str, list[float]] = {c.name: [] for c in finalists}
+    for row in draws:
+        means = {name: float(d[row].mean()) for name, d in diffs.items()}
+        for name, v in along_paths(finalists, lambda c, m=means: m[c.name], PATHS).items():
+            fitted[name].append(v)
+    return {name: float(torch.tensor(v).quantile(0.95)) for name, v in fitted.items()}
 
 
 # -- the rules -----------------------------------------------------------------------------------------------
-def isotonic(cands: Sequence[Cand], value: Callable[[Cand], float]) -> dict[str, float]:
-    """Each path point's value made non-decreasing along its path (the library's ``along_paths``)."""
-    from scipy.optimize import isotonic_regression
-
-    out = {c.name: value(c) for c in cands}
-    for family in PATHS:
-        points = sorted((c for c in cands if c.origin == family and c.step is not None), key=lambda c: c.step)
-        if points:
-            fitted = isotonic_regression([value(c) for c in points]).x
-            out.update({c.name: float(v) for c, v in zip(points, fitted, strict=True)})
-    main = {c.step: c for c in cands if c.origin == "path"}
-    for c in cands:
-        if c.origin == "precision" and c.step in main:
-            out[c.name] = out[main[c.step].name] + value(c) - value(main[c.step])
-    return out
-
-
-def current(run: Run, high: Callable[[torch.Tensor, torch.Tensor], float] = bootstrap_high,
-            smooth_bound: bool = False) -> Cand:
-    """compress's pick: of the finalists (within on the search's figures), the fastest whose held-out bound is
-    within; else the fastest whose held-out point estimate, read along its path, is within; else the least lost.
-    ``smooth_bound``: the bound read along the path too (the fitted point plus the candidate's own margin)."""
+def pick(run: Run, bounds: Bounds, *, every_dev: bool = False, point_fallback: bool = True) -> Cand:
+    """compress's pick with ``bounds``: of the finalists (within on the search's figures), the fastest whose bound
+    is within; else (``point_fallback``) the fastest whose point estimate, read along its path, is within; else
+    the least lost. Read on the held-out part, or (``every_dev``) on every dev example, the search part's too,
+    which chose the finalists (their figures there lean low)."""
     limit = run.limit
-    ref = run.original_dev[run.pick]
+    idx = sorted(run.search + run.pick) if every_dev else run.pick
     finalists = [c for c in run.cands if c.search_drop <= limit]
-    held = {c.name: drop(ref, c.dev[run.pick]) for c in finalists}
-    bound = {c.name: high(ref, c.dev[run.pick]) for c in finalists}
-    fitted = isotonic(finalists, lambda c: held[c.name])
-    if smooth_bound:
-        bound = {c.name: fitted[c.name] + bound[c.name] - held[c.name] for c in finalists}
+    held = {c.name: drop(run.original_dev[idx], c.dev[idx]) for c in finalists}
+    bound = bounds(run, finalists, idx)
     within = [c for c in finalists if bound[c.name] <= limit]
     if all(c.origin == "unchanged" for c in within):
         within = []
     if within:
         return max(within, key=lambda c: (c.speedup, -held[c.name]))
-    point = [c for c in finalists if fitted[c.name] <= limit]
-    if point:
-        return max(point, key=lambda c: (c.speedup, -fitted[c.name]))
-    pool = finalists or run.cands[:1]
-    return min(pool, key=lambda c: (bound.get(c.name, 0.0), -c.speedup))
-
-
-def path_bootstrap_high(run: Run, finalists: Sequence[Cand], rounds: int = 400, seed: int = 0) -> dict[str, float]:
-    """Each finalist's held-out drop read along its path, bounded by a paired bootstrap of that reading: the
-    held-out examples resampled together for every candidate, the fit along the paths redone on each resample,
-    the 95th percentile of each candidate's fitted drop. Nested cuts share their disagreements, so the fit pools
-    them; a resample that happens to spare a deep cut spares its neighbours too."""
-    ref = run.original_dev[run.pick]
-    diffs = {c.name: 100.0 * (ref - c.dev[run.pick]) for c in finalists}
-    n = ref.numel()
-    draws = torch.randint(n, (rounds, n), generator=torch.Generator().manual_seed(seed))
-    fitted = {c.name: [] for c in finalists}
-    for row in draws:
-        means = {name: float(d[row].mean()) for name, d in diffs.items()}
-        for name, v in isotonic(finalists, lambda c, m=means: m[c.name]).items():
-            fitted[name].append(v)
-    return {name: float(torch.tensor(v).quantile(0.95)) for name, v in fitted.items()}
-
-
-def along_path_bootstrap(run: Run) -> Cand:
-    """:func:`current` with the bound of :func:`path_bootstrap_high` in place of each candidate's own."""
-    limit = run.limit
-    ref = run.original_dev[run.pick]
-    finalists = [c for c in run.cands if c.search_drop <= limit]
-    held = {c.name: drop(ref, c.dev[run.pick]) for c in finalists}
-    bound = path_bootstrap_high(run, finalists)
-    fitted = isotonic(finalists, lambda c: held[c.name])
-    within = [c for c in finalists if bound[c.name] <= limit and c.origin != "unchanged"]
-    if within:
-        return max(within, key=lambda c: (c.speedup, -held[c.name]))
-    point = [c for c in finalists if fitted[c.name] <= limit]
-    if point:
-        return max(point, key=lambda c: (c.speedup, -fitted[c.name]))
+    if point_fallback:
+        fitted = along_paths(finalists, lambda c: held[c.name], PATHS)
+        point = [c for c in finalists if fitted[c.name] <= limit]
+        if point:
+            return max(point, key=lambda c: (c.speedup, -fitted[c.name]))
     return min(finalists or run.cands[:1], key=lambda c: (bound.get(c.name, 0.0), -c.speedup))
 
 
-def pooled(run: Run, bound: bool) -> Cand:
-    """The finalists (within on the search's figures) judged on every dev example, search part and held-out
-    part together, read along their paths: the fastest within on that reading (``bound``: on the 95th
-    percentile of its paired bootstrap, redone along the paths on each resample). Twice the examples of the
-    held-out part alone; the search part's examples chose the finalists, so their figures lean low."""
-    every = sorted(run.search + run.pick)
-    both = Run(run.key, run.limit, run.original_dev, run.original_test, run.search, every, run.cands, run.winner)
-    finalists = [c for c in run.cands if c.search_drop <= run.limit]
-    ref = run.original_dev[every]
-    held = {c.name: drop(ref, c.dev[every]) for c in finalists}
-    reading = path_bootstrap_high(both, finalists) if bound else isotonic(finalists, lambda c: held[c.name])
-    within = [c for c in finalists if reading[c.name] <= run.limit]
-    if within:
-        return max(within, key=lambda c: (c.speedup, -held[c.name]))
-    return min(finalists or run.cands[:1], key=lambda c: (reading.get(c.name, 0.0), -c.speedup))
+def read_along_paths(run: Run, finalists: Sequence[Cand], idx: list[int]) -> dict[str, float]:
+    """No margin: each finalist's drop read along its path."""
+    held = {c.name: drop(run.original_dev[idx], c.dev[idx]) for c in finalists}
+    return along_paths(finalists, lambda c: held[c.name], PATHS)
 
 
 def oracle(run: Run) -> Cand:
@@ -220,14 +187,16 @@ def oracle(run: Run) -> Cand:
     return max(ok, key=lambda c: c.speedup)
 
 
+BOOTSTRAP, WALD = own(bootstrap_high), own(adjusted_wald_high)
 RULES: dict[str, Callable[[Run], Cand]] = {
-    "bootstrap bound (compress to session 21)": current,
-    "adjusted-Wald bound (compress from session 22)": lambda run: current(run, adjusted_wald_high),
-    "bootstrap bound read along the path": lambda run: current(run, smooth_bound=True),
-    "adjusted-Wald bound read along the path": lambda run: current(run, adjusted_wald_high, smooth_bound=True),
-    "bootstrap of the reading along the path": along_path_bootstrap,
-    "all dev, read along the path": lambda run: pooled(run, bound=False),
-    "all dev, bootstrap of the reading along the path": lambda run: pooled(run, bound=True),
+    "bootstrap bound (compress to session 21)": lambda run: pick(run, BOOTSTRAP),
+    "adjusted-Wald bound (compress from session 22)": lambda run: pick(run, WALD),
+    "bootstrap bound read along the path": lambda run: pick(run, centred_along_path(BOOTSTRAP)),
+    "adjusted-Wald bound read along the path": lambda run: pick(run, centred_along_path(WALD)),
+    "bootstrap of the reading along the path": lambda run: pick(run, path_bootstrap),
+    "all dev, read along the path": lambda run: pick(run, read_along_paths, every_dev=True, point_fallback=False),
+    "all dev, bootstrap of the reading along the path": lambda run: pick(run, path_bootstrap, every_dev=True,
+                                                                         point_fallback=False),
     "oracle (whole test chose it)": oracle,
 }
 
@@ -249,12 +218,12 @@ def main() -> None:
     parser.add_argument("records", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    report: dict[str, Any] = {"records": [str(p) for p in args.records], "mismatches": [], "rows": [], "runs": {}}
+    report: dict[str, Any] = {"records": [str(p) for p in args.records], "rows": [], "runs": {}}
     runs = []
     for path in args.records:
-        report["mismatches"] += check(path)
         report.setdefault("machine", json.loads(path.read_text()).get("machine"))
         runs += load_runs(path)
+    report["mismatches"] = mismatches(runs)
     for rule_name, rule in RULES.items():
         picks = {}
         for run in runs:
@@ -268,6 +237,7 @@ def main() -> None:
             speed = [r[part]["vs_unchanged"] for r in picks.values() if r[part]["vs_unchanged"]]
             row[part] = {"at_least_99": sum(x >= 99.0 for x in retained),
                          "retained_mean": round(statistics.fmean(retained), 3),
+                         "retained_std": round(statistics.stdev(retained), 3) if len(retained) > 1 else None,
                          "retained_min": round(min(retained), 3),
                          "vs_unchanged_mean": round(statistics.fmean(speed), 3) if speed else None}
         report["rows"].append(row)
