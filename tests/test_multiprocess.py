@@ -53,7 +53,8 @@ def test_two_processes_train_like_one(workspace: dict[str, Path]) -> None:
     single, double = workspace["root"] / "single", workspace["root"] / "double"
     result = CliRunner().invoke(app, _apply_args(workspace, single))
     assert result.exit_code == 0, result.output
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SURGERY_PLUGINS": ""}
+    # gloo on the CPU: hidden GPUs, or with fewer GPUs than processes both ranks would share one under NCCL.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SURGERY_PLUGINS": "", "CUDA_VISIBLE_DEVICES": ""}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", "surgery.cli", *_apply_args(workspace, double)],
                          capture_output=True, text=True, timeout=TIMEOUT, env=env)

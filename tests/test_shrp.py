@@ -122,12 +122,14 @@ def test_cli_apply_shrp_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_ddp_two_process_gloo_smoke() -> None:
+    import os
     import subprocess
     import sys
 
     script = Path(__file__).resolve().parents[1] / "experiments" / "shrp" / "ddp_smoke_shrp.py"
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              str(script)],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # gloo on the CPU, GPU or not
     assert result.returncode == 0, result.stderr[-2000:]
     assert "weights identical across ranks: True" in result.stdout

@@ -118,7 +118,8 @@ def test_trainer_adds_the_weighted_concentration_term(tmp_path: Path) -> None:
         trainer = ShrpTrainer(model=model, args=args, shrp_state=ShrpTrainingState(concentration_weight=weight))
         model.train()
         torch.manual_seed(0)
-        losses[weight] = float(trainer.compute_loss(model, dict(batch)))
+        on_device = {k: v.to(model.device) for k, v in batch.items()}  # where the Trainer put the model
+        losses[weight] = float(trainer.compute_loss(model, on_device))
         term = float(concentration_loss(model).detach())
     assert losses[0.5] == pytest.approx(losses[0.0] + 0.5 * term, rel=1e-5)
 

@@ -111,6 +111,8 @@ def test_trainer_loss_is_ce_plus_scaled_kl_plus_hidden_mse() -> None:
     with scratch_dir() as tmp:
         trainer = SurgeryTrainer(model=student, args=training_arguments(tmp, epochs=1), teacher=teacher, distill=cfg)
         student.eval()  # no dropout: the loss is deterministic
+        # Built, the Trainer has moved the student to its device (a GPU where there is one): the batch follows.
+        batch = {k: v.to(student.device) for k, v in batch.items()}
         loss = float(trainer.compute_loss(student, dict(batch)).detach())
     features = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
@@ -156,6 +158,37 @@ def test_recover_distils_the_teacher_into_a_layer_dropped_student() -> None:
     assert result.accuracy_after == pytest.approx(accuracy(student, task.loader("eval")))
     assert [s.strategy for s in surgery.inspect(student).steps] == ["layer-drop"]  # weights only changed
     assert all(p.requires_grad for p in teacher.parameters())  # the caller's teacher can seed the next student
+
+
+def test_training_hands_the_student_and_the_teacher_back_on_their_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a machine with a GPU the Trainer moves the student there when it is built, and compute_loss moves the
+    # teacher: train() must put both back where the caller had them. This machine has no second device, so
+    # the move is simulated through device_of (the suite run on a GPU checks it for real: the DoE, SHRP and
+    # recovery tests there feed CPU inputs to the models training handed back).
+    from transformers import Trainer
+
+    from surgery.training import trainer as trainer_module
+
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2))
+    student = copy.deepcopy(teacher)
+    gpu = torch.device("cuda", 0)
+    where = {id(teacher): torch.device("cpu"), id(student): torch.device("cpu")}
+    moves: list[tuple[str, torch.device]] = []
+    monkeypatch.setattr(trainer_module, "device_of", lambda m: where.get(id(m)))
+    for name, module in (("student", student), ("teacher", teacher)):
+        monkeypatch.setattr(module, "to", lambda device, name=name: moves.append((name, device)))
+
+    def train_on_the_gpu(self, *args, **kwargs):
+        where[id(student)] = where[id(teacher)] = gpu
+        raise RuntimeError("stopped")  # an interrupted run hands them back too
+
+    monkeypatch.setattr(Trainer, "train", train_on_the_gpu)
+    with scratch_dir() as tmp:
+        built = SurgeryTrainer(model=student, args=training_arguments(tmp, epochs=1), teacher=teacher)
+        moves.clear()  # the Trainer placing the student on its device when built
+        with pytest.raises(RuntimeError, match="stopped"):
+            built.train()
+    assert moves == [("student", torch.device("cpu")), ("teacher", torch.device("cpu"))]
 
 
 def test_recover_needs_labelled_task_data_and_a_matching_teacher() -> None:

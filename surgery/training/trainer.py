@@ -78,6 +78,20 @@ class EpochStats:
         return EpochStats(loss_sum, kd_sum, int(steps), int(correct), int(seen))
 
 
+def device_of(module: nn.Module) -> torch.device | None:
+    """The one device that ``module``'s parameters and buffers are on; None with none, or spread over several
+    (a device map: where those go is their owner's choice).
+
+    Example:
+        >>> device_of(nn.Linear(2, 2))
+        device(type='cpu')
+        >>> device_of(nn.ReLU()) is None
+        True
+    """
+    devices = {t.device for t in (*module.parameters(), *module.buffers())}
+    return devices.pop() if len(devices) == 1 else None
+
+
 @contextmanager
 def dropout_disabled(model: nn.Module) -> Iterator[None]:
     """Every ``nn.Dropout`` of ``model`` at p=0 inside the block (restored after), whatever its mode.
@@ -157,6 +171,10 @@ class SurgeryTrainer(Trainer):
 
     def __init__(self, *args: Any, teacher: nn.Module | None = None, distill: DistillConfig | None = None,
                  task: LogitTask | None = None, dropout: bool = True, **kwargs: Any) -> None:
+        # The Trainer moves the model to its device (a GPU where there is one) when it is built, and
+        # compute_loss moves the teacher there: both go back after train() (see train()).
+        model = kwargs.get("model", args[0] if args else None)
+        self.homes = [(m, device_of(m)) for m in (model, teacher) if isinstance(m, nn.Module)]
         super().__init__(*args, **kwargs)
         self.remove_callback(PrinterCallback)  # progress goes through surgery's events, not raw log dicts
         # compute_loss returns a per-batch mean (not a sum over num_items_in_batch), so the Trainer must
@@ -173,11 +191,20 @@ class SurgeryTrainer(Trainer):
         self.stats = EpochStats()
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """``Trainer.train``, after which the model's forward is its own again (see :func:`restore_forward`)."""
+        """``Trainer.train``, after which the model's forward is its own again (see :func:`restore_forward`), and
+        the model and the teacher are back on the devices they were on when the trainer was built.
+
+        A caller's CPU model trained on a machine with a GPU comes back on the CPU: the judging, export and timing
+        that follow (and a user's own CPU inputs) find it where they left it, and the teacher (often the user's
+        original model) does not stay on the GPU either.
+        """
         try:
             return super().train(*args, **kwargs)
         finally:
             restore_forward(self.model)
+            for module, home in self.homes:
+                if home is not None and device_of(module) != home:
+                    module.to(home)
 
     def _teacher_on(self, device: torch.device) -> nn.Module:
         assert self.teacher is not None
