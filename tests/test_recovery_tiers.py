@@ -176,7 +176,7 @@ def test_distillation_stops_after_epochs_below_the_best_and_keeps_the_best(monke
     snapshots: list[list[torch.Tensor]] = []
 
     def scripted_accuracy(model: torch.nn.Module, loader: object) -> float:
-        snapshots.append([p.detach().clone() for p in model.parameters()])
+        snapshots.append([p.detach().cpu().clone() for p in model.parameters()])  # trained on a GPU where there is one
         return next(scripted)
 
     monkeypatch.setattr(recover_module, "accuracy", scripted_accuracy)

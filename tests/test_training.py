@@ -189,6 +189,20 @@ def test_training_hands_the_student_and_the_teacher_back_on_their_devices(monkey
         with pytest.raises(RuntimeError, match="stopped"):
             built.train()
     assert moves == [("student", torch.device("cpu")), ("teacher", torch.device("cpu"))]
+    # A teacher attached during training (SHRP's snapshot of the model) goes back with the student.
+    snapshot = copy.deepcopy(teacher)
+    monkeypatch.setattr(snapshot, "to", lambda device: moves.append(("snapshot", device)))
+    where[id(student)] = torch.device("cpu")
+
+    def snapshot_on_the_gpu(self, *args, **kwargs):
+        self.teacher, where[id(snapshot)], where[id(student)] = snapshot, gpu, gpu
+
+    monkeypatch.setattr(Trainer, "train", snapshot_on_the_gpu)
+    with scratch_dir() as tmp:
+        built = SurgeryTrainer(model=student, args=training_arguments(tmp, epochs=1))
+        moves.clear()
+        built.train()
+    assert moves == [("student", torch.device("cpu")), ("snapshot", torch.device("cpu"))]
 
 
 def test_recover_needs_labelled_task_data_and_a_matching_teacher() -> None:

@@ -174,7 +174,8 @@ class SurgeryTrainer(Trainer):
         # The Trainer moves the model to its device (a GPU where there is one) when it is built, and
         # compute_loss moves the teacher there: both go back after train() (see train()).
         model = kwargs.get("model", args[0] if args else None)
-        self.homes = [(m, device_of(m)) for m in (model, teacher) if isinstance(m, nn.Module)]
+        self.model_home = device_of(model) if isinstance(model, nn.Module) else None
+        self.teacher_home = (teacher, device_of(teacher)) if teacher is not None else None
         super().__init__(*args, **kwargs)
         self.remove_callback(PrinterCallback)  # progress goes through surgery's events, not raw log dicts
         # compute_loss returns a per-batch mean (not a sum over num_items_in_batch), so the Trainer must
@@ -202,7 +203,12 @@ class SurgeryTrainer(Trainer):
             return super().train(*args, **kwargs)
         finally:
             restore_forward(self.model)
-            for module, home in self.homes:
+            homes = [(self.model, self.model_home)]
+            if self.teacher is not None:
+                given, home = self.teacher_home or (None, None)
+                # A teacher attached during training (SHRP's snapshot of the model) goes where the model goes.
+                homes.append((self.teacher, home if given is self.teacher else self.model_home))
+            for module, home in homes:
                 if home is not None and device_of(module) != home:
                     module.to(home)
 
