@@ -62,6 +62,7 @@ from surgery.training import (
     DistillConfig,
     RecoveryConfig,
     accuracy,
+    device_of,
     fit,
     recover,
     scratch_dir,
@@ -251,6 +252,11 @@ class ShrpPipeline(Pipeline):
         with tempfile.TemporaryDirectory(prefix="shrp-") as tmp:
             self._trainer(model, task, shrp_training_arguments(cfg, epochs, tmp), callbacks, state, cfg).train()
         model.eval()
+        home = device_of(model)
+        if state.teacher is not None and home is not None:
+            # Copied from the model during training, on the Trainer's device (a GPU where there is one), and perhaps
+            # never handed to the trainer (a run that stops as the copy is taken): it goes where the model went back.
+            state.teacher.to(home)
         session.context.artefacts["teacher"] = state.teacher
         return state.history
 
