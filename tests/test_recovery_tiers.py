@@ -69,6 +69,29 @@ def test_no_tier_runs_when_none_fits_and_a_short_budget_skips_the_dearer_one() -
         assert "blockwise" not in some["tiers_run"]
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_training_follows_the_gpu_where_torch_sees_one(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    # The Trainer trains on the GPU whatever the CPU has: a GPU before Ampere (bf16 only emulated, refused by the
+    # Trainer) trains in fp32 even on a CPU with avx512_bf16; the torch-bf16 runtime (on the CPU unless told
+    # otherwise) then asks the CPU.
+    from surgery.runtimes.shared.runtime import bf16_missing
+
+    info = machine.machine_info().model_copy(update={"flags": ["avx512f", "avx512_bf16"]})
+    monkeypatch.setattr(machine, "machine_info", lambda *a, **k: info)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    asked: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: asked.append(including_emulation) or native)
+    assert training_tier.bf16_training() is native
+    assert bf16_missing() is None  # natively on the GPU, or else on this CPU
+    bare = info.model_copy(update={"flags": ["avx2"]})
+    monkeypatch.setattr(machine, "machine_info", lambda *a, **k: bare)
+    reason = bf16_missing()
+    assert (reason is None) if native else ("no CUDA device with native bf16" in (reason or ""))
+    assert training_tier.bf16_training() is native
+    assert asked and not any(asked)  # emulated bf16 never counts
+
+
 @pytest.mark.parametrize("flags, expected", [(["avx512f", "avx512_bf16"], True), (["avx512f", "amx_bf16"], True),
                                              (["avx2", "avx512f"], False)])
 def test_bf16_is_chosen_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch, flags: list[str],

@@ -73,18 +73,24 @@ TIER_ORDER: tuple[str, ...] = ("blockwise", "distil")
 
 
 def bf16_training() -> bool:
-    """Whether training may run in bf16 here (:func:`~surgery.runtimes.shared.runtime.bf16_missing`: avx512_bf16
-    or AMX, or CUDA).
+    """Whether training may run in bf16 on the device it runs on: the GPU where torch sees one (the HF Trainer
+    trains there) if it has bf16 products (compute capability 8.0 and up), else this CPU if it has avx512_bf16 or
+    AMX (:func:`~surgery.runtimes.shared.runtime.bf16_cpu_missing`).
 
-    On a CPU without native bf16 products bf16 runs slower than fp32, so training stays in fp32 there.
+    Elsewhere bf16 runs slower than fp32 (a CPU without native bf16 products), or the Trainer refuses it (a GPU
+    before Ampere), so training stays in fp32 there.
 
     Example:
         >>> isinstance(bf16_training(), bool)
         True
     """
-    from surgery.runtimes.shared.runtime import bf16_missing
+    import torch
 
-    return bf16_missing() is None
+    from surgery.runtimes.shared.runtime import bf16_cpu_missing
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    return bf16_cpu_missing() is None
 
 
 class TierEstimate(BaseModel):

@@ -386,8 +386,8 @@ def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, le
 
     ``bf16`` is the Trainer's mixed precision (bf16 autocast, fp32 weights), on a CPU as on CUDA: turn it
     on only where the device has native bf16 products (a CPU without them runs bf16 slower than fp32);
-    the caller decides (``surgery.compress.training_tier.bf16_training``, from
-    ``surgery.runtimes.shared.runtime.bf16_missing``).
+    the caller decides (``surgery.compress.training_tier.bf16_training``: the GPU's bf16 where torch sees one, else
+    the CPU's).
 
     ``batch_size`` is the global batch: under ``torchrun`` each process takes its share of it, so a
     multi-process run trains like a one-process run (:mod:`surgery.core.distributed`).

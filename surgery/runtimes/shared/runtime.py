@@ -405,8 +405,9 @@ def bf16_cpu_missing() -> str | None:
 
 
 def bf16_missing() -> str | None:
-    """None where PyTorch multiplies bf16 natively here (a CUDA device, or :func:`bf16_cpu_missing` is None),
-    else one line saying why not: the one test behind the ``torch-bf16`` runtime and bf16 training.
+    """None where PyTorch multiplies bf16 natively here (a CUDA device with bf16 products, compute capability 8.0
+    and up, or :func:`bf16_cpu_missing` is None), else one line saying why not: the test behind the ``torch-bf16``
+    runtime (training asks about the device it trains on: ``training_tier.bf16_training``).
 
     Example:
         >>> reason = bf16_missing()
@@ -415,10 +416,11 @@ def bf16_missing() -> str | None:
     """
     import torch
 
-    if torch.cuda.is_available():
+    # Not torch.cuda.is_bf16_supported()'s default: it counts a GPU that emulates bf16 (before Ampere), slower there.
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False):
         return None
     reason = bf16_cpu_missing()
-    return None if reason is None else f"{reason} and no CUDA device is present"
+    return None if reason is None else f"{reason} and no CUDA device with native bf16 is present"
 
 
 def _distribution_of(module: str) -> str | None:

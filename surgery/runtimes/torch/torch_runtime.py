@@ -2,7 +2,7 @@
 
 bf16 is free speed on CPUs with bf16 instructions (avx512_bf16 or AMX: MiniLM-L6 ran 3.1x its fp32 at
 cosine 0.99996 on an AVX-512 BF16 Zen 5) and slower without them, so ``torch-bf16`` is available only
-where the CPU has them or a CUDA device is present; ``torch-fp16`` needs CUDA (CPU fp16 kernels are slow).
+where the CPU has them or a CUDA GPU has them (Ampere and later); ``torch-fp16`` needs CUDA (CPU fp16 kernels are slow).
 Their artefact is ``surgery.save_pretrained`` of the converted copy (safetensors in that dtype).
 
 Example:
@@ -108,10 +108,10 @@ class TorchRuntime(Runtime):
 
 
 class TorchBf16Runtime(TorchRuntime):
-    """PyTorch bf16: a bf16 copy of the model (CPUs with avx512_bf16 or AMX, or CUDA)."""
+    """PyTorch bf16: a bf16 copy of the model (CPUs with avx512_bf16 or AMX, or CUDA GPUs from Ampere on)."""
 
     name: ClassVar[str] = "torch-bf16"
-    description: ClassVar[str] = "PyTorch, a bf16 copy (CPU with avx512_bf16 or AMX, or CUDA)"
+    description: ClassVar[str] = "PyTorch, a bf16 copy (CPU with avx512_bf16 or AMX, or CUDA from Ampere on)"
     precision: ClassVar[str] = "bf16"
     as_is: ClassVar[bool] = False
     dtype: ClassVar[str | None] = "bfloat16"
