@@ -59,6 +59,8 @@ class Target:
     where: dict[str, Any] = field(default_factory=dict)
     #: "each": every row must hold it; "mean": the mean over the rows must (reported with its std)
     over: str = "each"
+    #: with ``over = "each"``: how many rows must hold it (None: all of them), as "8 of 9 runs"
+    at_least: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,13 @@ def _table(raw: dict[str, Any], where: str) -> Table:
             raise StudyError(f"{where}.targets[{i}]: op must be one of {', '.join(OPS)}, got {t.get('op')!r}")
         if t.get("over", "each") not in ("each", "mean"):
             raise StudyError(f"{where}.targets[{i}]: over must be 'each' or 'mean', got {t.get('over')!r}")
+        at_least = t.get("at_least")
+        if at_least is not None and (not isinstance(at_least, int) or at_least < 1 or t.get("over", "each") != "each"):
+            raise StudyError(f"{where}.targets[{i}]: at_least must be a whole number of rows, 1 or more, with "
+                             f"over = 'each'; got {at_least!r}")
         targets.append(Target(text=t["text"], key=t["key"], op=t["op"], value=float(t["value"]),
                               label=_keys(t.get("label", "name"), f"{where}.targets[{i}]"),
-                              where=t.get("where", {}), over=t.get("over", "each")))
+                              where=t.get("where", {}), over=t.get("over", "each"), at_least=at_least))
     source = raw["source"] if isinstance(raw["source"], list) else [raw["source"]]
     return Table(marker=raw["marker"], page=raw.get("page", "docs/results.md"), source=source,
                  reader=raw.get("reader"), columns=columns, title=raw.get("title"), intro=raw.get("intro"),

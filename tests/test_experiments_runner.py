@@ -97,6 +97,10 @@ def test_a_target_line_names_the_rows_that_missed() -> None:
     line = render.target_line(rows, Target(text="x >= 0.9", key="x", op=">=", value=0.9, label=["name"]))
     assert line == "- x >= 0.9: **missed** by 1 of 2: b (0.8)"
     assert render.target_line(rows[:1], Target("x >= 0.9", "x", ">=", 0.9, ["name"])) == "- x >= 0.9: met"
+    # "at least 1 of the rows": the one miss is allowed and still named; at least 2 is missed.
+    allowing = Target("x >= 0.9", "x", ">=", 0.9, ["name"], at_least=1)
+    assert render.target_line(rows, allowing) == "- x >= 0.9: met by 1 of 2 (at least 1 asked); not by b (0.8)"
+    assert "**missed** by 1 of 2" in render.target_line(rows, Target("x >= 0.9", "x", ">=", 0.9, ["name"], at_least=2))
 
 
 def test_bad_study_names_and_configs_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
