@@ -482,9 +482,9 @@ class CandidateRun:
             >>> run.last_cost, run.cut_built = 120.0, True
             >>> run.candidate_cost()
             120.0
-            >>> run.worker_cost = 380.0  # a cut built in a wave of two: about 200 s alone
-            >>> round(run.candidate_cost())
-            200
+            >>> run.worker_cost = 380.0  # a cut built in a wave of two: its share of the wave (200 s on two cores)
+            >>> run.candidate_cost() == 380.0 / wave_share(2, None)
+            True
         """
         # A cut built only in a wave says what one alone costs through the wave's share (job_estimate.wave_share).
         alone = self.worker_cost / wave_share(self.pool.workers, self.threads) if self.worker_cost else 0.0
