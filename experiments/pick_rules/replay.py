@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from surgery.compress.candidate_run import along_paths
-from surgery.compress.held_out import adjusted_wald
+from surgery.compress.held_out import bootstrap_interval, paired_drop
 
 PATHS = ("path", "units-path", "uniform-path")
 
@@ -103,20 +103,16 @@ def drop(ref: torch.Tensor, cand: torch.Tensor) -> float:
 Bounds = Callable[[Run, Sequence[Cand], list[int]], dict[str, float]]
 
 
-def bootstrap_high(ref: torch.Tensor, cand: torch.Tensor, rounds: int = 2000, seed: int = 0) -> float:
+def bootstrap_high(ref: torch.Tensor, cand: torch.Tensor) -> float:
     """The bound compress used up to session 21: the upper end of the paired percentile bootstrap's 90% interval
-    (2,000 seeded resamples, as ``surgery.compress.held_out.paired_drop`` drew them then)."""
-    diff = 100.0 * (ref - cand)
-    n = diff.numel()
-    draws = torch.randint(n, (rounds, n), generator=torch.Generator().manual_seed(seed))
-    means = diff[draws].mean(dim=1)
-    return round(float(torch.quantile(means, torch.tensor([0.05, 0.95], dtype=torch.float64))[1]), 4)
+    (``surgery.compress.held_out.bootstrap_interval``, 2,000 seeded resamples, which ``paired_drop`` then applied to
+    right/wrong scores too)."""
+    return round(bootstrap_interval(100.0 * (ref - cand))[1], 4)
 
 
 def adjusted_wald_high(ref: torch.Tensor, cand: torch.Tensor) -> float:
-    """The bound compress uses from session 22 (``surgery.compress.held_out.adjusted_wald``)."""
-    lost, won = int(((ref == 1) & (cand == 0)).sum()), int(((ref == 0) & (cand == 1)).sum())
-    return adjusted_wald(lost, won, ref.numel())[1]
+    """The bound compress uses from session 22 (``surgery.compress.held_out.paired_drop`` on right/wrong scores)."""
+    return paired_drop(ref, cand).drop_interval[1]
 
 
 def own(high: Callable[[torch.Tensor, torch.Tensor], float]) -> Bounds:

@@ -148,10 +148,7 @@ def paired_drop(reference: Sequence[float] | torch.Tensor, candidate: Sequence[f
         low, high = adjusted_wald(int(((ref == 1) & (cand == 0)).sum()), int(((ref == 0) & (cand == 1)).sum()), n,
                                   confidence=confidence)
     else:
-        draws = torch.randint(n, (rounds, n), generator=torch.Generator().manual_seed(seed))
-        means = diff[draws].mean(dim=1)
-        tail = (1.0 - confidence) / 2.0
-        low, high = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+        low, high = bootstrap_interval(diff, confidence=confidence, rounds=rounds, seed=seed)
     value, base = float(cand.mean()), float(ref.mean())
     drop = float(diff.mean())
     retained = 100.0 * value / base if base > 0 else None
@@ -160,6 +157,24 @@ def paired_drop(reference: Sequence[float] | torch.Tensor, candidate: Sequence[f
                   drop_interval=[round(low, 4), round(high, 4)],
                   retained=None if retained is None else round(retained, 3),
                   retained_low=None if retained_low is None else round(retained_low, 3))
+
+
+def bootstrap_interval(diff: torch.Tensor, *, confidence: float = CONFIDENCE, rounds: int = BOOTSTRAP_ROUNDS,
+                       seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of ``diff`` (per-example differences), ``rounds`` seeded
+    resamples of the examples.
+
+    Example:
+        >>> low, high = bootstrap_interval(torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64))
+        >>> 0.0 <= low < 1.5 < high <= 3.0
+        True
+    """
+    n = diff.numel()
+    draws = torch.randint(n, (rounds, n), generator=torch.Generator().manual_seed(seed))
+    means = diff[draws].mean(dim=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=torch.float64)).tolist()
+    return low, high
 
 
 def adjusted_wald(lost: int, won: int, n: int, *, confidence: float = CONFIDENCE) -> tuple[float, float]:

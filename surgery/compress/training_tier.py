@@ -86,10 +86,10 @@ def bf16_training() -> bool:
     """
     import torch
 
-    from surgery.runtimes.shared.runtime import bf16_cpu_missing
+    from surgery.runtimes.shared.runtime import bf16_cpu_missing, cuda_bf16
 
-    if torch.cuda.is_available():
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    if torch.cuda.is_available():  # the Trainer trains there, whatever the CPU has
+        return cuda_bf16()
     return bf16_cpu_missing() is None
 
 

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # the class attributes are read before torch is imported (fla
 from surgery.persist.atomic import OUTPUT_MANIFEST
 
 __all__ = ["BF16_CPU_FLAGS", "Runtime", "RuntimeArtefact", "artefact_files", "artefact_of", "bf16_cpu_missing",
-           "bf16_missing", "fp32_copy", "missing_packages"]
+           "bf16_missing", "cuda_bf16", "fp32_copy", "missing_packages"]
 
 #: The numbers a runtime may compute in (:attr:`Runtime.precision`).
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -404,6 +404,21 @@ def bf16_cpu_missing() -> str | None:
     return f"this CPU ({info.cpu_model}) has no native bf16 products ({' or '.join(BF16_CPU_FLAGS)} missing)"
 
 
+def cuda_bf16() -> bool:
+    """Whether torch sees a CUDA GPU with native bf16 products (compute capability 8.0 and up).
+
+    Not ``torch.cuda.is_bf16_supported()``'s default, which counts a GPU that emulates bf16 (before Ampere, slower
+    there, and refused by the HF Trainer's bf16 check).
+
+    Example:
+        >>> isinstance(cuda_bf16(), bool)
+        True
+    """
+    import torch
+
+    return torch.cuda.is_available() and bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
 def bf16_missing() -> str | None:
     """None where PyTorch multiplies bf16 natively here (a CUDA device with bf16 products, compute capability 8.0
     and up, or :func:`bf16_cpu_missing` is None), else one line saying why not: the test behind the ``torch-bf16``
@@ -414,10 +429,8 @@ def bf16_missing() -> str | None:
         >>> reason is None or "CUDA" in reason
         True
     """
-    import torch
 
-    # Not torch.cuda.is_bf16_supported()'s default: it counts a GPU that emulates bf16 (before Ampere), slower there.
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False):
+    if cuda_bf16():
         return None
     reason = bf16_cpu_missing()
     return None if reason is None else f"{reason} and no CUDA device with native bf16 is present"
