@@ -218,9 +218,10 @@ def test_the_originals_pass_over_dev_is_priced_in_the_candidates_phase() -> None
 
 @pytest.mark.parametrize("drop_search", [False, True])
 def test_the_candidates_phase_prices_the_waves_the_workers_build(drop_search: bool) -> None:
-    # Workers build a round at once, a wave of `workers` candidates at a time; a lone last one is built here. A
-    # --max-drop bisection's rounds are its three paths; a --speedup search builds its cuts in one round.
-    from surgery.compress.job_estimate import DROP_PATHS, WAVE_SHARE, build_seconds
+    # Workers build a wave of `workers` candidates at a time; a lone last one is built here. A --max-drop bisection's
+    # paths queue their next points as they come, so its builds flow through the workers as one stream; a --speedup
+    # search builds its cuts in one round.
+    from surgery.compress.job_estimate import WAVE_SHARE, build_seconds
 
     shape = replace(SHAPE, drop_search=drop_search)
     one = estimate_job(PROBES, shape, budget_seconds=None, train=False)
@@ -228,10 +229,10 @@ def test_the_candidates_phase_prices_the_waves_the_workers_build(drop_search: bo
     parts = candidate_seconds(PROBES, shape, one.settings)
     assert two.phases["candidates"] < one.phases["candidates"]
     saved = one.phases["candidates"] - two.phases["candidates"]
-    if drop_search:  # each round of three: two at once (a wave), one here
-        rounds, last = divmod(one.settings.candidates - 1, DROP_PATHS)
-        tail = last * parts["built"] - build_seconds(parts["built"], last, 2)
-        assert saved == pytest.approx(rounds * parts["built"] * 2 * (1 - WAVE_SHARE) + tail)
+    if drop_search:  # every cut in waves of two (a lone last one here)
+        others = one.settings.candidates - 1
+        waves, lone = divmod(others, 2)
+        assert saved == pytest.approx(waves * parts["built"] * 2 * (1 - WAVE_SHARE))  # a lone one saves nothing
     else:
         cuts = one.settings.candidates - 2
         assert saved == pytest.approx(cuts * (parts["cut"] - parts["timed"])

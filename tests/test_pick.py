@@ -339,6 +339,33 @@ def test_two_workers_choose_the_same_winner_as_one() -> None:
     assert two.winner_result().held_out == one.winner_result().held_out
 
 
+def test_two_workers_queue_each_paths_next_point_as_soon_as_it_is_decided(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A --max-drop bisection walks three paths. In rounds of one point a path, two workers built two and waited for
+    # the third, built alone here: a third of the builds ran while a core waited. Each path's next point is queued
+    # as soon as its last is judged instead: the workers build every path's points, and only the last path left
+    # (nothing else to build) is built here, on both cores.
+    built: list[tuple[int, str, bool]] = []
+    real = CandidateRun.record
+
+    def record(self: CandidateRun, want: Want, done: Any) -> Any:
+        built.append((done.index, want.origin, done.worker))  # the index counts the jobs in the order handed over
+        return real(self, want, done)
+
+    monkeypatch.setattr(CandidateRun, "record", record)
+    model = task_model()
+    report = compress(model, tiny_task_data(96), max_drop=3.0, workers=2, latency=tables_for(model)).report
+    paths = set(report.judging["bisection"])
+    assert len(paths) == 3
+    searched = [(origin, worker) for _, origin, worker in sorted(built) if origin in paths]
+    assert len(searched) > 6 and min(built) == (1, "unchanged", False)
+    # The three paths' first points were queued at once: all three to the workers, none waiting to be built here.
+    assert {origin for origin, _ in searched[:3]} == paths and all(worker for _, worker in searched[:3])
+    # Built here only once the other paths have ended (where the last two end together, nothing is).
+    here = [i for i, (_, worker) in enumerate(searched) if not worker]
+    if here:
+        assert all(origin == searched[here[0]][0] for origin, _ in searched[here[0]:])
+
+
 def test_a_job_run_here_while_the_workers_wait_gets_the_pools_share_of_cores(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # --threads 1 with two workers: a round's lone last job (and a lone contender's judging) ran on one core while

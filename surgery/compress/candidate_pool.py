@@ -20,7 +20,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
@@ -280,11 +280,13 @@ def start_worker(shared: str, threads: int) -> None:
 
 
 def worker_build(job: BuildJob) -> Built:
-    return build_candidate(_WORKER["judge"], job, save_weights=True)[0]
+    return replace(build_candidate(_WORKER["judge"], job, save_weights=True)[0], worker=True)
 
 
-def worker_judge(job: JudgeJob) -> dict[str, PartScores]:
-    return judge_candidate(_WORKER["judge"], job)
+def worker_judge(job: JudgeJob) -> tuple[dict[str, PartScores], float]:
+    """A judge job in a worker: its scores, and the seconds it took there (not counting its wait in the queue)."""
+    started = time.perf_counter()
+    return judge_candidate(_WORKER["judge"], job), time.perf_counter() - started
 
 
 def split_jobs(count: int, workers: int) -> tuple[int, int]:
@@ -292,8 +294,8 @@ def split_jobs(count: int, workers: int) -> tuple[int, int]:
 
     Workers take waves of ``workers`` jobs at once, each held to its share of the cores. A job left alone in the
     last wave is built here with all of them instead: in a worker it holds one share and the rest of the machine
-    waits (a --max-drop bisection judges its three paths in rounds of three; on two workers every round ended with
-    one job on one of the two cores). With one worker everything is built here.
+    waits (a round of three on two workers ended with one job on one of the two cores). With one worker everything
+    is built here.
 
     Example:
         >>> split_jobs(3, 2), split_jobs(4, 2), split_jobs(1, 2), split_jobs(5, 4), split_jobs(6, 4), split_jobs(3, 1)
@@ -355,7 +357,7 @@ class CandidatePool:
         if away:
             self.start()
             assert self.executor is not None
-            answers += [replace(built, worker=True) for built in self.executor.map(worker_build, jobs[:away])]
+            answers += list(self.executor.map(worker_build, jobs[:away]))
         for job in jobs[away:]:
             with self.whole_share():
                 built, model = build_candidate(self.judge, job, save_weights=False)
@@ -374,8 +376,24 @@ class CandidatePool:
         away = [j for j in jobs if j not in here]
         if away:
             assert self.executor is not None
-            answers.update(zip((j.index for j in away), self.executor.map(worker_judge, away), strict=True))
+            answers.update(zip((j.index for j in away), (scores for scores, _ in self.executor.map(worker_judge, away)),
+                               strict=True))
         return [answers[j.index] for j in jobs]
+
+    def submit_build(self, job: BuildJob) -> Future[Built]:
+        """``job`` queued for the next free worker (the workers started if they were not): for a search that keeps
+        every worker busy with steps of its own (:meth:`~surgery.compress.candidate_run.CandidateRun.run_chains`)
+        rather than handing over a round at once (:meth:`build`). Its answer is marked built in a worker."""
+        self.start()
+        assert self.executor is not None, "submit_build needs worker processes (workers > 1)"
+        return self.executor.submit(worker_build, job)
+
+    def submit_judge(self, job: JudgeJob) -> Future[tuple[dict[str, PartScores], float]]:
+        """A judge job of a candidate built in a worker (its weights in a file), queued like :meth:`submit_build`:
+        its scores and the seconds it took in the worker."""
+        self.start()
+        assert self.executor is not None and job.weights is not None, "submit_judge needs a worker-built candidate"
+        return self.executor.submit(worker_judge, job)
 
     def model(self, index: int, removal: Removal, weights: str | None, int8_float: Sequence[str] = ()) -> nn.Module:
         """Candidate ``index``'s torch model: kept in this process, or read back from its weights."""

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Collection, Generator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,6 +250,26 @@ def resolved(path: RemovalPath, lo: int, hi: int) -> bool:
     return hi <= lo or path.speedup_at(hi) <= path.speedup_at(lo) * (1 + BISECTION_RESOLUTION)
 
 
+#: An independent chain of a search (:meth:`CandidateRun.run_chains`): a generator that yields the wants of its next
+#: step, is sent back their results (None for one out of budget or not runnable) and decides its next step from
+#: those alone, ending when it has none.
+Chain = Generator[list[Want], list[CandidateResult | None], None]
+
+
+@dataclass(eq=False)
+class _Step:
+    """A chain's step in the workers (:meth:`CandidateRun.chase`): its builds, then its contenders' judging."""
+
+    place: int
+    chain: Chain
+    wants: list[Want]
+    out: list[CandidateResult | None]
+    jobs: list[tuple[int, BuildJob]]
+    futures: list[Future[Any]] = field(default_factory=list)
+    #: None while its builds are out; then the results judged on the rest of the search part
+    contenders: list[CandidateResult] | None = None
+
+
 class CandidateRun:
     """Phase 5 and 6: build, judge and time candidates within the budget, pick, train the winner."""
 
@@ -318,6 +340,16 @@ class CandidateRun:
     def evaluate(self, wants: Sequence[Want]) -> list[CandidateResult | None]:
         """Build and judge ``wants`` (in parallel where the pool has workers): the screen for every one, the
         rest of the search part for the contenders; None for one out of budget or that the runtime cannot run."""
+        out, jobs = self.prepare(wants)
+        answers = self.pool.build([job for _, job in jobs])
+        self.judge_rest(self.absorb(wants, out, jobs, answers))
+        return self.twins(wants, out)
+
+    def prepare(self, wants: Sequence[Want], in_flight: int = 0) -> tuple[list[CandidateResult | None],
+                                                                        list[tuple[int, BuildJob]]]:
+        """The build jobs ``wants`` need (by position): those judged already are answered, a twin of one before it
+        in the batch waits for it (:meth:`twins`), and one the budget has no room for is skipped with a note.
+        ``in_flight``: jobs the workers hold already, which this batch waits behind."""
         out: list[CandidateResult | None] = [None] * len(wants)
         jobs: list[tuple[int, BuildJob]] = []
         for i, want in enumerate(wants):
@@ -332,7 +364,7 @@ class CandidateRun:
             count = len(jobs) + 1
             pick, training, cost = self.pick_reserve(), self.training_reserve(), self.candidate_cost(want)
             reserve = pick + training
-            build = build_seconds(cost, count, self.pool.workers, self.worker_cost or None,
+            build = build_seconds(cost, in_flight + count, self.pool.workers, self.worker_cost or None,
                                   share=wave_share(self.pool.workers, self.threads))
             timing = self.timing_cost() * count
             if self.results and not self.clock.fits(build + timing + reserve):
@@ -351,7 +383,11 @@ class CandidateRun:
             self.index += 1
             jobs.append((i, BuildJob(self.index, want.removal.effective().model_dump(), True, self.parts("screen"),
                                      list(want.int8_float or []), want.int8_refit)))
-        answers = self.pool.build([job for _, job in jobs])
+        return out, jobs
+
+    def absorb(self, wants: Sequence[Want], out: list[CandidateResult | None], jobs: Sequence[tuple[int, BuildJob]],
+               answers: Sequence[Built]) -> list[CandidateResult]:
+        """The built ``jobs``' results recorded into ``out`` (a runtime's refusal noted); the fresh results."""
         self.last_cost = max([self.last_cost, *(a.seconds for a in answers if not a.worker)])
         self.worker_cost = max([self.worker_cost, *(a.seconds for a in answers if a.worker)])
         self.cut_built = self.cut_built or any(wants[i].origin != "unchanged" for i, _ in jobs)
@@ -364,11 +400,107 @@ class CandidateRun:
                 continue
             out[i] = self.record(want, built)
             fresh.append(out[i])  # type: ignore[arg-type]
-        self.judge_rest(fresh)
-        for i, want in enumerate(wants):  # twins within the batch
+        return fresh
+
+    def twins(self, wants: Sequence[Want], out: list[CandidateResult | None]) -> list[CandidateResult | None]:
+        """``out`` with the twins within the batch answered by the cut built before them."""
+        for i, want in enumerate(wants):
             if out[i] is None and any(same_cut(w, want) for w in wants[:i]):
                 out[i] = self.find(want)
         return out
+
+    def run_chains(self, chains: Sequence[Chain]) -> None:
+        """Run independent chains of the search (:data:`Chain`) to their ends, each deciding its next step from its
+        own results only.
+
+        With workers, every step is queued as soon as its chain has decided it, so the workers stay busy while any
+        chain has a step to build: in rounds of one step per chain (a --max-drop bisection along three paths), two
+        workers built two and waited for the third, built alone here (rt-sentiment: five of fifteen builds). The last
+        chain left runs here, its steps on the pool's cores as :meth:`evaluate` builds them. With one worker the
+        chains take turns, a step each. Either way each chain meets the same results, so the search decides the
+        same with any number of workers; the results and the search log are put in the turns' order at the end.
+        """
+        first, logged = len(self.results), len(self.search_log)
+        #: want name -> (the chain's step, the chain's place, the want's place in its step): the turns' order
+        turns: dict[str, tuple[int, int, int]] = {}
+        steps = [0] * len(chains)
+
+        def ask(place: int, chain: Chain, results: list[CandidateResult | None] | None) -> list[Want] | None:
+            try:
+                wants = chain.send(results)  # type: ignore[arg-type]  # None starts a generator
+            except StopIteration:
+                return None
+            for i, want in enumerate(wants):
+                turns.setdefault(want.name, (steps[place], place, i))
+            steps[place] += 1
+            return wants
+
+        if self.pool.workers <= 1 or len(chains) < 2:
+            live = [(place, chain, wants) for place, chain in enumerate(chains)
+                    if (wants := ask(place, chain, None)) is not None]
+            while live:
+                live = [(place, chain, wants) for place, chain, asked in live
+                        if (wants := ask(place, chain, self.evaluate(asked))) is not None]
+        else:
+            self.chase(chains, ask)
+        last = (len(turns), 0, 0)
+        self.results[first:] = sorted(self.results[first:], key=lambda r: turns.get(r.name, last))
+        families = {f: n for n, f in enumerate(self.plan.families())}
+        seen: dict[str, int] = {}
+        keyed = []
+        for entry in self.search_log[logged:]:
+            family = str(entry.get("family"))
+            seen[family] = seen.get(family, -1) + 1
+            keyed.append(((seen[family], families.get(family, len(families))), entry))
+        self.search_log[logged:] = [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
+
+    def chase(self, chains: Sequence[Chain],
+              ask: Callable[[int, Chain, list[CandidateResult | None] | None], list[Want] | None]) -> None:
+        """:meth:`run_chains` with workers: steps queued as their chains decide them, answered as they finish."""
+        pending: dict[Future[Any], _Step] = {}
+        ready: deque[tuple[int, Chain, list[CandidateResult | None] | None]] = deque(
+            (place, chain, None) for place, chain in enumerate(chains))
+        rest = self.parts("rest")
+        while ready or pending:
+            while ready:
+                place, chain, results = ready.popleft()
+                wants = ask(place, chain, results)
+                if wants is None:
+                    continue
+                if not pending and not ready:  # the last chain: its steps built here, on the pool's cores
+                    ready.append((place, chain, self.evaluate(wants)))
+                    continue
+                in_flight = len({id(step) for step in pending.values()})
+                out, jobs = self.prepare(wants, in_flight=in_flight)
+                if not jobs:
+                    ready.append((place, chain, self.twins(wants, out)))
+                    continue
+                step = _Step(place, chain, list(wants), out, jobs)
+                step.futures = [self.pool.submit_build(job) for _, job in jobs]
+                pending.update(dict.fromkeys(step.futures, step))
+            if not pending:
+                continue
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            answered: list[_Step] = []
+            for f in done:
+                if (step := pending.pop(f)) not in answered:
+                    answered.append(step)
+            for step in answered:
+                if any(not f.done() for f in step.futures):
+                    continue
+                if step.contenders is None:  # its builds are back: record them, judge the contenders on the rest
+                    fresh = self.absorb(step.wants, step.out, step.jobs, [f.result() for f in step.futures])
+                    step.contenders = self.contenders(fresh)
+                    if rest and step.contenders:
+                        step.futures = [self.pool.submit_judge(self.judge_job(r.name, rest))
+                                        for r in step.contenders]
+                        pending.update(dict.fromkeys(step.futures, step))
+                        continue
+                else:
+                    judged = [f.result() for f in step.futures]
+                    self.absorb_rest(step.contenders, [scores for scores, _ in judged],
+                                     sum(seconds for _, seconds in judged))
+                ready.append((step.place, step.chain, self.twins(step.wants, step.out)))
 
     def find(self, want: Want) -> CandidateResult | None:
         """``want`` judged already: by its name, or by its cut (then a twin under the new name)."""
@@ -431,16 +563,27 @@ class CandidateRun:
         rest = self.parts("rest")
         if not rest:
             return
+        contenders = self.contenders(fresh)
+        since = time.perf_counter()
+        answers = self.pool.judge_more([self.judge_job(r.name, rest) for r in contenders])
+        self.absorb_rest(contenders, answers, time.perf_counter() - since)
+
+    def contenders(self, fresh: Sequence[CandidateResult]) -> list[CandidateResult]:
+        """Of ``fresh``, those judged on the rest of the search part; the others noted as screened out."""
         contenders = [r for r in fresh if self.contender(r)]
         for r in fresh:
             if r not in contenders:
                 r.notes.append(f"screened out on {r.search.examples if r.search else 0} examples: its drop's "
                                f"interval cannot meet the target")
-        since = time.perf_counter()
-        answers = self.pool.judge_more([self.judge_job(r.name, rest) for r in contenders])
+        return contenders
+
+    def absorb_rest(self, contenders: Sequence[CandidateResult], answers: Sequence[dict[str, PartScores]],
+                    seconds: float) -> None:
+        """The contenders' scores on the rest of the search part (judged together in ``seconds``) added to theirs."""
+        rest = self.parts("rest")
         items = len(contenders) * sum(len(self.judge.parts[p]) for p in rest)
         if items:
-            self.judge_rate = max(self.judge_rate, (time.perf_counter() - since) / items)
+            self.judge_rate = max(self.judge_rate, seconds / items)
         for result, scores in zip(contenders, answers, strict=True):
             self.scores[result.name].update(scores)
             self.judged["rest"] += sum(len(s.values) for s in scores.values())
@@ -847,45 +990,52 @@ class CandidateRun:
                 self.time(r, f"--speedup {goal:g}: the precision pass's candidate")
 
     def drop_candidates(self, max_drop: float) -> None:
-        """Bisection along every path at once (one probe per path per round, judged together) until each path's
-        bracket is narrower than :data:`BISECTION_RESOLUTION` in predicted speed, then the points beside the main
-        path's boundary; nothing is timed here (the pick times what it may pick)."""
+        """Bisection along every path at once until each path's bracket is narrower than
+        :data:`BISECTION_RESOLUTION` in predicted speed, then the points beside the main path's boundary
+        (:meth:`bisect_path`, the paths run side by side by :meth:`run_chains`), then the precision pass at the
+        boundary; nothing is timed before the pick (the pick times what it may pick)."""
         families = self.plan.families()
         bracket = {family: [0, len(path.steps)] for family, path in families.items()}
-        judged: dict[str, dict[int, float]] = {family: {0: self.results[0].drop} for family in families}
-        while active := [f for f, (lo, hi) in bracket.items() if not resolved(families[f], lo, hi)]:
-            wants = []
-            for family in active:
-                lo, hi = bracket[family]
-                wants.append(self.path_want(guided_step(families[family], lo, hi, judged[family], max_drop), family))
-            for family, want, result in zip(active, wants, self.evaluate(wants), strict=True):
-                k = want.path_step or 0
-                self.search_log.append({"family": family, "step": k, "bracket": list(bracket[family]),
-                                        "drop": None if result is None else result.drop})
-                if result is None:  # out of budget or not runnable: keep what is known to hold
-                    bracket[family][1] = bracket[family][0]
-                    continue
-                judged[family][k] = result.drop
-                if result.drop <= max_drop:
-                    bracket[family][0] = k
-                else:
-                    bracket[family][1] = k - 1
+        self.run_chains([self.bisect_path(family, bracket[family], max_drop) for family in families])
         # Where each path's search ended: the bracket left (lo holds, hi not shown beyond) and its two ends' speeds.
         self.bisection = {family: {"bracket": [lo, hi], "predicted_speedups": [
             round(families[family].speedup_at(lo), 4), round(families[family].speedup_at(max(lo, hi)), 4)]}
             for family, (lo, hi) in bracket.items()}
         anchor = bracket["path"][0]
-        path = self.plan.path
-        extra: list[Want] = []
-        if anchor > 0:
-            lower = path.first_reaching(path.speedup_at(anchor) * 0.9)
-            if lower is not None and 0 < lower < anchor:
-                extra.append(self.path_want(lower))
-            if (drop := self.layer_drop_want(path.speedup_at(anchor))) is not None:
-                extra.append(drop)
-        self.evaluate(extra)
         if anchor > 0 and self.runtime.float_fallback:
-            self.precision(path.speedup_at(anchor), at=anchor)
+            self.precision(self.plan.path.speedup_at(anchor), at=anchor)
+
+    def bisect_path(self, family: str, bracket: list[int], max_drop: float) -> Chain:
+        """One path's bisection for its last step within ``max_drop`` (``bracket``: [holds, not shown beyond],
+        narrowed in place), a point a step (:func:`guided_step`); on the main path then the points beside its
+        boundary: a tenth slower along the path, and the uniform layer-drop at its speed."""
+        path = self.plan.families()[family]
+        judged: dict[int, float] = {0: self.results[0].drop}
+        while not resolved(path, *bracket):
+            want = self.path_want(guided_step(path, bracket[0], bracket[1], judged, max_drop), family)
+            (result,) = yield [want]
+            k = want.path_step or 0
+            self.search_log.append({"family": family, "step": k, "bracket": list(bracket),
+                                    "drop": None if result is None else result.drop})
+            if result is None:  # out of budget or not runnable: keep what is known to hold
+                bracket[1] = bracket[0]
+                continue
+            judged[k] = result.drop
+            if result.drop <= max_drop:
+                bracket[0] = k
+            else:
+                bracket[1] = k - 1
+        anchor = bracket[0]
+        if family != "path" or anchor <= 0:
+            return
+        extra: list[Want] = []
+        lower = path.first_reaching(path.speedup_at(anchor) * 0.9)
+        if lower is not None and 0 < lower < anchor:
+            extra.append(self.path_want(lower))
+        if (drop := self.layer_drop_want(path.speedup_at(anchor))) is not None:
+            extra.append(drop)
+        if extra:
+            yield extra
 
     def layer_drop_want(self, speedup: float) -> Want | None:
         """The uniform layer-drop candidate at (at least) the predicted speed of the chosen path point."""

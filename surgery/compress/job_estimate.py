@@ -125,8 +125,6 @@ def lone_share(workers: int, threads: int | None, cores: int | None = None) -> f
     return min(1.0, (min(threads, cores) / pool_share(workers, threads, cores)) ** LONE_THREAD_EXPONENT)
 
 
-#: The paths a --max-drop bisection walks at once: its rounds are this many candidates.
-DROP_PATHS = 3
 #: The estimate's phases, in the order they run (the names of the report's ``phases``).
 PHASES = ("estimate", "latency", "importance", "candidates", "training")
 
@@ -295,12 +293,12 @@ def phase_seconds(p: Probes, shape: JobShape, s: Settings, epoch: float | None =
     importance = fisher + layer_probe_seconds(p, shape, s.layer_batches)
     c = candidate_seconds(p, shape, s)
     w = shape.workers
-    if shape.drop_search:  # judged along three paths at once, round after round, then a few timed
+    if shape.drop_search:
+        # Judged along three paths side by side, each path's next point queued for the workers as soon as its last
+        # is judged (CandidateRun.run_chains): the builds flow through the workers in waves, then a few are timed.
         others = max(s.candidates - 1, 0)
         timed_share = min(4, others)
-        rounds, last = divmod(others, DROP_PATHS)
-        built = (rounds * build_seconds(c["built"], DROP_PATHS, w, share=shape.wave, alone=shape.alone)
-                 + build_seconds(c["built"], last, w, share=shape.wave, alone=shape.alone))
+        built = build_seconds(c["built"], others, w, share=shape.wave, alone=shape.alone)
         candidates = c["unchanged"] + built + timed_share * c["timed"]
     else:
         # The search builds refitted path points first (at once) and the layer-drop after them: with room for two
