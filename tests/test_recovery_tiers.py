@@ -92,6 +92,43 @@ def test_bf16_training_follows_the_gpu_where_torch_sees_one(monkeypatch: pytest.
     assert asked and not any(asked)  # emulated bf16 never counts
 
 
+def test_the_tiers_are_timed_where_the_trainer_trains_and_handed_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # compress holds its student on the CPU; on a machine with a GPU the Trainer trains there. Steps timed where the
+    # student sat priced the tiers many times over what they cost on the GPU (and block-wise reconstruction ran on
+    # the CPU). The student and the teacher go to the Trainer's device for the timing and the tiers, then back.
+    # This machine has no GPU: the move is simulated (device_of answers from a table that .to updates), the
+    # arithmetic stays on the CPU.
+    from surgery.training import trainer as trainer_module
+
+    teacher = tiny_model(TinySpec("bert", task="seq-cls", layers=2))
+    student = copy.deepcopy(teacher)
+    where = {id(student): torch.device("cpu"), id(teacher): torch.device("cpu")}
+    moves: list[tuple[str, str]] = []
+    monkeypatch.setattr(trainer_module, "device_of", lambda m: where.get(id(m)))
+    for name, module in (("student", student), ("teacher", teacher)):
+        def to(device: torch.device, name: str = name, module: torch.nn.Module = module) -> torch.nn.Module:
+            moves.append((name, torch.device(device).type))
+            where[id(module)] = torch.device(device)
+            return module
+
+        monkeypatch.setattr(module, "to", to)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(training_tier, "bf16_training", lambda: False)
+    timed: list[str] = []
+    real = training_tier.timed_forward
+
+    def timed_forward(model: torch.nn.Module, batch: dict, *, bf16: bool = False) -> float:
+        timed.append(where[id(model)].type)
+        return real(model, batch, bf16=bf16)
+
+    monkeypatch.setattr(training_tier, "timed_forward", timed_forward)
+    # A millisecond: the forwards that size the tiers' floors are timed, and no tier fits.
+    out = training_tier.train_tiers(student, teacher, tiny_task_data(8), 1e-3, batch_size=4)
+    assert out["tiers_run"] == [] and timed == ["cuda", "cuda"]
+    assert moves == [("student", "cuda"), ("teacher", "cuda"), ("student", "cpu"), ("teacher", "cpu")]
+    assert trainer_module.training_device().type == "cuda"  # what training_arguments sets use_cpu by
+
+
 @pytest.mark.parametrize("flags, expected", [(["avx512f", "avx512_bf16"], True), (["avx512f", "amx_bf16"], True),
                                              (["avx2", "avx512f"], False)])
 def test_bf16_is_chosen_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch, flags: list[str],

@@ -34,6 +34,7 @@ from surgery.scoring.importance import batches_on, model_device
 from surgery.training import RecoveryConfig, RecoveryResult, accuracy, recover
 from surgery.training.blockwise import BlockwiseConfig, layer_step_seconds, reconstruct_layers
 from surgery.training.refit import task_calibration_batches
+from surgery.training.trainer import moved_to, synchronize, training_device
 
 #: The HF Trainer's cost over a bare step (data loading, optimiser, logging, evaluation each epoch).
 TRAINER_OVERHEAD = 1.3
@@ -140,11 +141,13 @@ def timed_distil_step(student: nn.Module, data: Any, batch_size: int, *, bf16: b
     elapsed = 0.0
     try:
         for _ in range(2):
+            synchronize(device)
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 out = student(**inputs)
             main = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
             main.float().square().mean().backward()
+            synchronize(device)
             elapsed = time.perf_counter() - start
     finally:
         student.zero_grad(set_to_none=True)
@@ -159,8 +162,10 @@ def timed_forward(model: nn.Module, batch: dict[str, Any], *, bf16: bool = False
     elapsed = 0.0
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         for _ in range(2):
+            synchronize(device)
             start = time.perf_counter()
             model(**inputs)
+            synchronize(device)
             elapsed = time.perf_counter() - start
     return elapsed
 
@@ -371,6 +376,16 @@ def train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left:
         >>> out["tiers_run"], out["note"].startswith("no recovery tier fits")
         ([], True)
     """
+    # Timed and trained where the Trainer trains (the GPU where torch sees one), then handed back: a step timed on
+    # the CPU while the Trainer then trains on a GPU priced the tiers many times over their cost.
+    with moved_to(training_device(), student, teacher):
+        return _train_tiers(student, teacher, data, seconds_left, batch_size=batch_size, seed=seed, progress=progress,
+                            order=order, bf16=bf16, micro_batch=micro_batch)
+
+
+def _train_tiers(student: nn.Module, teacher: nn.Module, data: Any, seconds_left: float, *, batch_size: int,
+                 seed: int, progress: ProgressCallback | None, order: tuple[str, ...], bf16: bool | None,
+                 micro_batch: int | None) -> dict[str, Any]:
     emit = progress or no_progress
     measuring = time.perf_counter()
     use_bf16 = bf16_training() if bf16 is None else bf16

@@ -179,16 +179,20 @@ def layer_step_seconds(model: nn.Module, batch: Mapping[str, Any], *, bf16: bool
         >>> len(layer_step_seconds(tiny_model(TinySpec("bert", layers=2)).eval(), tiny_inputs(TinySpec("bert"))))
         2
     """
+    from surgery.training.trainer import synchronize
+
     hidden, calls = record_calls(model, batch)
     device = hidden.device
     seconds = []
     for layer, call in zip(adapter_for(model).layers(), calls, strict=True):
         elapsed = 0.0
         for _ in range(2):
+            synchronize(device)
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 out = call.run(layer, hidden)
             out.float().square().mean().backward()
+            synchronize(device)
             elapsed = time.perf_counter() - start
         layer.zero_grad(set_to_none=True)
         seconds.append(elapsed)

@@ -92,6 +92,50 @@ def device_of(module: nn.Module) -> torch.device | None:
     return devices.pop() if len(devices) == 1 else None
 
 
+def training_device() -> torch.device:
+    """The device the HF Trainer trains on here (:func:`training_arguments` sets ``use_cpu`` by the same test): the
+    GPU where torch sees one, else the CPU. What a training step is timed on, so that an estimate prices the
+    training that follows.
+
+    Example:
+        >>> training_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+        True
+    """
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a GPU runs asynchronously: a clock read after a launch times the launch).
+
+    Example:
+        >>> synchronize(torch.device("cpu"))  # nothing queued on a CPU
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def moved_to(device: torch.device, *modules: nn.Module) -> Iterator[None]:
+    """``modules`` on ``device`` inside the block, each handed back after (also after an error) to the one device it
+    was on (:func:`device_of`; one spread over several devices is left where the block put it).
+
+    Example:
+        >>> layer = nn.Linear(2, 2)
+        >>> with moved_to(torch.device("cpu"), layer):
+        ...     device_of(layer).type
+        'cpu'
+    """
+    homes = [device_of(m) for m in modules]
+    for module in modules:
+        module.to(device)
+    try:
+        yield
+    finally:
+        for module, home in zip(modules, homes, strict=True):
+            if home is not None:
+                module.to(home)
+
+
 @contextmanager
 def dropout_disabled(model: nn.Module) -> Iterator[None]:
     """Every ``nn.Dropout`` of ``model`` at p=0 inside the block (restored after), whatever its mode.
@@ -414,7 +458,7 @@ def training_arguments(output_dir: str, *, epochs: int, batch_size: int = 32, le
         weight_decay=weight_decay,
         warmup_steps=warmup_ratio, lr_scheduler_type="linear", save_strategy="no", eval_strategy="no",
         logging_strategy="no", report_to=[], seed=seed, data_seed=seed, disable_tqdm=True,
-        remove_unused_columns=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, bf16=bf16,
+        remove_unused_columns=False, use_cpu=training_device().type == "cpu", dataloader_num_workers=0, bf16=bf16,
     )
     values.update(overrides)
     return TrainingArguments(**values)
