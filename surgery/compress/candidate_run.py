@@ -470,8 +470,7 @@ class CandidateRun:
                 if not pending and not ready:  # the last chain: its steps built here, on the pool's cores
                     ready.append((place, chain, self.evaluate(wants)))
                     continue
-                in_flight = len({id(step) for step in pending.values()})
-                out, jobs = self.prepare(wants, in_flight=in_flight)
+                out, jobs = self.prepare(wants, in_flight=len(pending))  # jobs out, builds and judging
                 if not jobs:
                     ready.append((place, chain, self.twins(wants, out)))
                     continue

@@ -29,12 +29,13 @@ from pydantic import BaseModel
 from torch import nn
 
 from surgery.anatomy import adapter_for
+from surgery.core.devices import synchronize
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.scoring.importance import batches_on, model_device
 from surgery.training import RecoveryConfig, RecoveryResult, accuracy, recover
 from surgery.training.blockwise import BlockwiseConfig, layer_step_seconds, reconstruct_layers
 from surgery.training.refit import task_calibration_batches
-from surgery.training.trainer import moved_to, synchronize, training_device
+from surgery.training.trainer import moved_to, training_device
 
 #: The HF Trainer's cost over a bare step (data loading, optimiser, logging, evaluation each epoch).
 TRAINER_OVERHEAD = 1.3

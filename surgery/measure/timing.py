@@ -27,6 +27,7 @@ Method:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -38,6 +39,7 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
+from surgery.core.devices import synchronize
 from surgery.core.errors import ConfigError
 from surgery.core.strategy import Batch  # one batch type (a model-input mapping)
 from surgery.measure.machine import MachineInfo, machine_info
@@ -308,7 +310,7 @@ def time_models(models: Mapping[str, nn.Module], batches: Sequence[Batch], *, re
     dev = check_device(str(device))
     check_seq_len(models, max(batch_length(b) for b in batches), "timing")
     moved = [{k: v.to(dev) for k, v in b.items()} for b in batches]
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    sync = functools.partial(synchronize, dev)
     names = list(models)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     shapes: list[list[int]] = []

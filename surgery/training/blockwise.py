@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from surgery.anatomy import adapter_for
+from surgery.core.devices import synchronize
 from surgery.core.manifest import steps_of
 from surgery.core.progress import ProgressCallback, ProgressEvent, no_progress
 from surgery.training.distill import default_layer_map
@@ -179,8 +180,6 @@ def layer_step_seconds(model: nn.Module, batch: Mapping[str, Any], *, bf16: bool
         >>> len(layer_step_seconds(tiny_model(TinySpec("bert", layers=2)).eval(), tiny_inputs(TinySpec("bert"))))
         2
     """
-    from surgery.training.trainer import synchronize
-
     hidden, calls = record_calls(model, batch)
     device = hidden.device
     seconds = []

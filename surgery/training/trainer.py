@@ -104,16 +104,6 @@ def training_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued work (a GPU runs asynchronously: a clock read after a launch times the launch).
-
-    Example:
-        >>> synchronize(torch.device("cpu"))  # nothing queued on a CPU
-    """
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @contextmanager
 def moved_to(device: torch.device, *modules: nn.Module) -> Iterator[None]:
     """``modules`` on ``device`` inside the block, each handed back after (also after an error) to the one device it

@@ -429,7 +429,6 @@ def bf16_missing() -> str | None:
         >>> reason is None or "CUDA" in reason
         True
     """
-
     if cuda_bf16():
         return None
     reason = bf16_cpu_missing()
