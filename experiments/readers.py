@@ -57,8 +57,11 @@ def _bench_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _bench_machine(settings: dict[str, Any]) -> dict[str, Any]:
-    """The machine facts a bench report kept (before machine_info existed)."""
+def _bench_machine(settings: dict[str, Any], recorded: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The machine a bench report ran on: its ``machine`` (surgery.measure.machine.machine_info: the CPU model and
+    flags) where it has one, else the facts its settings kept before machine_info existed."""
+    if recorded:
+        return {**recorded, "torch_threads": recorded.get("torch_threads") or settings.get("threads")}
     return {"cpu_model": settings.get("machine", "?"), "logical_cpus": settings.get("cpu_count"),
             "torch_threads": settings.get("threads"), "torch_version": settings.get("torch_version")}
 
@@ -374,7 +377,8 @@ def read_demo(path: Path) -> dict[str, Any]:
     s = bench["settings"]
     config = {"eval_size": m["data"]["eval_size"], "routed_accuracy": m["accuracy_moe"],
               **{k: s[k] for k in ("batch_size", "seq_len", "repeats", "threads")}}
-    return legacy(path, source=d["command"], config=config, rows=rows, commit=d["commit"], machine=_bench_machine(s),
+    return legacy(path, source=d["command"], config=config, rows=rows, commit=d["commit"],
+                  machine=_bench_machine(s, bench.get("machine")),
                   load={"before": s.get("load_average_before"), "after": s.get("load_average_after")})
 
 
